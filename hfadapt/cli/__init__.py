@@ -1,0 +1,36 @@
+"""Command-line entry point. Commands live in small modules beside this one; each
+parses, calls one library function and renders. Errors become one line + exit code."""
+
+from __future__ import annotations
+
+import sys
+
+from hfadapt.cli._app import app, err_console
+from hfadapt.errors import HfadaptError
+
+# Command modules register themselves on import.
+from hfadapt.cli import hub as _hub  # noqa: F401,E402
+
+
+def main() -> None:
+    try:
+        app(standalone_mode=False)
+    except HfadaptError as exc:
+        err_console.print(f"[red]error:[/red] {exc.one_line()}", highlight=False, soft_wrap=True)
+        sys.exit(exc.exit_code)
+    except SystemExit:
+        raise
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        sys.exit(130)
+    except Exception as exc:  # click's usage errors and anything unexpected
+        import click
+
+        if isinstance(exc, click.exceptions.Exit):
+            sys.exit(exc.exit_code)
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            sys.exit(2)
+        if isinstance(exc, click.exceptions.Abort):
+            sys.exit(1)
+        raise

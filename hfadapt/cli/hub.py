@@ -1,0 +1,1 @@
+"""Commands about the Hub listing: crawl, models, census."""

@@ -1,0 +1,128 @@
+"""Typed errors of hfadapt. The library raises these; only the CLI turns them into
+one-line messages and exit codes (2 for bad input, 1 for everything else).
+
+    HfadaptError
+    ├── InputError                      bad input from the user: exit code 2
+    │   ├── ModelNotFoundError          no such Hub id, folder or cached model
+    │   ├── ConfigError                 config.json missing, unreadable, no/unknown model_type
+    │   ├── WeightsError                corrupt or missing weights
+    │   ├── TokenizerError              tokenizer missing or unreadable
+    │   └── UsageError                  options that do not fit together
+    ├── StoreError                      runs.db cannot be used
+    │   ├── SchemaVersionError          written by another hfadapt version; says what to do
+    │   └── DatabaseUnavailableError    corrupt, read-only or unreachable database
+    ├── HubError                        the Hub (or a mirror) did not give a usable answer
+    │   ├── HubUnreachableError         connection refused, DNS, timeout
+    │   └── HubResponseError            an answer that is not what the Hub API returns
+    ├── DeviceError                     the simulated Spyre device
+    │   ├── ProfileError                a device profile file that does not load
+    │   ├── SpyreUnsupportedModelError  the model cannot run at all (alignment, dtype)
+    │   └── SpyreLoweringError          a graph that does not lower; carries the report
+    ├── AdapterError                    an adapter file or its application
+    └── AgentError                      the adapter-drafting agent
+        ├── EndpointError               the OpenAI-compatible endpoint failed
+        └── DraftError                  an answer that holds no usable code
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class HfadaptError(Exception):
+    """Base of every error hfadapt raises on purpose."""
+
+    exit_code = 1
+
+    def one_line(self) -> str:
+        """The message a user sees: a single line, no traceback."""
+        text = str(self) or self.__class__.__name__
+        return " ".join(text.split())
+
+
+class InputError(HfadaptError):
+    exit_code = 2
+
+
+class ModelNotFoundError(InputError):
+    pass
+
+
+class ConfigError(InputError):
+    pass
+
+
+class WeightsError(InputError):
+    pass
+
+
+class TokenizerError(InputError):
+    pass
+
+
+class UsageError(InputError):
+    pass
+
+
+class StoreError(HfadaptError):
+    exit_code = 2
+
+
+class SchemaVersionError(StoreError):
+    pass
+
+
+class DatabaseUnavailableError(StoreError):
+    pass
+
+
+class HubError(HfadaptError):
+    pass
+
+
+class HubUnreachableError(HubError):
+    pass
+
+
+class HubResponseError(HubError):
+    pass
+
+
+class DeviceError(HfadaptError):
+    pass
+
+
+class ProfileError(DeviceError):
+    exit_code = 2
+
+
+class SpyreUnsupportedModelError(DeviceError):
+    """Raised before compiling when the model's shape cannot be lowered at all."""
+
+    def __init__(self, message: str, rule_id: str | None = None) -> None:
+        super().__init__(message)
+        self.rule_id = rule_id
+
+
+class SpyreLoweringError(DeviceError):
+    """A graph with one or more violations; ``report`` holds every one of them."""
+
+    def __init__(self, message: str, report: Any = None) -> None:
+        super().__init__(message)
+        self.report = report
+
+
+class AdapterError(HfadaptError):
+    pass
+
+
+class AgentError(HfadaptError):
+    pass
+
+
+class EndpointError(AgentError):
+    pass
+
+
+class DraftError(AgentError):
+    pass

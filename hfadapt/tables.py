@@ -1,0 +1,115 @@
+"""The tables of runs.db (SQLModel). Schema changes go through hfadapt.migrations;
+bump SCHEMA_VERSION there when a table here changes."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from sqlalchemy import JSON, Column, Index, Text, UniqueConstraint
+from sqlmodel import Field, SQLModel
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class HubModel(SQLModel, table=True):
+    """One Hub model as last seen by a crawl (the newest crawl wins; crawl_entry keeps history)."""
+
+    __tablename__ = "hub_model"
+
+    id: str = Field(primary_key=True, description="Hub repo id, e.g. BAAI/bge-small-en-v1.5")
+    rank: int | None = Field(default=None, index=True)
+    downloads: int = 0
+    likes: int = 0
+    model_type: str | None = Field(default=None, index=True)
+    architectures: str | None = None  # comma-separated
+    config_class: str | None = None
+    num_parameters: int | None = None
+    library: str | None = Field(default=None, index=True)
+    pipeline_tag: str | None = None
+    is_gated: bool = False
+    is_moe: bool = False
+    is_multimodal: bool = False
+    is_custom_code: bool = False
+    revision: str | None = None  # commit sha when known
+    config_json: dict | None = Field(default=None, sa_column=Column(JSON))
+    tags: list | None = Field(default=None, sa_column=Column(JSON))
+    excluded_reason: str | None = Field(default=None, index=True)  # prefilter; None = kept
+    reference_supported: bool | None = None  # hf-adapters is_supported (snapshot only)
+    year: int | None = None
+    source: str = "snapshot"  # "snapshot" or the endpoint URL crawled
+    last_crawl_id: int | None = Field(default=None, foreign_key="crawl.id")
+    crawled_at: datetime = Field(default_factory=utcnow)
+
+
+class Crawl(SQLModel, table=True):
+    """One crawl: when, from where, how many models it saw and kept."""
+
+    __tablename__ = "crawl"
+
+    id: int | None = Field(default=None, primary_key=True)
+    started_at: datetime = Field(default_factory=utcnow)
+    finished_at: datetime | None = None
+    source: str = "snapshot"
+    limit: int | None = None
+    seen: int = 0
+    kept: int = 0
+    excluded: int = 0
+    status: str = "running"  # running | done | failed
+    error: str | None = Field(default=None, sa_column=Column(Text))
+
+
+class CrawlEntry(SQLModel, table=True):
+    """Which crawl saw which model, at which rank and download count."""
+
+    __tablename__ = "crawl_entry"
+    __table_args__ = (UniqueConstraint("crawl_id", "model_id"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    crawl_id: int = Field(foreign_key="crawl.id", index=True)
+    model_id: str = Field(index=True)
+    rank: int | None = None
+    downloads: int = 0
+    excluded_reason: str | None = None
+
+
+class Run(SQLModel, table=True):
+    """One judgement of one model on the simulated device, with its full evidence.
+
+    ``verdict`` is one of the stable strings in hfadapt.verdicts; never renamed.
+    """
+
+    __tablename__ = "run"
+    __table_args__ = (Index("ix_run_sweep_model", "sweep_id", "model_id"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    model_id: str = Field(index=True)
+    sweep_id: int | None = Field(default=None, index=True)
+    verdict: str = Field(index=True)
+    reason: str | None = Field(default=None, sa_column=Column(Text))
+    mode: str = "full"  # full | structural
+    execution: str = "eager"  # eager | compile
+    dtype: str = "fp16"
+    signature: str | None = Field(default=None, index=True)  # structural signature hash
+    model_type: str | None = None
+    revision: str | None = None
+    # metrics (None when the run did not get that far)
+    min_token_cosine: float | None = None
+    mean_token_cosine: float | None = None
+    pooled_cosine: float | None = None
+    max_abs_diff: float | None = None
+    has_nan: bool | None = None
+    has_inf: bool | None = None
+    # lists and dicts: violations, fallbacks (op -> count), adapters applied, divergent module
+    violations: list | None = Field(default=None, sa_column=Column(JSON))
+    fallbacks: dict | None = Field(default=None, sa_column=Column(JSON))
+    adapters: list | None = Field(default=None, sa_column=Column(JSON))
+    fingerprints: list | None = Field(default=None, sa_column=Column(JSON))
+    divergence: dict | None = Field(default=None, sa_column=Column(JSON))
+    evidence: dict | None = Field(default=None, sa_column=Column(JSON))  # anything else
+    versions: dict | None = Field(default=None, sa_column=Column(JSON))  # hfadapt, profile, torch, transformers
+    profile_version: str | None = None
+    timings: dict | None = Field(default=None, sa_column=Column(JSON))  # seconds per phase
+    started_at: datetime = Field(default_factory=utcnow)
+    finished_at: datetime | None = None
