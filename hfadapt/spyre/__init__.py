@@ -1,0 +1,17 @@
+"""The simulated IBM Spyre device: a versioned device profile, DL16 numerics, an eager
+``spyre`` device (PrivateUse1) and a ``torch.compile(..., backend="spyre")`` backend."""
+
+from __future__ import annotations
+
+from hfadapt.spyre.profile import DEFAULT_PROFILE, Profile, available_profiles, load_profile
+from hfadapt.spyre.report import LoweringReport, SourceLocation, Violation
+
+__all__ = [
+    "DEFAULT_PROFILE",
+    "LoweringReport",
+    "Profile",
+    "SourceLocation",
+    "Violation",
+    "available_profiles",
+    "load_profile",
+]

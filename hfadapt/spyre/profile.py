@@ -1,0 +1,251 @@
+"""The device profile: every Spyre rule (op outcome per mode and dtype, dtype mapping, casts,
+layout, numerics) as versioned data with an id and a source. Code asks it; it holds no ifs
+about particular ops beyond the named checks in hfadapt.spyre.checks."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hfadapt.errors import ProfileError
+from hfadapt.spyre.dl16 import DL16Format
+
+DEFAULT_PROFILE = "spyre-2026.07"
+
+NATIVE = "native"
+FALLBACK = "fallback"
+UNSUPPORTED = "unsupported"
+OUTCOMES = (NATIVE, FALLBACK, UNSUPPORTED)
+MODES = ("eager", "compile")
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    outcome: str
+    kind: str  # compute | view | creation | infra
+    ops: tuple[str, ...]
+    source: str
+    modes: tuple[str, ...] = MODES
+    checks: tuple[str, ...] = ()
+    inferred: bool = False
+    note: str = ""
+
+
+# Ops no rule names: what the device says about them.
+UNLISTED = Rule(
+    id="op.unsupported",
+    outcome=UNSUPPORTED,
+    kind="compute",
+    ops=(),
+    source="ops",
+    note="not in the supported-operations list",
+)
+
+
+@dataclass
+class Profile:
+    name: str
+    version: str
+    description: str
+    sources: dict[str, str]
+    errors: dict[str, str]
+    dtypes: dict[str, dict[str, Any]]
+    allowed_casts: frozenset[tuple[str, str]]
+    cast_rule: str
+    fp32_ops: frozenset[str]
+    fp32_rule: str
+    rules: dict[str, Rule]
+    layout: dict[str, dict[str, Any]]
+    numerics: dict[str, dict[str, Any]]
+    path: str = ""
+    _by_op: dict[str, Rule] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        for rule in self.rules.values():
+            for op in rule.ops:
+                if op in self._by_op and self._by_op[op].id != rule.id:
+                    raise ProfileError(
+                        f"profile {self.name}: {op} is claimed by both {self._by_op[op].id} and {rule.id}"
+                    )
+                self._by_op[op] = rule
+
+    # -- lookups -------------------------------------------------------------
+    def rule_for(self, op: str) -> Rule:
+        """The rule for an ATen overload name ("aten::pow.Tensor_Scalar"): an exact overload
+        entry wins over the op's packet ("aten::pow")."""
+        rule = self._by_op.get(op)
+        if rule is None:
+            rule = self._by_op.get(op.split(".", 1)[0], UNLISTED)
+        return rule
+
+    def outcome(self, op: str, mode: str) -> tuple[str, Rule]:
+        rule = self.rule_for(op)
+        if mode not in rule.modes:
+            return UNSUPPORTED, rule
+        return rule.outcome, rule
+
+    def fp32_allowed(self, op: str) -> bool:
+        return op.split(".", 1)[0] in self.fp32_ops
+
+    def dtype_info(self, dtype: torch.dtype) -> dict[str, Any]:
+        return self.dtypes.get(
+            dtype_name(dtype), {"storage": None, "rule": "dtype.unknown", "error": str(dtype)}
+        )
+
+    def device_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        """The dtype a tensor has once on the device (int64 becomes int32)."""
+        storage = self.dtype_info(dtype).get("storage")
+        if storage == "int32" and dtype in (torch.int64, torch.int16):
+            return torch.int32
+        return dtype
+
+    def cast_allowed(self, src: torch.dtype, dst: torch.dtype) -> bool:
+        if src == dst:
+            return True
+        return (dtype_name(src), dtype_name(dst)) in self.allowed_casts
+
+    def message(self, key: str, **values: Any) -> str:
+        return self.errors[key].format(**values)
+
+    def layout_value(self, key: str, default: int = 64) -> int:
+        return int(self.layout.get(key, {}).get("value", default))
+
+    @property
+    def dl16(self) -> DL16Format:
+        spec = self.numerics.get("dl16", {})
+        return DL16Format(
+            exponent_bits=int(spec.get("exponent_bits", 6)),
+            mantissa_bits=int(spec.get("mantissa_bits", 9)),
+            bias=int(spec.get("bias", 31)),
+            max_finite_bits=int(str(spec.get("max_finite_bits", "0x6FFF")), 16),
+        )
+
+    def numerics_enabled(self, key: str) -> bool:
+        return bool(self.numerics.get(key, {}).get("enabled", False))
+
+    def rule_source(self, rule_id: str) -> str:
+        """The public source a rule id cites, for reports and prompts."""
+        for rule in self.rules.values():
+            if rule.id == rule_id:
+                return self.sources.get(rule.source, rule.source)
+        for section in (self.layout, self.numerics):
+            for spec in section.values():
+                if spec.get("rule") == rule_id:
+                    return self.sources.get(spec.get("source", ""), spec.get("source", ""))
+        for spec in self.dtypes.values():
+            if spec.get("rule") == rule_id:
+                return self.sources.get(spec.get("source", ""), "")
+        return ""
+
+    def describe(self) -> str:
+        return f"{self.name} ({self.version})"
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _profile_dir() -> Path:
+    return Path(str(resources.files("hfadapt.spyre") / "profiles"))
+
+
+def available_profiles() -> list[str]:
+    return sorted(p.stem for p in _profile_dir().glob("*.json"))
+
+
+def _read(name_or_path: str) -> tuple[dict[str, Any], str]:
+    path = Path(name_or_path)
+    if not (path.suffix == ".json" and path.exists()):
+        path = _profile_dir() / f"{name_or_path}.json"
+    if not path.exists():
+        raise ProfileError(
+            f"no device profile {name_or_path!r}; bundled: {', '.join(available_profiles())}"
+        )
+    try:
+        return json.loads(path.read_text()), str(path)
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ProfileError(f"device profile {path} does not load: {exc}") from exc
+
+
+def _merge(base: dict[str, Any], child: dict[str, Any]) -> dict[str, Any]:
+    merged = {
+        **base,
+        **{k: v for k, v in child.items() if k not in ("move_ops", "add_rules", "extends")},
+    }
+    rules = [dict(r, ops=list(r["ops"])) for r in base["rules"]] + [
+        dict(r, ops=list(r["ops"])) for r in child.get("add_rules", [])
+    ]
+    by_id = {r["id"]: r for r in rules}
+    for move in child.get("move_ops", []):
+        for r in rules:
+            if move["op"] in r["ops"]:
+                r["ops"].remove(move["op"])
+        if move["to_rule"] not in by_id:
+            raise ProfileError(
+                f"profile {child.get('name')}: move_ops names unknown rule {move['to_rule']}"
+            )
+        by_id[move["to_rule"]]["ops"].append(move["op"])
+    merged["rules"] = rules
+    return merged
+
+
+def _build(data: dict[str, Any], path: str) -> Profile:
+    try:
+        rules = {}
+        for r in data["rules"]:
+            if r["outcome"] not in OUTCOMES:
+                raise ProfileError(f"rule {r['id']}: unknown outcome {r['outcome']!r}")
+            rules[r["id"]] = Rule(
+                id=r["id"],
+                outcome=r["outcome"],
+                kind=r.get("kind", "compute"),
+                ops=tuple(r["ops"]),
+                source=r.get("source", ""),
+                modes=tuple(r.get("modes", MODES)),
+                checks=tuple(r.get("checks", ())),
+                inferred=bool(r.get("inferred", False)),
+                note=r.get("note", ""),
+            )
+        return Profile(
+            name=data["name"],
+            version=data["version"],
+            description=data.get("description", ""),
+            sources=data["sources"],
+            errors=data["errors"],
+            dtypes=data["dtypes"],
+            allowed_casts=frozenset(tuple(p) for p in data["casts"]["allowed"]),  # type: ignore[misc]
+            cast_rule=data["casts"]["rule"],
+            fp32_ops=frozenset(data["fp32_ops"]["ops"]),
+            fp32_rule=data["fp32_ops"]["rule"],
+            rules=rules,
+            layout=data["layout"],
+            numerics=data["numerics"],
+            path=path,
+        )
+    except KeyError as exc:
+        raise ProfileError(f"device profile {path} lacks the field {exc}") from exc
+
+
+def _resolve(name_or_path: str, chain: tuple[str, ...] = ()) -> tuple[dict[str, Any], str]:
+    data, path = _read(name_or_path)
+    name = str(data.get("name", name_or_path))
+    if name in chain:
+        raise ProfileError(f"profile {name}: circular 'extends' ({' -> '.join((*chain, name))})")
+    if "extends" in data:
+        base, _ = _resolve(data["extends"], (*chain, name))
+        data = _merge(base, data)
+    return data, path
+
+
+@lru_cache(maxsize=16)
+def load_profile(name_or_path: str | None = None) -> Profile:
+    """Load a bundled profile by name, or a profile JSON file by path. Cached."""
+    data, path = _resolve(name_or_path or DEFAULT_PROFILE)
+    return _build(data, path)

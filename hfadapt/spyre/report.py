@@ -1,0 +1,167 @@
+"""The lowering report: every violation a graph or an eager run met, CPU fallbacks, and the
+profile it was judged by. Diagnose, sweeps and the agent consume it (also as JSON)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class SourceLocation:
+    """Where in model code an op came from: the first frame outside torch and hfadapt."""
+
+    file: str
+    line: int
+    function: str
+    code: str = ""
+
+    @property
+    def short_file(self) -> str:
+        """The path from the package root (``transformers/models/bert/modeling_bert.py``)."""
+        parts = self.file.replace("\\", "/").split("/")
+        for anchor in ("site-packages", "dist-packages"):
+            if anchor in parts:
+                return "/".join(parts[parts.index(anchor) + 1 :])
+        return "/".join(parts[-3:])
+
+    def __str__(self) -> str:
+        return f"{self.short_file}:{self.line} in {self.function}"
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One reason the device would refuse the model, with the profile rule that says so."""
+
+    rule_id: str
+    op: str  # ATen overload, e.g. "aten::pow.Tensor_Scalar"; or "model" for config-level rules
+    message: str  # the text the device (or torch-spyre) would print
+    kind: str = "op"  # op | layout | dtype | model
+    dtypes: tuple[str, ...] = ()
+    shapes: tuple[tuple[int, ...], ...] = ()
+    location: SourceLocation | None = None
+    inferred: bool = False
+
+    @property
+    def dtype(self) -> str:
+        return self.dtypes[0] if self.dtypes else ""
+
+    def fingerprint(self) -> str:
+        """Stable id of (rule, op, dtype, call site): shared by every model that meets the same
+        code. The call site is file and function, not line, so it survives small edits."""
+        site = f"{self.location.short_file}:{self.location.function}" if self.location else ""
+        key = "|".join((self.rule_id, self.op, self.dtype, site))
+        return hashlib.sha1(key.encode()).hexdigest()[:12]
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["fingerprint"] = self.fingerprint()
+        data["location"] = asdict(self.location) if self.location else None
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Violation:
+        loc = data.get("location")
+        return cls(
+            rule_id=data["rule_id"],
+            op=data["op"],
+            message=data["message"],
+            kind=data.get("kind", "op"),
+            dtypes=tuple(data.get("dtypes", ())),
+            shapes=tuple(tuple(s) for s in data.get("shapes", ())),
+            location=SourceLocation(**loc) if loc else None,
+            inferred=bool(data.get("inferred", False)),
+        )
+
+    def __str__(self) -> str:
+        where = f" at {self.location}" if self.location else ""
+        return f"[{self.rule_id}] {self.op}: {self.message}{where}"
+
+
+@dataclass
+class LoweringReport:
+    """What one model met on the device: violations (deduplicated by fingerprint and shape),
+    host fallbacks counted per op, int64 downcasts, and the ops seen."""
+
+    profile_name: str
+    profile_version: str
+    mode: str  # eager | compile
+    violations: list[Violation] = field(default_factory=list)
+    fallbacks: Counter[str] = field(default_factory=Counter)
+    downcasts: int = 0
+    ops_seen: Counter[str] = field(default_factory=Counter)
+    graph_count: int = 0
+    compile_seconds: float = 0.0
+    _seen_keys: set[tuple[str, tuple[tuple[int, ...], ...]]] = field(
+        default_factory=set, repr=False
+    )
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def add(self, violation: Violation) -> None:
+        key = (violation.fingerprint(), violation.shapes)
+        if key not in self._seen_keys:
+            self._seen_keys.add(key)
+            self.violations.append(violation)
+
+    def merge(self, other: LoweringReport) -> None:
+        for v in other.violations:
+            self.add(v)
+        self.fallbacks.update(other.fallbacks)
+        self.ops_seen.update(other.ops_seen)
+        self.downcasts += other.downcasts
+        self.graph_count += other.graph_count
+        self.compile_seconds += other.compile_seconds
+
+    def fingerprints(self) -> list[str]:
+        return sorted({v.fingerprint() for v in self.violations})
+
+    def summary(self) -> str:
+        if self.ok:
+            fb = sum(self.fallbacks.values())
+            return f"lowers ({self.mode}, profile {self.profile_name}); {fb} CPU fallback calls"
+        rules = Counter(v.rule_id for v in self.violations)
+        parts = ", ".join(f"{r} x{n}" for r, n in rules.most_common())
+        return f"{len(self.violations)} violation(s) ({self.mode}, profile {self.profile_name}): {parts}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "profile_name": self.profile_name,
+            "profile_version": self.profile_version,
+            "mode": self.mode,
+            "ok": self.ok,
+            "violations": [v.to_dict() for v in self.violations],
+            "fallbacks": dict(self.fallbacks),
+            "downcasts": self.downcasts,
+            "ops_seen": dict(self.ops_seen),
+            "graph_count": self.graph_count,
+            "compile_seconds": self.compile_seconds,
+        }
+
+    def to_json(self, **kwargs: Any) -> str:
+        return json.dumps(self.to_dict(), **kwargs)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LoweringReport:
+        report = cls(
+            profile_name=data["profile_name"],
+            profile_version=data["profile_version"],
+            mode=data["mode"],
+            fallbacks=Counter(data.get("fallbacks", {})),
+            downcasts=int(data.get("downcasts", 0)),
+            ops_seen=Counter(data.get("ops_seen", {})),
+            graph_count=int(data.get("graph_count", 0)),
+            compile_seconds=float(data.get("compile_seconds", 0.0)),
+        )
+        for v in data.get("violations", []):
+            report.add(Violation.from_dict(v))
+        return report
+
+    @classmethod
+    def from_json(cls, text: str) -> LoweringReport:
+        return cls.from_dict(json.loads(text))
