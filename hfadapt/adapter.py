@@ -1,0 +1,146 @@
+"""The adapter API: one small Python file declares, with the ``@adapter`` decorator, what it
+replaces (a module class's method, a model's forward inputs, or the attention function), when
+it applies, which device rule it works around, and where it came from."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from hfadapt.errors import AdapterError
+
+Kind = Literal["method", "pre_hook", "attention"]
+ExampleFn = Callable[[int], tuple[Any, tuple[Any, ...], dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where an adapter came from: written by hand, or drafted by an agent and proven."""
+
+    origin: str = "hand-written"  # hand-written | agent
+    author: str = "hfadapt"
+    date: str = ""
+    endpoint_model: str | None = None
+    attempt_id: int | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if v not in (None, {}, "")}
+
+
+@dataclass
+class Adapter:
+    """One registered rewrite.
+
+    kind ``method``: ``target`` is ``"pkg.module:Class.method"``; on each matching instance the
+    method is replaced by ``fn(self, *args, **kwargs)``.
+    kind ``pre_hook``: ``fn(module, args, kwargs) -> (args, kwargs) | None`` runs before the
+    matching module's forward (e.g. build an attention mask on the host).
+    kind ``attention``: ``fn`` is a transformers attention function (module, q, k, v, mask, ...);
+    matching models switch ``config._attn_implementation`` to it.
+    """
+
+    name: str
+    kind: Kind
+    target: str
+    fn: Callable[..., Any]
+    rule: str  # the device-profile rule id it works around
+    description: str = ""
+    applies: Callable[[Any, Any], bool] | None = None  # (module, config) -> bool
+    example: ExampleFn | None = None  # seed -> (module, args, kwargs) for equivalence proofs
+    provenance: Provenance = field(default_factory=Provenance)
+    priority: int = 100
+    path: str = ""  # the file it was loaded from
+    source: str = ""  # "bundled", "user", "entry-point:<pkg>", or "inline"
+
+    def target_class(self) -> type | None:
+        """The class whose instances this adapter matches (None for model-level adapters)."""
+        module_name, _, qual = self.target.partition(":")
+        if not qual:
+            raise AdapterError(
+                f"adapter {self.name}: target {self.target!r} is not 'module:Class[.method]'"
+            )
+        try:
+            obj: Any = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise AdapterError(f"adapter {self.name}: cannot import {module_name}: {exc}") from exc
+        cls_name = qual.split(".")[0]
+        obj = getattr(obj, cls_name, None)
+        if not isinstance(obj, type):
+            raise AdapterError(f"adapter {self.name}: {module_name} has no class {cls_name}")
+        return obj
+
+    @property
+    def method_name(self) -> str:
+        qual = self.target.partition(":")[2]
+        return qual.split(".", 1)[1] if "." in qual else "forward"
+
+    def original(self) -> Callable[..., Any]:
+        """The stock code this adapter replaces (for equivalence proofs)."""
+        cls = self.target_class()
+        if self.kind == "method":
+            return getattr(cls, self.method_name)
+        if self.kind == "attention":
+            from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+            return sdpa_attention_forward
+        raise AdapterError(
+            f"adapter {self.name}: a {self.kind} adapter replaces no single function"
+        )
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "target": self.target,
+            "rule": self.rule,
+            "description": self.description,
+            "provenance": self.provenance.to_dict(),
+            "path": self.path,
+            "source": self.source,
+        }
+
+
+# The registry being filled while an adapter file is imported; registry.py swaps it.
+_COLLECTOR: list[Adapter] = []
+
+
+def adapter(
+    *,
+    name: str,
+    target: str,
+    rule: str,
+    kind: Kind = "method",
+    description: str = "",
+    applies: Callable[[Any, Any], bool] | None = None,
+    example: ExampleFn | None = None,
+    provenance: Provenance | dict[str, Any] | None = None,
+    priority: int = 100,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register the decorated function as an adapter (llm-style: the decorator appends)."""
+    if not name or not name.replace("-", "").replace("_", "").isalnum():
+        raise AdapterError(f"adapter name {name!r} must be letters, digits, '-' or '_'")
+    if kind not in ("method", "pre_hook", "attention"):
+        raise AdapterError(f"adapter {name}: unknown kind {kind!r}")
+    prov = provenance if isinstance(provenance, Provenance) else Provenance(**(provenance or {}))
+
+    def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+        _COLLECTOR.append(
+            Adapter(
+                name=name,
+                kind=kind,
+                target=target,
+                fn=fn,
+                rule=rule,
+                description=description or (fn.__doc__ or "").strip(),
+                applies=applies,
+                example=example,
+                provenance=prov,
+                priority=priority,
+            )
+        )
+        return fn
+
+    return register
