@@ -292,10 +292,16 @@ class AppliedAdapters:
         config = getattr(self.model, "config", None)
         if config is None:
             raise AdapterError(f"adapter {a.name}: the model has no config to switch attention on")
+        from transformers.masking_utils import AttentionMaskInterface
+
         key = f"hfadapt-{a.name}"
         ALL_ATTENTION_FUNCTIONS[key] = _attention_dispatch(a)
+        # Masks are made by the function registered for the attention key; without one,
+        # transformers would pass no mask at all. Use the original implementation's.
+        AttentionMaskInterface.register(key, _mask_dispatch)
         original = config._attn_implementation or "eager"
         self.state.attn_original = original
+        config.__dict__["_hfadapt_attn_original"] = original
         config._attn_implementation = key
         modules = list(self.model.modules())
         for m in modules:  # the attention function is handed the attention module, not the model
@@ -303,6 +309,7 @@ class AppliedAdapters:
 
         def undo() -> None:
             config._attn_implementation = original
+            config.__dict__.pop("_hfadapt_attn_original", None)
             for m in modules:
                 m.__dict__.pop("_hfadapt_attn_state", None)
 
@@ -334,6 +341,16 @@ def _attention_dispatch(a: Adapter) -> Any:
         return _stock_attention(module, state)(module, query, *args, **kwargs)
 
     return attention
+
+
+def _mask_dispatch(*args: Any, **kwargs: Any) -> Any:
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+    config = kwargs.get("config")
+    original = getattr(config, "_hfadapt_attn_original", None) or "sdpa"
+    if original not in ALL_MASK_ATTENTION_FUNCTIONS:
+        original = "sdpa"
+    return ALL_MASK_ATTENTION_FUNCTIONS[original](*args, **kwargs)
 
 
 def _find_state(module: torch.nn.Module) -> AdapterState | None:

@@ -1,0 +1,98 @@
+"""Attention with head_dim zero-padded to a whole stick.
+
+Q @ K^T reduces over head_dim: a head_dim that is not a multiple of 64 puts the matmul's K off
+a stick boundary and the backend compiler aborts (rule layout.matmul_k; all-MiniLM-L6-v2 has
+head_dim 32). Zero-padding Q, K and V to the next multiple of 64 is exact: the padded columns add
+0 to every dot product and produce output columns that are sliced away (a prefix slice, offset
+0). The scale stays 1/sqrt(original head_dim). The math is written out (matmul, mul, add,
+softmax, matmul), the device's SDPA decomposition, with the mask added as given.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.nn import functional as F
+
+from hfadapt.adapter import adapter
+
+STICK = 64
+
+
+def _head_dim(config: Any) -> int | None:
+    hd = getattr(config, "head_dim", None)
+    if isinstance(hd, int) and hd > 0:
+        return hd
+    hidden, heads = getattr(config, "hidden_size", None), getattr(config, "num_attention_heads", None)
+    if isinstance(hidden, int) and isinstance(heads, int) and heads > 0:
+        return hidden // heads
+    return None
+
+
+
+def _repeat_kv(x: Tensor, groups: int) -> Tensor:
+    if groups == 1:
+        return x
+    b, h, s, d = x.shape
+    return x[:, :, None, :, :].expand(b, h, groups, s, d).reshape(b, h * groups, s, d)
+
+
+def _example(seed: int):
+    from transformers import BertConfig
+    from transformers.models.bert.modeling_bert import BertSelfAttention
+
+    g = torch.Generator().manual_seed(seed)
+    cfg = BertConfig(hidden_size=96, num_attention_heads=3, attention_probs_dropout_prob=0.0)
+    module = BertSelfAttention(cfg).double().eval()
+    q, k, v = (torch.randn(2, 3, 9, 32, generator=g, dtype=torch.float64) for _ in range(3))
+    mask = torch.zeros(2, 1, 9, 9, dtype=torch.float64)
+    mask[1, :, :, 6:] = torch.finfo(torch.float64).min / 2
+    return module, (q, k, v, mask), {"scaling": 32**-0.5, "dropout": 0.0}
+
+
+@adapter(
+    name="attention-head-dim-pad",
+    kind="attention",
+    target="transformers.modeling_utils:PreTrainedModel",
+    rule="layout.matmul_k",
+    applies=lambda module, config: (
+        config is not None
+        and getattr(config, "_attn_implementation", None) in ("sdpa", "eager")
+        and (_head_dim(config) or STICK) % STICK != 0
+    ),
+    example=_example,
+    provenance={"origin": "hand-written", "author": "hfadapt", "date": "2026-11-30"},
+)
+def padded_attention(
+    module: torch.nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[Tensor, None]:
+    """softmax(Q K^T * scale + mask) V with Q, K, V zero-padded to whole sticks."""
+    head_dim = query.shape[-1]
+    scale = scaling if scaling is not None else head_dim**-0.5
+    groups = int(getattr(module, "num_key_value_groups", 1) or 1)
+    key, value = _repeat_kv(key, groups), _repeat_kv(value, groups)
+    pad = (-head_dim) % STICK
+    if pad:
+        query, key, value = (F.pad(t, (0, pad)) for t in (query, key, value))
+    scores = torch.matmul(query, key.transpose(-1, -2)) * scale
+    if attention_mask is not None:
+        if attention_mask.dtype == torch.bool:
+            neg = torch.finfo(scores.dtype).min / 2
+            attention_mask = torch.zeros_like(attention_mask, dtype=scores.dtype).masked_fill(~attention_mask, neg)
+        scores = scores + attention_mask[..., : key.shape[-2]]
+    probs = torch.softmax(scores, dim=-1)
+    if dropout and module.training:
+        probs = F.dropout(probs, p=dropout, training=True)
+    out = torch.matmul(probs, value)
+    if pad:
+        out = out[..., :head_dim]
+    return out.transpose(1, 2).contiguous(), None

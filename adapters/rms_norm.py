@@ -1,0 +1,78 @@
+"""RMSNorm with the square written as ``x*x``.
+
+The stock RMSNorms upcast to fp32 and call ``pow(2)``: pow is not among the ops the device
+runs in fp32 (rule dtype.fp32.ops). ``(x*x).mean()`` is the same function (SPYRE.md §5).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from hfadapt.adapter import adapter
+
+_PROV = {"origin": "hand-written", "author": "hfadapt", "date": "2026-11-30"}
+
+
+def _example(module_path: str, cls_name: str, zero_centered: bool = False):
+    def make(seed: int):
+        import importlib
+
+        cls = getattr(importlib.import_module(module_path), cls_name)
+        g = torch.Generator().manual_seed(seed)
+        norm = cls(64, eps=1e-6).to(torch.float64)
+        with torch.no_grad():
+            norm.weight.copy_(torch.randn(64, generator=g, dtype=torch.float64))
+        x = torch.randn(2, 9, 64, generator=g, dtype=torch.float64) * 5
+        return norm, (x,), {}
+
+    return make
+
+
+def _rms(x: Tensor, eps: float) -> Tensor:
+    return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps)
+
+
+@adapter(
+    name="rms-norm-square-qwen3",
+    target="transformers.models.qwen3.modeling_qwen3:Qwen3RMSNorm.forward",
+    rule="dtype.fp32.ops",
+    example=_example("transformers.models.qwen3.modeling_qwen3", "Qwen3RMSNorm"),
+    provenance=_PROV,
+)
+def qwen3_rms_norm(self, hidden_states: Tensor) -> Tensor:
+    """weight * (x * rsqrt(mean(x*x) + eps)), statistics in fp32."""
+    input_dtype = hidden_states.dtype
+    x = _rms(hidden_states.to(torch.float32), self.variance_epsilon)
+    return self.weight * x.to(input_dtype)
+
+
+@adapter(
+    name="rms-norm-square-gemma3",
+    target="transformers.models.gemma3.modeling_gemma3:Gemma3RMSNorm.forward",
+    rule="dtype.fp32.ops",
+    example=_example("transformers.models.gemma3.modeling_gemma3", "Gemma3RMSNorm"),
+    provenance=_PROV,
+)
+def gemma3_rms_norm(self, x: Tensor) -> Tensor:
+    """Gemma's (1 + weight) RMSNorm, statistics in fp32, square as x*x."""
+    output = _rms(x.float(), self.eps)
+    output = output * (1.0 + self.weight.float())
+    return output.type_as(x)
+
+
+@adapter(
+    name="rms-norm-square-t5",
+    target="transformers.models.t5.modeling_t5:T5LayerNorm.forward",
+    rule="dtype.fp32.ops",
+    example=_example("transformers.models.t5.modeling_t5", "T5LayerNorm"),
+    provenance=_PROV,
+)
+def t5_layer_norm(self, hidden_states: Tensor) -> Tensor:
+    """T5's scale-only RMS norm with the variance as mean(x*x) in fp32."""
+    x32 = hidden_states.to(torch.float32)
+    variance = (x32 * x32).mean(-1, keepdim=True)
+    hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+    if self.weight.dtype in (torch.float16, torch.bfloat16):
+        hidden_states = hidden_states.to(self.weight.dtype)
+    return self.weight * hidden_states
