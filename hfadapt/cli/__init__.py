@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import sys
 
+# Command modules register themselves on import.
+from hfadapt.cli import hub as _hub  # noqa: F401
 from hfadapt.cli._app import app, err_console
 from hfadapt.errors import HfadaptError
-
-# Command modules register themselves on import.
-from hfadapt.cli import hub as _hub  # noqa: F401,E402
 
 
 def main() -> None:
     try:
-        app(standalone_mode=False)
+        # standalone_mode=False makes click return typer.Exit codes instead of exiting.
+        rc = app(standalone_mode=False)
+        if isinstance(rc, int) and rc:
+            sys.exit(rc)
     except HfadaptError as exc:
         err_console.print(f"[red]error:[/red] {exc.one_line()}", highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
