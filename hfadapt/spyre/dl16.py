@@ -48,18 +48,33 @@ DEFAULT_FORMAT = DL16Format()
 
 
 @lru_cache(maxsize=8)
-def _constants(fmt: DL16Format) -> tuple[int, int, int, float]:
-    # float32 exponent fields: the smallest normal DL16 binade, and a cap that keeps the
-    # magic number finite (anything that large saturates anyway).
-    min_exp_field = (127 + 1 - fmt.bias) << 23
-    max_exp_field = (127 + 100) << 23
+def _constants(fmt: DL16Format) -> tuple[int, float, float]:
+    # Adding 2^(e + dropped) to a value of binade e leaves a sum whose ulp is the DL16 ulp of
+    # that value; in float32 bits that is the value's sign and exponent plus `shift`.
     shift = fmt.dropped_bits << 23
-    return min_exp_field, max_exp_field, shift, fmt.max_finite
+    return shift, fmt.max_finite, _below_min_normal(fmt)
 
 
 @lru_cache(maxsize=8)
 def _below_min_normal(fmt: DL16Format) -> float:
     return float(torch.nextafter(torch.tensor(fmt.min_normal), torch.tensor(0.0)))
+
+
+def _round_inplace(y: torch.Tensor, fmt: DL16Format, saturated: bool = False) -> torch.Tensor:
+    shift, max_finite, below_min_normal = _constants(fmt)
+    if not saturated:
+        # Saturate first: it keeps the magic addend finite (x + inf - inf would be NaN).
+        y.clamp_(-max_finite, max_finite)
+    # A "magic" addend of the same sign whose ulp is the DL16 ulp of y: the FPU's own
+    # round-to-nearest-even then drops exactly the bits DL16 does not keep. NaN stays NaN.
+    magic = torch.bitwise_and(y.view(torch.int32), -0x800000)  # sign and exponent bits
+    magic.add_(shift)
+    m = magic.view(torch.float32)
+    y.add_(m).sub_(m)
+    # No subnormals: a rounded result below the smallest normal flushes to zero
+    # (hardshrink zeroes |y| <= lambd). Written into y: no extra allocation.
+    torch.ops.aten.hardshrink.out(y, below_min_normal, out=y)
+    return y
 
 
 def round_dl16(x: torch.Tensor, fmt: DL16Format = DEFAULT_FORMAT) -> torch.Tensor:
@@ -71,28 +86,17 @@ def round_dl16(x: torch.Tensor, fmt: DL16Format = DEFAULT_FORMAT) -> torch.Tenso
         if x.is_floating_point():
             return round_dl16(x.float(), fmt).to(x.dtype)
         return x
-    min_exp_field, max_exp_field, shift, max_finite = _constants(fmt)
-    x = x.contiguous()
-    bits = x.view(torch.int32)
-    # A "magic" addend of the same sign whose ulp is the DL16 ulp of x: the FPU's own
-    # round-to-nearest-even then drops exactly the bits DL16 does not keep. Clamping its
-    # exponent from below rounds tiny values onto the normal grid (no subnormals).
-    magic = torch.bitwise_and(bits, 0x7F800000)
-    magic.clamp_(min_exp_field, max_exp_field)
-    magic.add_(shift)
-    magic.add_(torch.bitwise_and(bits, -0x80000000))
-    m = magic.view(torch.float32)
-    y = x + m
-    y.sub_(m)
-    y.clamp_(-max_finite, max_finite)
-    # No subnormals: flush to zero below the smallest normal (hardshrink zeroes |y| <= lambd).
-    return torch.nn.functional.hardshrink(y, _below_min_normal(fmt))
+    _, max_finite, _ = _constants(fmt)
+    # clamp allocates the result, so the remaining steps work in place (about 6 passes).
+    return _round_inplace(x.clamp(-max_finite, max_finite), fmt, saturated=True)
 
 
 def round_dl16_(x: torch.Tensor, fmt: DL16Format = DEFAULT_FORMAT) -> torch.Tensor:
     """In-place form of round_dl16 for float32 tensors (used on fresh op outputs)."""
-    x.copy_(round_dl16(x, fmt))
-    return x
+    if x.dtype != torch.float32:
+        x.copy_(round_dl16(x, fmt))
+        return x
+    return _round_inplace(x, fmt)
 
 
 def is_dl16_representable(x: torch.Tensor, fmt: DL16Format = DEFAULT_FORMAT) -> torch.Tensor:
