@@ -1,1 +1,178 @@
 """Commands about the Hub listing: crawl, models, census."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from hfadapt.cli._app import DbOption, JsonOption, app, console
+
+
+def _engine(db: str | None) -> Any:
+    from hfadapt.store import get_engine
+
+    return get_engine(db)
+
+
+def _echo_json(data: Any) -> None:
+    # Plain print, not rich: JSON output is for pipes and must not be wrapped or coloured.
+    typer.echo(json.dumps(data, indent=2, default=str))
+
+
+def _no_crawl(db: str | None) -> None:
+    from hfadapt.errors import UsageError
+    from hfadapt.store import describe, resolve_url
+
+    raise UsageError(
+        f"no crawl in {describe(resolve_url(db))} yet: run `hfadapt crawl` first (add --offline for the bundled snapshot)"
+    )
+
+
+@app.command()
+def crawl(
+    limit: Annotated[
+        int, typer.Option("--limit", help="How many models to rank (excluded ones included).")
+    ] = 10_000,
+    offline: Annotated[
+        bool | None,
+        typer.Option(
+            "--offline/--online",
+            help="--offline: read the bundled snapshot. --online: the Hub, or fail. Default: the Hub if reachable, else the snapshot.",
+            show_default=False,
+        ),
+    ] = None,
+    endpoint: Annotated[
+        str | None,
+        typer.Option(
+            "--endpoint", help="Hub API URL (a mirror; default $HF_ENDPOINT or huggingface.co)."
+        ),
+    ] = None,
+    db: DbOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Rank the most-downloaded embedding models, prefilter them, and store them in the database."""
+    from hfadapt.hub import crawl as run_crawl
+    from hfadapt.store import describe
+
+    engine = _engine(db)
+    result = run_crawl(engine, limit=limit, offline=offline, endpoint=endpoint)
+    if as_json:
+        _echo_json({**dataclasses.asdict(result), "db": describe(engine)})
+        return
+    source = "the bundled snapshot" if result.source == "snapshot" else result.source
+    for note in result.notes:
+        console.print(f"[yellow]note:[/yellow] {note}", highlight=False, soft_wrap=True)
+    console.print(
+        f"crawled {source} into {describe(engine)}: seen {result.seen:,}, kept {result.kept:,}, "
+        f"excluded {result.seen - result.kept:,} in {result.seconds:.2f} s",
+        highlight=False,
+        soft_wrap=True,
+    )
+    if result.excluded:
+        table = Table("excluded because", "models", box=None, pad_edge=False)
+        for reason, count in result.excluded.items():
+            table.add_row(reason, f"{count:,}")
+        console.print(table)
+
+
+@app.command()
+def models(
+    top: Annotated[int, typer.Option("--top", help="How many models to show.")] = 20,
+    model_type: Annotated[
+        str | None, typer.Option("--model-type", help="Only this model_type (e.g. bert).")
+    ] = None,
+    library: Annotated[
+        str | None,
+        typer.Option("--library", help="Only this library (e.g. sentence-transformers)."),
+    ] = None,
+    include_excluded: Annotated[
+        bool, typer.Option("--all", help="Include models the prefilter excluded, with the reason.")
+    ] = False,
+    db: DbOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """The top models of the latest crawl, best first."""
+    from hfadapt.catalog import current_models, latest_crawl
+    from hfadapt.tables import HubModel
+
+    engine = _engine(db)
+    if latest_crawl(engine) is None:
+        _no_crawl(db)
+    rows = current_models(
+        engine, top=top, model_type=model_type, library=library, include_excluded=include_excluded
+    )
+    if as_json:
+        fields = [name for name in HubModel.model_fields if name != "config_json"]
+        _echo_json([{name: getattr(row, name) for name in fields} for row in rows])
+        return
+    table = Table("rank")
+    table.add_column("model", overflow="fold", min_width=24)
+    for name in ("downloads", "likes", "model_type", "library", "params", "flags"):
+        table.add_column(name, overflow="fold")
+    for row in rows:
+        flags = [
+            name
+            for name, on in (
+                ("gated", row.is_gated),
+                ("custom code", row.is_custom_code),
+                ("multimodal", row.is_multimodal),
+            )
+            if on
+        ]
+        if row.excluded_reason:
+            flags.insert(0, f"excluded: {row.excluded_reason}")
+        params = f"{row.num_parameters / 1e6:,.0f}M" if row.num_parameters else ""
+        table.add_row(
+            str(row.rank),
+            row.id,
+            f"{row.downloads:,}",
+            f"{row.likes:,}",
+            row.model_type or "",
+            row.library or "",
+            params,
+            ", ".join(flags),
+        )
+    console.print(table)
+
+
+@app.command()
+def census(db: DbOption = None, as_json: JsonOption = False) -> None:
+    """How many models of the latest crawl, and what share of their downloads, each model_type has."""
+    from hfadapt.catalog import census as run_census
+
+    result = run_census(_engine(db))
+    if result.crawl is None:
+        _no_crawl(db)
+    if as_json:
+        _echo_json(
+            {
+                "models": result.models,
+                "kept": result.kept,
+                "downloads": result.downloads,
+                "crawl_id": result.crawl.id if result.crawl else None,
+                "source": result.crawl.source if result.crawl else None,
+                "model_types": [dataclasses.asdict(r) for r in result.rows],
+            }
+        )
+        return
+    table = Table(
+        "model_type",
+        "models",
+        "kept",
+        "downloads",
+        "share",
+        title=f"{result.models:,} models, {result.downloads:,} downloads",
+    )
+    for r in result.rows:
+        table.add_row(
+            r.model_type,
+            f"{r.models:,}",
+            f"{r.kept:,}",
+            f"{r.downloads:,}",
+            f"{100 * r.share:.1f}%",
+        )
+    console.print(table)

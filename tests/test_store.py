@@ -1,0 +1,219 @@
+"""hfadapt.store: where the database is, WAL and locking, concurrent writers, and the one-line
+errors for databases that cannot be used (nothing stored is ever lost)."""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing
+import os
+import sqlite3
+from pathlib import Path
+
+import pytest
+from sqlalchemy import event, func
+from sqlmodel import select
+
+from hfadapt.errors import DatabaseUnavailableError
+from hfadapt.store import get_engine, resolve_url, session, sqlite_path
+from hfadapt.tables import Run
+
+WRITERS, ROWS_EACH = 4, 200
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _one_line(exc: pytest.ExceptionInfo[Exception]) -> str:
+    text = str(exc.value)
+    assert "\n" not in text, f"message spans lines: {text!r}"
+    return text
+
+
+def test_default_is_runs_db_in_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("HFADAPT_DB")
+    monkeypatch.chdir(tmp_path)
+    assert resolve_url() == "sqlite:///runs.db"
+    engine = get_engine()
+    assert (tmp_path / "runs.db").is_file()
+    with engine.connect() as conn:
+        mode = conn.exec_driver_sql("PRAGMA journal_mode").scalar()
+        busy = conn.exec_driver_sql("PRAGMA busy_timeout").scalar()
+    assert mode == "wal", f"journal_mode={mode}"
+    assert busy is not None and busy >= 10_000, f"busy_timeout={busy} ms"
+
+
+def test_env_var_path_and_url_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HFADAPT_DB", str(tmp_path / "from_env.db"))
+    assert sqlite_path(resolve_url()) == tmp_path / "from_env.db"
+    assert sqlite_path(resolve_url(str(tmp_path / "explicit.db"))) == tmp_path / "explicit.db"
+    assert resolve_url(f"sqlite:///{tmp_path}/url.db") == f"sqlite:///{tmp_path}/url.db"
+    get_engine(str(tmp_path / "sub" / "dir" / "explicit.db"))
+    assert (tmp_path / "sub" / "dir" / "explicit.db").is_file()
+    assert not (tmp_path / "from_env.db").exists()
+
+
+def test_in_memory_database_is_shared_across_sessions() -> None:
+    engine = get_engine(":memory:")
+    with session(engine) as sess:
+        sess.add(Run(model_id="a", verdict="pass"))
+    with session(engine, write=False) as sess:
+        assert len(sess.exec(select(Run)).all()) == 1
+
+
+def test_writers_begin_immediate_readers_deferred() -> None:
+    engine = get_engine()
+    seen: list[str] = []
+    event.listen(
+        engine,
+        "before_cursor_execute",
+        lambda *a: seen.append(a[2]) if a[2].startswith("BEGIN") else None,
+    )
+    with session(engine) as sess:
+        sess.add(Run(model_id="a", verdict="pass"))
+    with session(engine, write=False) as sess:
+        sess.exec(select(Run)).all()
+    assert seen == ["BEGIN IMMEDIATE", "BEGIN DEFERRED"], f"transactions began with {seen}"
+
+
+def test_session_rolls_back_on_error() -> None:
+    engine = get_engine()
+    with pytest.raises(RuntimeError), session(engine) as sess:
+        sess.add(Run(model_id="a", verdict="pass"))
+        sess.flush()
+        raise RuntimeError("boom")
+    with session(engine, write=False) as sess:
+        count = sess.exec(select(func.count()).select_from(Run)).one()
+    assert count == 0, f"{count} rows survived a failed session"
+
+
+def _write_rows(url: str, worker: int) -> None:
+    engine = get_engine(url)
+    for i in range(ROWS_EACH):
+        # Read, then write, in one transaction: the pattern that loses rows under WAL with BEGIN DEFERRED.
+        with session(engine) as sess:
+            sess.exec(select(func.count()).select_from(Run)).one()
+            sess.add(Run(model_id=f"w{worker}-{i}", verdict="pass"))
+    engine.dispose()
+
+
+def test_concurrent_writer_processes_lose_nothing(tmp_path: Path) -> None:
+    url = str(tmp_path / "shared.db")  # fresh: the workers also race to create and migrate it
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_write_rows, args=(url, w)) for w in range(WRITERS)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    codes = [p.exitcode for p in procs]
+    assert codes == [0] * WRITERS, f"worker exit codes {codes}"
+    with session(get_engine(url), write=False) as sess:
+        ids = sess.exec(select(Run.model_id)).all()
+    expected = {f"w{w}-{i}" for w in range(WRITERS) for i in range(ROWS_EACH)}
+    assert len(ids) == WRITERS * ROWS_EACH, (
+        f"stored {len(ids)} rows, expected {WRITERS * ROWS_EACH}"
+    )
+    assert set(ids) == expected, f"missing {sorted(expected - set(ids))[:5]}"
+
+
+def _write_with_inherited_engine(engine, queue) -> None:  # type: ignore[no-untyped-def]
+    with session(engine) as sess:
+        sess.add(Run(model_id=f"child-{os.getpid()}", verdict="pass"))
+    queue.put("ok")
+
+
+def test_engine_inherited_through_fork_opens_its_own_connection() -> None:
+    engine = get_engine()
+    with session(engine) as sess:  # the parent holds a pooled connection before forking
+        sess.add(Run(model_id="parent", verdict="pass"))
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_write_with_inherited_engine, args=(engine, queue))
+    proc.start()
+    proc.join(timeout=60)
+    assert proc.exitcode == 0 and queue.get(timeout=5) == "ok", f"child exit code {proc.exitcode}"
+    with session(engine) as sess:
+        sess.add(Run(model_id="parent-again", verdict="pass"))
+    with session(engine, write=False) as sess:
+        count = sess.exec(select(func.count()).select_from(Run)).one()
+    assert count == 3, f"{count} rows, expected 3"
+
+
+def test_corrupt_file_is_refused_and_left_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "runs.db"
+    path.write_bytes(b"<html>this is not a database</html>" * 100)
+    before = _digest(path)
+    with pytest.raises(DatabaseUnavailableError) as exc:
+        get_engine(str(path))
+    assert "is not an SQLite database" in _one_line(exc) and str(path) in str(exc.value)
+    assert _digest(path) == before, "the corrupt file was modified"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs.db"], (
+        "SQLite side files were created"
+    )
+
+
+def test_damaged_sqlite_file_is_refused_and_left_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "runs.db"
+    engine = get_engine(str(path))
+    with session(engine) as sess:
+        sess.add(Run(model_id="a", verdict="pass"))
+    engine.dispose()
+    raw = sqlite3.connect(path)
+    raw.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    raw.execute("PRAGMA journal_mode=DELETE")
+    raw.close()
+    data = bytearray(path.read_bytes())
+    data[100:4096] = os.urandom(4096 - 100)  # the schema page, header kept
+    path.write_bytes(bytes(data))
+    before = _digest(path)
+    with pytest.raises(DatabaseUnavailableError) as exc:
+        get_engine(str(path))
+    assert "not a usable SQLite database" in _one_line(exc), str(exc.value)
+    assert _digest(path) == before, "the damaged file was modified"
+
+
+def test_read_only_file_is_refused_and_left_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "runs.db"
+    engine = get_engine(str(path))
+    with session(engine) as sess:
+        sess.add(Run(model_id="kept", verdict="pass"))
+    engine.dispose()
+    path.chmod(0o444)
+    before = _digest(path)
+    try:
+        with pytest.raises(DatabaseUnavailableError) as exc:
+            get_engine(str(path))
+        assert "is read-only" in _one_line(exc) and "chmod u+w" in str(exc.value)
+        assert _digest(path) == before
+    finally:
+        path.chmod(0o644)
+    with session(get_engine(str(path)), write=False) as sess:
+        assert sess.exec(select(Run.model_id)).all() == ["kept"]
+
+
+def test_directory_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(DatabaseUnavailableError) as exc:
+        get_engine(str(tmp_path))
+    assert "is a directory" in _one_line(exc)
+
+
+def test_lock_held_too_long_is_one_clear_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import hfadapt.store as store
+
+    path = tmp_path / "runs.db"
+    get_engine(str(path)).dispose()
+    monkeypatch.setattr(store, "BUSY_TIMEOUT_S", 0.2)
+    impatient = get_engine(str(path))
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        with pytest.raises(DatabaseUnavailableError) as exc, session(impatient) as sess:
+            sess.add(Run(model_id="a", verdict="pass"))
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert "stayed locked by another process" in _one_line(exc)
