@@ -21,7 +21,10 @@ one-line messages and exit codes (2 for bad input, 1 for everything else).
     ├── AdapterError                    an adapter file or its application
     └── AgentError                      the adapter-drafting agent
         ├── EndpointError               the OpenAI-compatible endpoint failed
-        └── DraftError                  an answer that holds no usable code
+        ├── DraftError                  an answer that holds no usable code
+        ├── PromptError                 a prompt template that does not render (missing value)
+        ├── SandboxError                the sandbox process could not be started or read
+        └── BudgetError                 an attempt, token or wall-time limit was reached
 """
 
 from __future__ import annotations
@@ -125,4 +128,18 @@ class EndpointError(AgentError):
 
 
 class DraftError(AgentError):
+    pass
+
+
+class PromptError(AgentError):
+    """A prompt template names a placeholder no value was given for (never rendered empty)."""
+
+    exit_code = 2
+
+
+class SandboxError(AgentError):
+    pass
+
+
+class BudgetError(AgentError):
     pass

@@ -216,3 +216,11 @@ def m001_hub_and_runs(conn: Connection) -> None:
     from hfadapt.tables import Crawl, CrawlEntry, HubModel, Run
 
     create_tables(conn, Crawl, HubModel, CrawlEntry, Run)
+
+
+@migration
+def m002_agent_attempts(conn: Connection) -> None:
+    """The adapter-drafting agent: draft sessions and every attempt (prompt, response, steps)."""
+    from hfadapt.agent.records import AgentAttempt, DraftSession
+
+    create_tables(conn, DraftSession, AgentAttempt)

@@ -1,0 +1,278 @@
+"""The code behind ``hfadapt agent-eval``'s failure cases: small modules that fail on the device
+the way real model code does (SPYRE.md §5 and the profile's unsupported ops), each with an
+example builder (seed -> module, args, kwargs; odd sizes that change with the seed) for the
+equivalence proof and a model builder (seed -> model, inputs; stick-aligned) for the device.
+
+gelu_new and Llama's RMSNorm are the real transformers classes; the rest stand in for code
+found in many models, kept here so the suite does not move when transformers does."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+Example = tuple[nn.Module, tuple[Any, ...], dict[str, Any]]
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _odd(seed: int, base: int) -> int:
+    return base + 2 * (seed % 3)  # 7, 9, 11 ...: odd sizes, different per seed
+
+
+# -- the failing modules ------------------------------------------------------------------------
+
+
+class MaskedScores(nn.Module):
+    """Attention scores with masked positions filled by masked_fill (not a device op)."""
+
+    fill = -10000.0
+
+    def forward(self, scores: Tensor, mask: Tensor) -> Tensor:
+        return scores.masked_fill(~mask, self.fill)
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class RotaryApply(nn.Module):
+    """RoPE's rotate_half slices the stick dimension at an offset ("stick expression with offset")."""
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        return x * cos + rotate_half(x) * sin
+
+
+class CausalSoftmax(nn.Module):
+    """A causal mask built on the device with tril and applied with masked_fill."""
+
+    def forward(self, scores: Tensor) -> Tensor:
+        n = scores.shape[-1]
+        causal = torch.ones(n, n, dtype=torch.bool, device=scores.device).tril()
+        return scores.masked_fill(~causal, torch.finfo(scores.dtype).min).softmax(dim=-1)
+
+
+class SmallHeadAttention(nn.Module):
+    """SDPA with head_dim 32: off the 64-element stick, the matmul does not lower."""
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        return F.scaled_dot_product_attention(q, k, v)
+
+
+class TokenTypeAdd(nn.Module):
+    """A one-row token-type table gathered by index (aten::index is not a device op)."""
+
+    def __init__(self, hidden: int = 64) -> None:
+        super().__init__()
+        self.table = nn.Parameter(torch.randn(1, hidden))
+
+    def forward(self, hidden_states: Tensor, token_type_ids: Tensor) -> Tensor:
+        return hidden_states + self.table[token_type_ids]
+
+
+class L2Normalize(nn.Module):
+    """x / ||x|| with the norm as pow(0.5): only pow(x, 2) lowers."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x / x.pow(2).sum(dim=-1, keepdim=True).pow(0.5)
+
+
+class Softsign(nn.Module):
+    """x / (1 + |x|) written with pow(-1)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * torch.pow(1.0 + x.abs(), -1.0)
+
+
+class PaddingMaskAdd(nn.Module):
+    """An additive padding mask cast from the int64 mask on the device (int -> float cast)."""
+
+    def forward(self, scores: Tensor, attention_mask: Tensor) -> Tensor:
+        keep = attention_mask[:, None, :].to(scores.dtype)
+        return scores + (1.0 - keep) * -10000.0
+
+
+# -- example builders (float64, odd sizes) --------------------------------------------------
+
+
+def gelu_example(seed: int) -> Example:
+    from transformers.activations import NewGELUActivation
+
+    x = torch.randn(3, _odd(seed, 7), 65, generator=_gen(seed), dtype=torch.float64) * 4
+    return NewGELUActivation(), (x,), {}
+
+
+def rms_norm_example(seed: int) -> Example:
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    g = _gen(seed)
+    norm = LlamaRMSNorm(96, eps=1e-6).double()
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(96, generator=g, dtype=torch.float64))
+    x = torch.randn(2, _odd(seed, 9), 96, generator=g, dtype=torch.float64) * 5 + 1
+    return norm, (x,), {}
+
+
+def masked_scores_example(seed: int) -> Example:
+    g = _gen(seed)
+    n = _odd(seed, 7)
+    scores = torch.randn(2, 3, n, n, generator=g, dtype=torch.float64)
+    mask = torch.rand(2, 1, n, n, generator=g) > 0.3
+    return MaskedScores(), (scores, mask), {}
+
+
+def _rope_tables(n: int, d: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    inv = 1.0 / (10000 ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    freqs = torch.outer(torch.arange(n, dtype=torch.float64), inv)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def rotary_example(seed: int) -> Example:
+    n = _odd(seed, 7)
+    x = torch.randn(2, 3, n, 64, generator=_gen(seed), dtype=torch.float64)
+    cos, sin = _rope_tables(n, 64, torch.float64)
+    return RotaryApply(), (x, cos, sin), {}
+
+
+def causal_example(seed: int) -> Example:
+    n = _odd(seed, 7)
+    return (
+        CausalSoftmax(),
+        (torch.randn(2, 3, n, n, generator=_gen(seed), dtype=torch.float64),),
+        {},
+    )
+
+
+def small_head_example(seed: int) -> Example:
+    g = _gen(seed)
+    n = _odd(seed, 7)
+    q, k, v = (torch.randn(2, 3, n, 32, generator=g, dtype=torch.float64) for _ in range(3))
+    return SmallHeadAttention(), (q, k, v), {}
+
+
+def token_type_example(seed: int) -> Example:
+    torch.manual_seed(seed)
+    module = TokenTypeAdd(64).double()
+    n = _odd(seed, 7)
+    hidden = torch.randn(2, n, 64, generator=_gen(seed), dtype=torch.float64)
+    return module, (hidden, torch.zeros(2, n, dtype=torch.long)), {}
+
+
+def l2_example(seed: int) -> Example:
+    x = torch.randn(3, _odd(seed, 7), 64, generator=_gen(seed), dtype=torch.float64) * 3
+    return L2Normalize(), (x,), {}
+
+
+def softsign_example(seed: int) -> Example:
+    x = torch.randn(3, _odd(seed, 7), 65, generator=_gen(seed), dtype=torch.float64) * 5
+    return Softsign(), (x,), {}
+
+
+def padding_mask_example(seed: int) -> Example:
+    g = _gen(seed)
+    n = _odd(seed, 7)
+    scores = torch.randn(2, n, n, generator=g, dtype=torch.float64)
+    mask = torch.ones(2, n, dtype=torch.long)
+    mask[1, n - 3 :] = 0
+    return PaddingMaskAdd(), (scores, mask), {}
+
+
+# -- model builders (fp32 CPU models; inputs stick-aligned) ----------------------------------
+
+
+class Wrap(nn.Module):
+    """A tiny model around one failing module: linear in, the module, linear out."""
+
+    def __init__(self, inner: nn.Module, width: int = 64) -> None:
+        super().__init__()
+        self.proj_in = nn.Linear(width, width)
+        self.inner = inner
+        self.proj_out = nn.Linear(width, width)
+
+    def forward(self, x: Tensor, *rest: Any) -> Tensor:
+        return self.proj_out(self.inner(self.proj_in(x), *rest))
+
+
+def _x(seed: int, *shape: int) -> Tensor:
+    return torch.randn(*shape, generator=_gen(seed + 100))
+
+
+def _seeded(seed: int) -> None:
+    torch.manual_seed(seed)
+
+
+def gelu_model(seed: int) -> tuple[nn.Module, tuple[Any, ...]]:
+    from transformers.activations import NewGELUActivation
+
+    _seeded(seed)
+    return Wrap(NewGELUActivation()), (_x(seed, 2, 64, 64),)
+
+
+def rms_norm_model(seed: int) -> tuple[nn.Module, tuple[Any, ...]]:
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    _seeded(seed)
+    return Wrap(LlamaRMSNorm(64)), (_x(seed, 2, 64, 64),)
+
+
+def masked_scores_model(seed: int) -> tuple[nn.Module, tuple[Any, ...]]:
+    _seeded(seed)
+    mask = torch.rand(2, 1, 64, 64, generator=_gen(seed)) > 0.3
+    mask[..., 0] = True
+    return Wrap(MaskedScores()), (_x(seed, 2, 4, 64, 64), mask)
+
+
+def rotary_model(seed: int) -> tuple[nn.Module, tuple[Any, ...]]:
+    _seeded(seed)
+    cos, sin = _rope_tables(64, 64, torch.float32)
+    return Wrap(RotaryApply()), (_x(seed, 2, 4, 64, 64), cos, sin)
+
+
+def causal_model(seed: int) -> tuple[nn.Module, tuple[Any, ...]]:
+    _seeded(seed)
+    return Wrap(CausalSoftmax()), (_x(seed, 2, 4, 64, 64),)
+
+
+class _QKV(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(64, 32), nn.Linear(64, 32), nn.Linear(64, 32)
+        self.attn = SmallHeadAttention()
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = self.attn(self.q(x), self.k(x), self.v(x))
+        return torch.cat((out, out), dim=-1)
+
+
+def small_head_model(seed: int) -> tuple[nn.Module, tuple[Any, ...]]:
+    _seeded(seed)
+    return _QKV(), (_x(seed, 2, 4, 64, 64),)
+
+
+def token_type_model(seed: int) -> tuple[nn.Module, tuple[Any, ...]]:
+    _seeded(seed)
+    return Wrap(TokenTypeAdd(64)), (_x(seed, 2, 64, 64), torch.zeros(2, 64, dtype=torch.long))
+
+
+def l2_model(seed: int) -> tuple[nn.Module, tuple[Any, ...]]:
+    _seeded(seed)
+    return Wrap(L2Normalize()), (_x(seed, 2, 64, 64),)
+
+
+def softsign_model(seed: int) -> tuple[nn.Module, tuple[Any, ...]]:
+    _seeded(seed)
+    return Wrap(Softsign()), (_x(seed, 2, 64, 64),)
+
+
+def padding_mask_model(seed: int) -> tuple[nn.Module, tuple[Any, ...]]:
+    _seeded(seed)
+    mask = torch.ones(2, 64, dtype=torch.long)
+    mask[1, 50:] = 0
+    return Wrap(PaddingMaskAdd()), (_x(seed, 2, 64, 64), mask)

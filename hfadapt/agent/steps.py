@@ -1,0 +1,259 @@
+"""The validation steps that execute the draft, run inside the sandbox worker: load it, prove
+it equivalent in float64, check the fingerprint is gone on the simulated device with no new
+violation, and judge end to end. Each returns (status, one-line summary, output numbers)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hfadapt.adapter import Adapter
+from hfadapt.agent.cases import FailureCase, captured_example, resolve_ref
+from hfadapt.equivalence import DEFAULT_SEEDS, prove_equivalent
+
+StepResult = tuple[str, str, dict[str, Any]]
+# End-to-end thresholds (DESIGN "Validating an adapter", SPYRE.md §4).
+CPU_COSINE_MIN = 0.999
+DEVICE_COSINE_MIN = 0.99
+
+
+class Context:
+    """What one sandbox run accumulates from step to step."""
+
+    def __init__(self, job: dict[str, Any]) -> None:
+        self.job = job
+        self.case = FailureCase.from_dict(job["case"])
+        self.adapter: Adapter | None = None
+        self.model: Any = None
+        self.inputs: Any = None
+        self.mask: torch.Tensor | None = None
+        self.device_outputs: Any = None
+
+    @property
+    def draft(self) -> Adapter:
+        if self.adapter is None:
+            raise RuntimeError("the draft was not loaded")
+        return self.adapter
+
+
+def step_load(ctx: Context) -> StepResult:
+    from hfadapt.registry import load_file
+
+    found = load_file(Path(ctx.job["draft_path"]), source="agent-draft")
+    if len(found) != 1:
+        return "fail", f"the file registers {len(found)} adapters; it must register exactly one", {}
+    a = found[0]
+    case = ctx.case
+    info = a.summary()
+    if case.target and a.target != case.target:
+        return "fail", f"target {a.target!r} is not the failing code {case.target!r}", info
+    a.target_class()  # imports the target module: a wrong target fails here, with its reason
+    if a.kind == "method":
+        a.original()
+    ctx.adapter = a
+    return "pass", f"loaded {a.name}: {a.kind} on {a.target} (rule {a.rule})", info
+
+
+def _example(ctx: Context) -> tuple[Callable[[int], Any], str]:
+    case = ctx.case
+    if case.example:
+        return resolve_ref(case.example), f"case builder {case.example}"
+    if case.example_file:
+        return captured_example(case.example_file), "calls captured from the model"
+    if ctx.draft.example is not None:
+        return ctx.draft.example, "the draft's own example (no captured inputs for this case)"
+    raise RuntimeError("no example inputs: give the @adapter an example= builder")
+
+
+def step_equivalence(ctx: Context) -> StepResult:
+    example, source = _example(ctx)
+    seeds = tuple(ctx.job.get("seeds") or DEFAULT_SEEDS)
+    result = prove_equivalent(ctx.draft, example=example, seeds=seeds)
+    output = result.to_dict()
+    # Keep the failing inputs in full; the passing ones only as a count.
+    output["cases"] = [c for c in output["cases"] if not c["ok"]][:6]
+    output["inputs"] = len(result.cases)
+    output["example"] = source
+    return ("pass" if result.equivalent else "fail"), result.summary(), output
+
+
+# -- the model for the device and end-to-end steps ---------------------------------------------
+
+
+def _build_model(ctx: Context) -> None:
+    if ctx.model is not None:
+        return
+    spec = ctx.case.model or {}
+    if "builder" in spec:
+        model, inputs = resolve_ref(spec["builder"])(0)
+        mask = inputs.get("attention_mask") if isinstance(inputs, dict) else None
+    else:
+        model, inputs, mask = _hf_model(spec)
+    ctx.model, ctx.inputs, ctx.mask = model.float().eval(), inputs, mask
+
+
+def _hf_model(spec: dict[str, Any]) -> tuple[Any, Any, torch.Tensor | None]:
+    from hfadapt import probes
+
+    ref = spec["ref"]
+    if spec.get("structural", True):
+        from hfadapt import structural
+
+        loaded = structural.build(ref)
+    else:
+        from hfadapt import loading
+
+        loaded = loading.load(ref)
+    if loaded.tokenizer is not None:
+        batch = probes.tokenize_probes(loaded.tokenizer, loaded.config)
+    else:
+        batch = probes.random_probes(loaded.config)
+    inputs = probes.model_inputs(loaded.model, batch)
+    return loaded.model, inputs, batch.attention_mask
+
+
+def _registry(ctx: Context, with_draft: bool) -> Any:
+    from hfadapt.registry import Registry, discover
+
+    base = discover() if ctx.case.registry == "default" else Registry()
+    adapters = list(base.adapters)
+    if with_draft:
+        # The draft takes the place of any adapter that patches the same code.
+        adapters = [a for a in adapters if a.target != ctx.draft.target] + [ctx.draft]
+    return Registry(adapters=adapters)
+
+
+def _forward(model: Any, inputs: Any) -> Any:
+    with torch.no_grad():
+        return model(**inputs) if isinstance(inputs, dict) else model(*inputs)
+
+
+def _device_run(ctx: Context, with_draft: bool) -> Any:
+    from hfadapt.spyre.runner import run_on_device
+
+    model = copy.deepcopy(ctx.model)
+    _registry(ctx, with_draft).apply(model)
+    dtype = getattr(torch, ctx.case.run_dtype)
+    return run_on_device(
+        model,
+        ctx.inputs,
+        execution=ctx.case.execution,
+        dtype=dtype,
+        profile=ctx.case.profile,
+        collect=True,
+    )
+
+
+def step_device(ctx: Context) -> StepResult:
+    if not ctx.case.model:
+        return "skip", "this case names no model to run on the device", {}
+    _build_model(ctx)
+    fp = ctx.case.fingerprint
+    before = _device_run(ctx, with_draft=False)
+    after = _device_run(ctx, with_draft=True)
+    ctx.device_outputs = after.outputs
+    base_fps = set(before.report.fingerprints())
+    new = [v for v in after.report.violations if v.fingerprint() not in base_fps]
+    remaining = [v for v in after.report.violations if v.fingerprint() == fp]
+    output = {
+        "fingerprint": fp,
+        "in_baseline": fp in base_fps,
+        "baseline_violations": len(before.report.violations),
+        "violations": len(after.report.violations),
+        "remaining": [str(v) for v in remaining[:5]],
+        "new": [str(v) for v in new[:10]],
+        "report": after.report.summary(),
+        "seconds": round(float(after.seconds), 3),
+    }
+    if fp not in base_fps:
+        return (
+            "fail",
+            f"fingerprint {fp} did not occur without the draft; nothing to remove",
+            output,
+        )
+    if remaining:
+        return "fail", f"fingerprint {fp} still occurs with the draft: {remaining[0]}", output
+    if new:
+        return "fail", f"the draft brings {len(new)} new violation(s); first: {new[0]}", output
+    return "pass", f"fingerprint {fp} gone; no new violation ({after.report.summary()})", output
+
+
+def _main_tensor(out: Any) -> torch.Tensor:
+    if isinstance(out, torch.Tensor):
+        return out
+    if hasattr(out, "last_hidden_state") and out.last_hidden_state is not None:
+        return out.last_hidden_state
+    values = out.values() if isinstance(out, dict) else out
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            return v
+    raise TypeError(f"no tensor in the model output ({type(out).__name__})")
+
+
+def token_cosine(ref: Any, cand: Any, mask: torch.Tensor | None) -> float:
+    """Minimum cosine over tokens (rows of the last dimension), pads excluded; two all-zero
+    rows count as identical."""
+    a, b = _main_tensor(ref).detach().cpu().double(), _main_tensor(cand).detach().cpu().double()
+    if a.shape != b.shape:
+        return float("nan")
+    if mask is not None and a.dim() == 3 and tuple(mask.shape) == tuple(a.shape[:2]):
+        a, b = a[mask.bool()], b[mask.bool()]
+    a, b = a.reshape(-1, a.shape[-1]), b.reshape(-1, b.shape[-1])
+    na, nb = a.norm(dim=-1), b.norm(dim=-1)
+    cos = (a * b).sum(-1) / (na * nb).clamp(min=1e-300)
+    cos = torch.where((na == 0) & (nb == 0), torch.ones_like(cos), cos)
+    return float(cos.min()) if cos.numel() else float("nan")
+
+
+def step_end_to_end(ctx: Context) -> StepResult:
+    if not ctx.case.model:
+        return "skip", "this case names no model to judge end to end", {}
+    _build_model(ctx)
+    from hfadapt.registry import Registry
+
+    stock = _forward(ctx.model, ctx.inputs)
+    adapted = copy.deepcopy(ctx.model)
+    Registry(adapters=[ctx.draft]).apply(adapted)  # enabled: the draft runs on the CPU too
+    cpu = _forward(adapted, ctx.inputs)
+    cpu_cos = token_cosine(stock, cpu, ctx.mask)
+    output: dict[str, Any] = {
+        "cpu_vs_stock_min_token_cosine": cpu_cos,
+        "cpu_threshold": CPU_COSINE_MIN,
+    }
+    if not cpu_cos >= CPU_COSINE_MIN:
+        return (
+            "fail",
+            f"CPU with the draft vs stock: min per-token cosine {cpu_cos:.6f} < {CPU_COSINE_MIN}",
+            output,
+        )
+    if ctx.device_outputs is None:
+        return "fail", "no device output to compare (the device step did not run)", output
+    dev_cos = token_cosine(stock, ctx.device_outputs, ctx.mask)
+    output.update(
+        {"device_vs_cpu_min_token_cosine": dev_cos, "device_threshold": DEVICE_COSINE_MIN}
+    )
+    if not dev_cos >= DEVICE_COSINE_MIN:
+        return (
+            "fail",
+            f"device vs CPU reference: min per-token cosine {dev_cos:.6f} < {DEVICE_COSINE_MIN}",
+            output,
+        )
+    return (
+        "pass",
+        f"CPU vs stock min token cosine {cpu_cos:.6f} >= {CPU_COSINE_MIN}; "
+        f"device vs CPU {dev_cos:.6f} >= {DEVICE_COSINE_MIN}",
+        output,
+    )
+
+
+STEPS: dict[str, Callable[[Context], StepResult]] = {
+    "load": step_load,
+    "equivalence": step_equivalence,
+    "device": step_device,
+    "end_to_end": step_end_to_end,
+}
+SANDBOX_STEPS = tuple(STEPS)

@@ -1,0 +1,127 @@
+"""Validating a draft (DESIGN.md "Validating an adapter"), each step recorded: the AST policy
+here, in this process, without running anything; then, in the sandbox, loading it, float64
+equivalence with negative controls, the fingerprint gone on the device with no new violation,
+and the end-to-end cosines. The first failed step's exact text is the agent's feedback."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from hfadapt.agent.cases import FailureCase
+from hfadapt.agent.policy import check_policy
+from hfadapt.agent.sandbox import SandboxLimits, StepReport, run_sandbox
+
+SANDBOX_STEPS = ("load", "equivalence", "device", "end_to_end")
+ALL_STEPS = ("policy", *SANDBOX_STEPS)
+FEEDBACK_MAX_CHARS = 4000
+
+
+@dataclass
+class Validation:
+    steps: list[StepReport]
+    accepted: bool
+    adapter: dict[str, Any] = field(default_factory=dict)  # the @adapter's literal arguments
+    seconds: float = 0.0
+
+    def failed(self) -> StepReport | None:
+        for s in self.steps:
+            if s.status not in ("pass", "skip"):
+                return s
+        return None
+
+    def verdicts(self) -> dict[str, str]:
+        return {s.step: s.status for s in self.steps}
+
+    def feedback(self) -> str:
+        """Exactly why the draft was not accepted, for the repair prompt."""
+        bad = self.failed()
+        if bad is None:
+            skipped = [s.step for s in self.steps if s.status == "skip"]
+            return f"steps not run or skipped: {', '.join(skipped) or 'none'}"
+        lines = [f"Step `{bad.step}` {bad.status}: {bad.summary}"]
+        out = dict(bad.output)
+        if bad.step == "policy":
+            lines += [f"- {p}" for p in out.get("problems", [])]
+        else:
+            tb = out.pop("traceback", None) or out.pop("stderr", None)
+            if out:
+                lines.append("Details: " + json.dumps(out, default=str, sort_keys=True))
+            if tb:
+                lines.append("Traceback (last lines):\n" + str(tb))
+        text = "\n".join(lines)
+        return text if len(text) <= FEEDBACK_MAX_CHARS else text[: FEEDBACK_MAX_CHARS - 3] + "..."
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "accepted": self.accepted,
+            "adapter": self.adapter,
+            "seconds": self.seconds,
+            "steps": [s.to_dict() for s in self.steps],
+        }
+
+
+def validate(
+    source: str,
+    case: FailureCase,
+    *,
+    limits: SandboxLimits | None = None,
+    secrets: list[str] | None = None,
+    steps: Iterable[str] = SANDBOX_STEPS,
+    allow_skip: Iterable[str] = (),
+    taken_names: dict[str, str] | None = None,
+    seeds: Iterable[int] | None = None,
+) -> Validation:
+    """Run every step on one draft; stop at the first that fails."""
+    start = time.monotonic()
+    wanted = [s for s in SANDBOX_STEPS if s in set(steps)]
+    policy = check_policy(source, expected_target=case.target)
+    problems = list(policy.problems)
+    name = policy.adapter.get("name")
+    if isinstance(name, str) and taken_names and name in taken_names:
+        problems.append(f"the adapter name {name!r} is taken ({taken_names[name]}); choose another")
+    report = StepReport(
+        "policy",
+        "fail" if problems else "pass",
+        f"{len(problems)} problem(s): {problems[0]}"
+        if problems
+        else "imports, calls and structure allowed",
+        {"problems": problems},
+    )
+    result = Validation([report], False, policy.adapter)
+    if problems or not wanted:
+        result.seconds = time.monotonic() - start
+        result.accepted = not problems and not wanted
+        return result
+
+    job = {
+        "case": case.to_dict(),
+        "steps": wanted,
+        "seeds": list(seeds) if seeds else None,
+        # transformers costs ~2 s to import: only when the draft or the case needs it.
+        "import_transformers": "transformers" in source + json.dumps(case.to_dict())
+        or bool(case.model and "ref" in case.model),
+    }
+    run = run_sandbox(source, job, limits, secrets=secrets)
+    result.steps.extend(run.steps)
+    reported = {s.step for s in run.steps}
+    if not any(s.status not in ("pass", "skip") for s in run.steps) and reported != set(wanted):
+        # The worker died between steps (or before the first): say so, with its last words.
+        result.steps.append(
+            StepReport(
+                "sandbox",
+                "error",
+                f"the sandbox stopped before reporting every step: {run.killed or f'exit code {run.exit_code}'}",
+                {"stderr": run.stderr_tail},
+                run.seconds,
+            )
+        )
+    skippable = set(allow_skip)
+    result.accepted = all(
+        s.status == "pass" or (s.status == "skip" and s.step in skippable) for s in result.steps
+    ) and (reported == set(wanted))
+    result.seconds = time.monotonic() - start
+    return result
