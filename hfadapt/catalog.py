@@ -107,16 +107,11 @@ def _row(rec: HubRecord, rank: int, source: str, crawl_id: int, now: Any) -> dic
 
 
 def _upsert(conn: Connection, table: Table, rows: list[dict[str, Any]]) -> None:
-    name = conn.dialect.name
-    if name == "sqlite":
-        from sqlalchemy.dialects.sqlite import insert
-    elif name == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert  # type: ignore[assignment]
-    else:  # pragma: no cover - other databases: slower, same result
-        for row in rows:
-            conn.execute(table.delete().where(table.c.id == row["id"]))
-        conn.execute(table.insert(), rows)
+    if conn.dialect.name != "sqlite":
+        _upsert_portable(conn, table, rows)
         return
+    from sqlalchemy.dialects.sqlite import insert
+
     stmt = insert(table)
     new = stmt.excluded
     values: dict[str, Any] = {}
@@ -131,6 +126,24 @@ def _upsert(conn: Connection, table: Table, rows: list[dict[str, Any]]) -> None:
         else:
             values[column.name] = func.coalesce(new[column.name], column)
     conn.execute(stmt.on_conflict_do_update(index_elements=["id"], set_=values), rows)
+
+
+def _upsert_portable(conn: Connection, table: Table, rows: list[dict[str, Any]]) -> None:
+    """The same merge for any database: read the stored rows, merge in Python, replace them."""
+    chunk = 500
+    for start in range(0, len(rows), chunk):
+        part = rows[start : start + chunk]
+        ids = [r["id"] for r in part]
+        found = conn.execute(table.select().where(table.c.id.in_(ids))).mappings()
+        stored: dict[str, dict[str, Any]] = {r["id"]: dict(r) for r in found}
+        merged = []
+        for row in part:
+            old = stored.get(row["id"], {})
+            merged.append(
+                {k: v if k in _ALWAYS or v is not None else old.get(k) for k, v in row.items()}
+            )
+        conn.execute(table.delete().where(table.c.id.in_(ids)))
+        conn.execute(table.insert(), merged)
 
 
 def start_crawl(engine: Engine, *, source: str, limit: int | None) -> int:

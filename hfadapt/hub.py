@@ -4,9 +4,10 @@ a model's config.json without its weights, lives in hfadapt.hubconfig and is re-
 
 Online or offline, decided once per crawl:
 
-* ``offline=True``, or ``HF_HUB_OFFLINE=1``: the bundled snapshot.
+* ``offline=True``; or ``HF_HUB_OFFLINE=1`` unless an endpoint was asked for: the bundled snapshot.
 * ``offline=False``, an ``endpoint`` or ``api`` argument, or ``HF_ENDPOINT`` set: that Hub,
-  and a Hub that cannot be reached or answers garbage is an error (you asked for it).
+  and a Hub that cannot be reached or answers garbage is an error (you asked for it; with
+  HF_HUB_OFFLINE also set, the error says so).
 * otherwise (the default): the Hub at huggingface.co if a quick probe reaches it, else the
   bundled snapshot, and the result says why (``CrawlResult.fallback``).
 
@@ -250,13 +251,9 @@ def crawl(
     started = time.perf_counter()
     engine = engine if engine is not None else get_engine()
 
-    explicit = (
-        offline is False
-        or endpoint is not None
-        or api is not None
-        or bool(os.environ.get("HF_ENDPOINT"))
-    )
-    use_snapshot = bool(offline) or (offline is None and env_offline())
+    asked = offline is False or endpoint is not None or api is not None
+    explicit = asked or bool(os.environ.get("HF_ENDPOINT"))
+    use_snapshot = bool(offline) or (offline is None and not asked and env_offline())
     fallback = None
     if not use_snapshot:
         if api is None:

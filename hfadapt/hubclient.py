@@ -100,6 +100,10 @@ def probe(
     from huggingface_hub import get_session
     from huggingface_hub.utils import build_hf_headers
 
+    if env_offline():  # checked here too: huggingface_hub reads it only once, at import
+        raise HubUnreachableError(
+            f"HF_HUB_OFFLINE is set, so {endpoint} was not contacted: unset it, or use --offline"
+        )
     remembered = _unreachable.get(endpoint)
     if remembered is not None and time.monotonic() - remembered[0] < UNREACHABLE_MEMO_S:
         raise remembered[1]

@@ -4,7 +4,10 @@ one-line errors a user sees when the database cannot be used.
 SQLite is the default (``sqlite:///runs.db`` in the working directory; ``$HFADAPT_DB`` or an
 explicit URL or path overrides it). It runs in WAL mode with a busy timeout, and every
 transaction hfadapt opens starts with ``BEGIN IMMEDIATE``, so several processes (sweep workers)
-can write at once without losing rows: writers queue for the lock instead of failing.
+can write at once without losing rows: writers queue for the lock instead of failing (with
+BEGIN DEFERRED, a transaction that reads before it writes fails under contention). Sessions that
+only read pass ``write=False`` and never wait. Create engines per process; an engine inherited
+through fork() opens fresh connections.
 """
 
 from __future__ import annotations

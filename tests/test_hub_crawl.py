@@ -404,3 +404,40 @@ def test_crawl_result_is_json_serialisable(engine: Engine) -> None:
 
     result = crawl(engine, offline=True, limit=5)
     assert json.loads(json.dumps(dataclasses.asdict(result)))["seen"] == 5
+
+
+def test_portable_upsert_merges_like_the_sqlite_one(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import hfadapt.catalog as catalog
+
+    # The path other databases (PostgreSQL...) take, exercised on SQLite.
+    monkeypatch.setattr(catalog, "_upsert", catalog._upsert_portable)
+    crawl(engine, offline=True, limit=300)
+    with session(engine) as sess:
+        row = sess.get(HubModel, MINILM)
+        assert row is not None
+        row.config_json, row.tags, row.downloads = {"hidden_size": 384}, ["from-the-hub"], 1
+    crawl(engine, offline=True, limit=100)
+    with session(engine, write=False) as sess:
+        row = sess.get(HubModel, MINILM)
+        stored = sess.exec(select(func.count()).select_from(HubModel)).one()
+    assert row is not None and (row.rank, row.downloads) == (1, 167_480_843), (
+        "always-columns not updated"
+    )
+    assert (row.config_json, row.tags) == ({"hidden_size": 384}, ["from-the-hub"]), (
+        "Hub-only fields erased"
+    )
+    assert stored == 300, f"{stored} models stored after re-crawling 100 of 300"
+
+
+def test_asked_for_endpoint_with_hub_offline_set_says_so(
+    engine: Engine, fake_hub: FakeHub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(HubUnreachableError) as exc:
+        crawl(engine, endpoint=fake_hub.url)
+    assert exc.value.one_line() == (
+        f"HF_HUB_OFFLINE is set, so {fake_hub.url} was not contacted: unset it, or use --offline"
+    )
+    assert fake_hub.requests == [], f"requests made while offline: {fake_hub.requests}"
