@@ -75,6 +75,8 @@ def fetch_config(
             probe(api.endpoint, token=api.token)
         except HubUnreachableError as exc:
             unreachable = exc
+        except HubResponseError:
+            pass  # a mirror may serve files without the listing API: let the download decide
     if not offline and unreachable is None:
         assert api is not None
         try:
