@@ -1,5 +1,5 @@
-"""The tables of runs.db (SQLModel). Schema changes go through hfadapt.migrations;
-bump SCHEMA_VERSION there when a table here changes."""
+"""The tables of runs.db (SQLModel). A change to a table here needs a new
+migration appended in hfadapt.migrations (SCHEMA_VERSION follows the list)."""
 
 from __future__ import annotations
 
@@ -108,7 +108,9 @@ class Run(SQLModel, table=True):
     fingerprints: list | None = Field(default=None, sa_column=Column(JSON))
     divergence: dict | None = Field(default=None, sa_column=Column(JSON))
     evidence: dict | None = Field(default=None, sa_column=Column(JSON))  # anything else
-    versions: dict | None = Field(default=None, sa_column=Column(JSON))  # hfadapt, profile, torch, transformers
+    versions: dict | None = Field(
+        default=None, sa_column=Column(JSON)
+    )  # hfadapt, profile, torch, transformers
     profile_version: str | None = None
     timings: dict | None = Field(default=None, sa_column=Column(JSON))  # seconds per phase
     started_at: datetime = Field(default_factory=utcnow)
