@@ -18,6 +18,8 @@ one-line messages and exit codes (2 for bad input, 1 for everything else).
     │   ├── ProfileError                a device profile file that does not load
     │   ├── SpyreUnsupportedModelError  the model cannot run at all (alignment, dtype)
     │   └── SpyreLoweringError          a graph that does not lower; carries the report
+    │       └── SpyreOpError            an eager op the device refuses (also a RuntimeError)
+    │           └── SpyreOpNotImplementedError  no device kernel (also a NotImplementedError)
     ├── AdapterError                    an adapter file or its application
     └── AgentError                      the adapter-drafting agent
         ├── EndpointError               the OpenAI-compatible endpoint failed
@@ -113,6 +115,20 @@ class SpyreLoweringError(DeviceError):
     def __init__(self, message: str, report: Any = None) -> None:
         super().__init__(message)
         self.report = report
+
+
+class SpyreOpError(SpyreLoweringError, RuntimeError):
+    """An op the eager device refuses (layout, dtype): raised where the op runs, with the text
+    the card prints; ``violations`` says which profile rules and where in the model."""
+
+    def __init__(self, message: str, violations: Any = (), report: Any = None) -> None:
+        super().__init__(message, report)
+        self.violations = list(violations)
+
+
+class SpyreOpNotImplementedError(SpyreOpError, NotImplementedError):
+    """An op the eager device has no kernel for: torch-spyre's ``NotImplementedError``
+    ("Could not run 'aten::X' with arguments from the 'PrivateUse1' backend...")."""
 
 
 class AdapterError(HfadaptError):

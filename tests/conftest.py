@@ -64,3 +64,18 @@ def hub_api(fake_hub: FakeHub):  # type: ignore[no-untyped-def]
     from huggingface_hub import HfApi
 
     return HfApi(endpoint=fake_hub.url, token=False)
+
+
+# ---- the eager spyre device (tests/test_device_*.py) -------------------------------------------
+
+
+@pytest.fixture
+def spyre() -> Iterator[object]:
+    """The simulated ``spyre`` device module, registered (once per process). Restores the
+    current device and the default profile afterwards."""
+    from hfadapt.spyre import device
+
+    device.register()
+    yield device
+    device.set_device(0)
+    device.set_profile(None)

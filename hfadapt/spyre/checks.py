@@ -255,7 +255,12 @@ def judge(
     for name in rule.checks:
         v = CHECKS[name](p, op, args, kwargs)
         if v is not None:
-            found.append(Violation(**{**v.__dict__, "location": location}))
+            message = v.message
+            if mode == "eager" and v.kind == "op":
+                # An overload the card has no eager kernel for (pow with exponent 3) says so
+                # the way torch's dispatcher does, not with the compiler's text.
+                message = p.message("eager_unsupported", op=op)
+            found.append(Violation(**{**v.__dict__, "message": message, "location": location}))
 
     if rule.kind == "compute":
         fp32 = [t for t in tensors if t.dtype == torch.float32]

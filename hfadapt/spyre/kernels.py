@@ -1,0 +1,93 @@
+"""Device numerics that are not "compute in fp32, round the output to DL16": kernels for the
+ops whose intermediate results the device keeps in DL16. Shared by the eager device and the
+compile backend.
+
+A kernel takes the op's positional args and kwargs with tensors given as float32 CPU tensors
+that hold DL16 values, plus the DL16 format, and returns what the ATen op returns (float32,
+rounded to DL16)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from hfadapt.spyre.dl16 import DL16Format, round_dl16_
+from hfadapt.spyre.profile import Profile
+
+Kernel = Callable[[Sequence[Any], dict[str, Any], DL16Format], Any]
+
+
+def _arg(args: Sequence[Any], kwargs: dict[str, Any], i: int, name: str, default: Any) -> Any:
+    if name in kwargs:
+        return kwargs[name]
+    return args[i] if len(args) > i else default
+
+
+def _layer_norm_dl16(
+    x: torch.Tensor,
+    normalized_shape: Sequence[int],
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float,
+    fmt: DL16Format,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    # The fused kernel keeps its statistics in DL16 and takes the variance as E[x^2] - E[x]^2:
+    # with a large mean both terms are huge and 10 significant bits cancel to noise (or to a
+    # negative variance and NaN), which is what hf-adapters saw and unfused.
+    dims = tuple(range(x.dim() - len(normalized_shape), x.dim()))
+    mean = round_dl16_(x.mean(dims, keepdim=True), fmt)
+    mean_sq = round_dl16_((x * x).mean(dims, keepdim=True), fmt)
+    var = round_dl16_(mean_sq - round_dl16_(mean * mean, fmt), fmt)
+    rstd = round_dl16_(torch.rsqrt(var + eps), fmt)
+    out = (x - mean).mul_(rstd)
+    if weight is not None:
+        out.mul_(weight)
+    if bias is not None:
+        out.add_(bias)
+    return round_dl16_(out, fmt), mean, rstd
+
+
+def native_layer_norm(args: Sequence[Any], kwargs: dict[str, Any], fmt: DL16Format) -> Any:
+    """aten::native_layer_norm(input, normalized_shape, weight, bias, eps) -> (out, mean, rstd)."""
+    return _layer_norm_dl16(
+        args[0],
+        _arg(args, kwargs, 1, "normalized_shape", ()),
+        _arg(args, kwargs, 2, "weight", None),
+        _arg(args, kwargs, 3, "bias", None),
+        float(_arg(args, kwargs, 4, "eps", 1e-5)),
+        fmt,
+    )
+
+
+def layer_norm(args: Sequence[Any], kwargs: dict[str, Any], fmt: DL16Format) -> Any:
+    """aten::layer_norm(input, normalized_shape, weight, bias, eps, cudnn_enable) -> out."""
+    return _layer_norm_dl16(
+        args[0],
+        _arg(args, kwargs, 1, "normalized_shape", ()),
+        _arg(args, kwargs, 2, "weight", None),
+        _arg(args, kwargs, 3, "bias", None),
+        float(_arg(args, kwargs, 4, "eps", 1e-5)),
+        fmt,
+    )[0]
+
+
+# op -> (kernel, the profile numerics entry that enables it)
+_KERNELS: dict[str, tuple[Kernel, str]] = {
+    "aten::native_layer_norm": (native_layer_norm, "layer_norm_stats"),
+    "aten::layer_norm": (layer_norm, "layer_norm_stats"),
+}
+
+
+def native_kernel(op_name: str, profile: Profile | None = None) -> Kernel | None:
+    """The device-numerics kernel for an ATen op ("aten::native_layer_norm", with or without
+    ".default"), or None when the device computes it as "fp32, then round the output". With a
+    profile, a kernel whose numerics rule the profile disables is None too."""
+    entry = _KERNELS.get(op_name.removesuffix(".default"))
+    if entry is None:
+        return None
+    kernel, numerics_key = entry
+    if profile is not None and not profile.numerics_enabled(numerics_key):
+        return None
+    return kernel

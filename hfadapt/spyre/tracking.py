@@ -1,0 +1,151 @@
+"""Who is watching the eager device: the active device profile, the thread's report collectors
+(``tracking``), the warnings the device emits, and where in model code an op came from.
+
+State is per thread (a stack of collectors in a ``threading.local``), so two threads running two
+models never write into each other's report; the default profile is process-wide."""
+
+from __future__ import annotations
+
+import contextlib
+import linecache
+import os
+import sys
+import threading
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from hfadapt.errors import UsageError
+from hfadapt.spyre.profile import MODES, Profile, load_profile
+from hfadapt.spyre.report import LoweringReport, SourceLocation
+
+
+class SpyreFallbackWarning(UserWarning):
+    """An op ran on the host instead of the device ("aten::tril is falling back to cpu")."""
+
+
+class SpyreDowncastWarning(UserWarning):
+    """int64 data was stored as int32 on the device (torch-spyre's downcast warning)."""
+
+
+@dataclass
+class Collector:
+    """One ``tracking`` block: the profile ops are judged by, its report, and whether a
+    violation raises (the card's behaviour) or is recorded so the run continues (audit)."""
+
+    profile: Profile
+    report: LoweringReport | None
+    collect: bool
+    mode: str
+
+
+_lock = threading.Lock()
+_default_profile: Profile | None = None
+_local = threading.local()
+
+
+def set_profile(profile: str | Profile | None) -> Profile:
+    """Pick the device profile ops are judged by outside ``tracking`` blocks (process-wide);
+    ``None`` restores the bundled default. Returns the profile now active."""
+    global _default_profile
+    resolved = profile if isinstance(profile, Profile) else load_profile(profile)
+    with _lock:
+        _default_profile = resolved
+    return resolved
+
+
+def default_profile() -> Profile:
+    global _default_profile
+    if _default_profile is None:
+        with _lock:
+            if _default_profile is None:
+                _default_profile = load_profile()
+    return _default_profile
+
+
+def current() -> Collector:
+    """The innermost collector of this thread, or the default one (no report, raise)."""
+    stack: list[Collector] | None = getattr(_local, "stack", None)
+    if stack:
+        return stack[-1]
+    default: Collector | None = getattr(_local, "default", None)
+    profile = default_profile()
+    if default is None or default.profile is not profile:
+        default = Collector(profile=profile, report=None, collect=False, mode="eager")
+        _local.default = default
+    return default
+
+
+def active_profile() -> Profile:
+    """The profile ops are judged by right now in this thread."""
+    return current().profile
+
+
+@contextlib.contextmanager
+def tracking(
+    profile: str | Profile | None = None, mode: str = "eager", collect: bool = False
+) -> Iterator[LoweringReport]:
+    """Collect every op run on the device in this thread into a LoweringReport (fallbacks per
+    op, int64 downcasts, ops seen, violations with their model source location).
+
+    ``collect=False`` behaves like the card: the first violation raises. ``collect=True`` is the
+    audit mode: a violation is recorded and the op runs on the host, so the report lists every
+    violation of the run. A nested block's report is merged into the enclosing one on exit."""
+    if mode not in MODES:
+        raise UsageError(f"tracking mode must be one of {', '.join(MODES)}, not {mode!r}")
+    resolved = (
+        profile
+        if isinstance(profile, Profile)
+        else (load_profile(profile) if profile else default_profile())
+    )
+    report = LoweringReport(profile_name=resolved.name, profile_version=resolved.version, mode=mode)
+    stack: list[Collector] = getattr(_local, "stack", None) or []
+    _local.stack = stack
+    stack.append(Collector(profile=resolved, report=report, collect=collect, mode=mode))
+    try:
+        yield report
+    finally:
+        stack.pop()
+        if stack and stack[-1].report is not None:
+            stack[-1].report.merge(report)
+
+
+# -- where an op came from ----------------------------------------------------------------
+
+_SKIP_DIRS = (
+    os.path.dirname(torch.__file__) + os.sep,
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,  # hfadapt/
+)
+_SKIP_FILES = frozenset({contextlib.__file__})
+
+
+def _skipped(filename: str) -> bool:
+    return filename in _SKIP_FILES or filename.startswith(_SKIP_DIRS)
+
+
+def model_location(depth: int = 1) -> SourceLocation | None:
+    """The first Python frame outside torch, hfadapt and contextlib: the model code that issued
+    the op. Walks the stack, so it is computed only when a violation needs it."""
+    frame = sys._getframe(depth)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not _skipped(filename):
+            code = linecache.getline(filename, frame.f_lineno).strip()
+            return SourceLocation(
+                file=filename, line=frame.f_lineno, function=frame.f_code.co_name, code=code
+            )
+        frame = frame.f_back  # type: ignore[assignment]
+    return None
+
+
+def warn_from_model(message: str, category: type[Warning]) -> None:
+    """warnings.warn attributed to the model line that issued the op (so the default filter
+    shows it once per call site, not once per process)."""
+    frame = sys._getframe(1)
+    level = 2
+    while frame is not None and _skipped(frame.f_code.co_filename):
+        frame = frame.f_back  # type: ignore[assignment]
+        level += 1
+    warnings.warn(message, category, stacklevel=level if frame is not None else 2)
