@@ -105,8 +105,9 @@ class ScriptedOpenAI:
         ]
 
 
-@pytest.fixture
-def openai_server() -> Iterator[ScriptedOpenAI]:
+@pytest.fixture(name="openai_server")
+def openai_server_fixture() -> Iterator[ScriptedOpenAI]:
+    """A running scripted server; import this function into a test module to use it."""
     server = ScriptedOpenAI().start()
     try:
         yield server

@@ -1,0 +1,361 @@
+"""``hfadapt draft``, ``hfadapt attempts`` and ``hfadapt agent-eval``: the adapter-drafting
+agent from the command line. Thin: parse, call hfadapt.agent, render."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from hfadapt.cli._app import DbOption, JsonOption, ProfileOption, app, console
+
+BaseUrlOption = Annotated[
+    str | None,
+    typer.Option(
+        "--base-url",
+        help="OpenAI-compatible endpoint (default: $OPENAI_BASE_URL).",
+        show_default=False,
+    ),
+]
+AgentModelOption = Annotated[
+    str | None,
+    typer.Option(
+        "--model",
+        help="Model name at the endpoint (default: $HFADAPT_AGENT_MODEL).",
+        show_default=False,
+    ),
+]
+ApiKeyOption = Annotated[
+    str | None,
+    typer.Option(
+        "--api-key",
+        help="API key (default: $OPENAI_API_KEY). Never stored or logged.",
+        show_default=False,
+    ),
+]
+AttemptsOption = Annotated[int, typer.Option("--max-attempts", min=1, help="Drafts per failure.")]
+
+
+def _settings(base_url: str | None, model: str | None, api_key: str | None, attempts: int) -> Any:
+    from hfadapt.agent.client import AgentSettings
+
+    return AgentSettings.from_env(
+        model=model, base_url=base_url, api_key=api_key, max_attempts=attempts
+    )
+
+
+def _outcome_table(outcomes: list[Any]) -> Table:
+    table = Table(
+        "fingerprint", "case", "outcome", "attempts", "tokens in/out", "seconds", "adapter / reason"
+    )
+    for o in outcomes:
+        colour = "green" if o.accepted else "red"
+        table.add_row(
+            o.case.fingerprint,
+            o.case.name,
+            f"[{colour}]{o.outcome}[/{colour}]",
+            str(len(o.attempts)),
+            f"{o.tokens_in}/{o.tokens_out}",
+            f"{o.seconds:.1f}",
+            str(o.adapter_path) if o.adapter_path else o.reason,
+        )
+    return table
+
+
+@app.command()
+def draft(
+    model_ref: Annotated[
+        str | None,
+        typer.Argument(metavar="MODEL", help="Diagnose this model, then draft for its failures."),
+    ] = None,
+    fingerprint: Annotated[
+        str | None,
+        typer.Option(
+            "--fingerprint", help="Draft for one recorded failure fingerprint (a prefix will do)."
+        ),
+    ] = None,
+    top: Annotated[
+        int | None,
+        typer.Option(
+            "--top", min=1, help="Draft for the K fingerprints blocking the most downloads."
+        ),
+    ] = None,
+    list_only: Annotated[
+        bool, typer.Option("--list", help="With --top: list the fingerprints, draft nothing.")
+    ] = False,
+    base_url: BaseUrlOption = None,
+    agent_model: AgentModelOption = None,
+    api_key: ApiKeyOption = None,
+    max_attempts: AttemptsOption = 4,
+    mode: Annotated[
+        str, typer.Option("--mode", help="full (real weights) or structural.")
+    ] = "full",
+    profile: ProfileOption = None,
+    db: DbOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Have a coding agent draft adapters for failures; accept only proven ones."""
+    from hfadapt.agent import workflows
+    from hfadapt.errors import UsageError
+    from hfadapt.store import get_engine
+
+    if sum(x is not None for x in (model_ref, fingerprint, top)) != 1:
+        raise UsageError("give exactly one of MODEL, --fingerprint ID or --top K")
+    if mode not in ("full", "structural"):
+        raise UsageError(f"--mode must be full or structural, not {mode!r}")
+    engine = get_engine(db)
+    plan: dict[str, list[str] | None]
+    if top is not None:
+        entries = workflows.top_fingerprints(engine, top)
+        if list_only:
+            _print_top(entries, as_json)
+            return
+        plan = dict(workflows.cases_by_model(entries))
+    elif fingerprint is not None:
+        full, models = workflows.models_for_fingerprint(engine, fingerprint)
+        plan = {models[0]: [full]}
+    else:
+        assert model_ref is not None
+        plan = {model_ref: None}
+
+    from hfadapt.agent.client import AgentClient
+    from hfadapt.agent.loop import draft_adapter
+    from hfadapt.agent.records import Recorder
+
+    settings = _settings(base_url, agent_model, api_key, max_attempts)
+    client = AgentClient(settings)
+    recorder = Recorder(engine, settings.secrets())
+    outcomes = []
+    with tempfile.TemporaryDirectory(prefix="hfadapt-draft-") as work:
+        for ref, wanted in plan.items():
+            diag, cases = workflows.cases_for_model(
+                ref, workdir=Path(work), structural=mode == "structural", profile=profile, db=engine
+            )
+            if wanted is not None:
+                cases = [c for c in cases if c.fingerprint in wanted]
+                missing = sorted(set(wanted) - {c.fingerprint for c in cases})
+                if missing:
+                    console.print(
+                        f"{ref}: fingerprint(s) {', '.join(missing)} did not occur now ({diag.verdict})"
+                    )
+            if not cases:
+                console.print(
+                    f"{ref}: nothing to draft ({diag.verdict}: {diag.reason})", highlight=False
+                )
+                continue
+            for case in cases:
+                if not as_json:
+                    console.print(
+                        f"drafting for {case.fingerprint} ({case.rule_id}, {case.op}) in {ref} ..."
+                    )
+                outcomes.append(draft_adapter(case, client, recorder=recorder, model_id=str(ref)))
+    if as_json:
+        typer.echo(json.dumps([o.to_dict() for o in outcomes], indent=2, default=str))
+    elif outcomes:
+        console.print(_outcome_table(outcomes))
+    if outcomes and not any(o.accepted for o in outcomes):
+        raise typer.Exit(1)
+
+
+def _print_top(entries: list[Any], as_json: bool) -> None:
+    if as_json:
+        typer.echo(json.dumps([e.__dict__ for e in entries], indent=2, default=str))
+        return
+    table = Table("fingerprint", "downloads blocked", "models", "rule", "op", "where")
+    for e in entries:
+        v = e.violation or {}
+        loc = v.get("location") or {}
+        where = f"{loc.get('file', '')}:{loc.get('function', '')}" if loc else ""
+        table.add_row(
+            e.fingerprint,
+            f"{e.downloads:,}",
+            str(len(e.models)),
+            v.get("rule_id", ""),
+            v.get("op", ""),
+            where,
+        )
+    console.print(table)
+
+
+@app.command()
+def attempts(
+    attempt_id: Annotated[
+        int | None, typer.Argument(metavar="[ID]", help="Show this attempt in full.")
+    ] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, help="How many attempts to list.")] = 30,
+    db: DbOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """List the agent's attempts, or show one: prompt, response, each validation step."""
+    from hfadapt.agent import records
+    from hfadapt.errors import UsageError
+    from hfadapt.store import get_engine
+
+    engine = get_engine(db)
+    if attempt_id is None:
+        rows = records.list_attempts(engine, limit)
+        if as_json:
+            typer.echo(json.dumps([_brief(a) for a in rows], indent=2, default=str))
+            return
+        if not rows:
+            console.print("no agent attempts recorded yet: run 'hfadapt draft MODEL'")
+            return
+        table = Table(
+            "id",
+            "session",
+            "#",
+            "when",
+            "fingerprint",
+            "endpoint model",
+            "tokens in/out",
+            "latency s",
+            "result",
+        )
+        for a in rows:
+            b = _brief(a)
+            table.add_row(
+                str(a.id),
+                str(a.session_id),
+                str(a.number),
+                str(a.created_at)[:19],
+                a.fingerprint,
+                a.endpoint_model,
+                f"{a.tokens_in}/{a.tokens_out}",
+                f"{a.latency_s:.2f}",
+                b["result"],
+            )
+        console.print(table)
+        return
+    attempt, sess = records.get_attempt(engine, attempt_id)
+    if attempt is None:
+        raise UsageError(f"no attempt {attempt_id}; see 'hfadapt attempts'")
+    if as_json:
+        data = attempt.model_dump()
+        data["session"] = sess.model_dump() if sess else None
+        typer.echo(json.dumps(data, indent=2, default=str))
+        return
+    b = _brief(attempt)
+    console.print(
+        f"attempt {attempt.id} (#{attempt.number} of session {attempt.session_id}, {sess.outcome if sess else '?'}) "
+        f"for {attempt.fingerprint}: {b['result']}\nendpoint {attempt.endpoint} model {attempt.endpoint_model}; "
+        f"tokens {attempt.tokens_in} in / {attempt.tokens_out} out; latency {attempt.latency_s:.2f} s; "
+        f"retries {attempt.retries}",
+        highlight=False,
+    )
+    if attempt.error:
+        console.print(f"[red]error:[/red] {attempt.error}", highlight=False)
+    table = Table("step", "verdict", "seconds", "summary")
+    for s in attempt.steps or []:
+        table.add_row(s["step"], s["status"], f"{s.get('seconds', 0):.2f}", s["summary"])
+    if attempt.steps:
+        console.print(table)
+    if attempt.feedback:
+        console.print(
+            "[bold]feedback sent back[/bold]\n" + attempt.feedback, highlight=False, markup=False
+        )
+    if attempt.code:
+        console.print("[bold]draft[/bold]")
+        console.print(attempt.code, highlight=False, markup=False)
+
+
+def _brief(a: Any) -> dict[str, Any]:
+    if a.accepted:
+        result = "accepted"
+    elif a.error:
+        result = "endpoint error"
+    else:
+        result = f"failed at {a.failed_step}" if a.failed_step else "not accepted"
+    return {
+        "id": a.id,
+        "session_id": a.session_id,
+        "number": a.number,
+        "fingerprint": a.fingerprint,
+        "endpoint_model": a.endpoint_model,
+        "tokens_in": a.tokens_in,
+        "tokens_out": a.tokens_out,
+        "latency_s": a.latency_s,
+        "steps": {s["step"]: s["status"] for s in a.steps or []},
+        "result": result,
+    }
+
+
+@app.command("agent-eval")
+def agent_eval(
+    base_url: BaseUrlOption = None,
+    agent_model: AgentModelOption = None,
+    api_key: ApiKeyOption = None,
+    max_attempts: AttemptsOption = 3,
+    case: Annotated[
+        list[str] | None, typer.Option("--case", help="Run only this case (repeatable).")
+    ] = None,
+    reference: Annotated[
+        bool,
+        typer.Option(
+            "--reference", help="Replay the known-good solutions (no endpoint): a self-check."
+        ),
+    ] = False,
+    output: Annotated[
+        Path | None, typer.Option("--output", help="Also write the JSON report here.")
+    ] = None,
+    profile: ProfileOption = None,
+    db: DbOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Measure an endpoint on the fixed suite of failure cases: acceptance, attempts, tokens, time."""
+    from hfadapt.agent.client import AgentSettings
+    from hfadapt.agent.evaluate import run_eval
+    from hfadapt.agent.records import Recorder
+    from hfadapt.store import get_engine
+
+    if reference:
+        settings = AgentSettings(model=agent_model or "reference", max_attempts=max_attempts)
+    else:
+        settings = _settings(base_url, agent_model, api_key, max_attempts)
+    engine = get_engine(db)
+    report = run_eval(
+        settings,
+        names=case or (),
+        reference=reference,
+        recorder=Recorder(engine, settings.secrets()),
+        profile=profile,
+    )
+    data = report.to_dict()
+    if output is not None:
+        output.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
+    if as_json:
+        typer.echo(json.dumps(data, indent=2, default=str))
+        return
+    table = Table(
+        "case",
+        "outcome",
+        "attempts",
+        "tokens in",
+        "tokens out",
+        "seconds",
+        "steps of the last attempt",
+    )
+    for r in report.rows:
+        colour = "green" if r["outcome"] == "accepted" else "red"
+        last = r["steps"][-1] if r["steps"] else {}
+        table.add_row(
+            r["case"],
+            f"[{colour}]{r['outcome']}[/{colour}]",
+            str(r["attempts"]),
+            str(r["tokens_in"]),
+            str(r["tokens_out"]),
+            f"{r['seconds']:.1f}",
+            " ".join(f"{k}:{v}" for k, v in last.items()),
+        )
+    console.print(table)
+    console.print(
+        f"{report.endpoint} {report.model}: accepted {data['accepted']}/{data['total']} "
+        f"({100 * report.acceptance_rate:.0f}%), {data['attempts']} attempts, "
+        f"{data['tokens_in']} tokens in / {data['tokens_out']} out, {data['seconds']:.1f} s",
+        highlight=False,
+    )
+    if output is not None:
+        console.print(f"JSON report: {output}")

@@ -1,0 +1,125 @@
+"""`hfadapt draft`, `attempts` and `agent-eval` through the real entry point."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from openai_server import (
+    ScriptedOpenAI,
+    openai_server_fixture,  # noqa: F401
+)
+from test_agent_loop import GOOD, WRONG, client_for, softsign_case
+
+from hfadapt.agent.loop import draft_adapter
+from hfadapt.agent.records import Recorder
+from hfadapt.cli import main
+from hfadapt.store import get_engine, session
+from hfadapt.tables import HubModel, Run
+
+
+def run(
+    args: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> tuple[int, str, str]:
+    monkeypatch.setattr(sys, "argv", ["hfadapt", *args])
+    monkeypatch.setenv("COLUMNS", "220")
+    code = 0
+    try:
+        main()
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_draft_top_without_sweeps_is_a_clear_message(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run(["draft", "--top", "3", "--model", "m"], monkeypatch, capsys)
+    assert code == 2, (code, out, err)
+    assert "no failure fingerprints recorded" in err and "run a sweep" in err, err
+
+
+def test_draft_needs_exactly_one_source_and_a_model(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = run(["draft", "--model", "m"], monkeypatch, capsys)
+    assert code == 2 and "exactly one of MODEL, --fingerprint ID or --top K" in err, err
+    monkeypatch.delenv("HFADAPT_AGENT_MODEL", raising=False)
+    code, _, err = run(["agent-eval"], monkeypatch, capsys)
+    assert code == 2 and "pass --model or set HFADAPT_AGENT_MODEL" in err, err
+
+
+def _fp_run(model_id: str, fps: list[str], rule: str = "op.pow.square") -> Run:
+    violations = [
+        {
+            "fingerprint": fp,
+            "rule_id": rule,
+            "op": "aten::pow.Tensor_Scalar",
+            "location": {"file": "x.py", "function": "forward"},
+        }
+        for fp in fps
+    ]
+    return Run(
+        model_id=model_id, verdict="lowering_failed", fingerprints=fps, violations=violations
+    )
+
+
+def test_draft_top_lists_fingerprints_by_downloads_they_block(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    engine = get_engine(str(tmp_path / "runs.db"))
+    with session(engine) as s:
+        for mid, dl in (("a/one", 1000), ("b/two", 300), ("c/three", 50)):
+            s.add(HubModel(id=mid, downloads=dl))
+        s.add(_fp_run("a/one", ["aaaaaaaaaaaa"]))
+        s.add(_fp_run("b/two", ["bbbbbbbbbbbb", "aaaaaaaaaaaa"]))
+        s.add(_fp_run("c/three", ["bbbbbbbbbbbb"]))
+        s.add(
+            Run(model_id="c/three", verdict="pass", fingerprints=[])
+        )  # fixed since: latest run wins
+    code, out, err = run(
+        ["draft", "--top", "2", "--list", "--json", "--db", str(tmp_path / "runs.db")],
+        monkeypatch,
+        capsys,
+    )
+    assert code == 0, err
+    top = json.loads(out)
+    assert [(t["fingerprint"], t["downloads"]) for t in top] == [
+        ("aaaaaaaaaaaa", 1300),
+        ("bbbbbbbbbbbb", 300),
+    ], top
+    assert top[0]["models"] == ["a/one", "b/two"]
+
+
+def test_attempts_lists_and_shows_recorded_attempts(
+    openai_server: ScriptedOpenAI,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    db = str(tmp_path / "runs.db")
+    engine = get_engine(db)
+    openai_server.script = [WRONG, GOOD]
+    client = client_for(openai_server.url)
+    outcome = draft_adapter(
+        softsign_case(),
+        client,
+        recorder=Recorder(engine),
+        steps=("load", "equivalence"),
+        adapters_dir=tmp_path / "adapters",
+        taken_names={},
+    )
+    assert outcome.accepted, outcome.reason
+    code, out, err = run(["attempts", "--db", db, "--json"], monkeypatch, capsys)
+    assert code == 0, err
+    listed = json.loads(out)
+    assert [a["result"] for a in listed] == ["accepted", "failed at equivalence"], listed
+    assert listed[1]["steps"] == {"policy": "pass", "load": "pass", "equivalence": "fail"}
+    code, out, err = run(["attempts", str(listed[1]["id"]), "--db", db], monkeypatch, capsys)
+    assert code == 0, err
+    assert "failed at equivalence" in out and "NOT equivalent" in out and "x * x" in out, out
+    code, out, err = run(["attempts", "999", "--db", db], monkeypatch, capsys)
+    assert code == 2 and "no attempt 999" in err

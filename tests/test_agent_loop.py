@@ -1,0 +1,260 @@
+"""The drafting loop against a scripted loopback endpoint: accept, repair with feedback, policy
+rejections that never run, runaway drafts killed, malformed answers, 429s, a dead endpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from openai_server import (
+    ScriptedOpenAI,
+    dead_url,
+    openai_server_fixture,  # noqa: F401
+)
+
+from hfadapt.agent.cases import FailureCase
+from hfadapt.agent.client import AgentClient, AgentSettings
+from hfadapt.agent.loop import ACCEPTED, ENDPOINT_ERROR, REJECTED, REPEATED, draft_adapter
+from hfadapt.agent.records import AgentAttempt, DraftSession, Recorder
+from hfadapt.agent.sandbox import SandboxLimits
+from hfadapt.registry import load_file
+from hfadapt.store import get_engine, session
+
+TARGET = "hfadapt.agent.evalcases:Softsign.forward"
+STEPS = ("load", "equivalence")
+
+
+def draft(body: str, name: str = "softsign-agent") -> str:
+    return (
+        "```python\nimport torch\n\nfrom hfadapt.adapter import adapter\n\n\n"
+        f'@adapter(name="{name}", target="{TARGET}", rule="op.pow.square")\n'
+        f"def forward(self, x):\n{body}\n```\n"
+    )
+
+
+GOOD = draft("    return x * torch.reciprocal(1.0 + x.abs())")
+WRONG = draft("    return x * torch.reciprocal(1.0 + x * x)")  # x / (1 + x^2): not softsign
+
+
+def softsign_case() -> FailureCase:
+    return FailureCase(
+        name="softsign-pow-reciprocal",
+        fingerprint="0123456789ab",
+        rule_id="op.pow.square",
+        op="aten::pow.Tensor_Scalar",
+        message="Unsupported: Spyre backend does not support: pow with exponent -1.0",
+        target=TARGET,
+        example="hfadapt.agent.evalcases:softsign_example",
+        registry="none",
+    )
+
+
+def client_for(
+    url: str, *, attempts: int = 3, key: str = "sk-test-key-0000", **kw: object
+) -> AgentClient:
+    settings = AgentSettings(
+        model="scripted-model",
+        base_url=url,
+        api_key=key,
+        max_attempts=attempts,
+        backoff_s=0.01,
+        max_retries=2,
+        timeout_s=10,
+        **kw,  # type: ignore[arg-type]
+    )
+    return AgentClient(settings)
+
+
+def run(
+    server_url: str,
+    tmp_path: Path,
+    *,
+    attempts: int = 3,
+    limits: SandboxLimits | None = None,
+    **kw: object,
+):
+    engine = get_engine(str(tmp_path / "runs.db"))
+    client = client_for(server_url, attempts=attempts)
+    outcome = draft_adapter(
+        softsign_case(),
+        client,
+        recorder=Recorder(engine, client.settings.secrets()),
+        steps=STEPS,
+        adapters_dir=tmp_path / "adapters",
+        taken_names={},
+        limits=limits,
+        **kw,  # type: ignore[arg-type]
+    )
+    return outcome, engine
+
+
+def rows(engine):
+    from sqlmodel import select
+
+    with session(engine, write=False) as s:
+        return list(s.exec(select(DraftSession))), list(
+            s.exec(select(AgentAttempt).order_by(AgentAttempt.id))
+        )
+
+
+def test_correct_draft_is_accepted_written_with_provenance_and_recorded(
+    openai_server: ScriptedOpenAI, tmp_path: Path
+) -> None:
+    openai_server.script = [GOOD]
+    outcome, engine = run(openai_server.url, tmp_path)
+    assert outcome.outcome == ACCEPTED, outcome.reason
+    assert len(outcome.attempts) == 1 and len(openai_server.requests) == 1
+    path = outcome.adapter_path
+    assert path is not None and path.parent == tmp_path / "adapters"
+    text = path.read_text()
+    assert text.startswith("# Drafted by scripted-model at http://127.0.0.1:"), text[:200]
+    (loaded,) = load_file(path)
+    assert (
+        loaded.provenance.origin == "agent" and loaded.provenance.endpoint_model == "scripted-model"
+    )
+    assert loaded.provenance.attempt_id == outcome.attempts[0].attempt_id
+    assert loaded.provenance.evidence["equivalence"]["max_rel_err"] < 1e-12
+    sessions, attempts = rows(engine)
+    assert [s.outcome for s in sessions] == [ACCEPTED]
+    assert sessions[0].tokens_in == 1200 and sessions[0].tokens_out == 300
+    assert [a.accepted for a in attempts] == [True]
+    assert [st["step"] for st in attempts[0].steps] == ["policy", "load", "equivalence"]
+    assert all(st["status"] == "pass" for st in attempts[0].steps), attempts[0].steps
+
+
+def test_wrong_draft_is_rejected_at_equivalence_and_the_feedback_reaches_the_next_request(
+    openai_server: ScriptedOpenAI, tmp_path: Path
+) -> None:
+    openai_server.script = [WRONG, GOOD]
+    outcome, engine = run(openai_server.url, tmp_path)
+    assert outcome.outcome == ACCEPTED, outcome.reason
+    first, second = outcome.attempts
+    assert first.failed_step == "equivalence", first.feedback
+    eq = next(s for s in first.validation.steps if s.step == "equivalence")  # type: ignore[union-attr]
+    assert eq.output["max_rel_err"] > 0.1, eq.output["max_rel_err"]
+    repair = openai_server.user_messages(1)[-1]
+    assert "Step `equivalence` fail" in repair and "NOT equivalent" in repair, repair[:600]
+    assert "torch.reciprocal(1.0 + x * x)" in repair  # the previous draft, verbatim
+    assert second.accepted
+    _, attempts = rows(engine)
+    assert [a.failed_step for a in attempts] == ["equivalence", None]
+
+
+def test_repeated_identical_draft_stops_the_loop(
+    openai_server: ScriptedOpenAI, tmp_path: Path
+) -> None:
+    openai_server.script = [WRONG, WRONG.replace("def forward", "# same code\ndef forward"), GOOD]
+    outcome, _ = run(openai_server.url, tmp_path, attempts=4)
+    assert outcome.outcome == REPEATED, outcome.reason
+    assert len(openai_server.requests) == 2, "the loop went on after an identical draft"
+
+
+SENTINEL_DRAFTS = {
+    "os": "import os\n\nos.system('touch {s}')\n",
+    "subprocess": "import subprocess\n\nsubprocess.run(['touch', '{s}'])\n",
+    "open": "_F = open('{s}', 'w')\n",
+}
+
+
+def test_policy_rejects_os_subprocess_and_open_without_running_them(
+    openai_server: ScriptedOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sentinel = tmp_path / "sentinel"
+
+    def never(*a: object, **k: object) -> None:
+        raise AssertionError("a draft that fails the policy reached the sandbox")
+
+    monkeypatch.setattr("hfadapt.agent.validate.run_sandbox", never)
+    openai_server.script = [
+        GOOD.replace("import torch\n", "import torch\n" + code.format(s=sentinel))
+        for code in SENTINEL_DRAFTS.values()
+    ]
+    outcome, _ = run(openai_server.url, tmp_path)
+    assert outcome.outcome == REJECTED, outcome.reason
+    assert [a.failed_step for a in outcome.attempts] == ["policy"] * 3
+    feedback = [a.feedback for a in outcome.attempts]
+    assert "import of 'os' is not allowed" in feedback[0]
+    assert "import of 'subprocess' is not allowed" in feedback[1]
+    assert "use of 'open' is not allowed" in feedback[2]
+    assert not sentinel.exists(), "a rejected draft was executed"
+    assert "import of 'os' is not allowed" in openai_server.user_messages(1)[-1]
+
+
+def test_no_code_then_conflicting_blocks_then_a_good_draft(
+    openai_server: ScriptedOpenAI, tmp_path: Path
+) -> None:
+    openai_server.script = [
+        "I would rewrite pow(x, -1) as a reciprocal.",
+        WRONG + "\nor\n" + GOOD,
+        GOOD,
+    ]
+    outcome, _ = run(openai_server.url, tmp_path)
+    assert outcome.outcome == ACCEPTED, outcome.reason
+    assert [a.failed_step for a in outcome.attempts] == ["extract", "extract", None]
+    assert "no ```python code block" in openai_server.user_messages(1)[-1]
+    assert "2 different code blocks" in openai_server.user_messages(2)[-1]
+
+
+def test_429_then_success(openai_server: ScriptedOpenAI, tmp_path: Path) -> None:
+    openai_server.script = [
+        {
+            "status": 429,
+            "headers": {"retry-after": "0"},
+            "body": {"error": {"message": "slow down"}},
+        },
+        GOOD,
+    ]
+    outcome, engine = run(openai_server.url, tmp_path)
+    assert outcome.outcome == ACCEPTED, outcome.reason
+    assert len(openai_server.requests) == 2
+    _, attempts = rows(engine)
+    assert [a.retries for a in attempts] == [1]
+
+
+def test_endpoint_down_is_a_clear_outcome_and_nothing_is_lost(tmp_path: Path) -> None:
+    url = dead_url()
+    outcome, engine = run(url, tmp_path)
+    assert outcome.outcome == ENDPOINT_ERROR
+    assert url.removesuffix("/v1") in outcome.reason and "unreachable" in outcome.reason, (
+        outcome.reason
+    )
+    assert "gave up after 3 tries" in outcome.reason, outcome.reason
+    sessions, attempts = rows(engine)
+    assert [(s.outcome, s.attempts) for s in sessions] == [(ENDPOINT_ERROR, 1)]
+    assert attempts[0].error and "unreachable" in attempts[0].error
+    assert attempts[0].prompt and attempts[0].prompt[0]["role"] == "system"  # the prompt is kept
+
+
+def test_server_errors_after_a_rejected_draft_keep_the_first_attempt(
+    openai_server: ScriptedOpenAI, tmp_path: Path
+) -> None:
+    err = {"status": 503, "body": {"error": {"message": "overloaded"}}}
+    openai_server.script = [WRONG, err, err, err]
+    outcome, engine = run(openai_server.url, tmp_path)
+    assert outcome.outcome == ENDPOINT_ERROR and "server error (503)" in outcome.reason, (
+        outcome.reason
+    )
+    _, attempts = rows(engine)
+    assert [(a.number, a.failed_step) for a in attempts] == [(1, "equivalence"), (2, None)]
+    assert attempts[0].code and "x * x" in attempts[0].code
+
+
+@pytest.mark.slow
+def test_runaway_drafts_are_killed_and_the_loop_goes_on(
+    openai_server: ScriptedOpenAI, tmp_path: Path
+) -> None:
+    forever = draft("    while True:\n        pass", name="forever")
+    hog = draft(
+        "    junk = []\n    while True:\n        junk.append(bytearray(1 << 24))", name="hog"
+    )
+    openai_server.script = [forever, hog, GOOD]
+    outcome, _ = run(openai_server.url, tmp_path, limits=SandboxLimits(timeout_s=12, memory_mb=400))
+    assert outcome.outcome == ACCEPTED, outcome.reason
+    first, second, third = outcome.attempts
+    killed = first.validation.steps[-1]  # type: ignore[union-attr]
+    assert (killed.step, killed.status) == ("equivalence", "killed"), killed
+    assert "time limit of 12 s" in killed.summary, killed.summary
+    hogged = second.validation.steps[-1]  # type: ignore[union-attr]
+    assert hogged.step == "equivalence" and hogged.status in ("fail", "killed"), hogged
+    assert "memory" in hogged.summary.lower() or "MemoryError" in hogged.summary, hogged.summary
+    assert third.accepted

@@ -1,0 +1,149 @@
+"""The sandbox: no secrets in its environment, an audit hook that refuses writes outside its
+folder and network access, and API keys never reaching runs.db or the logs."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from openai_server import (
+    ScriptedOpenAI,
+    openai_server_fixture,  # noqa: F401
+)
+from test_agent_loop import GOOD, STEPS, TARGET, client_for, softsign_case
+
+from hfadapt.agent.loop import ACCEPTED, draft_adapter
+from hfadapt.agent.records import Recorder
+from hfadapt.agent.sandbox import clean_env, run_sandbox
+from hfadapt.store import get_engine
+
+KEY = "sk-live-THIS-IS-SECRET-4242"
+TESTS = str(Path(__file__).resolve().parent)
+SOLUTION = GOOD.split("```python\n")[1].split("```")[0]
+
+
+def env_example(seed: int) -> Any:
+    """An example builder that writes the sandbox's environment into its own folder."""
+    from hfadapt.agent.evalcases import softsign_example
+
+    Path("env.json").write_text(json.dumps(dict(os.environ)))
+    return softsign_example(seed)
+
+
+def escape_example(seed: int) -> Any:
+    """An example builder that tries to write outside the sandbox folder."""
+    target = os.environ["ESCAPE_TARGET"]
+    with open(target, "w") as fh:
+        fh.write("escaped")
+    raise AssertionError("unreachable")
+
+
+def network_example(seed: int) -> Any:
+    import socket
+
+    socket.create_connection(("127.0.0.1", 9), timeout=1)
+    raise AssertionError("unreachable")
+
+
+def _secret_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    monkeypatch.setenv("HF_TOKEN", "hf_secret_token_value")
+    monkeypatch.setenv("MY_SERVICE_SECRET", "s3cr3t-value")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAEXAMPLE")
+    monkeypatch.setenv("INNOCENT_LOOKING", KEY)  # a secret under a harmless name: dropped by value
+    monkeypatch.setenv("PYTHONPATH", TESTS)
+
+
+def test_clean_env_drops_every_secret_by_name_and_by_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    _secret_env(monkeypatch)
+    env = clean_env([KEY])
+    values = (KEY, "hf_secret_token_value", "s3cr3t-value", "AKIAEXAMPLE")
+    leaked = sorted(k for k, v in env.items() if any(x in v for x in values))
+    assert leaked == [], leaked
+    for name in (
+        "OPENAI_API_KEY",
+        "HF_TOKEN",
+        "MY_SERVICE_SECRET",
+        "AWS_ACCESS_KEY_ID",
+        "INNOCENT_LOOKING",
+    ):
+        assert name not in env
+    assert env["HF_HUB_OFFLINE"] == "1" and env["HFADAPT_SANDBOX"] == "1"
+
+
+def test_the_sandbox_process_sees_no_secret(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    _secret_env(monkeypatch)
+    case = softsign_case()
+    case.example = "test_agent_sandbox:env_example"
+    kept = tmp_path / "kept"
+    run = run_sandbox(
+        SOLUTION,
+        {"case": case.to_dict(), "steps": ["load", "equivalence"]},
+        secrets=[KEY],
+        keep=kept,
+    )
+    assert [(s.step, s.status) for s in run.steps] == [("load", "pass"), ("equivalence", "pass")], (
+        run.stderr_tail
+    )
+    env = json.loads((kept / "env.json").read_text())
+    assert len(env) > 5, f"the probe saw only {len(env)} variables"
+    assert not [k for k, v in env.items() if KEY in v], "the API key reached the sandbox"
+    assert "OPENAI_API_KEY" not in env and "HF_TOKEN" not in env and "MY_SERVICE_SECRET" not in env
+
+
+def test_the_sandbox_refuses_writes_outside_its_folder_and_network(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("PYTHONPATH", TESTS)
+    outside = tmp_path / "escaped.txt"
+    monkeypatch.setenv("ESCAPE_TARGET", str(outside))
+    case = softsign_case()
+    case.example = "test_agent_sandbox:escape_example"
+    run = run_sandbox(SOLUTION, {"case": case.to_dict(), "steps": ["load", "equivalence"]})
+    eq = run.steps[-1]
+    assert (eq.step, eq.status) == ("equivalence", "fail"), run.steps
+    assert "sandbox: writing" in eq.summary and "not allowed" in eq.summary, eq.summary
+    assert not outside.exists()
+    case.example = "test_agent_sandbox:network_example"
+    run = run_sandbox(SOLUTION, {"case": case.to_dict(), "steps": ["load", "equivalence"]})
+    assert "sandbox: socket" in run.steps[-1].summary, run.steps[-1].summary
+
+
+def test_api_key_never_reaches_runs_db_or_logs(
+    openai_server: ScriptedOpenAI, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    def echo_key(request: dict[str, Any]) -> str:
+        headers = {k.lower(): v for k, v in openai_server.requests[-1]["headers"].items()}
+        auth = headers.get("authorization", "")
+        return f"Your key is {auth.removeprefix('Bearer ')}.\n" + GOOD
+
+    openai_server.script = [echo_key]
+    db = tmp_path / "runs.db"
+    engine = get_engine(str(db))
+    client = client_for(openai_server.url, key=KEY)
+    caplog.set_level(logging.DEBUG)
+    outcome = draft_adapter(
+        softsign_case(),
+        client,
+        recorder=Recorder(engine, client.settings.secrets()),
+        steps=STEPS,
+        adapters_dir=tmp_path / "adapters",
+        taken_names={},
+    )
+    assert outcome.outcome == ACCEPTED, outcome.reason
+    sent = {k.lower(): v for k, v in openai_server.requests[0]["headers"].items()}
+    assert sent["authorization"] == f"Bearer {KEY}"  # it was sent
+    engine.dispose()
+    stored = b"".join(p.read_bytes() for p in tmp_path.glob("runs.db*"))
+    assert b"[redacted]" in stored, "the echoed key was not stored redacted"
+    assert KEY.encode() not in stored, "the API key reached runs.db"
+    assert KEY not in caplog.text
+    assert KEY not in repr(client) and KEY not in repr(client.settings)
+    assert KEY not in (outcome.adapter_path.read_text() if outcome.adapter_path else "")
+    assert TARGET in (outcome.adapter_path.read_text() if outcome.adapter_path else "")
