@@ -20,6 +20,7 @@ one-line messages and exit codes (2 for bad input, 1 for everything else).
     │   └── SpyreLoweringError          a graph that does not lower; carries the report
     │       └── SpyreOpError            an eager op the device refuses (also a RuntimeError)
     │           └── SpyreOpNotImplementedError  no device kernel (also a NotImplementedError)
+    ├── CustomCodeError                 needs the repo's own code, not run unasked (custom_code)
     ├── AdapterError                    an adapter file or its application
     └── AgentError                      the adapter-drafting agent
         ├── EndpointError               the OpenAI-compatible endpoint failed
@@ -159,3 +160,8 @@ class SandboxError(AgentError):
 
 class BudgetError(AgentError):
     pass
+
+
+class CustomCodeError(HfadaptError):
+    """The model needs code from its repository (``auto_map``) and running it was not asked for
+    (``--trust-remote-code``): judged as the ``custom_code`` verdict, never run unasked."""

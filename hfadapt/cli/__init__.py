@@ -7,6 +7,7 @@ import sys
 
 # Command modules register themselves on import.
 from hfadapt.cli import agent as _agent  # noqa: F401
+from hfadapt.cli import diagnose as _diagnose  # noqa: F401
 from hfadapt.cli import hub as _hub  # noqa: F401
 from hfadapt.cli._app import app, err_console
 from hfadapt.errors import HfadaptError

@@ -1,0 +1,162 @@
+"""``hfadapt diagnose MODEL``: judge one model on the simulated Spyre device and show why.
+Thin: parse, call ``hfadapt.check.diagnose``, render. Exit 0 pass, 1 the model fails, 2 bad input."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from hfadapt.cli._app import DbOption, JsonOption, ProfileOption, app, console, err_console
+
+_COLOURS = {
+    "pass": "green",
+    "verification_failed": "red",
+    "lowering_failed": "red",
+    "unsupported_model": "red",
+}
+
+
+def _fmt(value: float | None, digits: int = 6) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+@app.command()
+def diagnose(
+    model: Annotated[
+        str, typer.Argument(help="A Hub id (HF cache, or downloaded), or a local model folder.")
+    ],
+    mode: Annotated[
+        str,
+        typer.Option(
+            "--mode", help="full: real weights. structural: real config, random weights, 2 layers."
+        ),
+    ] = "full",
+    dtype: Annotated[str, typer.Option("--dtype", help="Device dtype: fp16 or bf16.")] = "fp16",
+    compile_: Annotated[
+        bool,
+        typer.Option(
+            "--compile/--eager", help="torch.compile with the spyre backend, or eager ops."
+        ),
+    ] = False,
+    no_adapters: Annotated[
+        bool, typer.Option("--no-adapters", help="Run the stock model, without registry adapters.")
+    ] = False,
+    trust_remote_code: Annotated[
+        bool,
+        typer.Option(
+            "--trust-remote-code", help="Run code from the model repository (review it first)."
+        ),
+    ] = False,
+    profile: ProfileOption = None,
+    db: DbOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Diagnose one model: lowering, numerics against a CPU fp32 reference, first divergent module."""
+    from hfadapt.check import diagnose as run_diagnose
+    from hfadapt.errors import InputError
+
+    diag = run_diagnose(
+        model,
+        mode=mode,
+        dtype=dtype,
+        execution="compile" if compile_ else "eager",
+        adapters=not no_adapters,
+        trust_remote_code=trust_remote_code,
+        profile=profile,
+        db=db,
+    )
+    if as_json:
+        typer.echo(json.dumps(diag.to_dict(), indent=2, default=str))
+    elif diag.exit_code == InputError.exit_code:
+        # Bad input: one line, like every other input error; the row is still recorded.
+        run = f", run {diag.run_id}" if diag.run_id is not None else ""
+        err_console.print(
+            f"[red]error:[/red] {escape(diag.reason)} (recorded as {diag.verdict}{run})",
+            highlight=False,
+            soft_wrap=True,
+        )
+    else:
+        render(diag)
+    if diag.exit_code:
+        raise typer.Exit(diag.exit_code)
+
+
+def _say(prefix: str, text: str = "", *, style: str = "") -> None:
+    """One line: ``prefix`` is rich markup, ``text`` is data (escaped: a rule id like
+    ``[op.pow]`` must not be read as markup)."""
+    body = escape(text)
+    if style:
+        body = f"[{style}]{body}[/{style}]"
+    console.print(f"{prefix}{body}", highlight=False, soft_wrap=True)
+
+
+def _table(title: str, *columns: str) -> Table:
+    return Table(*columns, title=title, title_justify="left", box=None, pad_edge=False)
+
+
+def render(diag: Any) -> None:
+    """The human report: verdict, violations with source lines, fallbacks, metrics, divergence."""
+    colour = _COLOURS.get(diag.verdict, "yellow")
+    console.print(
+        f"[bold]{escape(diag.model_id)}[/bold]: [bold {colour}]{diag.verdict}[/bold {colour}]",
+        highlight=False,
+        soft_wrap=True,
+    )
+    if diag.structural:
+        _say(
+            "[yellow]structural run:[/yellow] ",
+            "real config, seeded random weights, layers truncated",
+        )
+    _say("  ", diag.reason)
+    v = diag.versions
+    revision = f"; revision {diag.revision}" if diag.revision else ""
+    _say(
+        "  ",
+        f"{diag.mode}, {diag.dtype}, {diag.execution}; profile {v.get('profile', '?')}; "
+        f"torch {v.get('torch', '?')}, transformers {v.get('transformers', '?')}{revision}",
+        style="dim",
+    )
+    for note in diag.evidence.get("notes", []):
+        _say("  ", str(note), style="dim")
+    report = diag.report
+    if report is not None and report.violations:
+        table = _table("violations", "rule", "op", "message", "where")
+        for viol in report.violations:
+            where = str(viol.location) if viol.location else ""
+            if viol.location and viol.location.code:
+                where += f"\n  {viol.location.code.strip()}"
+            table.add_row(*(escape(x) for x in (viol.rule_id, viol.op, viol.message, where)))
+        console.print(table)
+    if report is not None and report.fallbacks:
+        _say(
+            "  CPU fallbacks: ", ", ".join(f"{op} x{n}" for op, n in report.fallbacks.most_common())
+        )
+    if diag.adapters:
+        _say("  adapters applied: ", ", ".join(diag.adapters))
+    m = diag.metrics
+    if m is not None:
+        table = _table("metrics (real tokens only)", "metric", "value")
+        table.add_row(
+            "min per-token cosine", f"{_fmt(m.min_token_cosine)}  (pass >= {m.threshold})"
+        )
+        table.add_row("mean per-token cosine", _fmt(m.mean_token_cosine))
+        table.add_row("pooled cosine", f"{_fmt(m.pooled_cosine)}  ({escape(m.pooling)})")
+        table.add_row("max abs diff", _fmt(m.max_abs_diff, 4))
+        table.add_row("NaN / inf", f"{m.has_nan} / {m.has_inf}")
+        table.add_row("real tokens", f"{m.tokens}")
+        console.print(table)
+    if diag.divergence is not None:
+        _say("  [bold]first divergent module:[/bold] ", diag.divergence.summary())
+    elif "localize_error" in diag.evidence:
+        _say("  localization failed: ", str(diag.evidence["localize_error"]))
+    _say(
+        "  ", "timings: " + ", ".join(f"{k} {t:.2f}s" for k, t in diag.timings.items()), style="dim"
+    )
+    if diag.next_step:
+        _say("  [bold]next:[/bold] ", diag.next_step)
+    if diag.run_id is not None:
+        _say("  ", f"recorded as run {diag.run_id}", style="dim")

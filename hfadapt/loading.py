@@ -1,0 +1,476 @@
+"""Find a model and load it for judging: a local folder in Hub layout, a Hub id from the HF
+cache, or a Hub id downloaded when the Hub can be reached (``from_pretrained`` /
+``hf_hub_download``). Every way it can go wrong is a typed error with one clear line; a model
+that needs its repository's own code is refused unless ``trust_remote_code`` is given."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hfadapt.errors import (
+    ConfigError,
+    CustomCodeError,
+    HubError,
+    ModelNotFoundError,
+    TokenizerError,
+    WeightsError,
+)
+from hfadapt.metrics import PoolingSpec, pooling_from_folder
+
+# Any one of these makes a folder's tokenizer loadable; tokenizer_config.json alone does not
+# (AutoTokenizer then builds an empty tokenizer instead of failing).
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "vocab.txt",
+    "vocab.json",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "tokenizer.model",
+    "spm.model",
+)
+WEIGHT_GLOBS = ("*.safetensors", "pytorch_model*.bin")
+# Embedding models of encoder-decoder families use the encoder alone.
+ENCODER_ONLY = {"t5": "T5EncoderModel", "mt5": "MT5EncoderModel", "umt5": "UMT5EncoderModel"}
+# Missing checkpoint keys that are expected: a pooler embedding models do not use.
+_OPTIONAL_KEYS = ("pooler.",)
+_TRUE = {"1", "true", "yes", "on"}
+# The Hub is probed once, briefly, before anything downloads: huggingface_hub otherwise retries
+# a dead connection for ~20 s before saying so.
+HUB_PROBE_TIMEOUT_S = 3.0
+
+__all__ = [
+    "LoadedModel",
+    "ModelSource",
+    "hf_cache_dir",
+    "hub_status",
+    "load",
+    "read_config",
+    "remote_code_reason",
+    "resolve",
+]
+
+
+@dataclass
+class ModelSource:
+    """Where a model reference points: a folder, the HF cache, or the Hub."""
+
+    ref: str
+    model_id: str  # the Hub id, or the folder's path
+    kind: str  # folder | cache | hub
+    folder: Path  # holds config.json (a local folder or a cache snapshot)
+    revision: str | None = None  # the commit sha of a cache snapshot
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to judge: fp32, eval mode, on CPU, with what is needed to probe it."""
+
+    model_id: str
+    model: Any  # torch.nn.Module
+    config: Any  # transformers.PretrainedConfig
+    tokenizer: Any | None
+    pooling: PoolingSpec = field(default_factory=PoolingSpec)
+    source: str = "folder"  # folder | cache | hub | structural:<where the config came from>
+    revision: str | None = None
+    path: str | None = None
+    structural: bool = False
+    notes: list[str] = field(default_factory=list)
+    raw_config: dict[str, Any] | None = None  # config.json as read: what the signature hashes
+
+    @property
+    def model_type(self) -> str | None:
+        return getattr(self.config, "model_type", None)
+
+
+# ---- where is it ---------------------------------------------------------------------------
+
+
+def env_offline() -> bool:
+    """HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE, read now (huggingface_hub reads it at import)."""
+    return any(
+        os.environ.get(v, "").strip().lower() in _TRUE
+        for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
+
+
+def hf_cache_dir() -> Path:
+    """The HF hub cache as the environment says now (tests point it at a temporary folder)."""
+    explicit = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
+    if explicit:
+        return Path(explicit).expanduser()
+    home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+        "huggingface",
+    )
+    return Path(home).expanduser() / "hub"
+
+
+def hub_endpoint() -> str:
+    return (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
+
+
+def hub_status() -> tuple[bool, str]:
+    """(online, why not): offline when HF_HUB_OFFLINE is set or one quick request fails."""
+    if env_offline():
+        return False, "HF_HUB_OFFLINE is set"
+    from hfadapt import hub
+
+    endpoint = hub_endpoint()
+    try:
+        hub.probe(endpoint, timeout=HUB_PROBE_TIMEOUT_S)
+    except HubError as exc:
+        cause = exc.__cause__ or exc
+        return False, f"{endpoint} cannot be reached ({' '.join(str(cause).split())[:120]})"
+    return True, ""
+
+
+def _looks_like_path(ref: str) -> bool:
+    return ref.startswith((".", "/", "~")) or "\\" in ref or ref.count("/") > 1 or ref.endswith("/")
+
+
+def resolve(ref: str | os.PathLike[str]) -> ModelSource:
+    """Find ``ref``: an existing folder, else a Hub id in the HF cache, else on the Hub.
+
+    Raises ModelNotFoundError (missing or empty folder, not a Hub id, not cached offline,
+    no such repo) and ConfigError (a Hub repo without config.json).
+    """
+    text = os.fspath(ref)
+    path = Path(text).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise ModelNotFoundError(
+                f"{text} is a file; pass the model's folder (config.json, weights, tokenizer)"
+            )
+        if not any(path.iterdir()):
+            raise ModelNotFoundError(
+                f"{text} is an empty folder; expected a model in Hub layout (config.json, weights, tokenizer)"
+            )
+        return ModelSource(text, str(path.resolve()), "folder", path.resolve())
+    if _looks_like_path(text):
+        raise ModelNotFoundError(f"no such folder: {text}")
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(text)
+    except HFValidationError:
+        raise ModelNotFoundError(f"{text} is neither a folder nor a Hub model id") from None
+
+    cached = _cached_file(text, "config.json")
+    if cached is not None:
+        return ModelSource(text, text, "cache", cached.parent, cached.parent.name)
+    online, why = hub_status()
+    if not online:
+        raise ModelNotFoundError(
+            f"{text} is not in the HF cache ({hf_cache_dir()}) and {why}: download it first, "
+            "pass a local folder, or use --mode structural"
+        )
+    downloaded = _download(text, "config.json")
+    return ModelSource(text, text, "hub", downloaded.parent, downloaded.parent.name)
+
+
+def _cached_file(repo_id: str, filename: str) -> Path | None:
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(repo_id, filename, cache_dir=hf_cache_dir())
+    return Path(found) if isinstance(found, str) else None
+
+
+def _download(repo_id: str, filename: str) -> Path:
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError, GatedRepoError, RepositoryNotFoundError
+
+    try:
+        return Path(
+            hf_hub_download(repo_id, filename, cache_dir=hf_cache_dir(), endpoint=hub_endpoint())
+        )
+    except GatedRepoError as exc:
+        raise ModelNotFoundError(
+            f"{repo_id} is gated: accept its terms on the Hub and set HF_TOKEN"
+        ) from exc
+    except RepositoryNotFoundError as exc:
+        raise ModelNotFoundError(f"{repo_id} is not a model on {hub_endpoint()}") from exc
+    except EntryNotFoundError as exc:
+        raise ConfigError(f"{repo_id} has no {filename} on {hub_endpoint()}") from exc
+    except OSError as exc:  # connection dropped after the probe
+        raise ModelNotFoundError(
+            f"cannot download {filename} of {repo_id}: {' '.join(str(exc).split())[:200]}"
+        ) from exc
+
+
+# ---- what is it ----------------------------------------------------------------------------
+
+
+def read_config(folder: Path, where: str | None = None) -> dict[str, Any]:
+    """config.json as a dict; ConfigError when it is missing, unreadable or not an object."""
+    where = where or str(folder)
+    file = folder / "config.json"
+    if not file.is_file():
+        raise ConfigError(f"no config.json in {where}")
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            f"config.json of {where} is not readable JSON ({' '.join(str(exc).split())})"
+        ) from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"config.json of {where} is not a JSON object")
+    return data
+
+
+@functools.cache
+def _snapshot_index() -> dict[str, Any]:
+    from hfadapt import snapshot
+
+    try:
+        return {row.model_id: row for row in snapshot.read_snapshot()}
+    except Exception:  # a broken bundled file must not stop a diagnosis
+        return {}
+
+
+def snapshot_row(model_id: str) -> Any | None:
+    """The bundled snapshot's record of a Hub id, or None."""
+    return _snapshot_index().get(model_id)
+
+
+def remote_code_reason(config: dict[str, Any] | None, model_id: str | None = None) -> str | None:
+    """Why this model needs its repository's own code, or None when transformers' code runs it."""
+    auto_map = (config or {}).get("auto_map")
+    if auto_map:
+        classes = auto_map.values() if isinstance(auto_map, dict) else auto_map
+        names = ", ".join(
+            sorted({str(c[0] if isinstance(c, list) else c).split("--")[-1] for c in classes})
+        )
+        return f"config.json maps its classes to code in the repository (auto_map: {names})"
+    row = snapshot_row(model_id) if model_id else None
+    if row is not None and row.is_custom_code:
+        return "the Hub marks it custom_code (bundled snapshot)"
+    return None
+
+
+def refuse_snapshot_custom_code(ref: str | os.PathLike[str], trust_remote_code: bool) -> None:
+    """A Hub id the bundled snapshot marks custom_code is refused before any network or cache
+    lookup: the verdict does not depend on whether its files can be had."""
+    text = os.fspath(ref)
+    if trust_remote_code or Path(text).expanduser().exists():
+        return
+    row = snapshot_row(text)
+    if row is not None and row.is_custom_code:
+        raise CustomCodeError(
+            f"{text} needs its own code: the Hub marks it custom_code (bundled snapshot); "
+            "review it, then rerun with --trust-remote-code"
+        )
+
+
+def check_model_type(config: dict[str, Any], where: str, *, custom: bool = False) -> str:
+    """The config's model_type, which transformers must know (unless the repo brings its code)."""
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str) or not model_type:
+        raise ConfigError(
+            f"config.json of {where} has no model_type, so no architecture can be chosen"
+        )
+    from hfadapt.hub import known_model_types
+
+    if not custom and model_type not in known_model_types():
+        import transformers
+
+        raise ConfigError(
+            f"config.json of {where} has model_type {model_type!r}, which transformers "
+            f"{transformers.__version__} does not know"
+        )
+    return model_type
+
+
+def check_weights(folder: Path, where: str) -> list[Path]:
+    """The folder's weight files, with safetensors headers read: WeightsError if none or corrupt."""
+    files = sorted({p for pattern in WEIGHT_GLOBS for p in folder.glob(pattern)})
+    if not files:
+        raise WeightsError(
+            f"no weights in {where} (expected model.safetensors or pytorch_model.bin)"
+        )
+    from safetensors import safe_open
+
+    for file in files:
+        if file.suffix != ".safetensors":
+            continue
+        try:
+            with safe_open(str(file), framework="pt") as fh:
+                fh.keys()
+        except Exception as exc:  # SafetensorError is not importable under a stable name
+            raise WeightsError(
+                f"{file.name} in {where} is corrupt: {' '.join(str(exc).split())}"
+            ) from exc
+    return files
+
+
+def has_tokenizer_files(folder: Path) -> bool:
+    return any((folder / name).is_file() for name in TOKENIZER_FILES) or any(folder.glob("*.model"))
+
+
+# ---- loading -------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """No progress bars or load reports on the user's terminal; loading info is recorded instead."""
+    from transformers.utils import logging as tlog
+
+    verbosity, bars = tlog.get_verbosity(), tlog.is_progress_bar_enabled()
+    tlog.set_verbosity_error()
+    tlog.disable_progress_bar()
+    try:
+        yield
+    finally:
+        tlog.set_verbosity(verbosity)
+        if bars:
+            tlog.enable_progress_bar()
+
+
+def model_class(config: Any, trust_remote_code: bool = False) -> Any:
+    """The class an embedding run instantiates: AutoModel, or the encoder of a T5 family."""
+    import transformers
+
+    name = ENCODER_ONLY.get(getattr(config, "model_type", ""))
+    if name and not trust_remote_code:
+        return getattr(transformers, name)
+    return transformers.AutoModel
+
+
+def _weights_error(exc: BaseException, where: str) -> WeightsError | None:
+    text = " ".join(str(exc).split())
+    kind = type(exc).__name__
+    if kind == "SafetensorError" or "deserializ" in text:
+        return WeightsError(f"weights of {where} are corrupt: {text[:200]}")
+    if "size mismatch" in text.lower() or "ignore_mismatched_sizes" in text:
+        return WeightsError(f"weights of {where} do not fit its config.json (tensor shapes differ)")
+    if isinstance(exc, OSError) and (
+        "no file named" in text or ".safetensors" in text or ".bin" in text
+    ):
+        return WeightsError(f"weights of {where} cannot be read: {text[:200]}")
+    return None
+
+
+def _load_kwargs(source: ModelSource, online: bool) -> tuple[str, dict[str, Any]]:
+    if source.kind == "folder":
+        return str(source.folder), {}
+    return source.model_id, {
+        "cache_dir": str(hf_cache_dir()),
+        "local_files_only": not online,
+        "revision": source.revision if not online else None,
+    }
+
+
+def load(ref: str | os.PathLike[str], *, trust_remote_code: bool = False) -> LoadedModel:
+    """Load ``ref`` with its real weights and tokenizer, in fp32 on CPU, in eval mode.
+
+    Raises ModelNotFoundError, ConfigError, WeightsError, TokenizerError (all InputError) and
+    CustomCodeError when the model needs remote code that was not trusted.
+    """
+    import torch
+    from transformers import AutoConfig, AutoTokenizer
+
+    refuse_snapshot_custom_code(ref, trust_remote_code)
+    source = resolve(ref)
+    where = source.ref
+    raw = read_config(source.folder, where)
+    reason = remote_code_reason(raw, source.model_id if source.kind != "folder" else None)
+    if reason and not trust_remote_code:
+        raise CustomCodeError(
+            f"{where} needs its own code: {reason}; review it, then rerun with --trust-remote-code"
+        )
+    check_model_type(raw, where, custom=bool(reason))
+
+    online = source.kind == "hub" or (
+        source.kind == "cache" and not env_offline() and hub_status()[0]
+    )
+    if source.kind == "folder":
+        check_weights(source.folder, where)
+        if not has_tokenizer_files(source.folder):
+            raise TokenizerError(
+                f"no tokenizer in {where} (expected tokenizer.json, vocab.txt or a sentencepiece model)"
+            )
+    elif not online and not any(any(source.folder.glob(g)) for g in WEIGHT_GLOBS):
+        raise ModelNotFoundError(
+            f"only the config of {where} is in the HF cache, not its weights, and the Hub cannot be reached: "
+            "download it first, or use --mode structural"
+        )
+
+    name, kwargs = _load_kwargs(source, online)
+    with quiet_transformers():
+        try:
+            config = AutoConfig.from_pretrained(name, trust_remote_code=trust_remote_code, **kwargs)
+        except (OSError, ValueError, KeyError) as exc:
+            raise ConfigError(
+                f"config.json of {where} does not load: {' '.join(str(exc).split())[:200]}"
+            ) from exc
+        try:
+            model, info = model_class(config, trust_remote_code).from_pretrained(
+                name,
+                config=config,
+                dtype=torch.float32,
+                output_loading_info=True,
+                trust_remote_code=trust_remote_code,
+                **kwargs,
+            )
+        except Exception as exc:
+            mapped = _weights_error(exc, where)
+            if mapped is None:
+                raise
+            raise mapped from exc
+        missing = sorted(
+            k for k in info.get("missing_keys", ()) if not k.startswith(_OPTIONAL_KEYS)
+        )
+        if missing:
+            raise WeightsError(
+                f"weights of {where} lack {len(missing)} tensor(s) the model needs, e.g. {missing[0]}"
+            )
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(
+                name, trust_remote_code=trust_remote_code, **kwargs
+            )
+        except ValueError as exc:
+            if "trust_remote_code" in str(exc):
+                raise CustomCodeError(
+                    f"the tokenizer of {where} needs its own code; rerun with --trust-remote-code"
+                ) from exc
+            raise TokenizerError(
+                f"the tokenizer of {where} does not load: {' '.join(str(exc).split())[:200]}"
+            ) from exc
+        except Exception as exc:
+            raise TokenizerError(
+                f"the tokenizer of {where} does not load: {' '.join(str(exc).split())[:200]}"
+            ) from exc
+
+    model.eval()
+    if online and source.kind != "folder":
+        _fetch_pooling_files(source)
+    notes = (
+        [f"unexpected checkpoint keys ignored: {len(info['unexpected_keys'])}"]
+        if info.get("unexpected_keys")
+        else []
+    )
+    return LoadedModel(
+        model_id=source.model_id if source.kind != "folder" else where,
+        model=model,
+        config=config,
+        tokenizer=tokenizer,
+        pooling=pooling_from_folder(source.folder),
+        source=source.kind,
+        revision=source.revision,
+        path=str(source.folder),
+        notes=notes,
+        raw_config=raw,
+    )
+
+
+def _fetch_pooling_files(source: ModelSource) -> None:
+    """Best effort: the sentence-transformers files that say how the model pools."""
+    for filename in ("modules.json", "1_Pooling/config.json"):
+        with contextlib.suppress(Exception):
+            _download(source.model_id, filename)

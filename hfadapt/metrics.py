@@ -1,0 +1,229 @@
+"""How a device run is judged against the CPU reference: per-token cosine of the last hidden
+state over real (non-pad) tokens, pooled cosine with the model's own sentence-transformers
+pooling, max abs difference and NaN/inf flags (SPYRE.md §4, DESIGN "Judging a run")."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# A run passes when every real token's last hidden state keeps at least this cosine to the
+# CPU fp32 reference (hf-adapters, vllm-spyre) and nothing is NaN or inf.
+TOKEN_COSINE_MIN = 0.99
+# Guards the cosine of an all-zero vector (it is 0 against anything, not NaN).
+COSINE_EPS = 1e-12
+
+POOLING_MODES = ("mean", "cls", "lasttoken", "max", "mean_sqrt_len")
+
+
+@dataclass(frozen=True)
+class PoolingSpec:
+    """How token states become one sentence vector: sentence-transformers' Pooling (+ Normalize)."""
+
+    mode: str = "mean"
+    normalize: bool = False
+    source: str = "default"  # "modules.json" / "1_Pooling/config.json", or "default"
+
+    def describe(self) -> str:
+        return f"{self.mode}{' + normalize' if self.normalize else ''} ({self.source})"
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _mode_from_pooling_config(cfg: dict[str, Any]) -> str | None:
+    # sentence-transformers >= 5 writes "pooling_mode": "cls"; older files one flag per mode.
+    mode = cfg.get("pooling_mode")
+    if isinstance(mode, str):
+        mode = {"mean_tokens": "mean", "cls_token": "cls", "max_tokens": "max"}.get(mode, mode)
+        return mode if mode in POOLING_MODES else None
+    flags = (
+        ("pooling_mode_cls_token", "cls"),
+        ("pooling_mode_lasttoken", "lasttoken"),
+        ("pooling_mode_max_tokens", "max"),
+        ("pooling_mode_mean_sqrt_len_tokens", "mean_sqrt_len"),
+        ("pooling_mode_mean_tokens", "mean"),
+    )
+    for key, name in flags:
+        if cfg.get(key):
+            return name
+    return None
+
+
+def pooling_from_folder(folder: str | Path | None) -> PoolingSpec:
+    """The pooling a sentence-transformers folder declares; mean pooling when it declares none."""
+    if folder is None:
+        return PoolingSpec()
+    root = Path(folder)
+    modules = _read_json(root / "modules.json")
+    pooling_dir = root / "1_Pooling"
+    normalize = False
+    source = "default"
+    if isinstance(modules, list):
+        for entry in modules:
+            if not isinstance(entry, dict):
+                continue
+            kind = str(entry.get("type", ""))
+            if kind.endswith("Pooling") and entry.get("path"):
+                pooling_dir = root / str(entry["path"])
+            normalize = normalize or kind.lower().endswith("normalize")
+        source = "modules.json"
+    cfg = _read_json(pooling_dir / "config.json")
+    mode = _mode_from_pooling_config(cfg) if isinstance(cfg, dict) else None
+    if mode is None:
+        return PoolingSpec(normalize=normalize, source=source)
+    return PoolingSpec(mode=mode, normalize=normalize, source=f"{pooling_dir.name}/config.json")
+
+
+def pool(hidden: torch.Tensor, mask: torch.Tensor, spec: PoolingSpec) -> torch.Tensor:
+    """Sentence vectors [batch, hidden] from token states [batch, seq, hidden], pads excluded."""
+    m = mask.to(hidden.dtype).unsqueeze(-1)
+    counts = m.sum(dim=1).clamp(min=1.0)
+    if spec.mode == "cls":
+        out = hidden[:, 0]
+    elif spec.mode == "lasttoken":
+        # The last real token of each row, whichever side the tokenizer padded.
+        positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
+        last = torch.where(mask.bool(), positions, torch.full_like(positions, -1)).amax(dim=1)
+        out = hidden[torch.arange(hidden.shape[0]), last.clamp(min=0)]
+    elif spec.mode == "max":
+        out = hidden.masked_fill(m == 0, float("-inf")).amax(dim=1)
+    elif spec.mode == "mean_sqrt_len":
+        out = (hidden * m).sum(dim=1) / counts.sqrt()
+    else:
+        out = (hidden * m).sum(dim=1) / counts
+    if spec.normalize:
+        out = torch.nn.functional.normalize(out, p=2.0, dim=-1)
+    return out
+
+
+def cosine_rows(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Cosine of matching rows (last dim), in float64 so fp32 rounding cannot fake a drift."""
+    a64, b64 = a.double(), b.double()
+    dot = (a64 * b64).sum(dim=-1)
+    norms = a64.norm(dim=-1) * b64.norm(dim=-1)
+    return dot / norms.clamp(min=COSINE_EPS)
+
+
+@dataclass
+class Metrics:
+    """The numbers a verdict rests on. Cosines are over tokens whose device output is finite."""
+
+    min_token_cosine: float | None
+    mean_token_cosine: float | None
+    pooled_cosine: float | None  # the worst sentence
+    max_abs_diff: float | None
+    has_nan: bool
+    has_inf: bool
+    tokens: int  # real tokens compared
+    nonfinite_tokens: int  # real tokens whose device output holds NaN or inf
+    worst_token: tuple[int, int] | None  # (sentence, position) of the min cosine
+    pooling: str = "mean"
+    threshold: float = TOKEN_COSINE_MIN
+
+    @property
+    def passed(self) -> bool:
+        return (
+            not self.has_nan
+            and not self.has_inf
+            and self.min_token_cosine is not None
+            and self.min_token_cosine >= self.threshold
+        )
+
+    def failure(self) -> str:
+        """One line saying which criterion failed, with the measured value."""
+        if self.has_nan or self.has_inf:
+            kinds = " and ".join(
+                k for k, on in (("NaN", self.has_nan), ("inf", self.has_inf)) if on
+            )
+            return f"device output holds {kinds} in {self.nonfinite_tokens} of {self.tokens} real tokens"
+        if self.min_token_cosine is None:
+            return "no real tokens to compare"
+        where = (
+            f" at sentence {self.worst_token[0]}, token {self.worst_token[1]}"
+            if self.worst_token
+            else ""
+        )
+        return f"min per-token cosine {self.min_token_cosine:.6f} < {self.threshold}{where}"
+
+    def summary(self) -> str:
+        def f(x: float | None) -> str:
+            return "n/a" if x is None else f"{x:.6f}"
+
+        return (
+            f"min token cos {f(self.min_token_cosine)}, mean {f(self.mean_token_cosine)}, "
+            f"pooled {f(self.pooled_cosine)}, max |diff| {f(self.max_abs_diff)}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["worst_token"] = list(self.worst_token) if self.worst_token else None
+        data["passed"] = self.passed
+        return data
+
+
+def _finite_or_none(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+def compare(
+    reference: torch.Tensor,
+    candidate: torch.Tensor,
+    attention_mask: torch.Tensor,
+    pooling: PoolingSpec | None = None,
+    *,
+    threshold: float = TOKEN_COSINE_MIN,
+) -> Metrics:
+    """Judge ``candidate`` (device) against ``reference`` (CPU fp32), both [batch, seq, hidden]."""
+    if reference.shape != candidate.shape:
+        raise ValueError(
+            f"shape mismatch: reference {tuple(reference.shape)} vs device {tuple(candidate.shape)}"
+        )
+    spec = pooling or PoolingSpec()
+    ref = reference.detach().float().cpu()
+    dev = candidate.detach().float().cpu()
+    real = attention_mask.detach().cpu().bool()
+    ref_tok, dev_tok = ref[real], dev[real]  # [tokens, hidden]
+    has_nan = bool(torch.isnan(dev_tok).any())
+    has_inf = bool(torch.isinf(dev_tok).any())
+    finite = torch.isfinite(dev_tok).all(dim=-1)
+    tokens = int(ref_tok.shape[0])
+
+    min_cos = mean_cos = max_diff = None
+    worst: tuple[int, int] | None = None
+    if bool(finite.any()):
+        cos = cosine_rows(ref_tok[finite], dev_tok[finite])
+        min_cos, mean_cos = float(cos.min()), float(cos.mean())
+        max_diff = float((ref_tok[finite] - dev_tok[finite]).abs().max())
+        coords = real.nonzero()[finite]  # (sentence, position) of each compared token
+        worst = tuple(int(v) for v in coords[int(cos.argmin())])  # type: ignore[assignment]
+
+    pooled_cos = None
+    rows_ok = torch.isfinite(dev.masked_fill(~real.unsqueeze(-1), 0.0)).all(dim=(1, 2))
+    if bool(rows_ok.any()):
+        pr = pool(ref[rows_ok], real[rows_ok], spec)
+        pd = pool(dev[rows_ok], real[rows_ok], spec)
+        pooled_cos = _finite_or_none(float(cosine_rows(pr, pd).min()))
+
+    return Metrics(
+        min_token_cosine=min_cos,
+        mean_token_cosine=mean_cos,
+        pooled_cosine=pooled_cos,
+        max_abs_diff=max_diff,
+        has_nan=has_nan,
+        has_inf=has_inf,
+        tokens=tokens,
+        nonfinite_tokens=int((~finite).sum()),
+        worst_token=worst,
+        pooling=spec.describe(),
+        threshold=threshold,
+    )

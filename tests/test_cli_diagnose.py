@@ -1,0 +1,181 @@
+"""``hfadapt diagnose``: the rendered report, --json, and exit codes (0 pass, 1 the model
+fails, 2 bad input: one line, no traceback)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hfadapt import check
+from hfadapt.cli import main
+
+
+def run_cli(
+    args: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> tuple[int, str, str]:
+    monkeypatch.setenv("COLUMNS", "200")  # rich wraps tables at the terminal width
+    monkeypatch.setattr(sys, "argv", ["hfadapt", *args])
+    code = 0
+    try:
+        main()
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def device(monkeypatch: pytest.MonkeyPatch) -> Callable[[Any], None]:
+    """Install a stand-in device runner for the CLI (which always uses the default one)."""
+
+    def install(runner: Any) -> None:
+        monkeypatch.setattr(check, "default_runner", lambda: runner)
+
+    return install
+
+
+def test_pass_renders_verdict_metrics_and_exits_0(
+    tiny_model_dirs: dict[str, Path],
+    cpu_runner: Any,
+    device: Callable[[Any], None],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    device(cpu_runner)
+    code, out, err = run_cli(["diagnose", str(tiny_model_dirs["bert"])], monkeypatch, capsys)
+    print(out)
+    assert code == 0, err
+    assert ": pass" in out and "min per-token cosine" in out and "(pass >= 0.99)" in out
+    assert "next:" in out and "recorded as run 1" in out and "timings:" in out
+
+
+def test_json_output(
+    tiny_model_dirs: dict[str, Path],
+    cpu_runner: Any,
+    device: Callable[[Any], None],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    device(cpu_runner)
+    code, out, _ = run_cli(
+        [
+            "diagnose",
+            str(tiny_model_dirs["distilbert"]),
+            "--json",
+            "--no-adapters",
+            "--dtype",
+            "bf16",
+        ],
+        monkeypatch,
+        capsys,
+    )
+    data = json.loads(out)
+    assert (
+        code == 0
+        and data["verdict"] == "pass"
+        and data["dtype"] == "bf16"
+        and data["adapters"] == []
+    )
+    assert data["metrics"]["min_token_cosine"] >= 0.99, data["metrics"]
+    assert set(data["versions"]) == {"hfadapt", "profile", "torch", "transformers"}
+
+
+def test_failing_model_shows_the_divergent_module_and_exits_1(
+    tiny_model_dirs: dict[str, Path],
+    fault_runner: Any,
+    device: Callable[[Any], None],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    module = "encoder.layer.1.intermediate.intermediate_act_fn"
+    device(fault_runner(module))
+    code, out, err = run_cli(["diagnose", str(tiny_model_dirs["bert"])], monkeypatch, capsys)
+    print(out)
+    assert code == 1, err
+    assert (
+        "verification_failed" in out and f"first divergent module: {module} (GELUActivation)" in out
+    )
+
+
+def test_violations_are_listed_with_source_lines(
+    tiny_model_dirs: dict[str, Path],
+    device: Callable[[Any], None],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from hfadapt.errors import SpyreLoweringError
+    from hfadapt.spyre.report import LoweringReport, SourceLocation, Violation
+
+    report = LoweringReport("spyre-2026.07", "2026.07.1", "compile")
+    report.add(
+        Violation(
+            "op.pow_non_square",
+            "aten::pow.Tensor_Scalar",
+            "Unsupported: pow exponent 3.0",
+            location=SourceLocation(
+                "/s/site-packages/transformers/activations.py",
+                57,
+                "forward",
+                "return torch.pow(x, 3.0)",
+            ),
+        )
+    )
+
+    def runner(*a: Any, **k: Any) -> Any:
+        raise SpyreLoweringError("1 violation(s)", report)
+
+    device(runner)
+    code, out, _ = run_cli(
+        ["diagnose", str(tiny_model_dirs["bert"]), "--compile"], monkeypatch, capsys
+    )
+    print(out)
+    assert code == 1 and "lowering_failed" in out
+    assert "transformers/activations.py:57 in forward" in out and "return torch.pow(x, 3.0)" in out
+
+
+@pytest.mark.parametrize(
+    ("setup", "expected"),
+    [
+        ("missing", "error: no such folder: "),
+        ("empty", "is an empty folder"),
+        ("no model_type", "has no model_type"),
+        ("corrupt", "is corrupt"),
+        ("hub offline", "is not in the HF cache"),
+        ("bad mode", "--mode must be one of full, structural"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(
+    tiny_bert: Path,
+    tmp_path: Path,
+    setup: str,
+    expected: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = ["diagnose", str(tiny_bert)]
+    if setup == "missing":
+        args = ["diagnose", str(tmp_path / "missing")]
+    elif setup == "empty":
+        (tmp_path / "empty").mkdir()
+        args = ["diagnose", str(tmp_path / "empty")]
+    elif setup == "no model_type":
+        cfg = json.loads((tiny_bert / "config.json").read_text())
+        del cfg["model_type"]
+        (tiny_bert / "config.json").write_text(json.dumps(cfg))
+    elif setup == "corrupt":
+        (tiny_bert / "model.safetensors").write_bytes(b"garbage")
+    elif setup == "hub offline":
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+        args = ["diagnose", "acme/not-cached"]
+    else:
+        args += ["--mode", "fast"]
+    code, out, err = run_cli(args, monkeypatch, capsys)
+    print(err)
+    assert code == 2, (out, err)
+    assert expected in err and err.count("\n") == 1 and "Traceback" not in err, err
+    assert out == ""

@@ -1,0 +1,141 @@
+"""Structural mode (real or default config, truncated, seeded random weights) and the
+structural signature sweeps dedupe on."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoConfig
+
+from hfadapt import structural
+from hfadapt.errors import CustomCodeError, ModelNotFoundError
+from hfadapt.metrics import PoolingSpec
+from hfadapt.structural import (
+    STRUCTURAL_VOCAB,
+    signature_fields,
+    structural_signature,
+    truncate_layers,
+)
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+def test_bundled_real_config_offline() -> None:
+    lm = structural.build("sentence-transformers/all-MiniLM-L6-v2")
+    c = lm.config
+    assert lm.structural and lm.source == "structural:bundled", lm.source
+    # real shape kept: hidden 384, 12 heads -> head_dim 32; intermediate 1536; layers 6 -> 2
+    assert (c.hidden_size, c.num_attention_heads, c.intermediate_size, c.num_hidden_layers) == (
+        384,
+        12,
+        1536,
+        2,
+    )
+    assert c.vocab_size == STRUCTURAL_VOCAB, c.vocab_size
+    assert lm.tokenizer is None
+    assert lm.pooling == PoolingSpec("mean", True, "1_Pooling/config.json")
+    assert len(lm.model.encoder.layer) == 2
+    assert any("layers truncated 6 -> 2" in n for n in lm.notes), lm.notes
+    assert any("vocab shrunk 30522 -> 4096" in n for n in lm.notes), lm.notes
+
+
+def test_snapshot_model_without_config_uses_model_type_defaults() -> None:
+    lm = structural.build("BAAI/bge-small-en-v1.5")  # in the snapshot, no bundled config
+    assert lm.source == "structural:defaults", lm.source
+    assert lm.config.hidden_size == AutoConfig.for_model("bert").hidden_size
+    assert type(lm.model).__name__ == "BertModel"
+
+
+def test_local_folder_keeps_its_tokenizer(tiny_model_dirs: dict[str, Path]) -> None:
+    lm = structural.build(tiny_model_dirs["xlm-roberta"])
+    assert lm.source == "structural:folder" and lm.tokenizer is not None
+    assert lm.config.vocab_size == STRUCTURAL_VOCAB  # 30522 rows shrunk; ids get folded
+
+
+def test_random_weights_are_seeded() -> None:
+    a = structural.build("sentence-transformers/all-MiniLM-L6-v2").model.state_dict()
+    b = structural.build("sentence-transformers/all-MiniLM-L6-v2").model.state_dict()
+    c = structural.build("sentence-transformers/all-MiniLM-L6-v2", seed=1).model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not all(torch.equal(a[k], c[k]) for k in a)
+
+
+def test_truncation_keeps_one_layer_of_each_type() -> None:
+    config = AutoConfig.for_model("gemma3_text")  # sliding x5, full, sliding x5, full...
+    kinds = list(config.layer_types)
+    note = truncate_layers(config, 2)
+    first_full = kinds.index("full_attention")
+    assert config.layer_types == ["sliding_attention", "full_attention"], config.layer_types
+    assert (
+        config.num_hidden_layers == 2
+        and note == f"layers truncated {len(kinds)} -> 2 (kept [0, {first_full}])"
+    ), note
+
+
+def test_unknown_id_offline() -> None:
+    with pytest.raises(ModelNotFoundError, match="not in hfadapt's snapshot"):
+        structural.build("nobody/never-heard-of-it")
+
+
+def test_snapshot_custom_code_is_refused() -> None:
+    from hfadapt.loading import _snapshot_index
+
+    row = next(r for r in _snapshot_index().values() if r.is_custom_code and r.model_type)
+    with pytest.raises(CustomCodeError, match="custom_code"):
+        structural.build(row.model_id)
+
+
+# ---- the signature ---------------------------------------------------------------------------
+
+MINILM = json.loads(
+    (
+        Path(structural.__file__).parent
+        / "data/configs/sentence-transformers__all-MiniLM-L6-v2/config.json"
+    ).read_text()
+)
+
+
+def test_signature_is_stable_and_ignores_sizes_that_do_not_change_code() -> None:
+    sig = structural_signature(MINILM)
+    assert sig == structural_signature(dict(MINILM)) and len(sig) == 16
+    # a dict and the config built from it agree (a sweep hashes config.json, diagnose a config)
+    assert sig == structural_signature(structural.config_from_dict(MINILM))
+    # layers, vocab, max positions: same code, same signature (MiniLM-L12 vs L6)
+    assert sig == structural_signature(
+        {**MINILM, "num_hidden_layers": 12, "vocab_size": 250002, "max_position_embeddings": 1024}
+    )
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"hidden_act": "gelu_new"},
+        {"hidden_size": 400, "num_attention_heads": 10},  # alignment mod 64 and head_dim
+        {"intermediate_size": 1500},
+        {"num_attention_heads": 6},  # head_dim 32 -> 64
+        {"type_vocab_size": 1},
+        {"model_type": "roberta"},
+    ],
+)
+def test_signature_changes_with_what_decides_lowering(change: dict[str, object]) -> None:
+    before, after = signature_fields(MINILM), signature_fields({**MINILM, **change})
+    diff = {k: (before.get(k), after.get(k)) for k in after if before.get(k) != after.get(k)}
+    assert structural_signature(MINILM) != structural_signature({**MINILM, **change}), diff
+    assert diff, f"{change} changed nothing in {before}"
+
+
+def test_signature_knows_attention_defaults() -> None:
+    assert signature_fields({"model_type": "mpnet"})["attn_implementation"] == "eager"
+    assert signature_fields({"model_type": "bert"})["attn_implementation"] == "sdpa"
+    assert (
+        signature_fields({"model_type": "bert", "attn_implementation": "eager"})[
+            "attn_implementation"
+        ]
+        == "eager"
+    )
