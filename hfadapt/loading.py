@@ -1,13 +1,11 @@
-"""Find a model and load it for judging: a local folder in Hub layout, a Hub id from the HF
-cache, or a Hub id downloaded when the Hub can be reached (``from_pretrained`` /
-``hf_hub_download``). Every way it can go wrong is a typed error with one clear line; a model
-that needs its repository's own code is refused unless ``trust_remote_code`` is given."""
+"""Load a model for judging with its real weights and tokenizer (``from_pretrained``, from a
+folder, the HF cache, or the Hub; see hfadapt.locate for finding it). Every way it can go wrong
+is a typed error with one clear line; a model that needs its repository's own code is refused
+unless ``trust_remote_code`` is given."""
 
 from __future__ import annotations
 
 import contextlib
-import functools
-import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -17,11 +15,22 @@ from typing import Any
 from hfadapt.errors import (
     ConfigError,
     CustomCodeError,
-    HubError,
     ModelNotFoundError,
     TokenizerError,
     WeightsError,
 )
+from hfadapt.locate import (
+    ModelSource,
+    env_offline,
+    hf_cache_dir,
+    hub_status,
+    read_config,
+    refuse_snapshot_custom_code,
+    remote_code_reason,
+    resolve,
+    snapshot_index,
+)
+from hfadapt.locate import download as _download
 from hfadapt.metrics import PoolingSpec, pooling_from_folder
 
 # Any one of these makes a folder's tokenizer loadable; tokenizer_config.json alone does not
@@ -40,32 +49,24 @@ WEIGHT_GLOBS = ("*.safetensors", "pytorch_model*.bin")
 ENCODER_ONLY = {"t5": "T5EncoderModel", "mt5": "MT5EncoderModel", "umt5": "UMT5EncoderModel"}
 # Missing checkpoint keys that are expected: a pooler embedding models do not use.
 _OPTIONAL_KEYS = ("pooler.",)
-_TRUE = {"1", "true", "yes", "on"}
-# The Hub is probed once, briefly, before anything downloads: huggingface_hub otherwise retries
-# a dead connection for ~20 s before saying so.
-HUB_PROBE_TIMEOUT_S = 3.0
 
+# Re-exported: loading is where most callers look for them.
 __all__ = [
     "LoadedModel",
     "ModelSource",
+    "check_model_type",
+    "env_offline",
     "hf_cache_dir",
     "hub_status",
     "load",
+    "model_class",
+    "quiet_transformers",
     "read_config",
+    "refuse_snapshot_custom_code",
     "remote_code_reason",
     "resolve",
+    "snapshot_index",
 ]
-
-
-@dataclass
-class ModelSource:
-    """Where a model reference points: a folder, the HF cache, or the Hub."""
-
-    ref: str
-    model_id: str  # the Hub id, or the folder's path
-    kind: str  # folder | cache | hub
-    folder: Path  # holds config.json (a local folder or a cache snapshot)
-    revision: str | None = None  # the commit sha of a cache snapshot
 
 
 @dataclass
@@ -89,183 +90,7 @@ class LoadedModel:
         return getattr(self.config, "model_type", None)
 
 
-# ---- where is it ---------------------------------------------------------------------------
-
-
-def env_offline() -> bool:
-    """HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE, read now (huggingface_hub reads it at import)."""
-    return any(
-        os.environ.get(v, "").strip().lower() in _TRUE
-        for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
-    )
-
-
-def hf_cache_dir() -> Path:
-    """The HF hub cache as the environment says now (tests point it at a temporary folder)."""
-    explicit = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
-    if explicit:
-        return Path(explicit).expanduser()
-    home = os.environ.get("HF_HOME") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
-        "huggingface",
-    )
-    return Path(home).expanduser() / "hub"
-
-
-def hub_endpoint() -> str:
-    return (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
-
-
-def hub_status() -> tuple[bool, str]:
-    """(online, why not): offline when HF_HUB_OFFLINE is set or one quick request fails."""
-    if env_offline():
-        return False, "HF_HUB_OFFLINE is set"
-    from hfadapt import hub
-
-    endpoint = hub_endpoint()
-    try:
-        hub.probe(endpoint, timeout=HUB_PROBE_TIMEOUT_S)
-    except HubError as exc:
-        cause = exc.__cause__ or exc
-        return False, f"{endpoint} cannot be reached ({' '.join(str(cause).split())[:120]})"
-    return True, ""
-
-
-def _looks_like_path(ref: str) -> bool:
-    return ref.startswith((".", "/", "~")) or "\\" in ref or ref.count("/") > 1 or ref.endswith("/")
-
-
-def resolve(ref: str | os.PathLike[str]) -> ModelSource:
-    """Find ``ref``: an existing folder, else a Hub id in the HF cache, else on the Hub.
-
-    Raises ModelNotFoundError (missing or empty folder, not a Hub id, not cached offline,
-    no such repo) and ConfigError (a Hub repo without config.json).
-    """
-    text = os.fspath(ref)
-    path = Path(text).expanduser()
-    if path.exists():
-        if not path.is_dir():
-            raise ModelNotFoundError(
-                f"{text} is a file; pass the model's folder (config.json, weights, tokenizer)"
-            )
-        if not any(path.iterdir()):
-            raise ModelNotFoundError(
-                f"{text} is an empty folder; expected a model in Hub layout (config.json, weights, tokenizer)"
-            )
-        return ModelSource(text, str(path.resolve()), "folder", path.resolve())
-    if _looks_like_path(text):
-        raise ModelNotFoundError(f"no such folder: {text}")
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
-
-    try:
-        validate_repo_id(text)
-    except HFValidationError:
-        raise ModelNotFoundError(f"{text} is neither a folder nor a Hub model id") from None
-
-    cached = _cached_file(text, "config.json")
-    if cached is not None:
-        return ModelSource(text, text, "cache", cached.parent, cached.parent.name)
-    online, why = hub_status()
-    if not online:
-        raise ModelNotFoundError(
-            f"{text} is not in the HF cache ({hf_cache_dir()}) and {why}: download it first, "
-            "pass a local folder, or use --mode structural"
-        )
-    downloaded = _download(text, "config.json")
-    return ModelSource(text, text, "hub", downloaded.parent, downloaded.parent.name)
-
-
-def _cached_file(repo_id: str, filename: str) -> Path | None:
-    from huggingface_hub import try_to_load_from_cache
-
-    found = try_to_load_from_cache(repo_id, filename, cache_dir=hf_cache_dir())
-    return Path(found) if isinstance(found, str) else None
-
-
-def _download(repo_id: str, filename: str) -> Path:
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import EntryNotFoundError, GatedRepoError, RepositoryNotFoundError
-
-    try:
-        return Path(
-            hf_hub_download(repo_id, filename, cache_dir=hf_cache_dir(), endpoint=hub_endpoint())
-        )
-    except GatedRepoError as exc:
-        raise ModelNotFoundError(
-            f"{repo_id} is gated: accept its terms on the Hub and set HF_TOKEN"
-        ) from exc
-    except RepositoryNotFoundError as exc:
-        raise ModelNotFoundError(f"{repo_id} is not a model on {hub_endpoint()}") from exc
-    except EntryNotFoundError as exc:
-        raise ConfigError(f"{repo_id} has no {filename} on {hub_endpoint()}") from exc
-    except OSError as exc:  # connection dropped after the probe
-        raise ModelNotFoundError(
-            f"cannot download {filename} of {repo_id}: {' '.join(str(exc).split())[:200]}"
-        ) from exc
-
-
 # ---- what is it ----------------------------------------------------------------------------
-
-
-def read_config(folder: Path, where: str | None = None) -> dict[str, Any]:
-    """config.json as a dict; ConfigError when it is missing, unreadable or not an object."""
-    where = where or str(folder)
-    file = folder / "config.json"
-    if not file.is_file():
-        raise ConfigError(f"no config.json in {where}")
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ConfigError(
-            f"config.json of {where} is not readable JSON ({' '.join(str(exc).split())})"
-        ) from exc
-    if not isinstance(data, dict):
-        raise ConfigError(f"config.json of {where} is not a JSON object")
-    return data
-
-
-@functools.cache
-def _snapshot_index() -> dict[str, Any]:
-    from hfadapt import snapshot
-
-    try:
-        return {row.model_id: row for row in snapshot.read_snapshot()}
-    except Exception:  # a broken bundled file must not stop a diagnosis
-        return {}
-
-
-def snapshot_row(model_id: str) -> Any | None:
-    """The bundled snapshot's record of a Hub id, or None."""
-    return _snapshot_index().get(model_id)
-
-
-def remote_code_reason(config: dict[str, Any] | None, model_id: str | None = None) -> str | None:
-    """Why this model needs its repository's own code, or None when transformers' code runs it."""
-    auto_map = (config or {}).get("auto_map")
-    if auto_map:
-        classes = auto_map.values() if isinstance(auto_map, dict) else auto_map
-        names = ", ".join(
-            sorted({str(c[0] if isinstance(c, list) else c).split("--")[-1] for c in classes})
-        )
-        return f"config.json maps its classes to code in the repository (auto_map: {names})"
-    row = snapshot_row(model_id) if model_id else None
-    if row is not None and row.is_custom_code:
-        return "the Hub marks it custom_code (bundled snapshot)"
-    return None
-
-
-def refuse_snapshot_custom_code(ref: str | os.PathLike[str], trust_remote_code: bool) -> None:
-    """A Hub id the bundled snapshot marks custom_code is refused before any network or cache
-    lookup: the verdict does not depend on whether its files can be had."""
-    text = os.fspath(ref)
-    if trust_remote_code or Path(text).expanduser().exists():
-        return
-    row = snapshot_row(text)
-    if row is not None and row.is_custom_code:
-        raise CustomCodeError(
-            f"{text} needs its own code: the Hub marks it custom_code (bundled snapshot); "
-            "review it, then rerun with --trust-remote-code"
-        )
 
 
 def check_model_type(config: dict[str, Any], where: str, *, custom: bool = False) -> str:

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from hfadapt import loading
+from hfadapt import loading, locate
 from hfadapt.errors import ConfigError, CustomCodeError, ModelNotFoundError
 from hfadapt.loading import LoadedModel
 from hfadapt.metrics import PoolingSpec, pooling_from_folder
@@ -52,23 +52,23 @@ def find_config(ref: str | os.PathLike[str]) -> tuple[dict[str, Any], str, Path 
 
     text = os.fspath(ref)
     path = Path(text).expanduser()
-    if path.exists() or loading._looks_like_path(text):
-        source = loading.resolve(text)
-        return loading.read_config(source.folder, text), "folder", source.folder
-    cached = loading._cached_file(text, "config.json")
+    if path.exists() or locate.looks_like_path(text):
+        source = locate.resolve(text)
+        return locate.read_config(source.folder, text), "folder", source.folder
+    cached = locate.cached_file(text, "config.json")
     if cached is not None:
-        return loading.read_config(cached.parent, text), "cache", cached.parent
-    online, _ = loading.hub_status()
+        return locate.read_config(cached.parent, text), "cache", cached.parent
+    online, _ = locate.hub_status()
     if online:
         try:
-            got = loading._download(text, "config.json")
-            return loading.read_config(got.parent, text), "hub", got.parent
+            got = locate.download(text, "config.json")
+            return locate.read_config(got.parent, text), "hub", got.parent
         except ModelNotFoundError:
             pass  # the snapshot may still know it
     bundled = snapshot.bundled_config_dir(text)
     if bundled is not None:
-        return loading.read_config(bundled, text), "bundled", bundled
-    row = loading.snapshot_row(text)
+        return locate.read_config(bundled, text), "bundled", bundled
+    row = locate.snapshot_row(text)
     if row is not None and row.model_type:
         raw: dict[str, Any] = {"model_type": row.model_type}
         if row.architectures:
@@ -153,8 +153,8 @@ def _tokenizer(
     elif where in ("cache", "hub"):
         target = ref
         kwargs = {
-            "cache_dir": str(loading.hf_cache_dir()),
-            "local_files_only": where == "cache" and loading.env_offline(),
+            "cache_dir": str(locate.hf_cache_dir()),
+            "local_files_only": where == "cache" and locate.env_offline(),
         }
     else:
         return None, f"no tokenizer for a config from {where}: random probe ids"
@@ -179,9 +179,9 @@ def build(
     import torch
 
     text = os.fspath(ref)
-    loading.refuse_snapshot_custom_code(text, trust_remote_code)
+    locate.refuse_snapshot_custom_code(text, trust_remote_code)
     raw, where, folder = find_config(text)
-    reason = loading.remote_code_reason(raw, text if where != "folder" else None)
+    reason = locate.remote_code_reason(raw, text if where != "folder" else None)
     if reason and not trust_remote_code:
         raise CustomCodeError(
             f"{text} needs its own code: {reason}; review it, then rerun with --trust-remote-code"

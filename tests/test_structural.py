@@ -84,9 +84,9 @@ def test_unknown_id_offline() -> None:
 
 
 def test_snapshot_custom_code_is_refused() -> None:
-    from hfadapt.loading import _snapshot_index
+    from hfadapt.loading import snapshot_index
 
-    row = next(r for r in _snapshot_index().values() if r.is_custom_code and r.model_type)
+    row = next(r for r in snapshot_index().values() if r.is_custom_code and r.model_type)
     with pytest.raises(CustomCodeError, match="custom_code"):
         structural.build(row.model_id)
 
