@@ -1,0 +1,110 @@
+"""Run a model on the simulated device, eager or compiled, and hand back its outputs (on the
+host, float32), the lowering report and the device time. Diagnose, sweeps and the agent call
+this one function, so every caller judges a model the same way."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from hfadapt.errors import SpyreLoweringError, UsageError
+from hfadapt.spyre.profile import Profile, load_profile
+from hfadapt.spyre.report import LoweringReport
+
+EXECUTIONS = ("eager", "compile")
+
+
+@dataclass
+class DeviceRun:
+    outputs: Any  # the model's output with every tensor on the host as float32
+    report: LoweringReport
+    seconds: float  # device forward time (compile time excluded; see report.compile_seconds)
+
+
+def _host_float(value: Any) -> Any:
+    """Every tensor in a (nested) model output, moved to the host; floats as float32."""
+    if isinstance(value, torch.Tensor):
+        host = value.cpu() if value.device.type != "cpu" else value
+        return host.float() if host.is_floating_point() else host
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # namedtuple
+        return type(value)(*(_host_float(v) for v in value))
+    if isinstance(value, (list, tuple)):
+        return type(value)(_host_float(v) for v in value)
+    if isinstance(value, Mapping):
+        out = {k: _host_float(v) for k, v in value.items()}
+        try:
+            return type(value)(**out)  # ModelOutput and plain dicts
+        except TypeError:
+            return out
+    return value
+
+
+def _profile(profile: Profile | str | None) -> Profile:
+    return profile if isinstance(profile, Profile) else load_profile(profile)
+
+
+def _eager(
+    model: torch.nn.Module, inputs: Mapping[str, Any], p: Profile, collect: bool
+) -> DeviceRun:
+    from hfadapt.spyre import device as spyre_device
+    from hfadapt.spyre.tracking import tracking
+
+    spyre_device.register()
+    dev = torch.device("spyre")
+    with tracking(p, mode="eager", collect=collect) as report, torch.no_grad():
+        model.to(dev)
+        moved = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+        start = time.perf_counter()
+        out = model(**moved)
+        outputs = _host_float(out)
+        seconds = time.perf_counter() - start
+    return DeviceRun(outputs=outputs, report=report, seconds=seconds)
+
+
+def _compiled(model: torch.nn.Module, inputs: Mapping[str, Any], p: Profile) -> DeviceRun:
+    from hfadapt.spyre.backend import error_message, lower
+
+    lowered, report = lower(model, dict(inputs), p)
+    if not report.ok:
+        raise SpyreLoweringError(error_message(report, p), report)
+    start = time.perf_counter()
+    out = lowered(**inputs)
+    seconds = time.perf_counter() - start
+    return DeviceRun(outputs=_host_float(out), report=report, seconds=seconds)
+
+
+def run_on_device(
+    model: torch.nn.Module,
+    inputs: Mapping[str, Any],
+    *,
+    execution: str = "eager",
+    dtype: torch.dtype = torch.float16,
+    profile: Profile | str | None = None,
+    collect: bool = True,
+) -> DeviceRun:
+    """Run ``model(**inputs)`` on the simulated Spyre device in ``dtype`` (fp16 or bf16).
+
+    The model is converted in place (dtype, and device for eager). A config whose hidden or
+    intermediate size is off the stick boundary raises SpyreUnsupportedModelError before
+    anything runs. Eager with ``collect=True`` records every violation and keeps running (audit
+    mode); ``collect=False`` raises at the first, as the card does. Compiled mode judges the
+    whole graph first and raises SpyreLoweringError with every violation in its report."""
+    from hfadapt.spyre.model_rules import ensure_supported
+
+    if execution not in EXECUTIONS:
+        raise UsageError(f"execution must be one of {', '.join(EXECUTIONS)}, not {execution!r}")
+    if dtype not in (torch.float16, torch.bfloat16):
+        raise UsageError(f"the device runs models in fp16 or bf16, not {dtype}")
+    p = _profile(profile)
+    config = getattr(model, "config", None)
+    if config is not None:
+        ensure_supported(config, p)
+    model.eval()
+    model.to(dtype)
+    if execution == "eager":
+        return _eager(model, inputs, p, collect)
+    return _compiled(model, inputs, p)
