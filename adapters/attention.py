@@ -25,11 +25,13 @@ def _head_dim(config: Any) -> int | None:
     hd = getattr(config, "head_dim", None)
     if isinstance(hd, int) and hd > 0:
         return hd
-    hidden, heads = getattr(config, "hidden_size", None), getattr(config, "num_attention_heads", None)
+    hidden, heads = (
+        getattr(config, "hidden_size", None),
+        getattr(config, "num_attention_heads", None),
+    )
     if isinstance(hidden, int) and isinstance(heads, int) and heads > 0:
         return hidden // heads
     return None
-
 
 
 def _repeat_kv(x: Tensor, groups: int) -> Tensor:
@@ -46,9 +48,10 @@ def _example(seed: int):
     g = torch.Generator().manual_seed(seed)
     cfg = BertConfig(hidden_size=96, num_attention_heads=3, attention_probs_dropout_prob=0.0)
     module = BertSelfAttention(cfg).double().eval()
-    q, k, v = (torch.randn(2, 3, 9, 32, generator=g, dtype=torch.float64) for _ in range(3))
-    mask = torch.zeros(2, 1, 9, 9, dtype=torch.float64)
-    mask[1, :, :, 6:] = torch.finfo(torch.float64).min / 2
+    # 64 tokens: sequences reach the device padded to whole sticks; head_dim 32 does not.
+    q, k, v = (torch.randn(2, 3, 64, 32, generator=g, dtype=torch.float64) for _ in range(3))
+    mask = torch.zeros(2, 1, 64, 64, dtype=torch.float64)
+    mask[1, :, :, 40:] = -1e4
     return module, (q, k, v, mask), {"scaling": 32**-0.5, "dropout": 0.0}
 
 
@@ -87,7 +90,9 @@ def padded_attention(
     if attention_mask is not None:
         if attention_mask.dtype == torch.bool:
             neg = torch.finfo(scores.dtype).min / 2
-            attention_mask = torch.zeros_like(attention_mask, dtype=scores.dtype).masked_fill(~attention_mask, neg)
+            attention_mask = torch.zeros_like(attention_mask, dtype=scores.dtype).masked_fill(
+                ~attention_mask, neg
+            )
         scores = scores + attention_mask[..., : key.shape[-2]]
     probs = torch.softmax(scores, dim=-1)
     if dropout and module.training:

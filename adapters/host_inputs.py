@@ -34,7 +34,9 @@ def _get(args: tuple[Any, ...], kwargs: dict[str, Any], name: str) -> Any:
     return args[idx] if len(args) > idx else None
 
 
-def _set(args: tuple[Any, ...], kwargs: dict[str, Any], name: str, value: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def _set(
+    args: tuple[Any, ...], kwargs: dict[str, Any], name: str, value: Any
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
     idx = _FORWARD_ORDER.index(name)
     if name not in kwargs and len(args) > idx:
         args = (*args[:idx], value, *args[idx + 1 :])
@@ -51,7 +53,11 @@ def _model_dtype(module: torch.nn.Module) -> torch.dtype:
 
 
 def _is_encoder_root(module: torch.nn.Module, config: Any) -> bool:
-    return hasattr(module, "embeddings") and not getattr(config, "is_decoder", False) and not getattr(config, "is_encoder_decoder", False)
+    return (
+        hasattr(module, "embeddings")
+        and not getattr(config, "is_decoder", False)
+        and not getattr(config, "is_encoder_decoder", False)
+    )
 
 
 def _is_causal_decoder(config: Any) -> bool:
@@ -87,17 +93,48 @@ def _mask_hook(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str,
     return _set(args, kwargs, "attention_mask", built.to(device))
 
 
-def _mask_example(seed: int):
-    from transformers import BertConfig, BertModel
+def _tiny(model_type: str, seed: int) -> tuple[torch.nn.Module, Tensor, Tensor]:
+    """A one-layer model of the family with stick-aligned shapes, and a padded 64-token batch."""
+    from transformers import AutoConfig, AutoModel
 
     torch.manual_seed(seed)
-    cfg = BertConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=2, intermediate_size=128, vocab_size=50)
-    model = BertModel(cfg).double().eval()
-    ids = torch.randint(1, 50, (3, 9))
-    mask = torch.ones(3, 9, dtype=torch.long)
-    mask[1, 6:] = 0
-    mask[2, 2:] = 0
-    return model, (), {"input_ids": ids, "attention_mask": mask}
+    cfg = AutoConfig.for_model(
+        model_type,
+        hidden_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=256,
+        vocab_size=96,
+        hidden_act="relu",
+        max_position_embeddings=130,
+        attn_implementation="sdpa",
+    )
+    model = AutoModel.from_config(cfg).double().eval()
+    ids = torch.randint(3, 96, (3, 64))
+    mask = torch.ones(3, 64, dtype=torch.long)
+    mask[1, 40:] = 0
+    mask[2, 5:] = 0
+    ids[mask == 0] = cfg.pad_token_id or 0
+    return model, ids, mask
+
+
+def _mask_example(seed: int):
+    model, ids, mask = _tiny("bert", seed)
+    return (
+        model,
+        (),
+        {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)},
+    )
+
+
+def _token_type_example(seed: int):
+    model, ids, mask = _tiny("bert", seed)
+    return model, (), {"input_ids": ids}
+
+
+def _position_example(seed: int):
+    model, ids, mask = _tiny("xlm-roberta", seed)
+    return model, (), {"input_ids": ids, "token_type_ids": torch.zeros_like(ids)}
 
 
 @adapter(
@@ -105,11 +142,15 @@ def _mask_example(seed: int):
     kind="pre_hook",
     target=_ROOT,
     rule="dtype.cast",
-    applies=lambda module, config: config is not None and (_is_encoder_root(module, config) or _is_causal_decoder(config)),
+    applies=lambda module, config: (
+        config is not None and (_is_encoder_root(module, config) or _is_causal_decoder(config))
+    ),
     example=_mask_example,
     provenance=_PROV,
 )
-def attention_mask_host(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def attention_mask_host(
+    module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
     """Replace the 2-D padding mask by a 4-D additive mask built on the host."""
     return _mask_hook(module, args, kwargs)
 
@@ -131,9 +172,12 @@ def _token_type_hook(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dic
     target=_ROOT,
     rule="op.unsupported",
     applies=lambda module, config: hasattr(getattr(module, "embeddings", None), "token_type_ids"),
+    example=_token_type_example,
     provenance=_PROV,
 )
-def token_type_ids_host(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def token_type_ids_host(
+    module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
     """All-zero token_type_ids built on the host instead of gathered from a buffer."""
     return _token_type_hook(module, args, kwargs)
 
@@ -157,10 +201,15 @@ def _position_hook(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[
     kind="pre_hook",
     target=_ROOT,
     rule="dtype.cast",
-    applies=lambda module, config: hasattr(getattr(module, "embeddings", None), "padding_idx")
-    and hasattr(type(module.embeddings), "create_position_ids_from_input_ids"),
+    applies=lambda module, config: (
+        hasattr(getattr(module, "embeddings", None), "padding_idx")
+        and hasattr(type(module.embeddings), "create_position_ids_from_input_ids")
+    ),
+    example=_position_example,
     provenance=_PROV,
 )
-def position_ids_host(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def position_ids_host(
+    module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
     """RoBERTa-family position ids (padding_idx + running count of real tokens) on the host."""
     return _position_hook(module, args, kwargs)

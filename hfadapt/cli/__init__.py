@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 
 # Command modules register themselves on import.
+from hfadapt.cli import adapters as _adapters  # noqa: F401
 from hfadapt.cli import agent as _agent  # noqa: F401
 from hfadapt.cli import diagnose as _diagnose  # noqa: F401
 from hfadapt.cli import hub as _hub  # noqa: F401

@@ -1,0 +1,105 @@
+"""Commands about the adapter registry: list, show, verify."""
+
+from __future__ import annotations
+
+import inspect
+import json
+from typing import Annotated
+
+import typer
+from rich.syntax import Syntax
+from rich.table import Table
+
+from hfadapt.cli._app import JsonOption, ProfileOption, app, console
+
+adapters_app = typer.Typer(
+    help="The adapter registry: list, show and re-prove adapters.", no_args_is_help=True
+)
+app.add_typer(adapters_app, name="adapters")
+
+
+@adapters_app.command("list")
+def list_adapters(as_json: JsonOption = False) -> None:
+    """Every adapter found (bundled, user folders, entry points), and files that failed to load."""
+    from hfadapt.registry import default_registry
+
+    reg = default_registry()
+    if as_json:
+        typer.echo(
+            json.dumps(
+                {
+                    "adapters": [a.summary() for a in reg.adapters],
+                    "errors": [e.__dict__ for e in reg.errors],
+                },
+                indent=2,
+            )
+        )
+        return
+    table = Table(title=f"{len(reg.adapters)} adapters")
+    for col in ("name", "kind", "replaces", "works around", "origin", "source"):
+        table.add_column(col)
+    for a in reg.adapters:
+        table.add_row(
+            a.name, a.kind, a.target.split(":")[-1], a.rule, a.provenance.origin, a.source
+        )
+    console.print(table)
+    for e in reg.errors:
+        console.print(f"[red]broken[/red] {e.path}: {e.error}", highlight=False)
+
+
+@adapters_app.command("show")
+def show(
+    name: Annotated[str, typer.Argument(help="Adapter name (see `hfadapt adapters list`).")],
+    as_json: JsonOption = False,
+) -> None:
+    """An adapter's metadata, what it fixes, and its source."""
+    from hfadapt.registry import default_registry
+    from hfadapt.spyre.profile import load_profile
+
+    a = default_registry().get(name)
+    source = inspect.getsource(a.fn)
+    if as_json:
+        typer.echo(json.dumps({**a.summary(), "code": source}, indent=2))
+        return
+    profile = load_profile()
+    console.print(f"[bold]{a.name}[/bold] ({a.kind}) replaces [cyan]{a.target}[/cyan]")
+    console.print(
+        f"works around rule [yellow]{a.rule}[/yellow] — {profile.rule_source(a.rule) or 'see the profile'}"
+    )
+    console.print(f"provenance: {a.provenance.to_dict()}   file: {a.path}")
+    if a.description:
+        console.print(a.description)
+    console.print(Syntax(source, "python", line_numbers=False))
+
+
+@adapters_app.command("verify")
+def verify(
+    name: Annotated[str | None, typer.Argument(help="One adapter; all when omitted.")] = None,
+    seeds: Annotated[int, typer.Option("--seeds", help="Random seeds for the float64 proof.")] = 3,
+    profile: ProfileOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Re-prove adapters: float64 equivalence with the code they replace, then that their
+    rule no longer fires on the simulated device."""
+    from hfadapt.registry import default_registry
+    from hfadapt.verify import verify_adapter
+
+    reg = default_registry()
+    targets = [reg.get(name)] if name else reg.adapters
+    results = [verify_adapter(a, seeds=seeds, profile=profile) for a in targets]
+    if as_json:
+        typer.echo(json.dumps([r.to_dict() for r in results], indent=2))
+    else:
+        table = Table(title="adapter proofs")
+        for col in ("adapter", "equivalence (max rel err)", "rule gone on device", "verdict"):
+            table.add_column(col)
+        for r in results:
+            table.add_row(
+                r.name,
+                r.equivalence_text,
+                r.device_text,
+                "[green]ok[/green]" if r.ok else f"[red]{r.failure}[/red]",
+            )
+        console.print(table)
+    if not all(r.ok for r in results):
+        raise typer.Exit(1)
