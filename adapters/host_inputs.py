@@ -128,12 +128,12 @@ def _mask_example(seed: int):
 
 
 def _token_type_example(seed: int):
-    model, ids, mask = _tiny("bert", seed)
+    model, ids, _mask = _tiny("bert", seed)
     return model, (), {"input_ids": ids}
 
 
 def _position_example(seed: int):
-    model, ids, mask = _tiny("xlm-roberta", seed)
+    model, ids, _mask = _tiny("xlm-roberta", seed)
     return model, (), {"input_ids": ids, "token_type_ids": torch.zeros_like(ids)}
 
 
