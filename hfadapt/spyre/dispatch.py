@@ -16,16 +16,15 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from hfadapt.errors import SpyreOpError, SpyreOpNotImplementedError
+from hfadapt.errors import SpyreOpNotImplementedError
 from hfadapt.spyre import kernels
 from hfadapt.spyre.checks import judge
 from hfadapt.spyre.dl16 import round_dl16_
+from hfadapt.spyre.dtypes import logical_dtypes
 from hfadapt.spyre.profile import FALLBACK, NATIVE, Profile
-from hfadapt.spyre.report import Violation
 from hfadapt.spyre.tensor import (
     SpyreTensor,
     copy_into,
-    held_dtype,
     is_dl16,
     store,
     to_host,
@@ -35,16 +34,20 @@ from hfadapt.spyre.tracking import (
     Collector,
     SpyreFallbackWarning,
     current,
-    model_location,
+    refuse,
     warn_from_model,
 )
+from hfadapt.spyre.transfers import TRANSFERS
 
 aten = torch.ops.aten
 
-# Ops whose outputs are values of their inputs: already on the DL16 grid, no rounding needed.
+# Ops whose outputs are values of their float inputs (or integers of fewer bits): when every
+# float input is DL16 data of the output's dtype, the output is already on the DL16 grid.
 _VALUE_PRESERVING = frozenset(
     {"aten::clone", "aten::_unsafe_view", "aten::cat", "aten::stack", "aten::repeat",
-     "aten::index_select", "aten::gather", "aten::embedding"}
+     "aten::index_select", "aten::gather", "aten::embedding", "aten::where", "aten::relu",
+     "aten::neg", "aten::abs", "aten::maximum", "aten::minimum", "aten::max", "aten::min",
+     "aten::amax", "aten::amin", "aten::floor", "aten::ceil", "aten::sign"}
 )  # fmt: skip
 # Fallbacks that only move data: running them on the held tensors and passing the result
 # through the host dtype is bit-identical to copying every input to the host (no need to
@@ -70,7 +73,6 @@ class OpEntry:
 
 
 _entries: dict[tuple[int, str], tuple[Profile, dict[Any, OpEntry]]] = {}
-_dtype_cache: dict[Any, tuple[torch.dtype, ...]] = {}
 
 
 def op_entry(profile: Profile, mode: str, func: torch._ops.OpOverload) -> OpEntry:
@@ -108,7 +110,7 @@ def _build_entry(profile: Profile, mode: str, func: torch._ops.OpOverload) -> Op
         view=view and func is not aten.view.dtype,
         value_preserving=packet in _VALUE_PRESERVING,
         kernel=kernels.native_kernel(name, profile),
-        special=_SPECIALS.get(func),
+        special=TRANSFERS.get(func),
     )
 
 
@@ -130,45 +132,27 @@ def dispatch(func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[st
         return device_decomposition()(*args, **kwargs)
     if entry.special is not None:
         _seen(collector, entry)
-        return entry.special(collector, entry, func, args, kwargs)
+        return entry.special(collector, entry.name, func, args, kwargs)
     _seen(collector, entry)
     if entry.outcome == NATIVE:
         return _native(collector, entry, func, args, kwargs)
     if entry.outcome == FALLBACK:
         _, _, found = judge(collector.profile, entry.name, args, kwargs, collector.mode)
         if found:
-            refuse(collector, found, entry)
+            refuse(collector, found)
         message = collector.profile.message("fallback_warning", op=entry.name)
         warn_from_model(message, SpyreFallbackWarning)
         if collector.report is not None:
             collector.report.fallbacks[entry.name] += 1
         return _on_host(entry, func, args, kwargs)
     _, _, found = judge(collector.profile, entry.name, args, kwargs, collector.mode)
-    refuse(collector, found, entry)
+    refuse(collector, found)
     return _on_host(entry, func, args, kwargs)  # audit mode: keep the run going
 
 
 def _seen(collector: Collector, entry: OpEntry) -> None:
     if collector.report is not None:
         collector.report.ops_seen[entry.name] += 1
-
-
-def refuse(collector: Collector, found: Sequence[Violation], entry: OpEntry | None = None) -> None:
-    """Record violations with the model source location; raise the first one unless the
-    collector audits (collect=True)."""
-    if not found:
-        return
-    location = model_location(2)
-    found = [dataclasses.replace(v, location=location) for v in found]
-    if collector.report is not None:
-        for v in found:
-            collector.report.add(v)
-    if collector.collect:
-        return
-    first = found[0]
-    if first.kind == "op":
-        raise SpyreOpNotImplementedError(first.message, violations=found)
-    raise SpyreOpError(first.message, violations=found)
 
 
 # -- unwrapping ------------------------------------------------------------------------------
@@ -232,7 +216,7 @@ def _native(
         # Judged before running: a refused in-place op must not have written anything.
         _, _, found = judge(collector.profile, entry.name, args, kwargs, collector.mode)
         if found:
-            refuse(collector, found, entry)
+            refuse(collector, found)
             return _on_host(entry, func, args, kwargs)  # audit mode
     uargs, ukwargs, seen = _unwrap_all(entry, args, kwargs)
     if entry.kernel is not None and args and is_dl16(getattr(args[0], "dtype", torch.float32)):
@@ -249,7 +233,7 @@ def _native(
     out = _wrap_result(entry, func, args, kwargs, result, seen)
     _, _, found = judge(collector.profile, entry.name, args, kwargs, collector.mode, outputs=out)
     if found:
-        refuse(collector, found, entry)
+        refuse(collector, found)
         # Audit mode: like every refused op, it runs on the host so the forward goes on.
         return _on_host(entry, func, args, kwargs)
     return out
@@ -282,7 +266,7 @@ def _wrap_result(
     if isinstance(result, torch.Tensor):
         if entry.view:
             return _wrap_view(result, args[0], device)
-        dtype = result.dtype if not seen.mapped else _logical_dtypes(func, args, kwargs)[0]
+        dtype = result.dtype if not seen.mapped else logical_dtypes(func, args, kwargs, result)[0]
         return wrap(_stored(entry, args, result, dtype), device=device, dtype=dtype)
     leaves, spec = pytree.tree_flatten(result)
     tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
@@ -291,7 +275,7 @@ def _wrap_result(
     if entry.view:
         dtypes: Sequence[torch.dtype] = [args[0].dtype] * len(tensors)
     elif seen.mapped:
-        dtypes = _logical_dtypes(func, args, kwargs)
+        dtypes = logical_dtypes(func, args, kwargs, result)
     else:
         dtypes = [t.dtype for t in tensors]
     it = iter(dtypes)
@@ -328,7 +312,11 @@ def _wrap_fresh(
 def _stored(
     entry: OpEntry, args: Sequence[Any], result: torch.Tensor, dtype: torch.dtype
 ) -> torch.Tensor:
-    if entry.value_preserving and is_dl16(dtype) and all(t.dtype == dtype for t in _tensors(args)):
+    if (
+        entry.value_preserving
+        and is_dl16(dtype)
+        and all(t.dtype == dtype for t in _tensors(args) if t.is_floating_point())
+    ):
         return result if result.dtype == torch.float32 else result.float()
     return store(result, dtype, fresh=True, transfer=False)
 
@@ -342,74 +330,6 @@ def _default_device() -> torch.device:
     from hfadapt.spyre.tensor import spyre_device
 
     return spyre_device(current_device())
-
-
-# -- logical output dtypes -------------------------------------------------------------------
-
-
-def _sig(x: Any) -> Any:
-    if isinstance(x, torch.Tensor):
-        return (x.dtype, x.dim() == 0)
-    if isinstance(x, (list, tuple)):
-        return tuple(_sig(v) for v in x)
-    if x is None or isinstance(x, (bool, str, torch.dtype)):
-        return x
-    return type(x)
-
-
-def _logical_dtypes(
-    func: torch._ops.OpOverload, args: Sequence[Any], kwargs: dict[str, Any]
-) -> tuple[torch.dtype, ...]:
-    """The dtypes torch gives this op's tensor outputs for the logical input dtypes (fp16 in,
-    fp16 out; fp16 and fp32 in, fp32 out), from a meta run, cached per signature."""
-    key = (func, tuple(_sig(a) for a in args), tuple((k, _sig(v)) for k, v in kwargs.items()))
-    dtypes = _dtype_cache.get(key)
-    if dtypes is None:
-        dtypes = _dtype_cache[key] = _meta_dtypes(func, args, kwargs)
-    return dtypes
-
-
-def _to_meta(x: Any) -> Any:
-    if isinstance(x, torch.Tensor):
-        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
-    if isinstance(x, torch.device):
-        return torch.device("meta")
-    return x
-
-
-def _meta_dtypes(
-    func: torch._ops.OpOverload, args: Sequence[Any], kwargs: dict[str, Any]
-) -> tuple[torch.dtype, ...]:
-    margs, mkwargs = pytree.tree_map(_to_meta, (list(args), kwargs))
-    if "device" in mkwargs:
-        mkwargs["device"] = torch.device("meta")
-    try:
-        result = func(*margs, **mkwargs)
-    except Exception:  # no meta kernel: promote by hand (DL16 wins over fp32 from its own data)
-        return _promoted(func, args, kwargs)
-    return tuple(t.dtype for t in pytree.tree_leaves(result) if isinstance(t, torch.Tensor))
-
-
-def _promoted(
-    func: torch._ops.OpOverload, args: Sequence[Any], kwargs: dict[str, Any]
-) -> tuple[torch.dtype, ...]:
-    uargs, ukwargs, _ = _unwrap_all(
-        OpEntry(func.name(), NATIVE, False, (), (), False, False, None, None), args, kwargs
-    )
-    held = func(*uargs, **ukwargs)
-    logical = [t.dtype for t in _tensors(list(args) + list(kwargs.values()))]
-    dl16 = next((d for d in logical if is_dl16(d)), None)
-    out = []
-    for t in pytree.tree_leaves(held):
-        if not isinstance(t, torch.Tensor):
-            continue
-        if t.dtype == torch.float32 and dl16 is not None and torch.float32 not in logical:
-            out.append(dl16)
-        elif t.dtype == torch.int32 and torch.int64 in logical:
-            out.append(torch.int64)
-        else:
-            out.append(t.dtype)
-    return tuple(out)
 
 
 # -- the host: fallbacks, and refused ops in audit mode ---------------------------------------
@@ -455,7 +375,7 @@ def _moved_on_held(
 ) -> Any:
     uargs, ukwargs, seen = _unwrap_all(entry, args, kwargs)
     result = func(*uargs, **ukwargs)
-    dtypes = iter(_logical_dtypes(func, args, kwargs) if seen.mapped else ())
+    dtypes = iter(logical_dtypes(func, args, kwargs, result) if seen.mapped else ())
     device = seen.device or _default_device()
 
     def back(t: torch.Tensor) -> SpyreTensor:
@@ -474,67 +394,6 @@ def _first_device(args: Sequence[Any], kwargs: dict[str, Any]) -> torch.device:
     return _default_device()
 
 
-# -- transfers and other ops every backend implements itself ----------------------------------
-
-
-def _judge_or_refuse(
-    collector: Collector,
-    entry: OpEntry,
-    args: Sequence[Any],
-    kwargs: dict[str, Any],
-    outputs: Any = None,
-) -> None:
-    _, _, found = judge(
-        collector.profile, entry.name, args, kwargs, collector.mode, outputs=outputs
-    )
-    refuse(collector, found, entry)
-
-
-def _to_copy(
-    collector: Collector, entry: OpEntry, func: Any, args: Sequence[Any], kwargs: dict[str, Any]
-) -> Any:
-    src = args[0]
-    dtype = kwargs.get("dtype") or src.dtype
-    device = kwargs.get("device")
-    memory_format = kwargs.get("memory_format") or torch.preserve_format
-    if device is not None and torch.device(device).type != "spyre":
-        return to_host(src).to(device=device, dtype=dtype, memory_format=memory_format)
-    target = src.device if device is None else torch.device(device)
-    meta = torch.empty(src.shape, dtype=dtype, device="meta")
-    _judge_or_refuse(collector, entry, args, kwargs, outputs=meta)
-    held = src._held.to(held_dtype(dtype), memory_format=memory_format, copy=True)
-    if is_dl16(dtype) and not is_dl16(src.dtype):
-        round_dl16_(held)
-    return wrap(held, dtype, target if target.index is not None else src.device)
-
-
-def _copy(
-    collector: Collector, entry: OpEntry, func: Any, args: Sequence[Any], kwargs: dict[str, Any]
-) -> Any:
-    if func is aten.copy_.default:
-        dst, src = args[0], args[1]
-    else:  # _copy_from(self, dst) and _copy_from_and_resize(self, dst)
-        src, dst = args[0], args[1]
-    if isinstance(dst, SpyreTensor) and isinstance(src, SpyreTensor):
-        # A copy between device tensors may be an on-device cast; host <-> device transfers
-        # were judged when the device tensor was allocated.
-        _judge_or_refuse(collector, entry, (dst, src), {})
-    if isinstance(dst, SpyreTensor):
-        if isinstance(src, SpyreTensor):
-            copy_into(dst, src._held, src.dtype, transfer=False)
-        else:
-            copy_into(dst, src, src.dtype, transfer=True)
-    else:
-        dst.copy_(to_host(src))
-    return dst
-
-
-def _scalar(
-    collector: Collector, entry: OpEntry, func: Any, args: Sequence[Any], kwargs: dict[str, Any]
-) -> Any:
-    return to_host(args[0]).item()
-
-
 def _sdpa_math() -> Callable[..., Any]:
     # The compile backend's SDPA decomposition: every piece (bmm, scale, mask, softmax) then
     # reaches the device on its own, is judged and rounded, as in a compiled graph.
@@ -543,13 +402,6 @@ def _sdpa_math() -> Callable[..., Any]:
     return sdpa_math
 
 
-_SPECIALS: dict[Any, Callable[..., Any]] = {
-    aten._to_copy.default: _to_copy,
-    aten.copy_.default: _copy,
-    aten._copy_from.default: _copy,
-    aten._copy_from_and_resize.default: _copy,
-    aten._local_scalar_dense.default: _scalar,
-}
 _SPECIAL_DECOMPOSITIONS: dict[Any, Callable[[], Callable[..., Any]]] = {
     aten.scaled_dot_product_attention.default: _sdpa_math,
 }

@@ -11,10 +11,10 @@ from typing import Any
 import torch
 
 from hfadapt.spyre.checks import judge
-from hfadapt.spyre.dispatch import dispatch, op_entry, refuse
+from hfadapt.spyre.dispatch import dispatch, op_entry
 from hfadapt.spyre.profile import FALLBACK
 from hfadapt.spyre.tensor import held_dtype, spyre_device, store, wrap
-from hfadapt.spyre.tracking import SpyreFallbackWarning, current, warn_from_model
+from hfadapt.spyre.tracking import SpyreFallbackWarning, current, refuse, warn_from_model
 
 aten = torch.ops.aten
 
@@ -43,7 +43,7 @@ def _allocate(
     _, _, found = judge(
         collector.profile, entry.name, (), {"dtype": dtype}, collector.mode, outputs=meta
     )
-    refuse(collector, found, entry)
+    refuse(collector, found)
     if stride is None:
         held = torch.empty(size, dtype=held_dtype(dtype))
     else:
@@ -93,7 +93,7 @@ def _host_factory(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> t
     outcome, _, found = judge(
         collector.profile, entry.name, args, kwargs, collector.mode, outputs=host
     )
-    refuse(collector, found, entry)
+    refuse(collector, found)
     if outcome == FALLBACK:
         message = collector.profile.message("fallback_warning", op=entry.name)
         warn_from_model(message, SpyreFallbackWarning)

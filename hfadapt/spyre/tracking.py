@@ -1,5 +1,6 @@
 """Who is watching the eager device: the active device profile, the thread's report collectors
-(``tracking``), the warnings the device emits, and where in model code an op came from.
+(``tracking``), the warnings the device emits, where in model code an op came from, and what a
+violation does (recorded, and raised unless auditing).
 
 State is per thread (a stack of collectors in a ``threading.local``), so two threads running two
 models never write into each other's report; the default profile is process-wide."""
@@ -7,19 +8,20 @@ models never write into each other's report; the default profile is process-wide
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import linecache
 import os
 import sys
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from hfadapt.errors import UsageError
+from hfadapt.errors import SpyreOpError, SpyreOpNotImplementedError, UsageError
 from hfadapt.spyre.profile import MODES, Profile, load_profile
-from hfadapt.spyre.report import LoweringReport, SourceLocation
+from hfadapt.spyre.report import LoweringReport, SourceLocation, Violation
 
 
 class SpyreFallbackWarning(UserWarning):
@@ -149,3 +151,22 @@ def warn_from_model(message: str, category: type[Warning]) -> None:
         frame = frame.f_back  # type: ignore[assignment]
         level += 1
     warnings.warn(message, category, stacklevel=level if frame is not None else 2)
+
+
+def refuse(collector: Collector, found: Sequence[Violation]) -> None:
+    """Record violations with their model source location; raise the first unless the
+    collector audits (collect=True): a missing kernel as NotImplementedError, anything else
+    (layout, dtype) as RuntimeError, both carrying the violations."""
+    if not found:
+        return
+    location = model_location(2)
+    found = [dataclasses.replace(v, location=location) for v in found]
+    if collector.report is not None:
+        for v in found:
+            collector.report.add(v)
+    if collector.collect:
+        return
+    first = found[0]
+    if first.kind == "op":
+        raise SpyreOpNotImplementedError(first.message, violations=found)
+    raise SpyreOpError(first.message, violations=found)
