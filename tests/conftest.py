@@ -232,3 +232,39 @@ def cpu_runner() -> object:
 def fault_runner() -> object:
     """Factory of stand-in runners with a numeric fault in one module (see faulty_runner)."""
     return faulty_runner
+
+
+# ---- compile backend (tests/test_compile.py, test_layout.py, test_report.py, -------------------
+# test_model_rules.py, test_compile_models.py)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _native_dl16_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The C DL16 kernel (hfadapt.spyre.dl16_native) is built into a session tmp dir, not
+    into the user's cache."""
+    import os
+
+    old = os.environ.get("HFADAPT_CACHE_DIR")
+    os.environ["HFADAPT_CACHE_DIR"] = str(tmp_path_factory.mktemp("hfadapt-cache"))
+    yield
+    if old is None:
+        os.environ.pop("HFADAPT_CACHE_DIR", None)
+    else:
+        os.environ["HFADAPT_CACHE_DIR"] = old
+
+
+@pytest.fixture
+def spyre_backend():  # type: ignore[no-untyped-def]
+    """``torch.compile(..., backend="spyre")`` registered; Dynamo's caches and the backend's
+    last report cleared before and after, so no compiled graph leaks between tests (and Dynamo
+    never hits its recompile limit and silently falls back to eager)."""
+    import torch
+
+    from hfadapt.spyre import backend
+
+    backend.register()
+    torch._dynamo.reset()
+    backend.reset_reports()
+    yield backend
+    torch._dynamo.reset()
+    backend.reset_reports()

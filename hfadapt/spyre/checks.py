@@ -179,8 +179,13 @@ def _cast_allowed(
         src = args[0] if args else None
         dst_dtype = kwargs.get("dtype")
         device = kwargs.get("device")
-        if device is not None and torch.device(device).type not in ("spyre", "privateuseone"):
-            return None  # a transfer to the host casts there
+        if device is not None:
+            target = torch.device(device).type
+            source = getattr(getattr(src, "device", None), "type", None)
+            # A transfer to the host casts there. In a compiled graph every tensor lives on
+            # the one (simulated) device, so a same-device _to_copy is an on-device cast.
+            if target not in ("spyre", "privateuseone") and target != source:
+                return None
     elif packet == "aten::copy_":
         dst, src = args[0], args[1]
         dst_dtype = dst.dtype
