@@ -196,11 +196,15 @@ class Wrap(nn.Module):
         self.inner = inner
         self.proj_out = nn.Linear(width, width)
 
-    def forward(self, x: Tensor, *rest: Any) -> Tensor:
+    def forward(
+        self, x: Tensor, extra: Tensor | None = None, extra2: Tensor | None = None
+    ) -> Tensor:
+        rest = [t for t in (extra, extra2) if t is not None]
         return self.proj_out(self.inner(self.proj_in(x), *rest))
 
 
 def _x(seed: int, *shape: int) -> Tensor:
+    # fp32 on the host; the device step casts float inputs to the run's dtype.
     return torch.randn(*shape, generator=_gen(seed + 100))
 
 
@@ -208,36 +212,36 @@ def _seeded(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def gelu_model(seed: int) -> tuple[nn.Module, tuple[Any, ...]]:
+def gelu_model(seed: int) -> tuple[nn.Module, dict[str, Any]]:
     from transformers.activations import NewGELUActivation
 
     _seeded(seed)
-    return Wrap(NewGELUActivation()), (_x(seed, 2, 64, 64),)
+    return Wrap(NewGELUActivation()), {"x": _x(seed, 2, 64, 64)}
 
 
-def rms_norm_model(seed: int) -> tuple[nn.Module, tuple[Any, ...]]:
+def rms_norm_model(seed: int) -> tuple[nn.Module, dict[str, Any]]:
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
     _seeded(seed)
-    return Wrap(LlamaRMSNorm(64)), (_x(seed, 2, 64, 64),)
+    return Wrap(LlamaRMSNorm(64)), {"x": _x(seed, 2, 64, 64)}
 
 
-def masked_scores_model(seed: int) -> tuple[nn.Module, tuple[Any, ...]]:
+def masked_scores_model(seed: int) -> tuple[nn.Module, dict[str, Any]]:
     _seeded(seed)
     mask = torch.rand(2, 1, 64, 64, generator=_gen(seed)) > 0.3
     mask[..., 0] = True
-    return Wrap(MaskedScores()), (_x(seed, 2, 4, 64, 64), mask)
+    return Wrap(MaskedScores()), {"x": _x(seed, 2, 4, 64, 64), "extra": mask}
 
 
-def rotary_model(seed: int) -> tuple[nn.Module, tuple[Any, ...]]:
+def rotary_model(seed: int) -> tuple[nn.Module, dict[str, Any]]:
     _seeded(seed)
     cos, sin = _rope_tables(64, 64, torch.float32)
-    return Wrap(RotaryApply()), (_x(seed, 2, 4, 64, 64), cos, sin)
+    return Wrap(RotaryApply()), {"x": _x(seed, 2, 4, 64, 64), "extra": cos, "extra2": sin}
 
 
-def causal_model(seed: int) -> tuple[nn.Module, tuple[Any, ...]]:
+def causal_model(seed: int) -> tuple[nn.Module, dict[str, Any]]:
     _seeded(seed)
-    return Wrap(CausalSoftmax()), (_x(seed, 2, 4, 64, 64),)
+    return Wrap(CausalSoftmax()), {"x": _x(seed, 2, 4, 64, 64)}
 
 
 class _QKV(nn.Module):
@@ -251,28 +255,31 @@ class _QKV(nn.Module):
         return torch.cat((out, out), dim=-1)
 
 
-def small_head_model(seed: int) -> tuple[nn.Module, tuple[Any, ...]]:
+def small_head_model(seed: int) -> tuple[nn.Module, dict[str, Any]]:
     _seeded(seed)
-    return _QKV(), (_x(seed, 2, 4, 64, 64),)
+    return _QKV(), {"x": _x(seed, 2, 4, 64, 64)}
 
 
-def token_type_model(seed: int) -> tuple[nn.Module, tuple[Any, ...]]:
+def token_type_model(seed: int) -> tuple[nn.Module, dict[str, Any]]:
     _seeded(seed)
-    return Wrap(TokenTypeAdd(64)), (_x(seed, 2, 64, 64), torch.zeros(2, 64, dtype=torch.long))
+    return Wrap(TokenTypeAdd(64)), {
+        "x": _x(seed, 2, 64, 64),
+        "extra": torch.zeros(2, 64, dtype=torch.long),
+    }
 
 
-def l2_model(seed: int) -> tuple[nn.Module, tuple[Any, ...]]:
+def l2_model(seed: int) -> tuple[nn.Module, dict[str, Any]]:
     _seeded(seed)
-    return Wrap(L2Normalize()), (_x(seed, 2, 64, 64),)
+    return Wrap(L2Normalize()), {"x": _x(seed, 2, 64, 64)}
 
 
-def softsign_model(seed: int) -> tuple[nn.Module, tuple[Any, ...]]:
+def softsign_model(seed: int) -> tuple[nn.Module, dict[str, Any]]:
     _seeded(seed)
-    return Wrap(Softsign()), (_x(seed, 2, 64, 64),)
+    return Wrap(Softsign()), {"x": _x(seed, 2, 64, 64)}
 
 
-def padding_mask_model(seed: int) -> tuple[nn.Module, tuple[Any, ...]]:
+def padding_mask_model(seed: int) -> tuple[nn.Module, dict[str, Any]]:
     _seeded(seed)
     mask = torch.ones(2, 64, dtype=torch.long)
     mask[1, 50:] = 0
-    return Wrap(PaddingMaskAdd()), (_x(seed, 2, 64, 64), mask)
+    return Wrap(PaddingMaskAdd()), {"x": _x(seed, 2, 64, 64), "extra": mask}

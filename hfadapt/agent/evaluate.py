@@ -61,6 +61,22 @@ class EvalReport:
         }
 
 
+def _error_row(name: str, reason: str, seconds: float) -> dict[str, Any]:
+    return {
+        "case": name,
+        "fingerprint": None,
+        "outcome": "case_error",
+        "reason": reason,
+        "attempts": 0,
+        "tokens_in": 0,
+        "tokens_out": 0,
+        "seconds": round(seconds, 3),
+        "adapter_path": None,
+        "session_id": None,
+        "steps": [],
+    }
+
+
 def run_eval(
     settings: AgentSettings,
     *,
@@ -78,7 +94,12 @@ def run_eval(
     shared = client or (None if reference else AgentClient(settings))
     for spec in specs:
         case_start = time.monotonic()
-        case = suite_case(spec, profile=profile)
+        try:
+            case = suite_case(spec, profile=profile)
+        except Exception as exc:  # one broken case is a row, not the end of the evaluation
+            reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+            report.rows.append(_error_row(spec.name, reason, time.monotonic() - case_start))
+            continue
         agent = ReferenceClient(spec.solution, settings) if reference else shared
         assert agent is not None
         outcome = draft_adapter(

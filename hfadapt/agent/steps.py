@@ -97,23 +97,15 @@ def _build_model(ctx: Context) -> None:
 
 
 def _hf_model(spec: dict[str, Any]) -> tuple[Any, Any, torch.Tensor | None]:
-    from hfadapt import probes
+    """The model and probe inputs exactly as ``hfadapt diagnose`` builds them."""
+    from hfadapt.check import _load, build_probes
+    from hfadapt.probes import model_inputs
 
-    ref = spec["ref"]
-    if spec.get("structural", True):
-        from hfadapt import structural
-
-        loaded = structural.build(ref)
-    else:
-        from hfadapt import loading
-
-        loaded = loading.load(ref)
-    if loaded.tokenizer is not None:
-        batch = probes.tokenize_probes(loaded.tokenizer, loaded.config)
-    else:
-        batch = probes.random_probes(loaded.config)
-    inputs = probes.model_inputs(loaded.model, batch)
-    return loaded.model, inputs, batch.attention_mask
+    loaded = _load(spec["ref"], "structural" if spec.get("structural", True) else "full", False)
+    if hasattr(loaded.config, "use_cache"):
+        loaded.config.use_cache = False
+    batch = build_probes(loaded)
+    return loaded.model, model_inputs(loaded.model, batch), batch.attention_mask
 
 
 def _registry(ctx: Context, with_draft: bool) -> Any:
@@ -132,36 +124,54 @@ def _forward(model: Any, inputs: Any) -> Any:
         return model(**inputs) if isinstance(inputs, dict) else model(*inputs)
 
 
+def _as_dtype(inputs: Any, dtype: torch.dtype) -> Any:
+    """Float inputs in the run's dtype (the runner moves inputs to the device as they are)."""
+    if isinstance(inputs, dict):
+        return {k: _as_dtype(v, dtype) for k, v in inputs.items()}
+    if isinstance(inputs, torch.Tensor) and inputs.is_floating_point():
+        return inputs.to(dtype)
+    return inputs
+
+
 def _device_run(ctx: Context, with_draft: bool) -> Any:
-    from hfadapt.spyre.runner import run_on_device
+    from hfadapt.errors import SpyreLoweringError
+    from hfadapt.spyre.runner import DeviceRun, run_on_device
 
     model = copy.deepcopy(ctx.model)
     _registry(ctx, with_draft).apply(model)
     dtype = getattr(torch, ctx.case.run_dtype)
-    return run_on_device(
-        model,
-        ctx.inputs,
-        execution=ctx.case.execution,
-        dtype=dtype,
-        profile=ctx.case.profile,
-        collect=True,
-    )
+    try:
+        return run_on_device(
+            model,
+            _as_dtype(ctx.inputs, dtype),
+            execution=ctx.case.execution,
+            dtype=dtype,
+            profile=ctx.case.profile,
+            collect=True,
+        )
+    except SpyreLoweringError as exc:  # compiled mode refuses the whole graph: its report says why
+        if exc.report is None:
+            raise
+        return DeviceRun(outputs=None, report=exc.report, seconds=0.0)
 
 
 def step_device(ctx: Context) -> StepResult:
     if not ctx.case.model:
         return "skip", "this case names no model to run on the device", {}
     _build_model(ctx)
-    fp = ctx.case.fingerprint
+    case, fp = ctx.case, ctx.case.fingerprint
     before = _device_run(ctx, with_draft=False)
     after = _device_run(ctx, with_draft=True)
     ctx.device_outputs = after.outputs
     base_fps = set(before.report.fingerprints())
-    new = [v for v in after.report.violations if v.fingerprint() not in base_fps]
-    remaining = [v for v in after.report.violations if v.fingerprint() == fp]
+    remaining = [v for v in after.report.violations if case.is_this(v)]
+    new = [
+        v for v in after.report.violations if v.fingerprint() not in base_fps and v not in remaining
+    ]
+    in_baseline = any(case.is_this(v) for v in before.report.violations)
     output = {
         "fingerprint": fp,
-        "in_baseline": fp in base_fps,
+        "in_baseline": in_baseline,
         "baseline_violations": len(before.report.violations),
         "violations": len(after.report.violations),
         "remaining": [str(v) for v in remaining[:5]],
@@ -169,7 +179,7 @@ def step_device(ctx: Context) -> StepResult:
         "report": after.report.summary(),
         "seconds": round(float(after.seconds), 3),
     }
-    if fp not in base_fps:
+    if not in_baseline:
         return (
             "fail",
             f"fingerprint {fp} did not occur without the draft; nothing to remove",
