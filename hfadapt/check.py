@@ -10,6 +10,7 @@ import copy
 import importlib
 import os
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -29,15 +30,8 @@ from hfadapt.errors import (
 from hfadapt.evidence import Diagnosis, next_step, write_run
 from hfadapt.loading import LoadedModel
 from hfadapt.localize import localize
-from hfadapt.metrics import compare
-from hfadapt.probes import (
-    ProbeBatch,
-    fold_ids,
-    model_inputs,
-    random_probes,
-    reserved_ids,
-    tokenize_probes,
-)
+from hfadapt.metrics import compare, last_hidden
+from hfadapt.probes import build_probes, model_inputs
 from hfadapt.spyre.report import LoweringReport
 
 MODES = ("full", "structural")
@@ -85,20 +79,6 @@ def apply_adapters(model: torch.nn.Module) -> tuple[list[str], list[str]]:
     names = list(getattr(handle, "names", None) or [])
     errors = [f"{e.path}: {e.error}" for e in getattr(registry.default_registry(), "errors", [])]
     return names, errors
-
-
-def last_hidden(outputs: Any) -> torch.Tensor:
-    """The last hidden state of a transformers output (ModelOutput, tuple or tensor)."""
-    if isinstance(outputs, torch.Tensor):
-        return outputs
-    value = getattr(outputs, "last_hidden_state", None)
-    if value is None and isinstance(outputs, dict):
-        value = outputs.get("last_hidden_state")
-    if value is None and (isinstance(outputs, (tuple, list)) or hasattr(outputs, "to_tuple")):
-        value = outputs[0]
-    if not isinstance(value, torch.Tensor):
-        raise TypeError(f"model output {type(outputs).__name__} holds no last hidden state")
-    return value
 
 
 class _Phases:
@@ -150,19 +130,6 @@ def _load(model_ref: Any, mode: str, trust_remote_code: bool) -> LoadedModel:
     return loading.load(model_ref, trust_remote_code=trust_remote_code)
 
 
-def build_probes(loaded: LoadedModel) -> ProbeBatch:
-    """The probe batch for this model: tokenized sentences, or random ids without a tokenizer."""
-    config = loaded.config
-    if loaded.tokenizer is None:
-        return random_probes(config)
-    batch = tokenize_probes(loaded.tokenizer, config)
-    vocab = int(getattr(config, "vocab_size", 0) or 0)
-    if vocab and int(batch.inputs["input_ids"].max()) >= vocab:
-        # A structural model's shrunk vocabulary: fold the real ids into it.
-        batch = fold_ids(batch, vocab, min(reserved_ids(config), vocab - 1))
-    return batch
-
-
 def _reference(
     model: torch.nn.Module, inputs: dict[str, torch.Tensor]
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -187,6 +154,21 @@ def _not_deterministic(first: torch.Tensor, second: torch.Tensor) -> str | None:
         f"the CPU fp32 reference is not deterministic: two identical runs differ in {changed} values "
         f"(max |diff| {diff:.4g}); dropout left on, or a nondeterministic op"
     )
+
+
+@contextlib.contextmanager
+def _device_warnings_recorded() -> Iterator[None]:
+    """Silence the device's per-call fallback / int64 warnings: the report counts every one, and
+    a BERT forward would print hundreds of them."""
+    try:
+        from hfadapt.spyre.tracking import SpyreDowncastWarning, SpyreFallbackWarning
+    except ImportError:
+        yield
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SpyreFallbackWarning)
+        warnings.simplefilter("ignore", SpyreDowncastWarning)
+        yield
 
 
 def _report_of(exc: SpyreLoweringError, diag: Diagnosis) -> LoweringReport:
@@ -346,7 +328,7 @@ def _judge(
 
     run_device = runner or default_runner()
     torch_dtype = DTYPES[dtype]
-    with phases("device"):
+    with phases("device"), _device_warnings_recorded():
         try:
             run = run_device(
                 device_model,
@@ -380,7 +362,7 @@ def _judge(
         return verdicts.PASS, f"{metrics.summary()} (>= {metrics.threshold})", None
 
     if localize_failures:
-        with phases("localize"):
+        with phases("localize"), _device_warnings_recorded():
             try:
                 diag.divergence = localize(
                     model,

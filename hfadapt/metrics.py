@@ -227,3 +227,17 @@ def compare(
         pooling=spec.describe(),
         threshold=threshold,
     )
+
+
+def last_hidden(outputs: Any) -> torch.Tensor:
+    """The last hidden state of a transformers output (ModelOutput, tuple or tensor)."""
+    if isinstance(outputs, torch.Tensor):
+        return outputs
+    value = getattr(outputs, "last_hidden_state", None)
+    if value is None and isinstance(outputs, dict):
+        value = outputs.get("last_hidden_state")
+    if value is None and (isinstance(outputs, (tuple, list)) or hasattr(outputs, "to_tuple")):
+        value = outputs[0]
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"model output {type(outputs).__name__} holds no last hidden state")
+    return value

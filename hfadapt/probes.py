@@ -206,3 +206,16 @@ def model_inputs(model: torch.nn.Module, batch: ProbeBatch) -> dict[str, torch.T
     ):
         return dict(batch.inputs)
     return {k: v for k, v in batch.inputs.items() if k in params}
+
+
+def build_probes(loaded: Any) -> ProbeBatch:
+    """The probe batch for this model: tokenized sentences, or random ids without a tokenizer."""
+    config = loaded.config
+    if loaded.tokenizer is None:
+        return random_probes(config)
+    batch = tokenize_probes(loaded.tokenizer, config)
+    vocab = int(getattr(config, "vocab_size", 0) or 0)
+    if vocab and int(batch.inputs["input_ids"].max()) >= vocab:
+        # A structural model's shrunk vocabulary: fold the real ids into it.
+        batch = fold_ids(batch, vocab, min(reserved_ids(config), vocab - 1))
+    return batch
