@@ -117,3 +117,10 @@ def test_import_is_lazy_and_the_real_torch_spyre_wins() -> None:
     assert "REFUSED: the real torch-spyre is installed" in out and "force=True" in out, out
     assert "FORCED: ['simulating the Spyre device although torch-spyre is installed" in out, out
     assert "SIMULATED: True spyre:0" in out, out
+
+
+def test_values_read_back_like_a_device(spyre) -> None:
+    x = torch.tensor([[1.5, -2.0], [0.25, 4.0]], dtype=torch.float16).to("spyre")
+    assert x.tolist() == [[1.5, -2.0], [0.25, 4.0]]
+    assert x.max().item() == 4.0  # (x[1, 1] would slice the stick dimension at an offset)
+    assert torch.equal(x, x.clone())

@@ -21,7 +21,7 @@ from hfadapt.spyre import kernels
 from hfadapt.spyre.checks import judge
 from hfadapt.spyre.dl16 import round_dl16_
 from hfadapt.spyre.dtypes import logical_dtypes
-from hfadapt.spyre.profile import FALLBACK, NATIVE, Profile
+from hfadapt.spyre.profile import FALLBACK, UNSUPPORTED, Profile
 from hfadapt.spyre.tensor import (
     SpyreTensor,
     copy_into,
@@ -134,20 +134,19 @@ def dispatch(func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[st
         _seen(collector, entry)
         return entry.special(collector, entry.name, func, args, kwargs)
     _seen(collector, entry)
-    if entry.outcome == NATIVE:
-        return _native(collector, entry, func, args, kwargs)
     if entry.outcome == FALLBACK:
         _, _, found = judge(collector.profile, entry.name, args, kwargs, collector.mode)
-        if found:
-            refuse(collector, found)
+        refuse(collector, found)
         message = collector.profile.message("fallback_warning", op=entry.name)
         warn_from_model(message, SpyreFallbackWarning)
         if collector.report is not None:
             collector.report.fallbacks[entry.name] += 1
         return _on_host(entry, func, args, kwargs)
-    _, _, found = judge(collector.profile, entry.name, args, kwargs, collector.mode)
-    refuse(collector, found)
-    return _on_host(entry, func, args, kwargs)  # audit mode: keep the run going
+    if entry.outcome == UNSUPPORTED:
+        _, _, found = judge(collector.profile, entry.name, args, kwargs, collector.mode)
+        refuse(collector, found)  # raises, unless auditing: then the run goes on
+        return _native(collector, entry, func, args, kwargs, judged=True)
+    return _native(collector, entry, func, args, kwargs)
 
 
 def _seen(collector: Collector, entry: OpEntry) -> None:
@@ -210,32 +209,45 @@ def _native(
     func: torch._ops.OpOverload,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
+    judged: bool = False,
 ) -> Any:
+    """Run the op on the held data in fp32 and round its DL16 outputs. An op refused in audit
+    mode (judged=True) runs the same way: the best guess of what it computes once an adapter
+    makes it lower, and far cheaper than fp16 arithmetic on the host."""
     writes = bool(entry.mutated or entry.out_names)
-    if writes:
+    if writes and not judged:
         # Judged before running: a refused in-place op must not have written anything.
         _, _, found = judge(collector.profile, entry.name, args, kwargs, collector.mode)
-        if found:
-            refuse(collector, found)
-            return _on_host(entry, func, args, kwargs)  # audit mode
-    uargs, ukwargs, seen = _unwrap_all(entry, args, kwargs)
-    if entry.kernel is not None and args and is_dl16(getattr(args[0], "dtype", torch.float32)):
-        result = entry.kernel(uargs, ukwargs, collector.profile.dl16)
-    elif func is aten.view.dtype and seen.mapped:
-        raise SpyreOpNotImplementedError(
-            f"{entry.name}: the simulator holds DL16 data as float32 and cannot reinterpret "
-            "its bits as another dtype"
-        )
-    else:
-        result = func(*uargs, **ukwargs)
-    if writes:
-        return _written_back(entry, args, kwargs)
-    out = _wrap_result(entry, func, args, kwargs, result, seen)
-    _, _, found = judge(collector.profile, entry.name, args, kwargs, collector.mode, outputs=out)
-    if found:
         refuse(collector, found)
-        # Audit mode: like every refused op, it runs on the host so the forward goes on.
-        return _on_host(entry, func, args, kwargs)
+        judged = True
+    uargs, ukwargs, seen = _unwrap_all(entry, args, kwargs)
+    try:
+        if entry.kernel is not None and args and is_dl16(getattr(args[0], "dtype", torch.float32)):
+            result = entry.kernel(uargs, ukwargs, collector.profile.dl16)
+        elif func is aten.view.dtype and seen.mapped:
+            raise SpyreOpNotImplementedError(
+                f"{entry.name}: the simulator holds DL16 data as float32 and cannot "
+                "reinterpret its bits as another dtype"
+            )
+        else:
+            result = func(*uargs, **ukwargs)
+    except (RuntimeError, TypeError) as exc:
+        if not seen.mapped or isinstance(exc, SpyreOpNotImplementedError):
+            raise
+        # The CPU kernel refused the held form (int32 where it wants int64 indices), not the
+        # op: run it on host copies in the logical dtypes instead.
+        out = _on_host(entry, func, args, kwargs)
+    else:
+        out = (
+            _written_back(entry, args, kwargs)
+            if writes
+            else _wrap_result(entry, func, args, kwargs, result, seen)
+        )
+    if not judged:
+        _, _, found = judge(
+            collector.profile, entry.name, args, kwargs, collector.mode, outputs=out
+        )
+        refuse(collector, found)  # in audit mode the computed result stands
     return out
 
 
@@ -332,7 +344,7 @@ def _default_device() -> torch.device:
     return spyre_device(current_device())
 
 
-# -- the host: fallbacks, and refused ops in audit mode ---------------------------------------
+# -- the host: fallbacks ---------------------------------------
 
 
 def _to_host_arg(x: Any) -> Any:

@@ -70,6 +70,10 @@ class SpyreTensor(torch.Tensor):
 
         return dispatch(func, args, kwargs or {})
 
+    def tolist(self) -> Any:  # type: ignore[override]
+        # torch refuses tolist() on subclasses; a device tensor lists its host copy, as CUDA does.
+        return to_host(self).tolist()
+
     def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
         # Printing through ATen would dispatch (and report) a dozen ops; print the host copy.
         text = repr(to_host(self))

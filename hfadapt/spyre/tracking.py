@@ -93,8 +93,9 @@ def tracking(
     op, int64 downcasts, ops seen, violations with their model source location).
 
     ``collect=False`` behaves like the card: the first violation raises. ``collect=True`` is the
-    audit mode: a violation is recorded and the op runs on the host, so the report lists every
-    violation of the run. A nested block's report is merged into the enclosing one on exit."""
+    audit mode: a violation is recorded and the op still runs (on the host CPU, computed in
+    fp32 and rounded like a native op), so the report lists every violation of the run. A
+    nested block's report is merged into the enclosing one on exit."""
     if mode not in MODES:
         raise UsageError(f"tracking mode must be one of {', '.join(MODES)}, not {mode!r}")
     resolved = (

@@ -72,6 +72,7 @@ def copy(
 def scalar(
     collector: Collector, name: str, func: Any, args: Sequence[Any], kwargs: dict[str, Any]
 ) -> Any:
+    _judged(collector, name, args, kwargs)
     return to_host(args[0]).item()
 
 
