@@ -117,15 +117,18 @@ def tracking(
 
 # -- where an op came from ----------------------------------------------------------------
 
-_SKIP_DIRS = (
-    os.path.dirname(torch.__file__) + os.sep,
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,  # hfadapt/
-)
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_HFADAPT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+# Adapters bundled in the wheel live under hfadapt/ but are model code (rewritten): a violation
+# inside one is located there.
+_BUNDLED_DIR = _HFADAPT_DIR + "_bundled" + os.sep
 _SKIP_FILES = frozenset({contextlib.__file__})
 
 
 def _skipped(filename: str) -> bool:
-    return filename in _SKIP_FILES or filename.startswith(_SKIP_DIRS)
+    if filename.startswith(_HFADAPT_DIR):
+        return not filename.startswith(_BUNDLED_DIR)
+    return filename.startswith(_TORCH_DIR) or filename in _SKIP_FILES
 
 
 def model_location(depth: int = 1) -> SourceLocation | None:
