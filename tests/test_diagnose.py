@@ -329,24 +329,88 @@ def test_diagnosis_json_round_trips(
     assert data["divergence"]["module"] == "encoder.layer.0.output.LayerNorm", data["divergence"]
 
 
-# ---- the real thing --------------------------------------------------------------------------
+# ---- the real simulated device (hfadapt.spyre.runner) ------------------------------------------
+
+
+def _real_runner() -> Any:
+    runner = pytest.importorskip(
+        "hfadapt.spyre.runner", reason="the device runner has not landed yet"
+    )
+    return runner.run_on_device
 
 
 @pytest.mark.slow
 def test_real_minilm_end_to_end_on_the_simulated_device(minilm_path: Path, tmp_path: Path) -> None:
-    pytest.importorskip("hfadapt.spyre.runner", reason="the device runner has not landed yet")
+    _real_runner()
     folder = Path(shutil.copytree(minilm_path, tmp_path / "all-MiniLM-L6-v2"))
     diag = diagnose(folder)
     m = diag.metrics
     print(f"\nall-MiniLM-L6-v2: {diag.verdict}: {diag.reason}")
-    print(
-        f"  metrics: {m.summary() if m else None}; adapters {diag.adapters}; timings {diag.timings}"
-    )
+    print(f"  adapters {diag.adapters}; timings {diag.timings}")
     if diag.report is not None:
         print(f"  report: {diag.report.summary()}")
-    if diag.divergence is not None:
-        print(f"  divergence: {diag.divergence.summary()}")
+    # hf-adapters runs it on the card with its adapters: the simulator must agree
+    assert diag.verdict == verdicts.PASS, diag.reason
+    assert m is not None and m.min_token_cosine is not None and m.min_token_cosine >= 0.99, m
+    assert not m.has_nan and not m.has_inf and m.tokens == 560, m
     (row,) = rows()
-    assert row.verdict == diag.verdict and row.model_type == "bert" and row.versions
-    assert row.profile_version and row.timings and "device" in row.timings
-    assert diag.verdict in verdicts.ALL
+    assert row.verdict == "pass" and row.model_type == "bert" and row.dtype == "fp16"
+    assert row.min_token_cosine == pytest.approx(m.min_token_cosine), row.min_token_cosine
+    assert row.mean_token_cosine == pytest.approx(m.mean_token_cosine), row.mean_token_cosine
+    assert row.profile_version and row.timings and row.timings["device"] > 0, row.timings
+    assert row.adapters and "attention-head-dim-pad" in row.adapters, row.adapters  # head_dim 32
+    assert row.violations == [] and row.fallbacks is not None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("execution", ["eager", "compile"])
+def test_real_device_tiny_bert(tiny_model_dirs: dict[str, Path], execution: str) -> None:
+    _real_runner()
+    diag = diagnose(tiny_model_dirs["bert"], execution=execution)
+    print(f"\ntiny bert, {execution}: {diag.verdict}: {diag.reason}; timings {diag.timings}")
+    assert diag.verdict == verdicts.PASS, diag.reason
+    assert diag.report is not None and diag.report.mode == execution
+
+
+@pytest.mark.slow
+def test_real_device_stock_mpnet_does_not_lower(tiny_model_dirs: dict[str, Path]) -> None:
+    """Without adapters, stock MPNet meets device rules; every violation names its call site."""
+    _real_runner()
+    diag = diagnose(tiny_model_dirs["mpnet"], adapters=False)
+    report = diag.report
+    print(f"\nstock mpnet: {diag.verdict}: {diag.reason}")
+    assert diag.verdict == verdicts.LOWERING_FAILED, diag.reason
+    assert report is not None and report.violations, diag.reason
+    assert all(v.location is not None for v in report.violations), [
+        str(v) for v in report.violations
+    ]
+    (row,) = rows()
+    assert row.fingerprints == report.fingerprints() and row.adapters == []
+
+
+@pytest.mark.slow
+def test_real_device_fault_is_localized(tiny_model_dirs: dict[str, Path]) -> None:
+    """A fault inside one module on the real eager device: hooks read device tensors back."""
+    import torch
+
+    run_on_device = _real_runner()
+    module = "encoder.layer.1.intermediate.intermediate_act_fn"
+
+    def faulty(model: Any, inputs: Any, **kwargs: Any) -> Any:
+        target = model.get_submodule(module)
+        stock = target.forward
+
+        def forward(*args: Any, **kw: Any) -> Any:
+            out = stock(*args, **kw)
+            keep = torch.ones(out.shape[-1], dtype=out.dtype)
+            keep[::2] = 0  # built on the host: slicing on the device's stick dim is refused
+            return out * keep.to(out.device)
+
+        target.forward = forward
+        return run_on_device(model, inputs, **kwargs)
+
+    diag = diagnose(tiny_model_dirs["bert"], runner=faulty)
+    d = diag.divergence
+    print(f"\n{diag.verdict}: {diag.reason}\n  {d.summary() if d else diag.evidence}")
+    assert diag.verdict == verdicts.VERIFICATION_FAILED, diag.reason
+    assert d is not None and d.module == module and not d.inputs_drifted, d
