@@ -224,3 +224,11 @@ def m002_agent_attempts(conn: Connection) -> None:
     from hfadapt.agent.records import AgentAttempt, DraftSession
 
     create_tables(conn, DraftSession, AgentAttempt)
+
+
+@migration
+def m003_sweeps(conn: Connection) -> None:
+    """Batch sweeps: one row per sweep (options, status, counts); runs point at it by sweep_id."""
+    from hfadapt.sweepstore import Sweep
+
+    create_tables(conn, Sweep)
