@@ -124,13 +124,17 @@ def render(diag: Any) -> None:
         _say("  ", str(note), style="dim")
     report = diag.report
     if report is not None and report.violations:
-        table = _table("violations", "rule", "op", "message", "where")
+        # One block per violation, not a table: messages and source lines are long.
+        console.print(f"  [bold]violations ({len(report.violations)}):[/bold]", highlight=False)
         for viol in report.violations:
-            where = str(viol.location) if viol.location else ""
-            if viol.location and viol.location.code:
-                where += f"\n  {viol.location.code.strip()}"
-            table.add_row(*(escape(x) for x in (viol.rule_id, viol.op, viol.message, where)))
-        console.print(table)
+            shapes = ", ".join("x".join(map(str, s)) for s in viol.shapes)
+            detail = "; ".join(x for x in (", ".join(viol.dtypes), shapes) if x)
+            what = f"{viol.op} ({detail})" if detail else viol.op
+            _say("    ", f"[{viol.rule_id}] {what}: {viol.message}")
+            if viol.location:
+                _say("      at ", str(viol.location), style="cyan")
+                if viol.location.code:
+                    _say("        ", viol.location.code.strip(), style="dim")
     if report is not None and report.fallbacks:
         _say(
             "  CPU fallbacks: ", ", ".join(f"{op} x{n}" for op, n in report.fallbacks.most_common())
