@@ -344,7 +344,7 @@ def _default_device() -> torch.device:
     return spyre_device(current_device())
 
 
-# -- the host: fallbacks ---------------------------------------
+# -- the host: fallbacks --------------------------------------------------------------------
 
 
 def _to_host_arg(x: Any) -> Any:
