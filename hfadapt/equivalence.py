@@ -101,6 +101,8 @@ def _calls(
     kind: str | None,
 ) -> tuple[Call, Call]:
     """(original call, replacement call), both ``(module, args, kwargs) -> output``."""
+    if isinstance(adapter_or_fn, Adapter) and getattr(adapter_or_fn, "proof", "call") == "model":
+        return _model_calls(adapter_or_fn)
     if isinstance(adapter_or_fn, Adapter):
         fn, kind = adapter_or_fn.fn, kind or adapter_or_fn.kind
         if original is None and kind != "pre_hook":
@@ -130,6 +132,21 @@ def _calls(
         return fn(m, *a, **k)
 
     return run_original, run_replacement
+
+
+def _model_calls(a: Adapter) -> tuple[Call, Call]:
+    """An adapter proven on a whole model's output (``proof="model"``): the example's module is
+    the model, run stock and with this adapter applied (enabled, so it runs on the CPU)."""
+    from hfadapt.registry import Registry
+
+    def stock(m: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return m(*args, **kwargs)
+
+    def adapted(m: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        Registry(adapters=[a]).apply(m)  # m is a fresh copy per call (see _run)
+        return m(*args, **kwargs)
+
+    return stock, adapted
 
 
 # -- inputs --------------------------------------------------------------------------------

@@ -123,3 +123,84 @@ def test_attempts_lists_and_shows_recorded_attempts(
     assert "failed at equivalence" in out and "NOT equivalent" in out and "x * x" in out, out
     code, out, err = run(["attempts", "999", "--db", db], monkeypatch, capsys)
     assert code == 2 and "no attempt 999" in err
+
+
+GELU_BERT = {
+    "architectures": ["BertModel"],
+    "model_type": "bert",
+    "hidden_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "intermediate_size": 256,
+    "hidden_act": "gelu_new",
+    "vocab_size": 1000,
+    "max_position_embeddings": 512,
+    "type_vocab_size": 2,
+}
+
+
+@pytest.mark.slow
+def test_draft_model_diagnoses_drafts_validates_on_the_model_and_accepts(
+    openai_server: ScriptedOpenAI,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    from test_agent_device import GELU, fenced
+
+    folder = tmp_path / "gelu-bert"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(GELU_BERT))
+    monkeypatch.setenv("HFADAPT_HOME", str(tmp_path / "home"))
+
+    def answer(body: dict) -> str:  # a right answer for gelu_new, no code for the rest
+        if "NewGELUActivation" in body["messages"][1]["content"]:
+            return fenced(GELU.solution.replace("eval-gelu-new-cube", "gelu-new-agent"))
+        return "I cannot fix this one."
+
+    openai_server.script = [answer] * 10
+    db = str(tmp_path / "runs.db")
+    args = [
+        "draft",
+        str(folder),
+        "--mode",
+        "structural",
+        "--no-adapters",
+        "--base-url",
+        openai_server.url,
+    ]
+    args += [
+        "--model",
+        "scripted-model",
+        "--api-key",
+        "sk-cli",
+        "--max-attempts",
+        "1",
+        "--db",
+        db,
+        "--json",
+    ]
+    code, out, err = run(args, monkeypatch, capsys)
+    assert code == 0, err
+    outcomes = {o["fingerprint"]: o for o in json.loads(out)}
+    accepted = [o for o in outcomes.values() if o["outcome"] == "accepted"]
+    assert len(outcomes) >= 2 and len(accepted) == 1, outcomes
+    path = Path(accepted[0]["adapter_path"])
+    assert path == tmp_path / "home" / "adapters" / "gelu_new_agent.py"
+    assert accepted[0]["steps"][-1] == {
+        s: "pass" for s in ("policy", "load", "equivalence", "device", "end_to_end")
+    }
+    assert "End to end: CPU vs stock min token cosine 1.000000" in path.read_text()
+    from hfadapt.registry import default_registry
+
+    try:
+        assert "gelu-new-agent" in [a.name for a in default_registry(reload=True).adapters]
+    finally:  # other tests must not see this user folder in the process-wide registry
+        monkeypatch.delenv("HFADAPT_HOME")
+        default_registry(reload=True)
+    # The diagnosis was recorded: --top now ranks its fingerprints.
+    code, out, err = run(
+        ["draft", "--top", "10", "--list", "--json", "--db", db], monkeypatch, capsys
+    )
+    assert code == 0, err
+    assert accepted[0]["fingerprint"] in [t["fingerprint"] for t in json.loads(out)]

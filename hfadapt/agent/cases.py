@@ -184,7 +184,11 @@ def capture_calls(model: Any, runs: list[Any], target: str, *, per_run: int = 1,
     def hook(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if budget[0] > 0:
             budget[0] -= 1
-            captured.append((copy.deepcopy(module), copy.deepcopy(args), copy.deepcopy(kwargs)))
+            clone = copy.deepcopy(module)
+            for sub in clone.modules():  # the copy must not carry this (unpicklable) hook
+                sub._forward_pre_hooks.clear()
+                sub._forward_pre_hooks_with_kwargs.clear()
+            captured.append((clone, copy.deepcopy(args), copy.deepcopy(kwargs)))
 
     handles = [
         m.register_forward_pre_hook(hook, with_kwargs=True)

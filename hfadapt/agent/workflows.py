@@ -42,8 +42,10 @@ def cases_for_model(
     profile: str | None = None,
     db: Any = None,
     record: bool = True,
+    adapters: bool = True,
 ) -> tuple[Any, list[FailureCase]]:
-    """Diagnose the model (recording the run) and make one case per violation fingerprint."""
+    """Diagnose the model (recording the run) and make one case per violation fingerprint.
+    ``adapters=False`` drafts against the stock model (no registry adapters anywhere)."""
     from hfadapt.check import _load, build_probes, diagnose
     from hfadapt.probes import model_inputs
 
@@ -55,6 +57,7 @@ def cases_for_model(
         profile=profile,
         db=db,
         record=record,
+        adapters=adapters,
         localize_failures=False,
     )
     report = getattr(diag, "report", None)
@@ -75,6 +78,7 @@ def cases_for_model(
             profile=profile,
             evidence={"model": loaded.model_id, "verdict": diag.verdict},
         )
+        case.registry = "default" if adapters else "none"
         if case.target:
             path = workdir / f"{fp}.pt"
             try:

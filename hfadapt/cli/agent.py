@@ -94,6 +94,12 @@ def draft(
     mode: Annotated[
         str, typer.Option("--mode", help="full (real weights) or structural.")
     ] = "full",
+    no_adapters: Annotated[
+        bool,
+        typer.Option(
+            "--no-adapters", help="Draft against the stock model, without registry adapters."
+        ),
+    ] = False,
     profile: ProfileOption = None,
     db: DbOption = None,
     as_json: JsonOption = False,
@@ -133,7 +139,12 @@ def draft(
     with tempfile.TemporaryDirectory(prefix="hfadapt-draft-") as work:
         for ref, wanted in plan.items():
             diag, cases = workflows.cases_for_model(
-                ref, workdir=Path(work), structural=mode == "structural", profile=profile, db=engine
+                ref,
+                workdir=Path(work),
+                structural=mode == "structural",
+                profile=profile,
+                db=engine,
+                adapters=not no_adapters,
             )
             if wanted is not None:
                 cases = [c for c in cases if c.fingerprint in wanted]
