@@ -244,10 +244,21 @@ class SpyreBackend:
             if self.strict:
                 raise SpyreCompileError(error_message(report, self.profile), report)
             return _HostGraph(gm, entry)
+        _warn_fallbacks(report, self.profile)
         program, _runtime = build_executable(gm, check, self.profile, _static_inputs())
         report.compile_seconds = time.perf_counter() - start
         _note(entry, compiling=True)
         return DeviceGraph(program, entry)
+
+
+def _warn_fallbacks(report: LoweringReport, profile: Profile) -> None:
+    """torch-spyre's "<op> is falling back to cpu", once per op and graph, at compile time."""
+    from hfadapt.spyre.tracking import SpyreFallbackWarning
+
+    for op in report.fallbacks:
+        warnings.warn(
+            profile.message("fallback_warning", op=op), SpyreFallbackWarning, stacklevel=2
+        )
 
 
 class _HostGraph(DeviceGraph):
@@ -368,8 +379,9 @@ def lower(
     if breaks:
         # Code between graphs runs eagerly; on the CPU-held model here nothing judges it.
         warnings.warn(
-            f"lower(): {breaks} graph break(s), {len(collector.entries)} graphs; code between "
-            "graphs ran on the host and was not checked against the device profile",
+            f"lower(): Dynamo broke the graph ({breaks} graph-break event(s), "
+            f"{len(collector.entries)} graph(s)); code outside the graphs ran on the host and "
+            "was not checked against the device profile",
             UserWarning,
             stacklevel=2,
         )

@@ -2,7 +2,8 @@
 compiler on first use and cached. It computes exactly what ``dl16.round_dl16_`` computes (same
 saturation, magic-addend rounding and flush to zero, bit for bit) in one pass over memory
 instead of six, which is what keeps the compiled device near CPU speed on a busy machine.
-Without a compiler (or with HFADAPT_NATIVE_DL16=0) callers use ``round_dl16_``."""
+``dl16.round_dl16_`` and ``round_dl16`` use it when it is built; without a C compiler (or with
+HFADAPT_NATIVE_DL16=0) they take the torch path."""
 
 from __future__ import annotations
 
@@ -17,10 +18,6 @@ import tempfile
 from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
-
-import torch
-
-from hfadapt.spyre.dl16 import DL16Format, round_dl16_
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +83,9 @@ def _build(target: Path) -> None:
 
 
 @lru_cache(maxsize=1)
-def _load() -> Callable[..., None] | None:
+def load() -> Callable[..., None] | None:
+    """The kernel ``f(ptr, n, max_finite, below_min_normal, shift, threads)``, built on first
+    use; None without a C compiler or with HFADAPT_NATIVE_DL16=0."""
     if os.environ.get("HFADAPT_NATIVE_DL16", "1") == "0":
         return None
     key = hashlib.sha1("|".join([_SOURCE, *_FLAGS, platform.machine()]).encode()).hexdigest()
@@ -111,29 +110,4 @@ def _load() -> Callable[..., None] | None:
 
 
 def available() -> bool:
-    return _load() is not None
-
-
-@lru_cache(maxsize=8)
-def _params(fmt: DL16Format) -> tuple[float, float, int]:
-    from hfadapt.spyre.dl16 import _constants
-
-    shift, max_finite, below_min_normal = _constants(fmt)
-    return max_finite, below_min_normal, shift
-
-
-def round_dl16_fast_(x: torch.Tensor, fmt: DL16Format) -> torch.Tensor:
-    """``round_dl16_(x, fmt)``, through the C kernel when it applies (a contiguous float32 CPU
-    tensor whose memory is not shared with a tensor that needs autograd)."""
-    fn = _load()
-    if (
-        fn is None
-        or x.dtype != torch.float32
-        or x.device.type != "cpu"
-        or not x.is_contiguous()
-        or x.requires_grad
-    ):
-        return round_dl16_(x, fmt)
-    max_finite, below_min_normal, shift = _params(fmt)
-    fn(x.data_ptr(), x.numel(), max_finite, below_min_normal, shift, torch.get_num_threads())
-    return x
+    return load() is not None

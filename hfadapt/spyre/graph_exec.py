@@ -21,8 +21,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from hfadapt.spyre.dl16 import DL16Format, round_dl16
-from hfadapt.spyre.dl16_native import round_dl16_fast_ as round_dl16_
+from hfadapt.spyre.dl16 import DL16Format, round_dl16, round_dl16_
 from hfadapt.spyre.graph_check import GraphCheck, op_name
 from hfadapt.spyre.profile import FALLBACK, Profile
 
@@ -369,5 +368,10 @@ def build_executable(
     """The DL16 program for a checked graph: a GraphModule taking the same inputs and returning
     the same outputs (logical dtypes) as ``gm``. ``static_inputs``: indices of parameters and
     buffers, whose conversion is cached."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
     builder = _Builder(gm, check, profile, static_inputs)
-    return builder.build(), builder.rt
+    # aot_autograd calls its compilers with its FakeTensorMode active; constants and scalars
+    # are converted here for real.
+    with unset_fake_temporarily():
+        return builder.build(), builder.rt
