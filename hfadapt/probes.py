@@ -126,9 +126,12 @@ def tokenize_probes(
     return ProbeBatch(inputs, "tokenizer", PROBE_SENTENCES)
 
 
+SPECIAL_ID_FIELDS = ("pad_token_id", "bos_token_id", "eos_token_id", "cls_token_id", "sep_token_id")
+
+
 def _special_ids(config: Any) -> list[int]:
     ids: list[int] = []
-    for name in ("pad_token_id", "bos_token_id", "eos_token_id", "cls_token_id", "sep_token_id"):
+    for name in SPECIAL_ID_FIELDS:
         value = getattr(config, name, None)
         values = value if isinstance(value, list) else [value]
         ids.extend(v for v in values if isinstance(v, int) and v >= 0)

@@ -17,7 +17,7 @@ from hfadapt import loading, locate
 from hfadapt.errors import ConfigError, CustomCodeError, ModelNotFoundError
 from hfadapt.loading import LoadedModel
 from hfadapt.metrics import PoolingSpec, pooling_from_folder
-from hfadapt.probes import reserved_ids
+from hfadapt.probes import SPECIAL_ID_FIELDS
 
 STRUCTURAL_LAYERS = 2
 # Embedding tables past this are shrunk: the rows do not change what lowers, only memory.
@@ -130,13 +130,40 @@ def truncate_layers(config: Any, layers: int = STRUCTURAL_LAYERS) -> str | None:
 
 
 def shrink_vocab(config: Any, vocab: int = STRUCTURAL_VOCAB) -> str | None:
-    """Shrink the embedding table to ``vocab`` rows, keeping every special token id valid."""
+    """Shrink the embedding table to ``vocab`` rows. Special ids past it (Qwen's sit at the end
+    of a 151k vocabulary) are renumbered to the lowest free ids: with random weights an id is
+    only a row index, and the code paths they drive (padding_idx, position ids) stay the same."""
     size = getattr(config, "vocab_size", None)
-    target = max(vocab, reserved_ids(config) + ALIGNMENT)
-    if not isinstance(size, int) or size <= target:
+    if not isinstance(size, int) or size <= vocab:
         return None
-    config.vocab_size = target
-    return f"vocab shrunk {size} -> {target}"
+    small = {i for i in _special_values(config) if i < vocab}
+    fresh = (i for i in range(vocab) if i not in small)
+    renumbered = {
+        old: next(fresh) for old in sorted({i for i in _special_values(config) if i >= vocab})
+    }
+    for name in SPECIAL_ID_FIELDS:
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value in renumbered:
+            setattr(config, name, renumbered[value])
+        elif isinstance(value, list):
+            setattr(
+                config, name, [renumbered.get(v, v) if isinstance(v, int) else v for v in value]
+            )
+    config.vocab_size = vocab
+    moved = f"; special ids renumbered {renumbered}" if renumbered else ""
+    return f"vocab shrunk {size} -> {vocab}{moved}"
+
+
+def _special_values(config: Any) -> list[int]:
+    out: list[int] = []
+    for name in SPECIAL_ID_FIELDS:
+        value = getattr(config, name, None)
+        out.extend(
+            v
+            for v in (value if isinstance(value, list) else [value])
+            if isinstance(v, int) and v >= 0
+        )
+    return out
 
 
 # ---- the model -----------------------------------------------------------------------------

@@ -78,6 +78,28 @@ def test_truncation_keeps_one_layer_of_each_type() -> None:
     ), note
 
 
+def test_vocab_shrink_renumbers_special_ids_past_the_new_table() -> None:
+    from hfadapt.probes import random_probes, reserved_ids
+    from hfadapt.structural import shrink_vocab
+
+    config = AutoConfig.for_model(
+        "qwen3", vocab_size=151936, bos_token_id=151643, eos_token_id=[151645, 151643]
+    )
+    note = shrink_vocab(config)
+    assert config.vocab_size == STRUCTURAL_VOCAB, note
+    assert (config.bos_token_id, config.eos_token_id) == (0, [1, 0]), (
+        config.bos_token_id,
+        config.eos_token_id,
+    )
+    assert note and "151643: 0" in note and reserved_ids(config) == 2, note
+    ids = random_probes(config).inputs["input_ids"]
+    assert int(ids.max()) < STRUCTURAL_VOCAB, int(ids.max())
+    # small special ids (roberta's pad 1) stay where they are
+    roberta = AutoConfig.for_model("xlm-roberta", vocab_size=250002)
+    shrink_vocab(roberta)
+    assert (roberta.pad_token_id, roberta.bos_token_id, roberta.eos_token_id) == (1, 0, 2)
+
+
 def test_unknown_id_offline() -> None:
     with pytest.raises(ModelNotFoundError, match="not in hfadapt's snapshot"):
         structural.build("nobody/never-heard-of-it")
