@@ -1,10 +1,5 @@
 """Model inputs built on the host, as hf-adapters does (SPYRE.md §5).
 
-- The attention mask: transformers casts the 2-D padding mask to bool on the device (an
-  integer -> bool cast the device does not allow, rule dtype.cast) and builds causal masks with
-  ops that fall back (tril). Here the 4-D additive mask is built on the host with
-  ``finfo(dtype).min / 2`` (the device has no -inf) and handed to the model, which uses a 4-D
-  mask as given. Padding positions get weight exp(min/2 - max) = 0 exactly as with -inf.
 - token_type_ids: when none are passed, BERT gathers them from a buffer (aten::gather is not a
   device op); all-zero ids are built on the host instead.
 - RoBERTa-family position ids: cumsum (falls back) over an int cast of ``input_ids != pad``
@@ -15,6 +10,8 @@ Each hook runs outside compiled graphs (``torch.compiler.disable``): host work, 
 
 from __future__ import annotations
 
+import inspect
+import sys
 from typing import Any
 
 import torch
@@ -24,73 +21,30 @@ from hfadapt.adapter import adapter
 
 _PROV = {"origin": "hand-written", "author": "hfadapt", "date": "2026-11-30"}
 _ROOT = "transformers.modeling_utils:PreTrainedModel"
-_FORWARD_ORDER = ("input_ids", "attention_mask", "token_type_ids", "position_ids")
 
 
-def _get(args: tuple[Any, ...], kwargs: dict[str, Any], name: str) -> Any:
+def _position(module: torch.nn.Module, name: str) -> int:
+    """Where ``name`` stands among the positional parameters of this model's forward."""
+    params = [p for p in inspect.signature(type(module).forward).parameters if p != "self"]
+    return params.index(name) if name in params else 10_000
+
+
+def _get(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], name: str) -> Any:
     if name in kwargs:
         return kwargs[name]
-    idx = _FORWARD_ORDER.index(name)
+    idx = _position(module, name)
     return args[idx] if len(args) > idx else None
 
 
 def _set(
-    args: tuple[Any, ...], kwargs: dict[str, Any], name: str, value: Any
+    module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], name: str, value: Any
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    idx = _FORWARD_ORDER.index(name)
+    idx = _position(module, name)
     if name not in kwargs and len(args) > idx:
         args = (*args[:idx], value, *args[idx + 1 :])
     else:
         kwargs = {**kwargs, name: value}
     return args, kwargs
-
-
-def _model_dtype(module: torch.nn.Module) -> torch.dtype:
-    for p in module.parameters():
-        if p.is_floating_point():
-            return p.dtype
-    return torch.float32
-
-
-def _is_encoder_root(module: torch.nn.Module, config: Any) -> bool:
-    return (
-        hasattr(module, "embeddings")
-        and not getattr(config, "is_decoder", False)
-        and not getattr(config, "is_encoder_decoder", False)
-    )
-
-
-def _is_causal_decoder(config: Any) -> bool:
-    causal_types = {"qwen2", "qwen3", "llama", "mistral", "gemma", "gemma2", "gemma3_text"}
-    if getattr(config, "use_bidirectional_attention", False):
-        return False
-    return getattr(config, "model_type", "") in causal_types
-
-
-def host_attention_mask(mask2d: Tensor, dtype: torch.dtype, causal: bool) -> Tensor:
-    """(batch, 1, q, kv) additive mask: 0 where attended, finfo(dtype).min / 2 elsewhere."""
-    keep = mask2d.to(torch.bool)[:, None, None, :]
-    if causal:
-        n = mask2d.shape[-1]
-        keep = keep & torch.ones(n, n, dtype=torch.bool).tril()[None, None]
-    else:
-        keep = keep.expand(-1, 1, mask2d.shape[-1], -1)
-    neg = torch.finfo(dtype).min / 2
-    return torch.zeros(keep.shape, dtype=dtype).masked_fill(~keep, neg)
-
-
-@torch.compiler.disable
-def _mask_hook(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    mask = _get(args, kwargs, "attention_mask")
-    if mask is None or mask.ndim != 2:
-        return None
-    config = module.config
-    window = getattr(config, "sliding_window", None)
-    if window is not None and mask.shape[-1] > window:
-        return None  # a single 4-D mask cannot express per-layer sliding windows: stay stock
-    device = mask.device
-    built = host_attention_mask(mask.cpu(), _model_dtype(module), _is_causal_decoder(config))
-    return _set(args, kwargs, "attention_mask", built.to(device))
 
 
 def _tiny(model_type: str, seed: int) -> tuple[torch.nn.Module, Tensor, Tensor]:
@@ -118,15 +72,6 @@ def _tiny(model_type: str, seed: int) -> tuple[torch.nn.Module, Tensor, Tensor]:
     return model, ids, mask
 
 
-def _mask_example(seed: int):
-    model, ids, mask = _tiny("bert", seed)
-    return (
-        model,
-        (),
-        {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)},
-    )
-
-
 def _token_type_example(seed: int):
     model, ids, _mask = _tiny("bert", seed)
     return model, (), {"input_ids": ids}
@@ -137,33 +82,15 @@ def _position_example(seed: int):
     return model, (), {"input_ids": ids, "token_type_ids": torch.zeros_like(ids)}
 
 
-@adapter(
-    name="attention-mask-host",
-    kind="pre_hook",
-    target=_ROOT,
-    rule="dtype.cast",
-    applies=lambda module, config: (
-        config is not None and (_is_encoder_root(module, config) or _is_causal_decoder(config))
-    ),
-    example=_mask_example,
-    provenance=_PROV,
-)
-def attention_mask_host(
-    module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> Any:
-    """Replace the 2-D padding mask by a 4-D additive mask built on the host."""
-    return _mask_hook(module, args, kwargs)
-
-
 @torch.compiler.disable
 def _token_type_hook(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    if _get(args, kwargs, "token_type_ids") is not None:
+    if _get(module, args, kwargs, "token_type_ids") is not None:
         return None
-    ids = _get(args, kwargs, "input_ids")
+    ids = _get(module, args, kwargs, "input_ids")
     if ids is None:
         return None
     zeros = torch.zeros(tuple(ids.shape), dtype=torch.long).to(ids.device)
-    return _set(args, kwargs, "token_type_ids", zeros)
+    return _set(module, args, kwargs, "token_type_ids", zeros)
 
 
 @adapter(
@@ -182,18 +109,30 @@ def token_type_ids_host(
     return _token_type_hook(module, args, kwargs)
 
 
+def _counts_positions(module: torch.nn.Module) -> bool:
+    """RoBERTa-style embeddings: a padding_idx and create_position_ids_from_input_ids, as a
+    method (roberta, xlm-roberta, camembert...) or a module function (mpnet)."""
+    emb = getattr(module, "embeddings", None)
+    if emb is None or not hasattr(emb, "padding_idx"):
+        return False
+    home = sys.modules.get(type(emb).__module__)
+    return hasattr(type(emb), "create_position_ids_from_input_ids") or hasattr(
+        home, "create_position_ids_from_input_ids"
+    )
+
+
 @torch.compiler.disable
 def _position_hook(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    if _get(args, kwargs, "position_ids") is not None:
+    if _get(module, args, kwargs, "position_ids") is not None:
         return None
-    ids = _get(args, kwargs, "input_ids")
+    ids = _get(module, args, kwargs, "input_ids")
     if ids is None:
         return None
     pad = module.embeddings.padding_idx
     host = ids.cpu().long()
     mask = host.ne(pad).int()
     positions = (torch.cumsum(mask, dim=1).type_as(mask) * mask).long() + pad
-    return _set(args, kwargs, "position_ids", positions.to(ids.device))
+    return _set(module, args, kwargs, "position_ids", positions.to(ids.device))
 
 
 @adapter(
@@ -201,10 +140,7 @@ def _position_hook(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[
     kind="pre_hook",
     target=_ROOT,
     rule="dtype.cast",
-    applies=lambda module, config: (
-        hasattr(getattr(module, "embeddings", None), "padding_idx")
-        and hasattr(type(module.embeddings), "create_position_ids_from_input_ids")
-    ),
+    applies=lambda module, config: _counts_positions(module),
     example=_position_example,
     provenance=_PROV,
 )

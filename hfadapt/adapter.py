@@ -52,6 +52,9 @@ class Adapter:
     example: ExampleFn | None = None  # seed -> (module, args, kwargs) for equivalence proofs
     provenance: Provenance = field(default_factory=Provenance)
     priority: int = 100
+    proof: str = (
+        "call"  # "call": prove fn against the stock method; "model": the whole model's output
+    )
     path: str = ""  # the file it was loaded from
     source: str = ""  # "bundled", "user", "entry-point:<pkg>", or "inline"
 
@@ -78,10 +81,15 @@ class Adapter:
         return qual.split(".", 1)[1] if "." in qual else "forward"
 
     def original(self) -> Callable[..., Any]:
-        """The stock code this adapter replaces (for equivalence proofs)."""
-        cls = self.target_class()
+        """The stock code this adapter replaces (for equivalence proofs). For a method, the
+        instance's own class method: a subclass's override is what that instance runs."""
         if self.kind == "method":
-            return getattr(cls, self.method_name)
+            method = self.method_name
+
+            def stock(module: Any, *args: Any, **kwargs: Any) -> Any:
+                return getattr(type(module), method)(module, *args, **kwargs)
+
+            return stock
         if self.kind == "attention":
             from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -118,12 +126,15 @@ def adapter(
     example: ExampleFn | None = None,
     provenance: Provenance | dict[str, Any] | None = None,
     priority: int = 100,
+    proof: str = "call",
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register the decorated function as an adapter (llm-style: the decorator appends)."""
     if not name or not name.replace("-", "").replace("_", "").isalnum():
         raise AdapterError(f"adapter name {name!r} must be letters, digits, '-' or '_'")
     if kind not in ("method", "pre_hook", "attention"):
         raise AdapterError(f"adapter {name}: unknown kind {kind!r}")
+    if proof not in ("call", "model"):
+        raise AdapterError(f"adapter {name}: proof must be 'call' or 'model', not {proof!r}")
     prov = provenance if isinstance(provenance, Provenance) else Provenance(**(provenance or {}))
 
     def register(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -139,6 +150,7 @@ def adapter(
                 example=example,
                 provenance=prov,
                 priority=priority,
+                proof=proof,
             )
         )
         return fn

@@ -13,7 +13,8 @@ from typing import Any
 import torch
 
 from hfadapt.adapter import Adapter
-from hfadapt.equivalence import EquivalenceResult, _calls, _map_floats, prove_equivalent
+from hfadapt.equivalence import Call, EquivalenceResult, _calls, _map_floats, prove_equivalent
+from hfadapt.registry import Registry
 from hfadapt.spyre.report import LoweringReport
 
 
@@ -117,6 +118,45 @@ def _rel_err(out: Any, ref: torch.Tensor) -> float:
     return float((t - ref).abs().max().item() / scale)
 
 
+def _whole_model(a: Adapter, module: Any) -> bool:
+    """Judge the adapter on the whole model's forward (with the rest of the registry applied)
+    rather than on the one call it replaces."""
+    return (
+        a.kind == "pre_hook"
+        or a.proof == "model"
+        or (
+            isinstance(module, torch.nn.Module)
+            and hasattr(module, "config")
+            and a.kind != "attention"
+            and a.method_name == "forward"
+            and a.target.endswith("PreTrainedModel.forward")
+        )
+    )
+
+
+def model_calls(a: Adapter, registry: Registry | None = None) -> tuple[Call, Call]:
+    """(stock, adapted) calls of a whole model: every other matching adapter of the registry is
+    applied to both, so a difference is this adapter's alone."""
+    from hfadapt.registry import default_registry
+
+    reg = registry or default_registry()
+
+    def run(with_it: bool) -> Call:
+        def call(m: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            others = [x.name for x in reg.adapters if x.name != a.name]
+            handle = reg.apply(m, device="spyre", only=[*others, a.name] if with_it else others)
+            if with_it and a.name not in handle.applied and a not in reg.adapters:
+                Registry(adapters=[a]).apply(m, device="spyre")
+            try:
+                return m(*args, **kwargs)
+            finally:
+                handle.remove()
+
+        return call
+
+    return run(False), run(True)
+
+
 def device_check(a: Adapter, seed: int = 0, profile: str | None = None) -> DeviceCheck:
     """Run the stock and the adapted code of ``a.example(seed)`` on the eager device in fp16."""
     from hfadapt.spyre import device as spyre_device
@@ -126,7 +166,8 @@ def device_check(a: Adapter, seed: int = 0, profile: str | None = None) -> Devic
         return DeviceCheck(error="no example to run")
     spyre_device.register()
     dev = torch.device("spyre")
-    stock_call, adapted_call = _calls(a, None, None)
+    module0 = a.example(seed)[0]
+    stock_call, adapted_call = model_calls(a) if _whole_model(a, module0) else _calls(a, None, None)
     module, args, kwargs = a.example(seed)
     reference = _first_float(
         stock_call(
@@ -170,7 +211,17 @@ def verify_adapter(a: Adapter, *, seeds: int = 3, profile: str | None = None) ->
         result.failure = "no example: the adapter cannot be proven (add example=)"
         return result
     try:
-        result.equivalence = prove_equivalent(a, seeds=tuple(range(seeds)))
+        if a.proof == "model":
+            stock, adapted = model_calls(a)
+            result.equivalence = prove_equivalent(
+                lambda m, *args, **kw: adapted(m, args, kw),
+                lambda m, *args, **kw: stock(m, args, kw),
+                a.example,
+                seeds=tuple(range(seeds)),
+                kind="method",
+            )
+        else:
+            result.equivalence = prove_equivalent(a, seeds=tuple(range(seeds)))
     except Exception as exc:
         result.failure = f"equivalence harness raised {type(exc).__name__}: {exc}"
         return result

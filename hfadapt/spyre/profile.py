@@ -65,6 +65,7 @@ class Profile:
     layout: dict[str, dict[str, Any]]
     numerics: dict[str, dict[str, Any]]
     path: str = ""
+    inplace_lowers: bool = False
     _by_op: dict[str, Rule] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -82,8 +83,11 @@ class Profile:
         entry wins over the op's packet ("aten::pow")."""
         rule = self._by_op.get(op)
         if rule is None:
-            rule = self._by_op.get(op.split(".", 1)[0], UNLISTED)
-        return rule
+            packet = op.split(".", 1)[0]
+            rule = self._by_op.get(packet)
+            if rule is None and self.inplace_lowers and packet.endswith("_") and not packet.endswith("__"):
+                rule = self._by_op.get(packet[:-1])  # aten::add_ -> aten::add (profile "inplace")
+        return rule or UNLISTED
 
     def outcome(self, op: str, mode: str) -> tuple[str, Rule]:
         rule = self.rule_for(op)
@@ -228,6 +232,7 @@ def _build(data: dict[str, Any], path: str) -> Profile:
             layout=data["layout"],
             numerics=data["numerics"],
             path=path,
+            inplace_lowers="inplace" in data,
         )
     except KeyError as exc:
         raise ProfileError(f"device profile {path} lacks the field {exc}") from exc

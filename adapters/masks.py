@@ -1,0 +1,162 @@
+"""Attention masks built on the host with the model's own mask code.
+
+On the device, transformers' mask builders cast the 2-D padding mask to bool (an integer ->
+bool cast the device refuses, rule dtype.cast), index with tensors (aten::index, unsupported)
+and reduce with aten::all (unsupported); causal masks need tril (falls back). This adapter runs
+the model's forward with each ``create_*_mask`` function replaced by one that calls the stock
+function on the host (sdpa form: a boolean 4-D mask), turns it into an additive mask with
+``finfo(dtype).min / 2`` (the device has no -inf; hf-adapters' value) and sends it over.
+Sliding windows, causal and bidirectional variants all come from the stock code, so every
+architecture gets exactly the mask it would have had. A masked position gets weight
+exp(min/2 - max) = 0, as with -inf.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from hfadapt.adapter import adapter
+from hfadapt.rebind import rebind, stock_method
+
+MASK_BUILDERS = (
+    "create_causal_mask",
+    "create_bidirectional_mask",
+    "create_sliding_window_causal_mask",
+    "create_bidirectional_sliding_window_mask",
+    "create_chunked_causal_mask",
+)
+_HOST_BUILDERS: dict[int, Callable[..., Any]] = {}
+
+
+def _to_host(value: Any) -> Any:
+    return value.cpu() if isinstance(value, torch.Tensor) else value
+
+
+def _host_builder(stock: Callable[..., Any]) -> Callable[..., Any]:
+    found = _HOST_BUILDERS.get(id(stock))
+    if found is not None:
+        return found
+
+    @torch.compiler.disable
+    def build_on_host(*args: Any, **kwargs: Any) -> Any:
+        config = kwargs.get("config", args[0] if args else None)
+        embeds = kwargs.get("inputs_embeds")
+        if config is None or embeds is None:
+            return stock(*args, **kwargs)
+        host_config = copy.copy(config)
+        host_config.__dict__["_attn_implementation_internal"] = "sdpa"
+        dtype, device = embeds.dtype, embeds.device
+        host_kwargs = {k: _to_host(v) for k, v in kwargs.items()}
+        host_kwargs["config"] = host_config
+        host_kwargs["inputs_embeds"] = torch.empty((*embeds.shape[:2], 0), dtype=dtype)
+        if "encoder_hidden_states" in kwargs and kwargs["encoder_hidden_states"] is not None:
+            enc = kwargs["encoder_hidden_states"]
+            host_kwargs["encoder_hidden_states"] = torch.empty((*enc.shape[:2], 0), dtype=dtype)
+        mask = stock(**host_kwargs)
+        if mask is None:
+            return None
+        if mask.dtype == torch.bool:
+            mask = torch.zeros(mask.shape, dtype=dtype).masked_fill(
+                ~mask, torch.finfo(dtype).min / 2
+            )
+        else:
+            mask = mask.to(dtype).clamp(min=torch.finfo(dtype).min / 2)
+        return mask.to(device)
+
+    build_on_host.__wrapped__ = stock  # type: ignore[attr-defined]
+    _HOST_BUILDERS[id(stock)] = build_on_host
+    return build_on_host
+
+
+def _builders_of(module: torch.nn.Module) -> dict[str, Callable[..., Any]]:
+    """The mask builders the model's own module calls, each swapped for its host version."""
+    home = sys.modules.get(type(module).__module__)
+    return {
+        name: _host_builder(getattr(home, name)) for name in MASK_BUILDERS if hasattr(home, name)
+    }
+
+
+def _example(seed: int):
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(seed)
+    cfg = BertConfig(
+        hidden_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=256,
+        vocab_size=96,
+        hidden_act="relu",
+        attn_implementation="sdpa",
+    )
+    model = BertModel(cfg).double().eval()
+    ids = torch.randint(3, 96, (3, 64))
+    mask = torch.ones(3, 64, dtype=torch.long)
+    mask[1, 40:] = 0
+    mask[2, 5:] = 0
+    return (
+        model,
+        (),
+        {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)},
+    )
+
+
+def _example_direct(seed: int):
+    """A model whose forward calls the mask builders itself (the example above uses a helper)."""
+    from transformers import AutoConfig, AutoModel
+
+    torch.manual_seed(seed)
+    cfg = AutoConfig.for_model(
+        "qwen3",
+        hidden_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=64,
+        intermediate_size=256,
+        vocab_size=96,
+        attn_implementation="sdpa",
+        use_cache=False,
+    )
+    model = AutoModel.from_config(cfg).double().eval()
+    ids = torch.randint(3, 96, (3, 64))
+    mask = torch.ones(3, 64, dtype=torch.long)
+    mask[1, 40:] = 0
+    return model, (), {"input_ids": ids, "attention_mask": mask}
+
+
+@adapter(
+    name="attention-mask-host",
+    target="transformers.modeling_utils:PreTrainedModel.forward",
+    rule="dtype.cast",
+    applies=lambda module, config: config is not None and bool(_builders_of(module)),
+    example=_example_direct,
+    proof="model",
+    provenance={"origin": "hand-written", "author": "hfadapt", "date": "2026-11-30"},
+)
+def masks_on_host(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """The model's own forward, with its mask builders running on the host."""
+    forward = rebind(stock_method(type(self), "forward"), **_builders_of(self))
+    return forward(self, *args, **kwargs)
+
+
+@adapter(
+    name="attention-mask-host-helper",
+    target="transformers.modeling_utils:PreTrainedModel._create_attention_masks",
+    rule="dtype.cast",
+    applies=lambda module, config: (
+        hasattr(type(module), "_create_attention_masks") and bool(_builders_of(module))
+    ),
+    example=_example,
+    proof="model",
+    provenance={"origin": "hand-written", "author": "hfadapt", "date": "2026-11-30"},
+)
+def mask_helper_on_host(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """BERT-family models build masks in a helper method: the same swap there."""
+    helper = rebind(stock_method(type(self), "_create_attention_masks"), **_builders_of(self))
+    return helper(self, *args, **kwargs)

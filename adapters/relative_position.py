@@ -1,0 +1,70 @@
+"""Relative-position attention bias built on the host.
+
+MPNet buckets relative positions with a log, integer <-> float casts and comparisons
+(``relative_position_bucket``): casts the device refuses (rule dtype.cast) and a log in fp32
+(rule dtype.fp32.ops). The bias depends only on the sequence length and the learned table, so
+the host computes it with the stock code and sends the (batch, heads, q, k) tensor over.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from hfadapt.adapter import adapter
+
+
+@torch.compiler.disable
+def _mpnet_bias_on_host(
+    encoder: torch.nn.Module, x: Tensor, position_ids: Tensor | None, num_buckets: int
+) -> Tensor:
+    from transformers.models.mpnet.modeling_mpnet import MPNetEncoder
+
+    bsz, qlen = x.size(0), x.size(1)
+    table = encoder.relative_attention_bias
+    host_table = torch.nn.Embedding.from_pretrained(
+        table.weight.detach().cpu().float(), freeze=True
+    )
+    if position_ids is not None:
+        pos = position_ids.cpu().long()
+        relative = pos[:, None, :] - pos[:, :, None]
+    else:
+        ar = torch.arange(qlen, dtype=torch.long)
+        relative = ar[None, :] - ar[:, None]
+    bucket = MPNetEncoder.relative_position_bucket(relative, num_buckets=num_buckets)
+    values = host_table(bucket).to(table.weight.dtype)
+    values = (
+        values.permute([2, 0, 1]).unsqueeze(0)
+        if values.dim() == 3
+        else values.permute([0, 3, 1, 2])
+    )
+    values = values.expand((bsz, -1, qlen, qlen)).contiguous()
+    return values.to(x.device)
+
+
+def _example(seed: int):
+    from transformers import MPNetConfig
+    from transformers.models.mpnet.modeling_mpnet import MPNetEncoder
+
+    torch.manual_seed(seed)
+    enc = MPNetEncoder(
+        MPNetConfig(
+            hidden_size=128, num_attention_heads=2, num_hidden_layers=1, intermediate_size=256
+        )
+    )
+    x = torch.randn(2, 64, 128, dtype=torch.float64)
+    return enc.double(), (x,), {}
+
+
+@adapter(
+    name="mpnet-position-bias-host",
+    target="transformers.models.mpnet.modeling_mpnet:MPNetEncoder.compute_position_bias",
+    rule="dtype.cast",
+    example=_example,
+    provenance={"origin": "hand-written", "author": "hfadapt", "date": "2026-11-30"},
+)
+def mpnet_position_bias(
+    self, x: Tensor, position_ids: Tensor | None = None, num_buckets: int = 32
+) -> Tensor:
+    """The stock bucketed relative-position bias, computed on the host."""
+    return _mpnet_bias_on_host(self, x, position_ids, num_buckets)
