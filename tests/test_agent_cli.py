@@ -204,3 +204,20 @@ def test_draft_model_diagnoses_drafts_validates_on_the_model_and_accepts(
     )
     assert code == 0, err
     assert accepted[0]["fingerprint"] in [t["fingerprint"] for t in json.loads(out)]
+
+
+def test_fingerprint_prefix_finds_its_models_or_says_why(tmp_path: Path) -> None:
+    from hfadapt.agent.workflows import models_for_fingerprint
+    from hfadapt.errors import UsageError
+
+    engine = get_engine(str(tmp_path / "runs.db"))
+    with session(engine) as s:
+        s.add(HubModel(id="a/one", downloads=10))
+        s.add(HubModel(id="b/two", downloads=900))
+        s.add(_fp_run("a/one", ["abc111111111"]))
+        s.add(_fp_run("b/two", ["abc111111111", "abc222222222"]))
+    assert models_for_fingerprint(engine, "abc1") == ("abc111111111", ["b/two", "a/one"])
+    with pytest.raises(UsageError, match="ambiguous"):
+        models_for_fingerprint(engine, "abc")
+    with pytest.raises(UsageError, match="no recorded run has fingerprint 'fff'"):
+        models_for_fingerprint(engine, "fff")

@@ -258,3 +258,26 @@ def test_runaway_drafts_are_killed_and_the_loop_goes_on(
     assert hogged.step == "equivalence" and hogged.status in ("fail", "killed"), hogged
     assert "memory" in hogged.summary.lower() or "MemoryError" in hogged.summary, hogged.summary
     assert third.accepted
+
+
+def test_token_and_wall_time_limits_end_the_session(
+    openai_server: ScriptedOpenAI, tmp_path: Path
+) -> None:
+    from hfadapt.agent.loop import TIME_BUDGET, TOKEN_BUDGET
+
+    openai_server.script = [WRONG, GOOD]
+    engine = get_engine(str(tmp_path / "runs.db"))
+    client = client_for(openai_server.url, attempts=3, max_tokens=1000)  # one answer costs 1500
+    outcome = draft_adapter(
+        softsign_case(), client, recorder=Recorder(engine), steps=STEPS, taken_names={}
+    )
+    assert outcome.outcome == TOKEN_BUDGET, outcome.reason
+    assert "token limit 1000 reached (1500 used) after 1 attempt(s)" in outcome.reason
+    assert len(openai_server.requests) == 1
+    client = client_for(openai_server.url, attempts=3, max_seconds=0.0)
+    outcome = draft_adapter(
+        softsign_case(), client, recorder=Recorder(engine), steps=STEPS, taken_names={}
+    )
+    assert outcome.outcome == TIME_BUDGET and len(openai_server.requests) == 1, outcome.reason
+    sessions, _ = rows(engine)
+    assert [s.outcome for s in sessions] == [TOKEN_BUDGET, TIME_BUDGET]
