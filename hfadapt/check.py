@@ -214,6 +214,39 @@ def diagnose(
 
     _check_options(mode, dtype, execution)
     prof = load_profile(profile)
+    # Open the database first: a read-only or corrupt --db fails before minutes of work.
+    engine = _engine(db) if record else None
+    try:
+        return _diagnose(model_ref, prof, engine, mode=mode, dtype=dtype, execution=execution,
+                         adapters=adapters, trust_remote_code=trust_remote_code, profile=profile,
+                         runner=runner, localize_failures=localize_failures)  # fmt: skip
+    finally:
+        if engine is not None and engine is not db:
+            engine.dispose()
+
+
+def _engine(db: Any) -> Any:
+    from sqlalchemy.engine import Engine
+
+    from hfadapt import store
+
+    return db if isinstance(db, Engine) else store.get_engine(db)
+
+
+def _diagnose(
+    model_ref: str | os.PathLike[str] | LoadedModel,
+    prof: Any,
+    engine: Any,
+    *,
+    mode: str,
+    dtype: str,
+    execution: str,
+    adapters: bool,
+    trust_remote_code: bool,
+    profile: str | None,
+    runner: Runner | None,
+    localize_failures: bool,
+) -> Diagnosis:
     phases = _Phases()
     ref_name = model_ref.model_id if isinstance(model_ref, LoadedModel) else os.fspath(model_ref)
     diag = Diagnosis(
@@ -243,9 +276,9 @@ def diagnose(
         diag.exit_code = 0 if verdict == verdicts.PASS else 1
     diag.next_step = next_step(diag)
     diag.finished()
-    if record:
+    if engine is not None:
         with phases("store"):
-            diag.run_id = write_run(diag, db)
+            diag.run_id = write_run(diag, engine)
     return diag
 
 

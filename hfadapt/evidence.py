@@ -81,6 +81,7 @@ class Diagnosis:
                 "model_type": self.model_type,
                 "revision": self.revision,
                 "signature": self.signature,
+                "signature_fields": self.signature_fields,
                 "metrics": self.metrics.to_dict() if self.metrics else None,
                 "report": self.report.to_dict() if self.report else None,
                 "divergence": self.divergence.to_dict() if self.divergence else None,
@@ -206,19 +207,12 @@ def _row(diag: Diagnosis) -> Run:
     )
 
 
-def write_run(diag: Diagnosis, db: Any = None) -> int | None:
-    """Insert the diagnosis as one Run row; ``db`` is an Engine, a URL/path, or None (default)."""
-    from sqlalchemy.engine import Engine
-
+def write_run(diag: Diagnosis, engine: Any) -> int | None:
+    """Insert the diagnosis as one Run row (``engine`` from ``hfadapt.store.get_engine``)."""
     from hfadapt import store
 
-    engine = db if isinstance(db, Engine) else store.get_engine(db)
-    try:
-        row = _row(diag)
-        with store.session(engine) as sess:
-            sess.add(row)
-            sess.flush()
-            return row.id
-    finally:
-        if engine is not db:
-            engine.dispose()
+    row = _row(diag)
+    with store.session(engine) as sess:
+        sess.add(row)
+        sess.flush()
+        return row.id

@@ -147,6 +147,7 @@ def test_violations_are_listed_with_source_lines(
         ("corrupt", "is corrupt"),
         ("hub offline", "is not in the HF cache"),
         ("bad mode", "--mode must be one of full, structural"),
+        ("read-only db", "is read-only"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(
@@ -172,6 +173,11 @@ def test_bad_input_is_one_line_and_exit_2(
     elif setup == "hub offline":
         monkeypatch.setenv("HF_HUB_OFFLINE", "1")
         args = ["diagnose", "acme/not-cached"]
+    elif setup == "read-only db":
+        db = tmp_path / "ro.db"
+        db.write_bytes(b"")
+        db.chmod(0o444)
+        args += ["--db", str(db)]
     else:
         args += ["--mode", "fast"]
     code, out, err = run_cli(args, monkeypatch, capsys)
