@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hfadapt.spyre.dl16 import round_dl16
-from hfadapt.spyre.tracking import SpyreFallbackWarning
+from hfadapt.spyre.tracking import SpyreDowncastWarning, SpyreFallbackWarning
 
 EAGER_TEXT = "with arguments from the 'PrivateUse1' backend"
 
@@ -42,7 +42,7 @@ def test_fallbacks_warn_and_are_counted(spyre, fn, op) -> None:
         on = x.to("spyre")
         with pytest.warns(SpyreFallbackWarning, match=f"^{op} is falling back to cpu$"):
             out = fn(on)
-        fn(on)
+            fn(on)
     assert report.fallbacks[op] == 2, dict(report.fallbacks)
     assert report.ok and report.ops_seen[op] == 2
     # the host computes in fp16 (the logical dtype); the result comes back rounded to DL16
@@ -147,7 +147,8 @@ def test_nested_tracking_merges_into_the_outer_report(spyre) -> None:
 
 
 def test_set_profile_changes_the_rules(spyre) -> None:
-    ids = torch.tensor([[1, 2, 3]]).to("spyre")
+    with pytest.warns(SpyreDowncastWarning):
+        ids = torch.tensor([[1, 2, 3]]).to("spyre")
     table = _fp16(8, 64).to("spyre")
     with pytest.warns(SpyreFallbackWarning, match="aten::embedding is falling back"):
         torch.nn.functional.embedding(ids, table)
