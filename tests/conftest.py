@@ -234,6 +234,20 @@ def fault_runner() -> object:
     return faulty_runner
 
 
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """torch on one thread for the test. On a loaded 2-core machine, OpenMP threads waiting for
+    each other make a tiny model's matmuls ~50x slower than one thread does; restored after."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 # ---- compile backend (tests/test_compile.py, test_layout.py, test_report.py, -------------------
 # test_model_rules.py, test_compile_models.py)
 

@@ -14,10 +14,14 @@ import pytest
 from hfadapt import check
 from hfadapt.cli import main
 
+# Small models on a shared machine: one torch thread (see conftest.one_thread).
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 def run_cli(
     args: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> tuple[int, str, str]:
+
     monkeypatch.setenv("COLUMNS", "200")  # rich wraps tables at the terminal width
     monkeypatch.setattr(sys, "argv", ["hfadapt", *args])
     code = 0

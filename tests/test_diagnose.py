@@ -25,6 +25,9 @@ from hfadapt.errors import (
 from hfadapt.spyre.report import LoweringReport, SourceLocation, Violation
 from hfadapt.tables import Run
 
+# Small models on a shared machine: one torch thread (see conftest.one_thread).
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 PHASES = {"load", "probes", "reference", "adapters", "device", "metrics", "total"}
 
 

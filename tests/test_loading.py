@@ -22,6 +22,9 @@ from hfadapt.errors import (
 )
 from hfadapt.metrics import PoolingSpec
 
+# Small models on a shared machine: one torch thread (see conftest.one_thread).
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 def test_minilm_folder_loads_with_tokenizer_and_pooling(minilm_path: Path) -> None:
     lm = loading.load(minilm_path)

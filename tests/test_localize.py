@@ -12,6 +12,9 @@ import torch
 from hfadapt.localize import MODULE_COSINE_MIN, ModuleRecord, first_divergence, localize
 from hfadapt.probes import model_inputs, tokenize_probes
 
+# Small models on a shared machine: one torch thread (see conftest.one_thread).
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 @pytest.fixture(scope="module")
 def tiny_loaded(tiny_model_dirs: dict[str, Path]):  # type: ignore[no-untyped-def]

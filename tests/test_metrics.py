@@ -11,6 +11,9 @@ import torch
 
 from hfadapt.metrics import TOKEN_COSINE_MIN, PoolingSpec, compare, pool, pooling_from_folder
 
+# Small models on a shared machine: one torch thread (see conftest.one_thread).
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 def _batch(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)

@@ -21,6 +21,9 @@ from hfadapt.probes import (
     tokenize_probes,
 )
 
+# Small models on a shared machine: one torch thread (see conftest.one_thread).
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 SCRIPTS = {
     "CJK": r"[\u4e00-\u9fff]",
     "kana": r"[\u3040-\u30ff]",

@@ -20,6 +20,9 @@ from hfadapt.structural import (
     truncate_layers,
 )
 
+# Small models on a shared machine: one torch thread (see conftest.one_thread).
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 @pytest.fixture(autouse=True)
 def offline(monkeypatch: pytest.MonkeyPatch) -> None:
