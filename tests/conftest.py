@@ -25,6 +25,9 @@ def isolated_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         "HF_STORED_TOKENS_PATH": hf_home / "stored_tokens",
     }
     monkeypatch.setenv("HFADAPT_DB", str(tmp_path / "runs.db"))
+    # Accepted agent drafts land in $HFADAPT_HOME/adapters: never the user's folder.
+    monkeypatch.setenv("HFADAPT_HOME", str(tmp_path / "hfadapt_home"))
+    monkeypatch.delenv("HFADAPT_ADAPTERS_PATH", raising=False)
     for name, path in paths.items():
         monkeypatch.setenv(name, str(path))
         # huggingface_hub read these at import time: the environment alone is not enough.

