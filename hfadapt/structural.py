@@ -39,6 +39,15 @@ __all__ = [
 ]
 
 
+_WHERE = {
+    "folder": "the model folder",
+    "cache": "the HF cache",
+    "hub": "the Hub",
+    "bundled": "hfadapt's bundled real config",
+    "defaults": "the model_type's defaults (transformers)",
+}
+
+
 # ---- the config ----------------------------------------------------------------------------
 
 
@@ -224,7 +233,7 @@ def build(
             )
         else:
             config = config_from_dict(raw)
-    notes = [f"structural: config from {where}, seeded random weights (seed {seed})"]
+    notes = [f"structural: config from {_WHERE[where]}, seeded random weights (seed {seed})"]
     notes += [n for n in (truncate_layers(config, layers), shrink_vocab(config, vocab)) if n]
 
     tokenizer, why = _tokenizer(where, text, folder, trust_remote_code)

@@ -288,9 +288,10 @@ def test_structural_mode_offline_says_so_everywhere(
     assert "--mode full" in diag.next_step
     (row,) = rows()
     assert row.mode == "structural" and row.reason and row.reason.startswith("[structural]")
-    assert row.evidence and "structural: config from bundled" in row.evidence["notes"][0], (
+    assert (
         row.evidence
-    )
+        and "structural: config from hfadapt's bundled real config" in row.evidence["notes"][0]
+    ), row.evidence
     assert row.evidence["probes"].endswith("ids from random)"), row.evidence["probes"]
 
 
