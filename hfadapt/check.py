@@ -157,18 +157,28 @@ def _not_deterministic(first: torch.Tensor, second: torch.Tensor) -> str | None:
 
 
 @contextlib.contextmanager
-def _device_warnings_recorded() -> Iterator[None]:
-    """Silence the device's per-call fallback / int64 warnings: the report counts every one, and
-    a BERT forward would print hundreds of them."""
+def _device_warnings_recorded(diag: Diagnosis) -> Iterator[None]:
+    """Device warnings go into the evidence, not onto the terminal: per-call fallback / int64
+    warnings are dropped (the report counts every one; a BERT forward raises hundreds), others
+    (graph breaks in compiled mode...) are kept once each in ``evidence["device_warnings"]``."""
     try:
         from hfadapt.spyre.tracking import SpyreDowncastWarning, SpyreFallbackWarning
+
+        counted: tuple[type[Warning], ...] = (SpyreFallbackWarning, SpyreDowncastWarning)
     except ImportError:
-        yield
-        return
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", SpyreFallbackWarning)
-        warnings.simplefilter("ignore", SpyreDowncastWarning)
-        yield
+        counted = ()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            yield
+        finally:
+            kept = diag.evidence.setdefault("device_warnings", [])
+            for w in caught:
+                text = " ".join(str(w.message).split())
+                if not issubclass(w.category, counted) and text not in kept:
+                    kept.append(text)
+            if not kept:
+                del diag.evidence["device_warnings"]
 
 
 def _report_of(exc: SpyreLoweringError, diag: Diagnosis) -> LoweringReport:
@@ -361,7 +371,7 @@ def _judge(
 
     run_device = runner or default_runner()
     torch_dtype = DTYPES[dtype]
-    with phases("device"), _device_warnings_recorded():
+    with phases("device"), _device_warnings_recorded(diag):
         try:
             run = run_device(
                 device_model,
@@ -395,7 +405,7 @@ def _judge(
         return verdicts.PASS, f"{metrics.summary()} (>= {metrics.threshold})", None
 
     if localize_failures:
-        with phases("localize"), _device_warnings_recorded():
+        with phases("localize"), _device_warnings_recorded(diag):
             try:
                 diag.divergence = localize(
                     model,

@@ -181,6 +181,30 @@ def test_eager_op_error_gives_lowering_failed_with_its_violations(
     )
 
 
+def test_device_warnings_are_evidence_not_noise(
+    tiny_model_dirs: dict[str, Path], cpu_runner: Callable[..., Any]
+) -> None:
+    import warnings
+
+    from hfadapt.spyre.tracking import SpyreFallbackWarning
+
+    def runner(*args: Any, **kwargs: Any) -> Any:
+        for _ in range(3):
+            warnings.warn(
+                "aten::embedding is falling back to cpu", SpyreFallbackWarning, stacklevel=1
+            )
+            warnings.warn("lower(): 2 graph break(s)", UserWarning, stacklevel=1)
+        return cpu_runner(*args, **kwargs)
+
+    with warnings.catch_warnings(record=True) as leaked:
+        warnings.simplefilter("always")
+        diag = diagnose(tiny_model_dirs["bert"], runner=runner)
+    assert diag.evidence["device_warnings"] == ["lower(): 2 graph break(s)"], diag.evidence
+    assert not [
+        w for w in leaked if "graph break" in str(w.message) or "falling back" in str(w.message)
+    ]
+
+
 def test_collected_violations_give_lowering_failed(
     tiny_model_dirs: dict[str, Path], cpu_runner: Callable[..., Any]
 ) -> None:

@@ -122,6 +122,8 @@ def render(diag: Any) -> None:
     )
     for note in diag.evidence.get("notes", []):
         _say("  ", str(note), style="dim")
+    for warning in diag.evidence.get("device_warnings", []):
+        _say("  [yellow]device:[/yellow] ", str(warning))
     report = diag.report
     if report is not None and report.violations:
         # One block per violation, not a table: messages and source lines are long.
