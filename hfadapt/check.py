@@ -5,13 +5,10 @@ with the full evidence. ``diagnose`` is what ``hfadapt diagnose`` calls."""
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import importlib
 import os
-import time
-import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -27,12 +24,19 @@ from hfadapt.errors import (
     SpyreUnsupportedModelError,
     UsageError,
 )
-from hfadapt.evidence import Diagnosis, next_step, write_run
+from hfadapt.evidence import (
+    Diagnosis,
+    Phases,
+    device_warnings_recorded,
+    next_step,
+    report_of_error,
+    versions_of,
+    write_run,
+)
 from hfadapt.loading import LoadedModel
 from hfadapt.localize import localize
 from hfadapt.metrics import compare, last_hidden
 from hfadapt.probes import build_probes, model_inputs
-from hfadapt.spyre.report import LoweringReport
 
 MODES = ("full", "structural")
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -81,34 +85,6 @@ def apply_adapters(model: torch.nn.Module) -> tuple[list[str], list[str]]:
     return names, errors
 
 
-class _Phases:
-    """Wall time per phase, in seconds."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-
-    @contextlib.contextmanager
-    def __call__(self, name: str) -> Iterator[None]:
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[name] = round(self.seconds.get(name, 0.0) + time.perf_counter() - start, 4)
-
-
-def _versions(profile: Any) -> dict[str, str]:
-    import transformers
-
-    import hfadapt
-
-    return {
-        "hfadapt": hfadapt.__version__,
-        "profile": f"{profile.name}@{profile.version}",
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-    }
-
-
 def _check_options(mode: str, dtype: str, execution: str) -> None:
     if mode not in MODES:
         raise UsageError(f"--mode must be one of {', '.join(MODES)}, not {mode!r}")
@@ -154,39 +130,6 @@ def _not_deterministic(first: torch.Tensor, second: torch.Tensor) -> str | None:
         f"the CPU fp32 reference is not deterministic: two identical runs differ in {changed} values "
         f"(max |diff| {diff:.4g}); dropout left on, or a nondeterministic op"
     )
-
-
-@contextlib.contextmanager
-def _device_warnings_recorded(diag: Diagnosis) -> Iterator[None]:
-    """Device warnings go into the evidence, not onto the terminal: per-call fallback / int64
-    warnings are dropped (the report counts every one; a BERT forward raises hundreds), others
-    (graph breaks in compiled mode...) are kept once each in ``evidence["device_warnings"]``."""
-    try:
-        from hfadapt.spyre.tracking import SpyreDowncastWarning, SpyreFallbackWarning
-
-        counted: tuple[type[Warning], ...] = (SpyreFallbackWarning, SpyreDowncastWarning)
-    except ImportError:
-        counted = ()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            yield
-        finally:
-            kept = diag.evidence.setdefault("device_warnings", [])
-            for w in caught:
-                text = " ".join(str(w.message).split())
-                if not issubclass(w.category, counted) and text not in kept:
-                    kept.append(text)
-            if not kept:
-                del diag.evidence["device_warnings"]
-
-
-def _report_of(exc: SpyreLoweringError, diag: Diagnosis) -> LoweringReport:
-    """A report for an eager op error that carries only its violations (SpyreOpError)."""
-    report = LoweringReport(diag.profile_name or "", diag.profile_version or "", diag.execution)
-    for violation in getattr(exc, "violations", ()):
-        report.add(violation)
-    return report
 
 
 def _worst_rows(metrics: Any, mask: torch.Tensor) -> list[int]:
@@ -257,7 +200,7 @@ def _diagnose(
     runner: Runner | None,
     localize_failures: bool,
 ) -> Diagnosis:
-    phases = _Phases()
+    phases = Phases()
     ref_name = model_ref.model_id if isinstance(model_ref, LoadedModel) else os.fspath(model_ref)
     diag = Diagnosis(
         model_id=ref_name,
@@ -267,7 +210,7 @@ def _diagnose(
         execution=execution,
         dtype=dtype,
         structural=mode == "structural",
-        versions=_versions(prof),
+        versions=versions_of(prof),
         profile_name=prof.name,
         profile_version=prof.version,
         timings=phases.seconds,
@@ -301,7 +244,7 @@ def _one_line(exc: BaseException, limit: int = 300) -> str:
 
 def _judge(
     diag: Diagnosis,
-    phases: _Phases,
+    phases: Phases,
     model_ref: str | os.PathLike[str] | LoadedModel,
     *,
     mode: str,
@@ -371,7 +314,7 @@ def _judge(
 
     run_device = runner or default_runner()
     torch_dtype = DTYPES[dtype]
-    with phases("device"), _device_warnings_recorded(diag):
+    with phases("device"), device_warnings_recorded(diag):
         try:
             run = run_device(
                 device_model,
@@ -385,7 +328,7 @@ def _judge(
             diag.evidence["rule_id"] = exc.rule_id
             return verdicts.UNSUPPORTED_MODEL, exc.one_line(), None
         except SpyreLoweringError as exc:
-            diag.report = exc.report or _report_of(exc, diag)
+            diag.report = exc.report or report_of_error(exc, diag)
             return verdicts.LOWERING_FAILED, exc.one_line(), None
         except (
             NotImplementedError
@@ -405,7 +348,7 @@ def _judge(
         return verdicts.PASS, f"{metrics.summary()} (>= {metrics.threshold})", None
 
     if localize_failures:
-        with phases("localize"), _device_warnings_recorded(diag):
+        with phases("localize"), device_warnings_recorded(diag):
             try:
                 diag.divergence = localize(
                     model,

@@ -1,9 +1,14 @@
-"""The result of diagnosing one model (``Diagnosis``), the next step it suggests, and how it is
-recorded as one ``Run`` row in runs.db with the full evidence (DESIGN "Evidence")."""
+"""The result of diagnosing one model (``Diagnosis``), the next step it suggests, what is
+captured while it runs (phase timings, versions, device warnings), and how it is recorded as
+one ``Run`` row in runs.db with the full evidence (DESIGN "Evidence")."""
 
 from __future__ import annotations
 
+import contextlib
 import math
+import time
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -14,7 +19,15 @@ from hfadapt.metrics import Metrics
 from hfadapt.spyre.report import LoweringReport
 from hfadapt.tables import Run, utcnow
 
-__all__ = ["Diagnosis", "next_step", "write_run"]
+__all__ = [
+    "Diagnosis",
+    "Phases",
+    "device_warnings_recorded",
+    "next_step",
+    "report_of_error",
+    "versions_of",
+    "write_run",
+]
 
 
 @dataclass
@@ -216,3 +229,69 @@ def write_run(diag: Diagnosis, engine: Any) -> int | None:
         sess.add(row)
         sess.flush()
         return row.id
+
+
+# ---- capturing evidence during a run ------------------------------------------------------
+
+
+class Phases:
+    """Wall time per phase, in seconds."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = round(self.seconds.get(name, 0.0) + time.perf_counter() - start, 4)
+
+
+def versions_of(profile: Any) -> dict[str, str]:
+    """What a verdict depends on besides the model: hfadapt, the device profile, torch, transformers."""
+    import torch
+    import transformers
+
+    import hfadapt
+
+    return {
+        "hfadapt": hfadapt.__version__,
+        "profile": f"{profile.name}@{profile.version}",
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
+
+
+@contextlib.contextmanager
+def device_warnings_recorded(diag: Diagnosis) -> Iterator[None]:
+    """Device warnings go into the evidence, not onto the terminal: per-call fallback / int64
+    warnings are dropped (the report counts every one; a BERT forward raises hundreds), others
+    (graph breaks in compiled mode...) are kept once each in ``evidence["device_warnings"]``."""
+    try:
+        from hfadapt.spyre.tracking import SpyreDowncastWarning, SpyreFallbackWarning
+
+        counted: tuple[type[Warning], ...] = (SpyreFallbackWarning, SpyreDowncastWarning)
+    except ImportError:
+        counted = ()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            yield
+        finally:
+            kept = diag.evidence.setdefault("device_warnings", [])
+            for w in caught:
+                text = " ".join(str(w.message).split())
+                if not issubclass(w.category, counted) and text not in kept:
+                    kept.append(text)
+            if not kept:
+                del diag.evidence["device_warnings"]
+
+
+def report_of_error(exc: Any, diag: Diagnosis) -> LoweringReport:
+    """A report for an eager op error that carries only its violations (SpyreOpError)."""
+    report = LoweringReport(diag.profile_name or "", diag.profile_version or "", diag.execution)
+    for violation in getattr(exc, "violations", ()):
+        report.add(violation)
+    return report
