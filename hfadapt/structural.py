@@ -242,9 +242,11 @@ def build(
     with loading.quiet_transformers(), torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         try:
-            model = loading.model_class(config, trust_remote_code).from_config(
-                config, dtype=torch.float32, trust_remote_code=trust_remote_code
-            )
+            cls = loading.model_class(config, trust_remote_code)
+            if hasattr(cls, "from_config"):  # the Auto classes
+                model = cls.from_config(config, dtype=torch.float32, trust_remote_code=trust_remote_code)
+            else:  # a concrete class (T5EncoderModel) builds itself
+                model = cls._from_config(config, dtype=torch.float32)
         except (ValueError, TypeError, KeyError) as exc:
             raise ConfigError(
                 f"no model can be built from the config of {text}: {' '.join(str(exc).split())[:200]}"
