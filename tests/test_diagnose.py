@@ -391,6 +391,25 @@ def test_real_minilm_end_to_end_on_the_simulated_device(minilm_path: Path, tmp_p
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("arch", ["xlm-roberta", "roberta", "mpnet", "distilbert"])
+def test_real_device_tiny_architectures(tiny_model_dirs: dict[str, Path], arch: str) -> None:
+    """Each architecture gets a verdict whose evidence holds up: a pass has the numbers, a
+    refusal has its violations and fingerprints (which one it gets follows the adapters)."""
+    _real_runner()
+    diag = diagnose(tiny_model_dirs[arch])
+    print(f"\ntiny {arch}: {diag.verdict}: {diag.reason}")
+    (row,) = rows()
+    assert diag.verdict in (verdicts.PASS, verdicts.LOWERING_FAILED), diag.reason
+    if diag.verdict == verdicts.PASS:
+        assert row.min_token_cosine is not None and row.min_token_cosine >= 0.99, (
+            row.min_token_cosine
+        )
+    else:
+        assert row.violations and row.fingerprints and diag.report is not None
+        assert all(v.location is not None for v in diag.report.violations)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("execution", ["eager", "compile"])
 def test_real_device_tiny_bert(tiny_model_dirs: dict[str, Path], execution: str) -> None:
     _real_runner()
