@@ -149,7 +149,10 @@ def test_all_minilm_l6_v2_stops_with_every_violation(spyre_backend, minilm) -> N
     assert "K=32" in attention[0].message and attention[0].op == "aten::bmm", listing
     assert "sdpa_attention" in attention[0].location.file, listing
     rules = {v.rule_id for v in report.violations}
-    assert {"layout.matmul_k", "dtype.cast", "op.unsupported"} <= rules, listing
+    assert {"layout.matmul_k", "layout.head_dim", "dtype.cast", "op.unsupported"} <= rules, listing
+    # the diagnosis beside the symptom: the config-level entry names the adapter fix
+    [diagnosis] = [v for v in report.violations if v.rule_id == "layout.head_dim"]
+    assert diagnosis.message == head.message and diagnosis.kind == "model", listing
     assert report.fallbacks["aten::embedding"] == 3, report.fallbacks
 
 

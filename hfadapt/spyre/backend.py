@@ -345,9 +345,11 @@ def lower(
     (keyword inputs as a dict, or positional), static shapes, every graph judged. Returns the
     runnable model and the report; the report lists every violation of every graph (the
     model then raises when called). A config whose hidden or intermediate size is off the
-    stick boundary raises SpyreUnsupportedModelError first. Decoder configs get
-    ``use_cache=False``. ``report.compile_seconds`` is the first call minus device run time."""
-    from hfadapt.spyre.model_rules import ensure_supported
+    stick boundary raises SpyreUnsupportedModelError first; a head_dim whose attention matmul
+    fails gets the config-level ``layout.head_dim`` entry (the adapter fix) beside it. Decoder
+    configs get ``use_cache=False``. ``report.compile_seconds``: the first call minus the
+    device run time."""
+    from hfadapt.spyre.model_rules import attention_head_dim_violation, ensure_supported
 
     p = _profile(profile)
     config = getattr(model, "config", None)
@@ -387,6 +389,10 @@ def lower(
         )
     report = collector.report()
     report.compile_seconds = max(elapsed - collector.run_seconds, 0.0)
+    if config is not None:
+        diagnosis = attention_head_dim_violation(config, report.violations, p)
+        if diagnosis is not None:
+            report.add(diagnosis)
     backend.strict = True  # later shapes compile strictly: a new violation raises
     return LoweredModel(compiled, report, p, extra), report
 

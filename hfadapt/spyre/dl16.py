@@ -98,11 +98,24 @@ def _native_round(x: torch.Tensor, fmt: DL16Format) -> bool:
         or type(x) is not torch.Tensor  # FakeTensor, wrapper subclasses: no real data pointer
         or x.device.type != "cpu"
         or x.requires_grad
-        or not x.is_contiguous()
+        or not (x.is_contiguous() or _dense(x))
     ):
         return False
     shift, max_finite, below_min_normal = _constants(fmt)
     _native(x.data_ptr(), x.numel(), max_finite, below_min_normal, shift, torch.get_num_threads())  # type: ignore[operator]
+    return True
+
+
+def _dense(x: torch.Tensor) -> bool:
+    """Elements fill one gap-free span from data_ptr (a permuted layout, e.g. an elementwise
+    result of a transposed input): rounding the span in memory order rounds every element."""
+    expected = 1
+    for stride, size in sorted(
+        (st, sz) for st, sz in zip(x.stride(), x.shape, strict=True) if sz != 1
+    ):
+        if stride != expected:
+            return False
+        expected *= size
     return True
 
 

@@ -31,6 +31,7 @@ DL16_DTYPES = (torch.float16, torch.bfloat16)
 # hold: no rounding needed after them. View ops (OpOverload.is_view) are added automatically.
 VALUE_PRESERVING = frozenset(
     {
+        "aten::_unsafe_view",  # aliases its input, but its schema does not say so
         "aten::clone",
         "aten::cat",
         "aten::stack",

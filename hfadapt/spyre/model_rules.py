@@ -167,6 +167,24 @@ def head_dim_violation(config: Any, profile: Profile | None = None) -> Violation
     return _model_violation(spec["rule"], text, config, "head_dim", size)
 
 
+def attention_head_dim_violation(
+    config: Any, violations: list[Violation], profile: Profile | None = None
+) -> Violation | None:
+    """The config-level head_dim diagnosis (with its adapter fix) when a graph shows the
+    symptom: a matmul whose reduction dimension is the head_dim (Q @ K^T) off the stick
+    boundary. Once an adapter pads Q, K and V, the symptom and this entry both go away."""
+    p = profile or load_profile()
+    hd = head_dim_violation(config, p)
+    size = head_dim(config)
+    if hd is None or size is None:
+        return None
+    matmul_rule = p.layout["matmul_k_multiple"]["rule"]
+    for v in violations:
+        if v.rule_id == matmul_rule and v.shapes and v.shapes[0] and v.shapes[0][-1] == size:
+            return hd
+    return None
+
+
 def check_model(config: Any, profile: Profile | None = None) -> list[Violation]:
     """Every config-level violation of the model: alignment first, then head_dim."""
     found = alignment_violations(config, profile)
