@@ -181,6 +181,38 @@ def test_numerics_are_fp32_rounded_to_dl16_after_every_node() -> None:
     assert 1e-4 < drift < 1e-2, f"mean relative difference from fp32: {drift:.3g}"
 
 
+def test_scalars_are_dl16_constants_and_there_is_no_minus_inf() -> None:
+    class Masked(nn.Module):
+        def forward(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+            scores = torch.where(keep, x * 1025, float("-inf"))
+            return torch.softmax(scores, dim=-1)
+
+    x = torch.full((2, 64), 1.0 / 1024, dtype=torch.float16)
+    keep = torch.ones(2, 64, dtype=torch.bool)
+    keep[1] = False  # a fully masked row
+    with torch.no_grad():
+        out = torch.compile(Masked(), backend="spyre")(x, keep)
+        cpu = Masked()(x, keep)
+    # 1025 is no DL16 value (ulp 2 at 1024): the device multiplies by 1024 -> uniform rows
+    assert torch.isnan(cpu[1]).all(), cpu[1]  # CPU: softmax over -inf is NaN
+    got = out.float()
+    assert torch.equal(got, torch.full_like(got, 1 / 64)), got  # -inf saturated: uniform
+
+
+def test_fp32_islands_stay_ieee_and_casts_back_round() -> None:
+    class Island(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = x.float() * 3.0001  # fp32 on the device: IEEE, the scalar unrounded
+            return y.to(torch.float16) + 1
+
+    x = fp16(8, 64, seed=3)
+    with torch.no_grad():
+        out = torch.compile(Island(), backend="spyre")(x).float()
+    expected = r(r(r(x.float()) * 3.0001) + 1)
+    diff = (out - expected).abs().max().item()
+    assert diff == 0.0, f"max |compiled - reference| = {diff}"
+
+
 def test_bf16_models_run_and_return_bf16() -> None:
     model = Mlp().to(torch.bfloat16)
     x = fp16(16, 64, seed=2).to(torch.bfloat16)

@@ -16,11 +16,9 @@ the latest compiled call is ``last_report()``; ``lower()`` audits a model withou
 from __future__ import annotations
 
 import inspect
-import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +26,15 @@ import torch
 from torch._inductor.exc import InductorError
 
 from hfadapt.errors import DeviceError, SpyreLoweringError
+from hfadapt.spyre.compile_reports import (
+    GraphEntry,
+    collect,
+    collectors,
+    last_report,
+    merge_reports,
+    note,
+    reset_reports,
+)
 from hfadapt.spyre.decompositions import decomposition_table
 from hfadapt.spyre.graph_check import check_graph
 from hfadapt.spyre.graph_exec import build_executable
@@ -78,89 +85,6 @@ def describe(v: Violation) -> str:
     return f"[{v.rule_id}] {v.op} ({shapes}): {v.message}{where}"
 
 
-# -- which graphs the latest call compiled or ran -------------------------------------------
-
-
-@dataclass(eq=False)
-class GraphEntry:
-    """One compiled graph: its report and whether it starts a frame (not a resume function
-    after a graph break)."""
-
-    report: LoweringReport
-    top: bool
-    lowered: bool
-
-
-class _Collector:
-    def __init__(self, profile: Profile) -> None:
-        self.profile = profile
-        self.entries: list[GraphEntry] = []
-        self.run_seconds = 0.0
-
-    def add(self, entry: GraphEntry) -> None:
-        if not any(e is entry for e in self.entries):
-            self.entries.append(entry)
-
-    def report(self) -> LoweringReport:
-        if not self.entries:
-            return LoweringReport(self.profile.name, self.profile.version, mode="compile")
-        return merge_reports(self.entries)
-
-
-_lock = threading.Lock()
-_session: list[GraphEntry] = []
-_local = threading.local()
-
-
-def _collectors() -> list[_Collector]:
-    if not hasattr(_local, "collectors"):
-        _local.collectors = []
-    return _local.collectors  # type: ignore[no-any-return]
-
-
-def _note(entry: GraphEntry, compiling: bool) -> None:
-    with _lock:
-        if entry.top and (compiling or not (_session and _session[0] is entry)):
-            _session[:] = [entry]
-        elif not any(e is entry for e in _session):
-            _session.append(entry)
-    for collector in _collectors():
-        collector.add(entry)
-
-
-def merge_reports(entries: Sequence[GraphEntry]) -> LoweringReport:
-    """One report for several graphs (violations deduplicated, counts added)."""
-    first = entries[0].report
-    merged = LoweringReport(first.profile_name, first.profile_version, mode="compile")
-    for entry in entries:
-        merged.merge(entry.report)
-    return merged
-
-
-def last_report() -> LoweringReport | None:
-    """The report of the latest compiled call: every graph it compiled or ran (one per graph
-    break), merged. None before anything was compiled."""
-    with _lock:
-        entries = list(_session)
-    return merge_reports(entries) if entries else None
-
-
-def reset_reports() -> None:
-    with _lock:
-        _session.clear()
-
-
-@contextmanager
-def collect(profile: Profile | str | None = None) -> Iterator[_Collector]:
-    """Collect every graph compiled or run inside the block (this thread)."""
-    collector = _Collector(_profile(profile))
-    _collectors().append(collector)
-    try:
-        yield collector
-    finally:
-        _collectors().remove(collector)
-
-
 # -- the compiled graphs ------------------------------------------------------------------------
 
 
@@ -173,13 +97,13 @@ class DeviceGraph:
         self.report = entry.report
 
     def __call__(self, *args: Any) -> Any:
-        _note(self.entry, compiling=False)
+        note(self.entry)
         start = time.perf_counter()
         try:
             return self.program(*args)
         finally:
             elapsed = time.perf_counter() - start
-            for collector in _collectors():
+            for collector in collectors():
                 collector.run_seconds += elapsed
 
 
@@ -240,14 +164,14 @@ class SpyreBackend:
         entry = GraphEntry(report=report, top=top, lowered=check.ok)
         if not check.ok:
             report.compile_seconds = time.perf_counter() - start
-            _note(entry, compiling=True)
+            note(entry)
             if self.strict:
                 raise SpyreCompileError(error_message(report, self.profile), report)
             return _HostGraph(gm, entry)
         _warn_fallbacks(report, self.profile)
         program, _runtime = build_executable(gm, check, self.profile, _static_inputs())
         report.compile_seconds = time.perf_counter() - start
-        _note(entry, compiling=True)
+        note(entry)
         return DeviceGraph(program, entry)
 
 
@@ -400,6 +324,7 @@ def lower(
 __all__ = [
     "BACKEND_NAME",
     "DeviceGraph",
+    "GraphEntry",
     "LoweredModel",
     "SpyreBackend",
     "SpyreCompileError",
@@ -408,6 +333,7 @@ __all__ = [
     "error_message",
     "last_report",
     "lower",
+    "merge_reports",
     "register",
     "reset_reports",
     "spyre_backend",

@@ -4,9 +4,9 @@ GraphModule), not a per-node interpreter, so it runs close to plain CPU speed.
 The transform: fp16/bf16 values are held as float32 tensors that carry DL16 values (dtype
 arguments fp16/bf16 become float32); every node whose logical dtype (node.meta["val"]) is
 fp16/bf16 is followed by an in-place DL16 rounding unless its op cannot create a new value
-(views, copies, cat, relu, max, where, ...); fp32 nodes stay IEEE. Float scalars of
-elementwise and creation ops are rounded to DL16 once, at build time (the device holds them as
-DL16 constants; -inf becomes the largest negative DL16 value). Inputs are rounded on the way in
+(views, copies, cat, relu, max, where, ...); fp32 nodes stay IEEE. Numbers that ops computing
+in DL16 take as values (schema type Scalar, or a number where a Tensor goes) are rounded to DL16
+once, at build time: the device holds them as DL16 constants (-inf becomes -max). Inputs are rounded on the way in
 (parameters once, cached while unchanged), outputs are cast back to their logical dtypes (the
 transfer to the host). CPU-fallback nodes run on the host in their logical dtypes.
 """
@@ -16,6 +16,7 @@ from __future__ import annotations
 import operator
 import weakref
 from collections.abc import Callable, Iterable
+from functools import lru_cache
 from typing import Any
 
 import torch
@@ -75,38 +76,6 @@ VALUE_PRESERVING = frozenset(
     }
 )
 
-# Ops whose float scalars become device values (rounded to DL16 when the op computes in DL16).
-# Structural scalars (eps of a norm, a softmax dim, pow's exponent) are left alone.
-SCALAR_OPERANDS = frozenset(
-    {
-        "aten::add",
-        "aten::sub",
-        "aten::rsub",
-        "aten::mul",
-        "aten::div",
-        "aten::where",
-        "aten::clamp",
-        "aten::clamp_min",
-        "aten::clamp_max",
-        "aten::hardtanh",
-        "aten::maximum",
-        "aten::minimum",
-        "aten::eq",
-        "aten::ne",
-        "aten::gt",
-        "aten::lt",
-        "aten::ge",
-        "aten::le",
-        "aten::full",
-        "aten::full_like",
-        "aten::new_full",
-        "aten::scalar_tensor",
-        "aten::fill",
-        "aten::constant_pad_nd",
-        "aten::masked_fill",
-    }
-)
-
 # Fallbacks that only select, zero or compare values: run on the held values, then model the
 # round trip through the host dtype on the (small) result instead of converting every input.
 HOST_EXACT = frozenset(
@@ -131,12 +100,28 @@ def _dl16_dtype(value: Any) -> torch.dtype | None:
     return dtype if dtype in DL16_DTYPES and not isinstance(value, torch.dtype) else None
 
 
+@lru_cache(maxsize=1024)
+def _value_arguments(target: Any) -> tuple[frozenset[int], frozenset[str]]:
+    """Positions and names of an op's Scalar- and Tensor-typed arguments."""
+    schema = getattr(target, "_schema", None)
+    if schema is None:
+        return frozenset(), frozenset()
+    values = [
+        (i, a.name)
+        for i, a in enumerate(schema.arguments)
+        if str(a.type).removeprefix("Optional[").removesuffix("]") in ("number", "Tensor")
+    ]
+    return frozenset(i for i, _ in values), frozenset(n for _, n in values)
+
+
 def _retype(value: Any) -> Any:
     """fp16/bf16 dtype arguments -> float32 (the held representation)."""
     if isinstance(value, torch.dtype):
         return torch.float32 if value in DL16_DTYPES else value
     if isinstance(value, (list, tuple)):
         return type(value)(_retype(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _retype(v) for k, v in value.items()}
     return value
 
 
@@ -147,7 +132,6 @@ class Runtime:
     def __init__(self, fmt: DL16Format) -> None:
         self.fmt = fmt
         self._cache: dict[int, tuple[weakref.ref[torch.Tensor], int, int, torch.Tensor]] = {}
-        self.host_calls = 0
 
     # -- transfers -------------------------------------------------------------------------
     def to_device(self, x: torch.Tensor) -> torch.Tensor:
@@ -235,12 +219,21 @@ class _Builder:
     def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> fx.Node:
         return self.graph.call_function(fn, args, kwargs)
 
-    def _round_scalar(self, value: Any) -> Any:
-        if isinstance(value, float):
-            return float(round_dl16(torch.tensor([value]), self.profile.dl16)[0])
-        if isinstance(value, (list, tuple)):
-            return type(value)(self._round_scalar(v) for v in value)
+    def _round_number(self, value: Any) -> Any:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(round_dl16(torch.tensor([float(value)]), self.profile.dl16)[0])
         return value
+
+    def _round_scalars(
+        self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """Numbers passed where the schema takes a Scalar or a Tensor (a wrapped number) are
+        device values: the device holds them as DL16 constants (-inf becomes -max). ints,
+        floats and lists typed as sizes, dims, eps or probabilities are left alone."""
+        positions, names = _value_arguments(target)
+        args = tuple(self._round_number(a) if i in positions else a for i, a in enumerate(args))
+        kwargs = {k: self._round_number(v) if k in names else v for k, v in kwargs.items()}
+        return args, kwargs
 
     # -- node kinds ----------------------------------------------------------------------------
     def placeholder(self, node: fx.Node, index: int) -> None:
@@ -276,8 +269,9 @@ class _Builder:
         args = fx.node.map_arg(node.args, self.env.__getitem__)
         kwargs = fx.node.map_arg(node.kwargs, self.env.__getitem__)
         inputs_dl16 = any(_dl16_dtype(n.meta.get("val")) for n in node.all_input_nodes)
-        if _packet(op) in SCALAR_OPERANDS and (inputs_dl16 or _dl16_dtype(value)):
-            args, kwargs = self._round_scalar(args), self._round_scalar(kwargs)
+        # the op computes in DL16: a DL16 result, or a comparison of DL16 values
+        if _dl16_dtype(value) or (inputs_dl16 and getattr(value, "dtype", None) == torch.bool):
+            args, kwargs = self._round_scalars(target, tuple(args), dict(kwargs))
         args, kwargs = _retype(args), _retype(kwargs)
         if _packet(op) in ("aten::_softmax", "aten::_log_softmax"):
             args = (*args[:2], False)  # half_to_float: the held input already is float32
