@@ -288,3 +288,24 @@ def test_importing_hfadapt_registers_no_backend() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.split() == ["False", "True"], out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("case", ["additive", "bool", "causal", "gqa"])
+def test_sdpa_math_decomposition_is_sdpa(case: str) -> None:
+    """The decomposition the backend captures SDPA as computes SDPA (float64, 1e-12)."""
+    from hfadapt.spyre.decompositions import sdpa_math
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 64, 64, generator=g, dtype=torch.float64)
+    kv_heads = 2 if case == "gqa" else 4
+    k, v = (torch.randn(2, kv_heads, 64, 64, generator=g, dtype=torch.float64) for _ in "kv")
+    kwargs: dict[str, object] = {
+        "additive": {"attn_mask": torch.randn(2, 1, 64, 64, generator=g, dtype=torch.float64)},
+        "bool": {"attn_mask": torch.rand(2, 1, 64, 64, generator=g) > 0.3},
+        "causal": {"is_causal": True},
+        "gqa": {"enable_gqa": True},
+    }[case]
+    ours = sdpa_math(q, k, v, **kwargs)  # type: ignore[arg-type]
+    theirs = F.scaled_dot_product_attention(q, k, v, **kwargs)  # type: ignore[arg-type]
+    err = (ours - theirs).abs().max().item()
+    assert err < 1e-12, f"{case}: max |decomposition - SDPA| = {err}"

@@ -53,6 +53,18 @@ def test_json_round_trip(spyre_backend) -> None:  # type: ignore[no-untyped-def]
     assert all(loc["file"] == __file__ and loc["function"] == "forward" for loc in locations)
 
 
+def test_the_error_pickles_with_its_report() -> None:
+    import pickle
+
+    from hfadapt.errors import SpyreLoweringError
+
+    with pytest.raises(SpyreLoweringError) as info:
+        torch.compile(Mixed(), backend="spyre")(fp16(64, 64))
+    again = pickle.loads(pickle.dumps(info.value))
+    assert str(again) == str(info.value)
+    assert again.report.to_dict() == info.value.report.to_dict()
+
+
 def test_fingerprints_are_stable_across_runs(spyre_backend) -> None:  # type: ignore[no-untyped-def]
     runs = []
     for _ in range(2):

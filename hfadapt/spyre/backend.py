@@ -57,6 +57,10 @@ class SpyreCompileError(SpyreLoweringError, InductorError):
         self.backend_name = BACKEND_NAME
         self.first_useful_frame = None
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # sweeps send errors across processes: keep the report (default pickling drops it)
+        return (type(self), (str(self.args[0]) if self.args else "", self.report))
+
 
 def _profile(profile: Profile | str | None) -> Profile:
     return profile if isinstance(profile, Profile) else load_profile(profile)

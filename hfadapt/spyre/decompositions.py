@@ -46,7 +46,7 @@ def sdpa_math(
     length, kv_length = query.size(-2), key.size(-2)
     scale_factor = 1.0 / math.sqrt(query.size(-1)) if scale is None else scale
     root = math.sqrt(scale_factor)
-    if query.dim() == 4 and key.size(-3) != query.size(-3):
+    if enable_gqa and query.dim() == 4 and key.size(-3) != query.size(-3):
         groups = query.size(-3) // key.size(-3)
         key, value = _repeat_kv(key, groups), _repeat_kv(value, groups)
     scores = torch.matmul(query * root, key.transpose(-2, -1) * root)
