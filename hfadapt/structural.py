@@ -244,7 +244,9 @@ def build(
         try:
             cls = loading.model_class(config, trust_remote_code)
             if hasattr(cls, "from_config"):  # the Auto classes
-                model = cls.from_config(config, dtype=torch.float32, trust_remote_code=trust_remote_code)
+                model = cls.from_config(
+                    config, dtype=torch.float32, trust_remote_code=trust_remote_code
+                )
             else:  # a concrete class (T5EncoderModel) builds itself
                 model = cls._from_config(config, dtype=torch.float32)
         except (ValueError, TypeError, KeyError) as exc:

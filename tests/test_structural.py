@@ -61,6 +61,17 @@ def test_local_folder_keeps_its_tokenizer(tiny_model_dirs: dict[str, Path]) -> N
     assert lm.config.vocab_size == STRUCTURAL_VOCAB  # 30522 rows shrunk; ids get folded
 
 
+def test_t5_family_builds_its_encoder_only(tmp_path: Path) -> None:
+    folder = tmp_path / "sentence-t5-like"
+    folder.mkdir()
+    (folder / "config.json").write_text(
+        json.dumps({"model_type": "t5", "architectures": ["T5ForConditionalGeneration"]})
+    )
+    lm = structural.build(folder)
+    assert type(lm.model).__name__ == "T5EncoderModel", type(lm.model)
+    assert lm.config.num_layers == 2 and lm.config.vocab_size == STRUCTURAL_VOCAB, lm.notes
+
+
 def test_random_weights_are_seeded() -> None:
     a = structural.build("sentence-transformers/all-MiniLM-L6-v2").model.state_dict()
     b = structural.build("sentence-transformers/all-MiniLM-L6-v2").model.state_dict()
