@@ -66,7 +66,7 @@ class Diagnosis:
         return self.verdict == verdicts.PASS
 
     def set_signature(self, loaded: Any) -> None:
-        from hfadapt.structural import signature_fields, structural_signature
+        from hfadapt.signature import signature_fields, structural_signature
 
         source = getattr(loaded, "raw_config", None) or loaded.config
         try:

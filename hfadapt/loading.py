@@ -32,6 +32,7 @@ from hfadapt.locate import (
 )
 from hfadapt.locate import download as _download
 from hfadapt.metrics import PoolingSpec, pooling_from_folder
+from hfadapt.signature import ENCODER_ONLY
 
 # Any one of these makes a folder's tokenizer loadable; tokenizer_config.json alone does not
 # (AutoTokenizer then builds an empty tokenizer instead of failing).
@@ -45,8 +46,6 @@ TOKENIZER_FILES = (
     "spm.model",
 )
 WEIGHT_GLOBS = ("*.safetensors", "pytorch_model*.bin")
-# Embedding models of encoder-decoder families use the encoder alone.
-ENCODER_ONLY = {"t5": "T5EncoderModel", "mt5": "MT5EncoderModel", "umt5": "UMT5EncoderModel"}
 # Missing checkpoint keys that are expected: a pooler embedding models do not use.
 _OPTIONAL_KEYS = ("pooler.",)
 
