@@ -34,16 +34,20 @@ _ROTATIONS: dict[tuple[int, torch.dtype, str], Tensor] = {}
 
 
 def rotation_matrix(dim: int, dtype: torch.dtype, device: torch.device) -> Tensor:
-    """R with x @ R == rotate_half(x) == cat(-x[..., d/2:], x[..., :d/2]). Built on the host."""
-    key = (dim, dtype, str(device))
-    found = _ROTATIONS.get(key)
-    if found is None:
-        half = dim // 2
-        r = torch.zeros(dim, dim, dtype=dtype)
-        idx = torch.arange(half)
-        r[idx + half, idx] = -1
-        r[idx, idx + half] = 1
-        found = _ROTATIONS[key] = r.to(device)
+    """R with x @ R == rotate_half(x) == cat(-x[..., d/2:], x[..., :d/2]). Built on the host
+    once per (size, dtype, device); a compiled graph then sees it as a constant."""
+    found = _ROTATIONS.get((dim, dtype, str(device)))
+    return found if found is not None else _build_rotation(dim, dtype, device)
+
+
+@torch.compiler.disable
+def _build_rotation(dim: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    half = dim // 2
+    r = torch.zeros(dim, dim, dtype=dtype)
+    idx = torch.arange(half)
+    r[idx + half, idx] = -1
+    r[idx, idx + half] = 1
+    found = _ROTATIONS[(dim, dtype, str(device))] = r.to(device)
     return found
 
 

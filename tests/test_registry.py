@@ -13,19 +13,25 @@ from transformers import BertConfig, BertModel
 from hfadapt.registry import Registry, applied_to, bundled_dir, discover
 from hfadapt.verdicts import PASS
 
-GOOD = '''
+GOOD = """
 from hfadapt.adapter import adapter
 
 @adapter(name="relu-double", target="torch.nn.modules.activation:ReLU.forward", rule="op.activation")
 def relu_double(self, x):
     return x * 2
-'''
+"""
 
 
 def _tiny_bert(seed: int = 0) -> BertModel:
     torch.manual_seed(seed)
-    cfg = BertConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=2, intermediate_size=128,
-                     vocab_size=60, attn_implementation="sdpa")
+    cfg = BertConfig(
+        hidden_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=128,
+        vocab_size=60,
+        attn_implementation="sdpa",
+    )
     return BertModel(cfg).eval()
 
 
@@ -50,11 +56,16 @@ def test_bundled_adapters_are_discovered_without_errors() -> None:
     [
         ("def broken(:\n", "SyntaxError"),
         ("import not_a_module_hfadapt\n", "ModuleNotFoundError"),
-        ("from hfadapt.adapter import adapter\n@adapter(name='bad name!', target='x:y', rule='r')\ndef f(): pass\n", "AdapterError"),
+        (
+            "from hfadapt.adapter import adapter\n@adapter(name='bad name!', target='x:y', rule='r')\ndef f(): pass\n",
+            "AdapterError",
+        ),
         ("x = 1\n", "defines no @adapter"),
     ],
 )
-def test_a_broken_adapter_file_is_reported_and_skipped(tmp_path: Path, text: str, expected: str) -> None:
+def test_a_broken_adapter_file_is_reported_and_skipped(
+    tmp_path: Path, text: str, expected: str
+) -> None:
     (tmp_path / "broken.py").write_text(text)
     (tmp_path / "good.py").write_text(GOOD)
     reg = discover(paths=[tmp_path], bundled=False, entry_points=False)
@@ -63,7 +74,9 @@ def test_a_broken_adapter_file_is_reported_and_skipped(tmp_path: Path, text: str
     assert "\n" not in reg.errors[0].error
 
 
-def test_cli_lists_a_broken_file_with_its_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cli_lists_a_broken_file_with_its_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from typer.testing import CliRunner
 
     from hfadapt import registry
@@ -82,11 +95,15 @@ def test_cli_lists_a_broken_file_with_its_error(tmp_path: Path, monkeypatch: pyt
     assert "gelu-new-cube" in result.output
 
 
-def test_entry_point_adapters_are_discovered(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_entry_point_adapters_are_discovered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     (tmp_path / "ep_adapters_hfadapt_test.py").write_text(GOOD)
     dist = tmp_path / "ep_adapters_hfadapt_test-0.1.dist-info"
     dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: ep-adapters-hfadapt-test\nVersion: 0.1\n")
+    (dist / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: ep-adapters-hfadapt-test\nVersion: 0.1\n"
+    )
     (dist / "entry_points.txt").write_text("[hfadapt.adapters]\nmine = ep_adapters_hfadapt_test\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     reg = discover(paths=[], bundled=False, entry_points=True)
@@ -108,7 +125,9 @@ def test_apply_is_scoped_reversible_idempotent_and_cpu_bit_identical() -> None:
     with torch.no_grad():
         dormant = a(**inputs).last_hidden_state
         other = b(**inputs).last_hidden_state
-    assert torch.equal(dormant, stock), f"dormant adapters changed a CPU run: max diff {(dormant - stock).abs().max()}"
+    assert torch.equal(dormant, stock), (
+        f"dormant adapters changed a CPU run: max diff {(dormant - stock).abs().max()}"
+    )
     assert applied_to(b) is None and not any("_hfadapt_stack" in m.__dict__ for m in b.modules())
     assert torch.equal(other, stock)
 
