@@ -285,3 +285,199 @@ def spyre_backend():  # type: ignore[no-untyped-def]
     yield backend
     torch._dynamo.reset()
     backend.reset_reports()
+
+
+# ---- sweeps and reports (tests/test_sweep*.py, test_report_*.py, test_ray_executor.py) ------------
+
+
+def small_bert(**over: object) -> dict[str, object]:
+    """A small BERT config.json dict (2 heads of 64, 4 layers): seconds to judge structurally."""
+    config: dict[str, object] = {
+        "model_type": "bert",
+        "architectures": ["BertModel"],
+        "hidden_size": 128,
+        "num_attention_heads": 2,
+        "intermediate_size": 256,
+        "num_hidden_layers": 4,
+        "hidden_act": "gelu",
+        "max_position_embeddings": 512,
+    }
+    config.update(over)
+    return config
+
+
+def sweep_records(kind: str = "small") -> list[object]:
+    """Hand-made crawl records (best first). ``small``: 13 models, 11 of them in 5 units of work
+    (signatures A x5, B, C, D x3, and one model without a config judged alone), one custom_code
+    and one prefilter-excluded model. ``many``: 90 models in 30 signatures of 3, and the same two."""
+    from hfadapt.catalog import HubRecord
+
+    recs: list[HubRecord] = []
+    if kind == "small":
+        for i in range(5):
+            recs.append(HubRecord(id=f"org/bert-a{i}", config=small_bert()))
+        recs.append(HubRecord(id="org/bert-relu", config=small_bert(hidden_act="relu")))
+        recs.append(HubRecord(id="org/minilm", config=small_bert(num_attention_heads=4)))
+        recs.append(
+            HubRecord(
+                id="org/custom",
+                config=small_bert(auto_map={"AutoModel": "modeling.M"}),
+                is_custom_code=True,
+            )
+        )
+        for i in range(3):
+            recs.append(
+                HubRecord(
+                    id=f"org/xlmr-{i}",
+                    config={
+                        **small_bert(),
+                        "model_type": "xlm-roberta",
+                        "architectures": ["XLMRobertaModel"],
+                    },
+                )
+            )
+        recs.append(HubRecord(id="org/model-onnx", config=small_bert()))
+        recs.append(HubRecord(id="org/no-config", model_type="bert"))
+    else:
+        acts = (
+            "gelu",
+            "relu",
+            "silu",
+            "gelu_new",
+            "tanh",
+            "gelu_fast",
+            "quick_gelu",
+            "mish",
+            "gelu_pytorch_tanh",
+            "sigmoid",
+        )
+        for act in acts:
+            for inter in (256, 264, 272):
+                for copy in range(3):
+                    recs.append(
+                        HubRecord(
+                            id=f"org/{act}-{inter}-{copy}",
+                            config=small_bert(hidden_act=act, intermediate_size=inter),
+                        )
+                    )
+        recs.append(
+            HubRecord(
+                id="org/custom",
+                config=small_bert(auto_map={"AutoModel": "modeling.M"}),
+                is_custom_code=True,
+            )
+        )
+        recs.append(HubRecord(id="org/model-onnx", config=small_bert()))
+    for rank, rec in enumerate(recs):
+        rec.downloads = 1000 * (len(recs) - rank)
+        rec.model_type = rec.model_type or (rec.config or {}).get("model_type")  # type: ignore[assignment]
+        rec.library = "sentence-transformers"
+    return recs
+
+
+def store_crawl(engine: object, records: list[object]) -> int:
+    """Save ``records`` as a finished crawl (prefiltered as a real crawl is); returns its id."""
+    from hfadapt import prefilter
+    from hfadapt.catalog import save_crawl, start_crawl
+
+    prefilter.apply(records)  # type: ignore[arg-type]
+    crawl_id = start_crawl(engine, source="test", limit=None)  # type: ignore[arg-type]
+    save_crawl(engine, crawl_id, records, source="test")  # type: ignore[arg-type]
+    return crawl_id
+
+
+@pytest.fixture
+def sweep_engine(tmp_path: Path) -> Iterator[object]:
+    """A database (the test's $HFADAPT_DB) holding the ``small`` hand-made crawl."""
+    from hfadapt.store import get_engine
+
+    engine = get_engine(str(tmp_path / "runs.db"))
+    store_crawl(engine, sweep_records("small"))
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def fake_worker(monkeypatch: pytest.MonkeyPatch) -> str:
+    """The stand-in sweep worker (tests/sweep_fakes.py) as ``module:function``; spawned workers
+    find it because tests/ is on their sys.path."""
+    import sys
+
+    here = str(Path(__file__).parent)
+    if here not in sys.path:
+        monkeypatch.syspath_prepend(here)
+    for var in ("HFADAPT_FAKE_CRASH", "HFADAPT_FAKE_HANG", "HFADAPT_FAKE_SLEEP"):
+        monkeypatch.delenv(var, raising=False)
+    return "sweep_fakes:fake_judge"
+
+
+# Seven models (downloads 2,000 in all) judged by two sweeps; tests/test_report_*.py derive every
+# number they assert from this table by hand: model -> (downloads, model_type, is_supported,
+# sweep 1 (verdict, fingerprints, adapters), sweep 2 (verdict, fingerprints, adapters)).
+REPORT_MODELS: dict[
+    str,
+    tuple[
+        int, str, bool | None, tuple[str, list[str], list[str]], tuple[str, list[str], list[str]]
+    ],
+] = {
+    "m/one": (1000, "bert", True, ("pass", [], ["a1"]), ("pass", [], ["a1"])),
+    "m/two": (500, "bert", True, ("lowering_failed", ["F1"], []), ("pass", [], ["a2"])),
+    "m/three": (
+        300,
+        "bert",
+        False,
+        ("lowering_failed", ["F1", "F2"], []),
+        ("lowering_failed", ["F1", "F2"], []),
+    ),
+    "m/four": (100, "qwen3", True, ("pass", [], ["a1", "a2"]), ("lowering_failed", ["F3"], [])),
+    "m/five": (60, "qwen3", False, ("verification_failed", [], []), ("pass", [], [])),
+    "m/six": (30, "mpnet", None, ("lowering_failed", ["F2"], []), ("lowering_failed", ["F2"], [])),
+    "m/seven": (10, "mpnet", False, ("custom_code", [], []), ("custom_code", [], [])),
+}
+
+
+def _violation(fp: str) -> dict[str, object]:
+    site = "/venv/lib/python3.11/site-packages/transformers/models/bert/modeling_bert.py"
+    return {
+        "fingerprint": fp,
+        "rule_id": f"rule.{fp}",
+        "op": f"aten::op_{fp.lower()}",
+        "message": "refused",
+        "location": {"file": site, "line": 42, "function": "forward"},
+    }
+
+
+@pytest.fixture
+def report_engine(tmp_path: Path) -> Iterator[object]:
+    """A database with REPORT_MODELS crawled and judged by sweep 1 (baseline) and sweep 2."""
+    from hfadapt.catalog import HubRecord
+    from hfadapt.store import get_engine
+    from hfadapt.sweepstore import finish_sweep, open_sweep, write_rows
+
+    engine = get_engine(str(tmp_path / "report.db"))
+    records = [
+        HubRecord(
+            id=m,
+            downloads=d,
+            model_type=t,
+            reference_supported=ref,
+            library="sentence-transformers",
+        )
+        for m, (d, t, ref, _, _) in REPORT_MODELS.items()
+    ]
+    store_crawl(engine, records)
+    for index in (3, 4):
+        sweep, _ = open_sweep(
+            engine, {"n": index}, resume=False, mode="structural", models=7, units=7
+        )
+        rows = []
+        for m, spec in REPORT_MODELS.items():
+            verdict, fps, adapters = spec[index]
+            rows.append({"model_id": m, "verdict": verdict, "reason": f"{verdict} of {m}", "model_type": spec[1],
+                         "fingerprints": fps, "violations": [_violation(fp) for fp in fps], "adapters": adapters,
+                         "evidence": {"sweep": {"role": "representative"}}})  # fmt: skip
+        assert sweep.id is not None
+        write_rows(engine, sweep.id, rows)
+        finish_sweep(engine, sweep.id, seconds=1.0)
+    yield engine
+    engine.dispose()

@@ -1,0 +1,182 @@
+"""hfadapt.report on hand-made runs (conftest REPORT_MODELS: seven models, 2,000 downloads,
+two sweeps): the failure census, pass rates by count and downloads, per model_type, the
+cumulative curve, adapter impact, agreement with is_supported, the sweep diff; and the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from hfadapt.errors import UsageError
+from hfadapt.report import FAIL, IMPROVED, PASS, XFAIL, build_report, diff_sweeps, failures, label
+
+
+def test_failure_census_of_the_newest_sweep(report_engine: Any) -> None:
+    census = failures(report_engine)  # sweep 2
+    got = [(f.fingerprint, f.count, f.downloads, f.models) for f in census]
+    # F2 blocks m/three (300) and m/six (30); F1 m/three; F3 m/four (100). Passing runs count for none.
+    assert got == [
+        ("F2", 2, 330, ["m/three", "m/six"]),
+        ("F1", 1, 300, ["m/three"]),
+        ("F3", 1, 100, ["m/four"]),
+    ], got
+    top = census[0]
+    assert (top.rule_id, top.op) == ("rule.F2", "aten::op_f2")
+    assert top.site == "transformers/models/bert/modeling_bert.py:42 in forward", top.site
+    assert top.share == pytest.approx(330 / 2000)
+    assert [f.fingerprint for f in failures(report_engine, top=1)] == ["F2"]
+
+
+def test_failure_census_of_an_older_sweep(report_engine: Any) -> None:
+    got = [(f.fingerprint, f.count, f.downloads) for f in failures(report_engine, sweep_id=1)]
+    assert got == [("F1", 2, 800), ("F2", 2, 330)], got
+    with pytest.raises(UsageError, match="no sweep 9"):
+        failures(report_engine, sweep_id=9)
+
+
+def test_pass_rates_by_count_downloads_and_model_type(report_engine: Any) -> None:
+    r = build_report(report_engine)
+    assert (r.models, r.passed, r.downloads, r.passed_downloads) == (7, 3, 2000, 1560)
+    assert r.pass_rate == pytest.approx(3 / 7) and r.pass_rate_downloads == pytest.approx(0.78)
+    types = {
+        t.model_type: (t.models, t.passed, t.downloads, t.passed_downloads) for t in r.by_model_type
+    }
+    assert types == {
+        "bert": (3, 2, 1800, 1500),
+        "qwen3": (2, 1, 160, 60),
+        "mpnet": (2, 0, 40, 0),
+    }, types
+    assert [t.model_type for t in r.by_model_type] == ["bert", "qwen3", "mpnet"]
+    verdict_rows = {v: (n, d) for v, n, d in r.verdicts}
+    assert verdict_rows == {
+        "pass": (3, 1560),
+        "lowering_failed": (3, 430),
+        "custom_code": (1, 10),
+    }, verdict_rows
+    assert r.sweep is not None and r.sweep["id"] == 2 and r.sweep["status"] == "done"
+
+
+def test_cumulative_downloads_against_rank(report_engine: Any) -> None:
+    points = build_report(report_engine).cumulative
+    expected = [
+        (1, 0.5, 0.5),
+        (2, 0.75, 0.75),
+        (3, 0.9, 0.75),
+        (4, 0.95, 0.75),
+        (5, 0.98, 0.78),
+        (6, 0.995, 0.78),
+        (7, 1.0, 0.78),
+    ]
+    assert [p[0] for p in points] == [e[0] for e in expected]
+    for got, want in zip(points, expected, strict=True):
+        assert got[1] == pytest.approx(want[1]) and got[2] == pytest.approx(want[2]), (got, want)
+
+
+def test_adapter_impact_counts_passing_runs_that_applied_it(report_engine: Any) -> None:
+    # Sweep 2: a1 on m/one (1,000), a2 on m/two (500). m/four applied both but fails now.
+    assert build_report(report_engine).adapters == [("a1", 1, 1000), ("a2", 1, 500)]
+    assert build_report(report_engine, sweep_id=1).adapters == [("a1", 2, 1100), ("a2", 1, 100)]
+
+
+def test_agreement_with_is_supported(report_engine: Any) -> None:
+    a = build_report(report_engine).agreement
+    counts = (a.both_yes, a.both_no, a.only_ours, a.only_theirs, a.unknown)
+    assert counts == (2, 2, 1, 1, 1), counts  # m/six has no reference value
+    assert (a.only_ours_models, a.only_theirs_models) == (["m/five"], ["m/four"])
+    assert a.compared == 6 and a.rate == pytest.approx(4 / 6)
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "expected"),
+    [
+        ("pass", "pass", PASS),
+        ("lowering_failed", "pass", IMPROVED),
+        ("pass", "worker_timeout", FAIL),
+        ("skipped", "load_failed", XFAIL),
+    ],
+)
+def test_labels_follow_the_benchmark_harness(before: str, after: str, expected: str) -> None:
+    assert label(before, after) == expected
+
+
+def test_diff_between_two_sweeps(report_engine: Any) -> None:
+    d = diff_sweeps(report_engine, 2, 1)
+    assert d.counts == {PASS: 1, XFAIL: 3, FAIL: 1, IMPROVED: 2}, d.counts
+    assert [(c.model_id, c.before, c.after, c.label) for c in d.changed] == [
+        ("m/four", "pass", "lowering_failed", FAIL),
+        ("m/two", "lowering_failed", "pass", IMPROVED),
+        ("m/five", "verification_failed", "pass", IMPROVED),
+    ]
+    assert (d.only_current, d.only_baseline) == (0, 0)
+    report = build_report(report_engine, against=1)
+    assert report.diff is not None and report.diff.counts == d.counts
+    with pytest.raises(UsageError, match="no sweep 7"):
+        build_report(report_engine, against=7)
+
+
+def test_other_failures_group_runs_without_a_fingerprint(report_engine: Any) -> None:
+    assert build_report(report_engine).other_failures == [
+        ("custom_code", "needs the repository's own code", 1, 10)
+    ]
+    assert build_report(report_engine, sweep_id=1).other_failures[0] == (
+        "verification_failed",
+        "verification_failed of m/five",
+        1,
+        60,
+    )
+
+
+def test_without_sweeps_the_latest_run_of_each_model_counts(tmp_path: Path) -> None:
+    from hfadapt.store import get_engine, session
+    from hfadapt.tables import Run
+
+    engine = get_engine(str(tmp_path / "plain.db"))
+    with pytest.raises(UsageError, match="run `hfadapt sweep` first"):
+        build_report(engine)
+    with session(engine) as sess:
+        sess.add(Run(model_id="x/a", verdict="lowering_failed", fingerprints=["F9"]))
+        sess.add(Run(model_id="x/a", verdict="pass"))  # newer: x/a passes now
+        sess.add(Run(model_id="x/b", verdict="lowering_failed", fingerprints=["F9"]))
+    r = build_report(engine)
+    assert (r.sweep, r.models, r.passed) == (None, 2, 1)
+    assert [(f.fingerprint, f.models) for f in r.fingerprints] == [("F9", ["x/b"])]
+    engine.dispose()
+
+
+def test_report_json_round_trips(report_engine: Any) -> None:
+    data = json.loads(json.dumps(build_report(report_engine, against=1).to_dict(), default=str))
+    assert data["pass_rate_downloads"] == pytest.approx(0.78) and data["agreement"]["compared"] == 6
+    assert data["fingerprints"][0]["fingerprint"] == "F2" and data["fingerprints"][0]["count"] == 2
+    assert data["diff"]["counts"] == {"PASS": 1, "XFAIL": 3, "FAIL": 1, "IMPROVED": 2}
+
+
+def test_cli_failures_and_report(report_engine: Any, tmp_path: Path) -> None:
+    from hfadapt.cli import app
+    from hfadapt.store import sqlite_path
+
+    db = str(sqlite_path(report_engine.url))
+    runner = CliRunner()
+    out = runner.invoke(app, ["failures", "--db", db])
+    assert out.exit_code == 0, out.output
+    assert out.output.index("F2") < out.output.index("F1") < out.output.index("F3"), out.output
+    as_json = runner.invoke(app, ["failures", "--db", db, "--json", "--sweep", "1"])
+    assert [(f["fingerprint"], f["downloads"]) for f in json.loads(as_json.output)] == [
+        ("F1", 800),
+        ("F2", 330),
+    ]
+    html, js = tmp_path / "r.html", tmp_path / "r.json"
+    rep = runner.invoke(
+        app, ["report", "--db", db, "--against", "1", "--html", str(html), "--json", str(js)]
+    )
+    assert rep.exit_code == 0, rep.output
+    assert "pass 3 (42.9% by count, 78.0% by downloads)" in rep.output, rep.output
+    assert "PASS 1, XFAIL 3, FAIL 1, IMPROVED 2" in rep.output and "66.7%" in rep.output
+    assert (
+        html.read_text().startswith("<!DOCTYPE html>") and json.loads(js.read_text())["models"] == 7
+    )
+    missing = runner.invoke(app, ["report", "--db", db, "--sweep", "5"])
+    assert missing.exit_code != 0 and isinstance(missing.exception, UsageError)

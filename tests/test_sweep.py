@@ -1,0 +1,210 @@
+"""hfadapt.sweep with the stand-in worker (tests/sweep_fakes.py): signature dedupe, one row per
+model pointing at its representative, custom_code and skipped rows, crashes and hangs recorded
+while the sweep goes on, progress, and the options a sweep refuses."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+from conftest import store_crawl, sweep_records
+from sqlalchemy import text
+from sweep_fakes import fake_verdict
+
+from hfadapt import verdicts
+from hfadapt.errors import UsageError
+from hfadapt.sweep import SweepProgress, run_sweep
+from hfadapt.sweepstore import Sweep
+
+
+def runs(engine: Any, sweep_id: int) -> list[dict[str, Any]]:
+    from hfadapt.sweepstore import done_rows
+
+    return list(done_rows(engine, sweep_id).values())
+
+
+def test_models_sharing_a_signature_are_judged_once(sweep_engine: Any, fake_worker: str) -> None:
+    result = run_sweep(sweep_engine, worker=fake_worker, workers=2, resume=False)
+    rows = {r["model_id"]: r for r in runs(sweep_engine, result.sweep_id)}
+    print(
+        f"\n{result.models} models, {result.units} units, dedupe {result.dedupe_factor}: {result.counts}"
+    )
+    # 13 models: 11 judged in 5 units (A x5, B, C, D x3, no-config alone), custom_code, skipped.
+    assert (result.models, result.units, result.judged, len(rows)) == (13, 5, 5, 13), result
+    assert result.dedupe_factor == pytest.approx(11 / 5), result.dedupe_factor
+    roles = Counter(r["evidence"]["sweep"]["role"] for r in rows.values())
+    assert roles == {"representative": 5, "member": 6, "direct": 2}, roles
+    assert (
+        rows["org/custom"]["verdict"] == verdicts.CUSTOM_CODE
+        and "--trust-remote-code" in rows["org/custom"]["reason"]
+    )
+    assert (
+        rows["org/model-onnx"]["verdict"] == verdicts.SKIPPED
+        and rows["org/model-onnx"]["reason"] == "onnx_gguf_mlx_only"
+    )
+    # Members share the representative's verdict, metrics and fingerprints, and point at its row.
+    rep = rows["org/bert-a0"]
+    assert rep["evidence"]["sweep"] == {
+        **rep["evidence"]["sweep"],
+        "role": "representative",
+        "models": 5,
+    }
+    for i in range(1, 5):
+        member = rows[f"org/bert-a{i}"]
+        assert member["evidence"]["sweep"]["representative"] == "org/bert-a0"
+        assert member["evidence"]["sweep"]["representative_run"] == rep["id"], member["evidence"]
+        same = ("verdict", "reason", "min_token_cosine", "fingerprints", "signature")
+        assert {k: member[k] for k in same} == {k: rep[k] for k in same}
+        assert member["sweep_id"] == result.sweep_id and member["model_type"] == "bert"
+    signatures = {r["signature"] for r in rows.values() if r["signature"]}
+    assert len(signatures) == 4, signatures  # A, B, C, D; the no-config model has none
+    assert rows["org/xlmr-0"]["signature"] != rep["signature"] != rows["org/bert-relu"]["signature"]
+    assert rows["org/xlmr-2"]["evidence"]["sweep"]["representative"] == "org/xlmr-0"
+    # The verdict is the stand-in's function of the unit key: the same for every member.
+    assert rep["verdict"] == fake_verdict(rep["signature"])
+    assert sum(result.counts.values()) == 13 and result.counts[verdicts.CUSTOM_CODE] == 1
+    with sweep_engine.connect() as conn:
+        sweep = conn.execute(text("SELECT status, models, units, judged FROM sweep")).one()
+    assert tuple(sweep) == ("done", 13, 5, 5), sweep
+
+
+def test_full_mode_judges_every_model(sweep_engine: Any, fake_worker: str) -> None:
+    result = run_sweep(sweep_engine, worker=fake_worker, workers=1, mode="full", resume=False)
+    assert (result.models, result.units, result.judged) == (13, 11, 11), result
+    assert result.dedupe_factor == 1.0
+
+
+def test_crash_and_hang_are_recorded_and_the_sweep_goes_on(
+    sweep_engine: Any, fake_worker: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HFADAPT_FAKE_CRASH", "org/bert-relu")
+    monkeypatch.setenv("HFADAPT_FAKE_HANG", "org/xlmr-0")
+    start = time.perf_counter()
+    result = run_sweep(sweep_engine, worker=fake_worker, workers=2, timeout=3.0, resume=False)
+    seconds = time.perf_counter() - start
+    rows = {r["model_id"]: r for r in runs(sweep_engine, result.sweep_id)}
+    print(f"\n{seconds:.1f} s, restarts {result.worker_restarts}: {result.counts}")
+    crashed = rows["org/bert-relu"]
+    assert crashed["verdict"] == verdicts.WORKER_CRASHED and "SIGSEGV" in crashed["reason"], (
+        crashed["reason"]
+    )
+    for i in range(3):  # the hang is recorded for all three models of its signature
+        hung = rows[f"org/xlmr-{i}"]
+        assert hung["verdict"] == verdicts.WORKER_TIMEOUT and "3 s" in hung["reason"], hung[
+            "reason"
+        ]
+    assert rows["org/xlmr-0"]["evidence"]["timeout_s"] == 3.0
+    others = [
+        r for m, r in rows.items() if m.startswith(("org/bert-a", "org/minilm", "org/no-config"))
+    ]
+    assert len(others) == 7 and all(r["verdict"] in ("pass", "lowering_failed") for r in others)
+    assert len(rows) == 13 and result.worker_restarts == 2, result
+    assert seconds < 60, f"the sweep took {seconds:.1f} s"
+
+
+def test_a_worker_that_raises_is_worker_crashed(sweep_engine: Any, fake_worker: str) -> None:
+    result = run_sweep(sweep_engine, worker="sweep_fakes:raising_judge", workers=1, resume=False)
+    rows = runs(sweep_engine, result.sweep_id)
+    judged = [r for r in rows if r["evidence"]["sweep"]["role"] != "direct"]
+    assert len(judged) == 11 and {r["verdict"] for r in judged} == {verdicts.WORKER_CRASHED}
+    rep = next(r for r in judged if r["model_id"] == "org/bert-a0")
+    assert (
+        "RuntimeError: boom on org/bert-a0" in rep["reason"]
+        and "Traceback" in rep["evidence"]["traceback"]
+    )
+    assert result.worker_restarts == 0  # an exception does not cost the process
+
+
+def test_progress_is_reported_after_every_unit(sweep_engine: Any, fake_worker: str) -> None:
+    seen: list[SweepProgress] = []
+
+    def progress(p: SweepProgress) -> None:
+        seen.append(SweepProgress(**{**vars(p), "counts": Counter(p.counts)}))
+
+    result = run_sweep(sweep_engine, worker=fake_worker, workers=2, progress=progress, resume=False)
+    assert len(seen) == 1 + 5, [p.done for p in seen]  # the direct rows, then one per unit
+    assert [p.done for p in seen] == sorted(p.done for p in seen)
+    assert (seen[0].done, seen[-1].done, seen[-1].total) == (2, 13, 13)
+    assert [p.units_done for p in seen] == [0, 1, 2, 3, 4, 5]
+    assert all(sum(p.counts.values()) == p.done for p in seen)
+    last = seen[-1]
+    assert (
+        last.eta == 0.0
+        and last.models_per_minute > 0
+        and last.cost_done == pytest.approx(last.cost_total)
+    )
+    assert dict(last.counts) == result.counts
+
+
+def test_a_second_run_resumes_nothing_left(sweep_engine: Any, fake_worker: str) -> None:
+    first = run_sweep(sweep_engine, worker=fake_worker, workers=1, resume=False)
+    again = run_sweep(sweep_engine, worker=fake_worker, workers=1)  # the first is done: a new one
+    assert again.sweep_id == first.sweep_id + 1 and not again.resumed
+    with sweep_engine.connect() as conn:
+        per_sweep = dict(
+            conn.execute(text("SELECT sweep_id, count(*) FROM run GROUP BY sweep_id")).all()
+        )
+    assert per_sweep == {first.sweep_id: 13, again.sweep_id: 13}
+
+
+def test_top_and_model_type_select_models(sweep_engine: Any, fake_worker: str) -> None:
+    top = run_sweep(sweep_engine, worker=fake_worker, top=6, resume=False)
+    assert (top.models, top.units) == (6, 2), top  # bert-a0..a4 and bert-relu
+    xlmr = run_sweep(sweep_engine, worker=fake_worker, model_type="xlm-roberta", resume=False)
+    assert (xlmr.models, xlmr.units) == (3, 1), xlmr
+    with pytest.raises(UsageError, match="no crawled models of model_type 'gpt9'"):
+        run_sweep(sweep_engine, worker=fake_worker, model_type="gpt9")
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"mode": "fast"}, "--mode must be one of structural, full"),
+        ({"workers": 0}, "--workers must be at least 1"),
+        ({"timeout": -1}, "--timeout must be positive"),
+        ({"executor": "slurm"}, "--executor must be local or ray"),
+        ({"dtype": "fp8"}, "--dtype must be one of fp16, bf16"),
+    ],
+)
+def test_bad_options_are_usage_errors(
+    sweep_engine: Any, options: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(UsageError, match=message):
+        run_sweep(sweep_engine, **options)
+    with sweep_engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM sweep")).scalar() == 0
+
+
+def test_an_empty_database_crawls_the_bundled_snapshot_first(
+    tmp_path: Any, fake_worker: str
+) -> None:
+    from hfadapt.catalog import latest_crawl
+    from hfadapt.store import get_engine
+
+    engine = get_engine(str(tmp_path / "empty.db"))
+    result = run_sweep(engine, worker=fake_worker, top=25, workers=2)
+    crawl = latest_crawl(engine)
+    assert crawl is not None and crawl.source == "snapshot" and crawl.seen == 10_000, crawl
+    assert result.models == 25 and sum(result.counts.values()) == 25, result
+    assert result.units < 25 - result.counts.get(verdicts.CUSTOM_CODE, 0), result  # deduped
+    with engine.connect() as conn:
+        options = conn.execute(text("SELECT options FROM sweep")).scalar()
+    assert '"top": 25' in options and '"mode": "structural"' in options, options
+    engine.dispose()
+
+
+def test_many_signatures_store_every_model_once(tmp_path: Any, fake_worker: str) -> None:
+    from hfadapt.store import get_engine
+
+    engine = get_engine(str(tmp_path / "many.db"))
+    store_crawl(engine, sweep_records("many"))
+    result = run_sweep(engine, worker=fake_worker, workers=2)
+    assert (result.models, result.units, result.dedupe_factor) == (92, 30, 3.0), result
+    with engine.connect() as conn:
+        dupes = conn.execute(text("SELECT count(*) - count(DISTINCT model_id) FROM run")).scalar()
+        sweep = conn.execute(text("SELECT counts FROM sweep")).scalar()
+    assert dupes == 0 and sweep is not None
+    assert isinstance(Sweep.__tablename__, str)
+    engine.dispose()
