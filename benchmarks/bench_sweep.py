@@ -71,6 +71,7 @@ def sweep_once(
         resume=False,
     )
     wall, cpu = time.perf_counter() - start, _cpu() - cpu_start
+    peaks = _worker_peaks(engine, result.sweep_id)
     engine.dispose()
     data = dict(vars(result))
     slowest = sorted(data.pop("unit_seconds").items(), key=lambda kv: -kv[1])[:10]
@@ -79,8 +80,18 @@ def sweep_once(
         cpu_seconds=round(cpu, 1),
         models_per_minute=round(result.models_per_minute, 1),
         slowest_units=slowest,
+        worker_peak_rss_mb_median=peaks[len(peaks) // 2] if peaks else None,
     )
     return data
+
+
+def _worker_peaks(engine: Any, sweep_id: int) -> list[float]:
+    """Each unit's worker peak RSS (the process's, so far), sorted."""
+    from hfadapt.sweepstore import done_rows
+
+    rows = done_rows(engine, sweep_id).values()
+    found = [(r["evidence"] or {}).get("sweep", {}).get("worker_peak_rss_mb") for r in rows]
+    return sorted(float(p) for p in found if p)
 
 
 def _full(args: argparse.Namespace, folder: Path, report: dict[str, Any]) -> None:
@@ -97,7 +108,7 @@ def _full(args: argparse.Namespace, folder: Path, report: dict[str, Any]) -> Non
         f"  {full['models']:,} models in {full['wall_seconds']:.0f} s ({full['wall_seconds'] / 60:.1f} min), "
         f"CPU {full['cpu_seconds']:.0f} s: {full['models_per_minute']:,.0f} models/min; {full['units']} units, "
         f"dedupe factor {full['dedupe_factor']}; peak RSS driver {full['driver_peak_rss_mb']:.0f} MB, "
-        f"worker {full['worker_peak_rss_mb']:.0f} MB",
+        f"worker {full['worker_peak_rss_mb']:.0f} MB (median over units {full['worker_peak_rss_mb_median'] or 0:.0f} MB)",
         flush=True,
     )
     print(f"  verdicts: {full['counts']}", flush=True)

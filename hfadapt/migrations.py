@@ -232,3 +232,11 @@ def m003_sweeps(conn: Connection) -> None:
     from hfadapt.sweepstore import Sweep
 
     create_tables(conn, Sweep)
+
+
+@migration
+def m004_sweep_driver(conn: Connection) -> None:
+    """Which process drives a running sweep, so a second driver does not resume it meanwhile."""
+    from hfadapt.sweepstore import Sweep
+
+    add_columns(conn, Sweep, "driver_pid")

@@ -73,6 +73,7 @@ def unit_rows(
         "models": len(unit.members),
         "worker_pid": out.pid,
         "seconds": out.seconds,
+        "worker_peak_rss_mb": out.peak_rss_mb,
     }
     if unit.signature and row.get("signature") and row["signature"] != unit.signature:
         evidence["sweep"]["planned_signature"] = unit.signature

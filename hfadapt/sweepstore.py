@@ -6,6 +6,7 @@ leaves whole units or nothing, and resuming never duplicates a row."""
 from __future__ import annotations
 
 import json
+import os
 import platform
 from collections import Counter
 from datetime import datetime
@@ -63,6 +64,7 @@ class Sweep(SQLModel, table=True):
     counts: dict | None = Field(default=None, sa_column=Column(JSON))  # verdict -> models
     options: dict | None = Field(default=None, sa_column=Column(JSON))
     host: str | None = None
+    driver_pid: int | None = None  # the process driving it while running (m004)
     error: str | None = None
     started_at: datetime = Field(default_factory=utcnow)
     finished_at: datetime | None = None
@@ -103,18 +105,40 @@ def open_sweep(
             )
             found = sess.execute(stmt).scalars().first()
         if found is not None:
+            _refuse_live(found)
             found.resumes += 1
             found.status = RUNNING
             found.error = None
+            found.host, found.driver_pid = platform.node(), os.getpid()
             for name, value in columns.items():
                 setattr(found, name, value)
             sess.add(found)
             sess.flush()
             return found, True
-        sweep = Sweep(key=key, options=options, host=platform.node(), **columns)
+        sweep = Sweep(
+            key=key, options=options, host=platform.node(), driver_pid=os.getpid(), **columns
+        )
         sess.add(sweep)
         sess.flush()
         return sweep, False
+
+
+def _refuse_live(sweep: Sweep) -> None:
+    """A running sweep whose driver is alive on this machine is not resumed by another."""
+    from hfadapt.errors import UsageError
+
+    pid = sweep.driver_pid
+    if sweep.status != RUNNING or not pid or pid == os.getpid() or sweep.host != platform.node():
+        return
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return  # killed (kill -9, a crash): resume it
+    except PermissionError:
+        pass  # alive, another user's
+    raise UsageError(
+        f"sweep {sweep.id} is being run right now by process {pid}; wait for it, or start a new sweep (--fresh)"
+    )
 
 
 def get_sweep(engine: Engine, sweep_id: int) -> Sweep | None:

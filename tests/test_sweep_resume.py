@@ -141,3 +141,27 @@ def test_resume_copies_a_half_planned_unit(sweep_engine: Any, fake_worker: str) 
             ).all()
         )
     assert rows["org/bert-a4"] == "org/bert-a0" and len(rows) == 13
+
+
+def test_a_sweep_whose_driver_is_alive_is_not_resumed(sweep_engine: Any, fake_worker: str) -> None:
+    from sqlalchemy import text
+
+    from hfadapt.errors import UsageError
+
+    first = run_sweep(sweep_engine, worker=fake_worker, workers=1, top=3, resume=False)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        with sweep_engine.begin() as conn:  # as if another driver were running it now
+            conn.execute(
+                text("UPDATE sweep SET status = 'running', driver_pid = :p"), {"p": other.pid}
+            )
+        with pytest.raises(
+            UsageError,
+            match=f"sweep {first.sweep_id} is being run right now by process {other.pid}",
+        ):
+            run_sweep(sweep_engine, worker=fake_worker, workers=1, top=3)
+    finally:
+        other.kill()
+        other.wait()
+    again = run_sweep(sweep_engine, worker=fake_worker, workers=1, top=3)  # its driver is gone
+    assert again.resumed and again.sweep_id == first.sweep_id and again.judged == 0
