@@ -285,8 +285,12 @@ def _judge(
         config.use_cache = False  # decoder embedding models: no KV cache in one forward
 
     with phases("probes"):
-        batch = build_probes(loaded)
-        inputs = model_inputs(model, batch)
+        try:
+            batch = build_probes(loaded)
+            inputs = model_inputs(model, batch)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            # e.g. a composite (vision + text) config with no usable vocab_size: no text probe
+            return verdicts.LOAD_FAILED, f"no probe inputs for this model: {_one_line(exc)}", None
         mask = batch.attention_mask.bool()
     diag.evidence["probes"] = batch.describe()
 

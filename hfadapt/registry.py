@@ -77,7 +77,8 @@ def load_file(path: Path, source: str = "user") -> list[Adapter]:
     module = importlib.util.module_from_spec(spec)
     with _LOCK:
         saved = adapter_api._COLLECTOR
-        adapter_api._COLLECTOR = found = []
+        found: list[Adapter] = []
+        adapter_api._COLLECTOR = found
         try:
             sys.modules[mod_name] = module
             spec.loader.exec_module(module)
@@ -133,7 +134,8 @@ class Registry:
         for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
             with _LOCK:
                 saved = adapter_api._COLLECTOR
-                adapter_api._COLLECTOR = found = []
+                found: list[Adapter] = []
+                adapter_api._COLLECTOR = found
                 try:
                     ep.load()
                 except Exception as exc:
@@ -158,7 +160,7 @@ class Registry:
             except AdapterError as exc:
                 self.errors.append(LoadError(a.path or a.name, exc.one_line()))
                 continue
-            hits = []
+            hits: list[tuple[str, torch.nn.Module]] = []
             for name, module in model.named_modules():
                 if cls is not None and isinstance(module, cls):
                     try:
@@ -171,7 +173,7 @@ class Registry:
                         )
                         ok = False
                     if ok:
-                        hits.append((name, module))
+                        hits.append((name, module))  # type: ignore[arg-type]
             if hits:
                 out.append((a, hits))
         return out
@@ -220,7 +222,7 @@ def _on_device(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
 
 def _method_dispatch(method: str) -> Any:
     def dispatch(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-        stack: list[Adapter] = self._hfadapt_stack[method]  # type: ignore[index]
+        stack: list[Adapter] = self._hfadapt_stack[method]  # type: ignore[index,assignment]
         if stack and (self._hfadapt_state.enabled or _on_device(args, kwargs)):  # type: ignore[union-attr]
             return stack[-1].fn(self, *args, **kwargs)
         return getattr(type(self), method)(self, *args, **kwargs)

@@ -21,10 +21,18 @@ err_console = Console(stderr=True)
 
 DbOption = Annotated[
     str | None,
-    typer.Option("--db", help="Database URL or path (default: $HFADAPT_DB, else ./runs.db).", show_default=False),
+    typer.Option(
+        "--db",
+        help="Database URL or path (default: $HFADAPT_DB, else ./runs.db).",
+        show_default=False,
+    ),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 ProfileOption = Annotated[
     str | None,
-    typer.Option("--profile", help="Device profile name or file (default: the newest bundled profile).", show_default=False),
+    typer.Option(
+        "--profile",
+        help="Device profile name or file (default: the newest bundled profile).",
+        show_default=False,
+    ),
 ]

@@ -85,7 +85,12 @@ class Profile:
         if rule is None:
             packet = op.split(".", 1)[0]
             rule = self._by_op.get(packet)
-            if rule is None and self.inplace_lowers and packet.endswith("_") and not packet.endswith("__"):
+            if (
+                rule is None
+                and self.inplace_lowers
+                and packet.endswith("_")
+                and not packet.endswith("__")
+            ):
                 rule = self._by_op.get(packet[:-1])  # aten::add_ -> aten::add (profile "inplace")
         return rule or UNLISTED
 
