@@ -13,6 +13,8 @@ import types
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 _CACHE: dict[tuple[int, tuple[tuple[str, int], ...]], Callable[..., Any]] = {}
 _LOCK = threading.Lock()
 
@@ -56,6 +58,18 @@ def rebind(fn: Callable[..., Any], **replacements: Any) -> Callable[..., Any]:
     """A copy of ``fn`` (and of the functions its decorators wrap) that sees ``replacements``
     in place of the same-named globals. Cached per (fn, replacement objects)."""
     key = (id(fn), tuple(sorted((k, id(v)) for k, v in replacements.items())))
+    found = _CACHE.get(key)  # the hot path takes no lock (and stays traceable by dynamo)
+    if found is None:
+        found = _build(key, fn, replacements)
+    return found
+
+
+@torch.compiler.disable
+def _build(
+    key: tuple[int, tuple[tuple[str, int], ...]],
+    fn: Callable[..., Any],
+    replacements: dict[str, Any],
+) -> Callable[..., Any]:
     with _LOCK:
         found = _CACHE.get(key)
         if found is None:
