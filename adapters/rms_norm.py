@@ -76,3 +76,46 @@ def t5_layer_norm(self, hidden_states: Tensor) -> Tensor:
     if self.weight.dtype in (torch.float16, torch.bfloat16):
         hidden_states = hidden_states.to(self.weight.dtype)
     return self.weight * hidden_states
+
+
+# The same two forms in the other decoder families that embedding models build on.
+_LLAMA_STYLE = {
+    "qwen2": "transformers.models.qwen2.modeling_qwen2:Qwen2RMSNorm",
+    "mistral": "transformers.models.mistral.modeling_mistral:MistralRMSNorm",
+    "llama": "transformers.models.llama.modeling_llama:LlamaRMSNorm",
+}
+
+
+def _register_llama_style(family: str, target: str) -> None:
+    module_path, cls_name = target.split(":")
+
+    @adapter(
+        name=f"rms-norm-square-{family}",
+        target=f"{target}.forward",
+        rule="dtype.fp32.ops",
+        example=_example(module_path, cls_name),
+        provenance=_PROV,
+    )
+    def llama_style_rms_norm(self, hidden_states: Tensor) -> Tensor:
+        """weight * (x * rsqrt(mean(x*x) + eps)), statistics in fp32."""
+        input_dtype = hidden_states.dtype
+        x = _rms(hidden_states.to(torch.float32), self.variance_epsilon)
+        return self.weight * x.to(input_dtype)
+
+
+for _family, _target in _LLAMA_STYLE.items():
+    _register_llama_style(_family, _target)
+
+
+@adapter(
+    name="rms-norm-square-gemma2",
+    target="transformers.models.gemma2.modeling_gemma2:Gemma2RMSNorm.forward",
+    rule="dtype.fp32.ops",
+    example=_example("transformers.models.gemma2.modeling_gemma2", "Gemma2RMSNorm"),
+    provenance=_PROV,
+)
+def gemma2_rms_norm(self, x: Tensor) -> Tensor:
+    """Gemma's (1 + weight) RMSNorm, statistics in fp32, square as x*x."""
+    output = _rms(x.float(), self.eps)
+    output = output * (1.0 + self.weight.float())
+    return output.type_as(x)

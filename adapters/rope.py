@@ -29,6 +29,9 @@ FAMILIES = {
     "gemma3": ("transformers.models.gemma3.modeling_gemma3", "Gemma3"),
     "modernbert": ("transformers.models.modernbert.modeling_modernbert", "ModernBert"),
     "nomic-bert": ("transformers.models.nomic_bert.modeling_nomic_bert", "NomicBert"),
+    "qwen2": ("transformers.models.qwen2.modeling_qwen2", "Qwen2"),
+    "mistral": ("transformers.models.mistral.modeling_mistral", "Mistral"),
+    "llama": ("transformers.models.llama.modeling_llama", "Llama"),
 }
 _ROTATIONS: dict[tuple[int, torch.dtype, str], Tensor] = {}
 
@@ -88,6 +91,9 @@ def _rotary_example(module_path: str, prefix: str):
             "Gemma3": "gemma3_text",
             "ModernBert": "modernbert",
             "NomicBert": "nomic_bert",
+            "Qwen2": "qwen2",
+            "Mistral": "mistral",
+            "Llama": "llama",
         }[prefix]
         cfg = AutoConfig.for_model(model_type, hidden_size=256, num_attention_heads=2, head_dim=128)
         rope = getattr(mod, f"{prefix}RotaryEmbedding")(cfg).double()
@@ -115,6 +121,9 @@ def _attention_example(module_path: str, prefix: str):
             "Gemma3": "gemma3_text",
             "ModernBert": "modernbert",
             "NomicBert": "nomic_bert",
+            "Qwen2": "qwen2",
+            "Mistral": "mistral",
+            "Llama": "llama",
         }[prefix]
         cfg = AutoConfig.for_model(
             model_type,
