@@ -48,20 +48,6 @@ def qwen3_rms_norm(self, hidden_states: Tensor) -> Tensor:
 
 
 @adapter(
-    name="rms-norm-square-gemma3",
-    target="transformers.models.gemma3.modeling_gemma3:Gemma3RMSNorm.forward",
-    rule="dtype.fp32.ops",
-    example=_example("transformers.models.gemma3.modeling_gemma3", "Gemma3RMSNorm"),
-    provenance=_PROV,
-)
-def gemma3_rms_norm(self, x: Tensor) -> Tensor:
-    """Gemma's (1 + weight) RMSNorm, statistics in fp32, square as x*x."""
-    output = _rms(x.float(), self.eps)
-    output = output * (1.0 + self.weight.float())
-    return output.type_as(x)
-
-
-@adapter(
     name="rms-norm-square-t5",
     target="transformers.models.t5.modeling_t5:T5LayerNorm.forward",
     rule="dtype.fp32.ops",
@@ -107,15 +93,20 @@ for _family, _target in _LLAMA_STYLE.items():
     _register_llama_style(_family, _target)
 
 
-@adapter(
-    name="rms-norm-square-gemma2",
-    target="transformers.models.gemma2.modeling_gemma2:Gemma2RMSNorm.forward",
-    rule="dtype.fp32.ops",
-    example=_example("transformers.models.gemma2.modeling_gemma2", "Gemma2RMSNorm"),
-    provenance=_PROV,
-)
-def gemma2_rms_norm(self, x: Tensor) -> Tensor:
-    """Gemma's (1 + weight) RMSNorm, statistics in fp32, square as x*x."""
-    output = _rms(x.float(), self.eps)
-    output = output * (1.0 + self.weight.float())
-    return output.type_as(x)
+def _register_gemma_style(family: str, module_path: str, cls_name: str) -> None:
+    @adapter(
+        name=f"rms-norm-square-{family}",
+        target=f"{module_path}:{cls_name}.forward",
+        rule="dtype.fp32.ops",
+        example=_example(module_path, cls_name),
+        provenance=_PROV,
+    )
+    def gemma_style_rms_norm(self, x: Tensor) -> Tensor:
+        """Gemma's (1 + weight) RMSNorm, statistics in fp32, square as x*x."""
+        output = _rms(x.float(), self.eps)
+        output = output * (1.0 + self.weight.float())
+        return output.type_as(x)
+
+
+_register_gemma_style("gemma3", "transformers.models.gemma3.modeling_gemma3", "Gemma3RMSNorm")
+_register_gemma_style("gemma2", "transformers.models.gemma2.modeling_gemma2", "Gemma2RMSNorm")

@@ -33,6 +33,15 @@ FAMILIES = {
     "mistral": ("transformers.models.mistral.modeling_mistral", "Mistral"),
     "llama": ("transformers.models.llama.modeling_llama", "Llama"),
 }
+MODEL_TYPES = {
+    "Qwen3": "qwen3",
+    "Gemma3": "gemma3_text",
+    "ModernBert": "modernbert",
+    "NomicBert": "nomic_bert",
+    "Qwen2": "qwen2",
+    "Mistral": "mistral",
+    "Llama": "llama",
+}
 _ROTATIONS: dict[tuple[int, torch.dtype, str], Tensor] = {}
 
 
@@ -86,15 +95,7 @@ def _rotary_example(module_path: str, prefix: str):
         from transformers import AutoConfig
 
         mod = importlib.import_module(module_path)
-        model_type = {
-            "Qwen3": "qwen3",
-            "Gemma3": "gemma3_text",
-            "ModernBert": "modernbert",
-            "NomicBert": "nomic_bert",
-            "Qwen2": "qwen2",
-            "Mistral": "mistral",
-            "Llama": "llama",
-        }[prefix]
+        model_type = MODEL_TYPES[prefix]
         cfg = AutoConfig.for_model(model_type, hidden_size=256, num_attention_heads=2, head_dim=128)
         rope = getattr(mod, f"{prefix}RotaryEmbedding")(cfg).double()
         x = torch.randn(2, 64, 256, dtype=torch.float64)
@@ -116,15 +117,7 @@ def _attention_example(module_path: str, prefix: str):
         from transformers import AutoConfig
 
         mod = importlib.import_module(module_path)
-        model_type = {
-            "Qwen3": "qwen3",
-            "Gemma3": "gemma3_text",
-            "ModernBert": "modernbert",
-            "NomicBert": "nomic_bert",
-            "Qwen2": "qwen2",
-            "Mistral": "mistral",
-            "Llama": "llama",
-        }[prefix]
+        model_type = MODEL_TYPES[prefix]
         cfg = AutoConfig.for_model(
             model_type,
             hidden_size=256,
