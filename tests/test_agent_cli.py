@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from cli_runner import run_cli as run
 from openai_server import (
     ScriptedOpenAI,
     openai_server_fixture,  # noqa: F401
@@ -15,23 +15,8 @@ from test_agent_loop import GOOD, WRONG, client_for, softsign_case
 
 from hfadapt.agent.loop import draft_adapter
 from hfadapt.agent.records import Recorder
-from hfadapt.cli import main
 from hfadapt.store import get_engine, session
 from hfadapt.tables import HubModel, Run
-
-
-def run(
-    args: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["hfadapt", *args])
-    monkeypatch.setenv("COLUMNS", "220")
-    code = 0
-    try:
-        main()
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_draft_top_without_sweeps_is_a_clear_message(

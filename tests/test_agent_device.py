@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import copy
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from cli_runner import run_cli
 from openai_server import (
     ScriptedOpenAI,
     openai_server_fixture,  # noqa: F401
@@ -103,22 +103,6 @@ def test_a_draft_that_breaks_the_model_fails_end_to_end_or_device(
     assert "new violation" in attempt.feedback and "layout.stick_slice" in attempt.feedback, (
         attempt.feedback
     )
-
-
-def run_cli(
-    args: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> tuple[int, str, str]:
-    from hfadapt.cli import main
-
-    monkeypatch.setattr(sys, "argv", ["hfadapt", *args])
-    monkeypatch.setenv("COLUMNS", "220")
-    code = 0
-    try:
-        main()
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_agent_eval_against_the_scripted_endpoint(

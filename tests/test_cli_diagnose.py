@@ -4,33 +4,17 @@ fails, 2 bad input: one line, no traceback)."""
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_runner import run_cli
 
 from hfadapt import check
-from hfadapt.cli import main
 
 # Small models on a shared machine: one torch thread (see conftest.one_thread).
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def run_cli(
-    args: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> tuple[int, str, str]:
-
-    monkeypatch.setenv("COLUMNS", "200")  # rich wraps tables at the terminal width
-    monkeypatch.setattr(sys, "argv", ["hfadapt", *args])
-    code = 0
-    try:
-        main()
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture

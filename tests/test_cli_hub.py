@@ -4,29 +4,13 @@ codes, and one-line errors."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from cli_runner import run_cli as run
 from hub_server import FakeHub, refused_url
 
-from hfadapt.cli import main
-
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
-
-
-def run(
-    args: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["hfadapt", *args])
-    monkeypatch.setenv("COLUMNS", "200")  # rich tables: no truncated model ids
-    code = 0
-    try:
-        main()
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_crawl_offline_prints_a_summary(
