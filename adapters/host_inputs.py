@@ -15,9 +15,9 @@ import sys
 from typing import Any
 
 import torch
-from torch import Tensor
 
 from hfadapt.adapter import adapter
+from hfadapt.adapter_examples import tiny_model
 
 _PROV = {"origin": "hand-written", "author": "hfadapt", "date": "2026-11-30"}
 _ROOT = "transformers.modeling_utils:PreTrainedModel"
@@ -47,38 +47,13 @@ def _set(
     return args, kwargs
 
 
-def _tiny(model_type: str, seed: int) -> tuple[torch.nn.Module, Tensor, Tensor]:
-    """A one-layer model of the family with stick-aligned shapes, and a padded 64-token batch."""
-    from transformers import AutoConfig, AutoModel
-
-    torch.manual_seed(seed)
-    cfg = AutoConfig.for_model(
-        model_type,
-        hidden_size=128,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=256,
-        vocab_size=96,
-        hidden_act="relu",
-        max_position_embeddings=130,
-        attn_implementation="sdpa",
-    )
-    model = AutoModel.from_config(cfg).double().eval()
-    ids = torch.randint(3, 96, (3, 64))
-    mask = torch.ones(3, 64, dtype=torch.long)
-    mask[1, 40:] = 0
-    mask[2, 5:] = 0
-    ids[mask == 0] = cfg.pad_token_id or 0
-    return model, ids, mask
-
-
 def _token_type_example(seed: int):
-    model, ids, _mask = _tiny("bert", seed)
+    model, ids, _mask = tiny_model("bert", seed)
     return model, (), {"input_ids": ids}
 
 
 def _position_example(seed: int):
-    model, ids, _mask = _tiny("xlm-roberta", seed)
+    model, ids, _mask = tiny_model("xlm-roberta", seed)
     return model, (), {"input_ids": ids, "token_type_ids": torch.zeros_like(ids)}
 
 

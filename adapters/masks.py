@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from hfadapt.adapter import adapter
+from hfadapt.adapter_examples import tiny_model
 from hfadapt.rebind import rebind, stock_method
 
 MASK_BUILDERS = (
@@ -82,23 +83,7 @@ def _builders_of(module: torch.nn.Module) -> dict[str, Callable[..., Any]]:
 
 
 def _example(seed: int):
-    from transformers import BertConfig, BertModel
-
-    torch.manual_seed(seed)
-    cfg = BertConfig(
-        hidden_size=128,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=256,
-        vocab_size=96,
-        hidden_act="relu",
-        attn_implementation="sdpa",
-    )
-    model = BertModel(cfg).double().eval()
-    ids = torch.randint(3, 96, (3, 64))
-    mask = torch.ones(3, 64, dtype=torch.long)
-    mask[1, 40:] = 0
-    mask[2, 5:] = 0
+    model, ids, mask = tiny_model("bert", seed)
     return (
         model,
         (),
@@ -108,25 +93,9 @@ def _example(seed: int):
 
 def _example_direct(seed: int):
     """A model whose forward calls the mask builders itself (the example above uses a helper)."""
-    from transformers import AutoConfig, AutoModel
-
-    torch.manual_seed(seed)
-    cfg = AutoConfig.for_model(
-        "qwen3",
-        hidden_size=128,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=64,
-        intermediate_size=256,
-        vocab_size=96,
-        attn_implementation="sdpa",
-        use_cache=False,
+    model, ids, mask = tiny_model(
+        "qwen3", seed, num_key_value_heads=1, head_dim=64, use_cache=False
     )
-    model = AutoModel.from_config(cfg).double().eval()
-    ids = torch.randint(3, 96, (3, 64))
-    mask = torch.ones(3, 64, dtype=torch.long)
-    mask[1, 40:] = 0
     return model, (), {"input_ids": ids, "attention_mask": mask}
 
 

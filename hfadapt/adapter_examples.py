@@ -1,0 +1,35 @@
+"""Small inputs for adapter proofs: a one-layer model of a family with stick-aligned shapes and
+a padded 64-token batch (row 1 padded from token 40, row 2 from token 5), in float64."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def tiny_model(
+    model_type: str, seed: int, **overrides: Any
+) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
+    """(model, input_ids, attention_mask); ``overrides`` go into the config."""
+    from transformers import AutoConfig, AutoModel
+
+    torch.manual_seed(seed)
+    fields: dict[str, Any] = {
+        "hidden_size": 128,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "intermediate_size": 256,
+        "vocab_size": 96,
+        "hidden_act": "relu",
+        "max_position_embeddings": 130,
+        "attn_implementation": "sdpa",
+    }
+    cfg = AutoConfig.for_model(model_type, **{**fields, **overrides})
+    model = AutoModel.from_config(cfg).double().eval()
+    ids = torch.randint(3, 96, (3, 64))
+    mask = torch.ones(3, 64, dtype=torch.long)
+    mask[1, 40:] = 0
+    mask[2, 5:] = 0
+    ids[mask == 0] = cfg.pad_token_id or 0
+    return model, ids, mask
