@@ -15,7 +15,7 @@ import math
 import torch
 from torch import Tensor
 
-from hfadapt.adapter import adapter
+from hfadapt.adapters.api import adapter
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _PROV = {"origin": "hand-written", "author": "hfadapt", "date": "2026-11-30"}

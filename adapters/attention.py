@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from hfadapt.adapter import adapter
+from hfadapt.adapters.api import adapter
 
 STICK = 64
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from hfadapt.adapter import adapter
-from hfadapt.adapter_examples import tiny_model
+from hfadapt.adapters.api import adapter
+from hfadapt.adapters.examples import tiny_model
 
 _PROV = {"origin": "hand-written", "author": "hfadapt", "date": "2026-11-30"}
 _ROOT = "transformers.modeling_utils:PreTrainedModel"

@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
-from hfadapt.adapter import adapter
-from hfadapt.adapter_examples import tiny_model
-from hfadapt.rebind import rebind, stock_method
+from hfadapt.adapters.api import adapter
+from hfadapt.adapters.examples import tiny_model
+from hfadapt.adapters.rebind import rebind, stock_method
 
 MASK_BUILDERS = (
     "create_causal_mask",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from hfadapt.adapter import adapter
+from hfadapt.adapters.api import adapter
 
 
 @torch.compiler.disable

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from hfadapt.adapter import adapter
+from hfadapt.adapters.api import adapter
 
 _PROV = {"origin": "hand-written", "author": "hfadapt", "date": "2026-11-30"}
 

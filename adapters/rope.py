@@ -20,8 +20,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from hfadapt.adapter import adapter
-from hfadapt.rebind import rebind, stock_method
+from hfadapt.adapters.api import adapter
+from hfadapt.adapters.rebind import rebind, stock_method
 
 _PROV = {"origin": "hand-written", "author": "hfadapt", "date": "2026-11-30"}
 FAMILIES = {

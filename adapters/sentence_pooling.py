@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from hfadapt.adapter import adapter
+from hfadapt.adapters.api import adapter
 
 
 def _host(value: Any) -> Any:

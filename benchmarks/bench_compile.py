@@ -78,7 +78,7 @@ def _median(samples: list[tuple[float, float]], index: int) -> float:
 
 
 def main(runs: int = 7, threads: int = 2, layers: int = 6, dtype: str = "fp16") -> dict[str, float]:
-    from hfadapt.spyre.backend import lower
+    from hfadapt.spyre.compile.backend import lower
 
     torch.set_num_threads(threads)
     model = build_model(layers)

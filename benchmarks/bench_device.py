@@ -71,7 +71,7 @@ def cpu_runner(model: Any, batch: dict[str, torch.Tensor]) -> Callable[[], Any]:
 
 
 def device_runner(model: Any, batch: dict[str, torch.Tensor]) -> Callable[[], Any]:
-    from hfadapt.spyre import device
+    from hfadapt.spyre.eager import device
 
     device.register()
     on_device = copy.deepcopy(model).half().to("spyre")

@@ -31,8 +31,8 @@ if {threads}:
     torch.set_num_threads({threads})
 if {stand_in}:
     import time, torch
-    from hfadapt import check
-    from hfadapt.spyre.report import LoweringReport
+    from hfadapt.judge import diagnose as check
+    from hfadapt.spyre.lowering_report import LoweringReport
 
     class Run:
         def __init__(self, outputs, report, seconds):
@@ -54,7 +54,7 @@ main()
 
 def import_seconds() -> float:
     """A bare interpreter importing what diagnose needs: the floor under every run."""
-    code = "import torch, transformers; from transformers import AutoModel, AutoTokenizer; import hfadapt.check"
+    code = "import torch, transformers; from transformers import AutoModel, AutoTokenizer; import hfadapt.judge.diagnose"
     start = time.perf_counter()
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
     return time.perf_counter() - start

@@ -44,8 +44,8 @@ def sweep_once(
     quiet: bool = False,
 ) -> dict[str, Any]:
     """One sweep into ``db``; its SweepResult as a dict, with wall and CPU time around it."""
-    from hfadapt.store import get_engine
-    from hfadapt.sweep import run_sweep
+    from hfadapt.db.engine import get_engine
+    from hfadapt.sweep.run import run_sweep
 
     engine = get_engine(str(db))
     last = [0.0]
@@ -87,7 +87,7 @@ def sweep_once(
 
 def _worker_peaks(engine: Any, sweep_id: int) -> list[float]:
     """Each unit's worker peak RSS (the process's, so far), sorted."""
-    from hfadapt.sweepstore import done_rows
+    from hfadapt.sweep.store import done_rows
 
     rows = done_rows(engine, sweep_id).values()
     found = [(r["evidence"] or {}).get("sweep", {}).get("worker_peak_rss_mb") for r in rows]

@@ -13,10 +13,9 @@ from typing import Any
 
 import torch
 
+from hfadapt.adapters.registry import AppliedAdapters, Registry, default_registry
 from hfadapt.errors import ModelNotFoundError, UsageError
-from hfadapt.registry import AppliedAdapters, Registry, default_registry
-
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+from hfadapt.options import DType
 
 
 def adapt(
@@ -37,9 +36,8 @@ def adapt(
 def _dtype(dtype: torch.dtype | str) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
-    if dtype not in DTYPES:
-        raise UsageError(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
-    return DTYPES[dtype]
+    dt: torch.dtype = getattr(torch, DType.parse(dtype, "dtype").torch_name)
+    return dt
 
 
 def _is_sentence_transformer(folder: Path | None) -> bool:
@@ -62,7 +60,8 @@ def load(
     ``SentenceTransformer`` whose ``encode()`` then runs on the device (``sentence_transformers``
     None: decide by the presence of modules.json). The applied adapters are at
     ``model._hfadapt_applied``."""
-    from hfadapt import loading, locate
+    from hfadapt.hub import resolve as locate
+    from hfadapt.judge import load as loading
 
     ref = os.fspath(model_id_or_path)
     source = locate.resolve(ref)
@@ -93,7 +92,7 @@ def load(
     model.to(torch_dtype)
     if device is not None:
         if device.split(":")[0] == "spyre":
-            from hfadapt.spyre import device as spyre_device
+            from hfadapt.spyre.eager import device as spyre_device
 
             spyre_device.register()
         model.to(device)

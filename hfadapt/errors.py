@@ -10,6 +10,7 @@ one-line messages and exit codes (2 for bad input, 1 for everything else).
     │   └── UsageError                  options that do not fit together
     ├── StoreError                      runs.db cannot be used
     │   ├── SchemaVersionError          written by another hfadapt version; says what to do
+    │   ├── MigrationImpossible         a table that cannot be brought to the new shape
     │   └── DatabaseUnavailableError    corrupt, read-only or unreachable database
     ├── HubError                        the Hub (or a mirror) did not give a usable answer
     │   ├── HubUnreachableError         connection refused, DNS, timeout
@@ -21,6 +22,7 @@ one-line messages and exit codes (2 for bad input, 1 for everything else).
     │       └── SpyreOpError            an eager op the device refuses (also a RuntimeError)
     │           └── SpyreOpNotImplementedError  no device kernel (also a NotImplementedError)
     ├── CustomCodeError                 needs the repo's own code, not run unasked (custom_code)
+    ├── SweepError                      the sweep machinery (workers cannot start, Ray unreachable)
     ├── AdapterError                    an adapter file or its application
     └── AgentError                      the adapter-drafting agent
         ├── EndpointError               the OpenAI-compatible endpoint failed
@@ -76,6 +78,10 @@ class StoreError(HfadaptError):
 
 class SchemaVersionError(StoreError):
     pass
+
+
+class MigrationImpossible(StoreError):
+    """Raised inside a migration when an existing table cannot be brought to the new shape."""
 
 
 class DatabaseUnavailableError(StoreError):
@@ -165,3 +171,7 @@ class BudgetError(AgentError):
 class CustomCodeError(HfadaptError):
     """The model needs code from its repository (``auto_map``) and running it was not asked for
     (``--trust-remote-code``): judged as the ``custom_code`` verdict, never run unasked."""
+
+
+class SweepError(HfadaptError):
+    """The sweep machinery itself failed (workers cannot start, Ray is unreachable)."""

@@ -43,7 +43,7 @@ def online(monkeypatch: pytest.MonkeyPatch) -> None:
     """Let huggingface_hub make requests (to loopback servers) even if the caller set HF_HUB_OFFLINE."""
     import huggingface_hub.constants as hf_constants
 
-    from hfadapt.hubclient import forget_unreachable
+    from hfadapt.hub.client import forget_unreachable
 
     forget_unreachable()  # a port remembered as refused may now be a live loopback server
     for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_ENDPOINT"):
@@ -76,7 +76,7 @@ def hub_api(fake_hub: FakeHub):  # type: ignore[no-untyped-def]
 def spyre() -> Iterator[object]:
     """The simulated ``spyre`` device module, registered (once per process). Restores the
     current device and the default profile afterwards."""
-    from hfadapt.spyre import device
+    from hfadapt.spyre.eager import device
 
     device.register()
     yield device
@@ -140,7 +140,7 @@ def cpu_fp16_runner(
 
     import torch
 
-    from hfadapt.spyre.report import LoweringReport
+    from hfadapt.spyre.lowering_report import LoweringReport
 
     start = time.perf_counter()
     model = model.to(dtype or torch.float16)
@@ -198,7 +198,7 @@ def tiny_model_dirs(tmp_path_factory: pytest.TempPathFactory, minilm_path: Path)
     import torch
     from transformers import AutoConfig, AutoModel, AutoTokenizer
 
-    from hfadapt.loading import quiet_transformers
+    from hfadapt.judge.load import quiet_transformers
 
     root = tmp_path_factory.mktemp("tiny_models")
     tokenizer = AutoTokenizer.from_pretrained(minilm_path)
@@ -277,7 +277,7 @@ def spyre_backend():  # type: ignore[no-untyped-def]
     never hits its recompile limit and silently falls back to eager)."""
     import torch
 
-    from hfadapt.spyre import backend
+    from hfadapt.spyre.compile import backend
 
     backend.register()
     torch._dynamo.reset()
@@ -310,7 +310,7 @@ def sweep_records(kind: str = "small") -> list[object]:
     """Hand-made crawl records (best first). ``small``: 13 models, 11 of them in 5 units of work
     (signatures A x5, B, C, D x3, and one model without a config judged alone), one custom_code
     and one prefilter-excluded model. ``many``: 90 models in 30 signatures of 3, and the same two."""
-    from hfadapt.catalog import HubRecord
+    from hfadapt.hub.catalog import HubRecord
 
     recs: list[HubRecord] = []
     if kind == "small":
@@ -377,8 +377,8 @@ def sweep_records(kind: str = "small") -> list[object]:
 
 def store_crawl(engine: object, records: list[object]) -> int:
     """Save ``records`` as a finished crawl (prefiltered as a real crawl is); returns its id."""
-    from hfadapt import prefilter
-    from hfadapt.catalog import save_crawl, start_crawl
+    from hfadapt.hub import prefilter
+    from hfadapt.hub.catalog import save_crawl, start_crawl
 
     prefilter.apply(records)  # type: ignore[arg-type]
     crawl_id = start_crawl(engine, source="test", limit=None)  # type: ignore[arg-type]
@@ -389,7 +389,7 @@ def store_crawl(engine: object, records: list[object]) -> int:
 @pytest.fixture
 def sweep_engine(tmp_path: Path) -> Iterator[object]:
     """A database (the test's $HFADAPT_DB) holding the ``small`` hand-made crawl."""
-    from hfadapt.store import get_engine
+    from hfadapt.db.engine import get_engine
 
     engine = get_engine(str(tmp_path / "runs.db"))
     store_crawl(engine, sweep_records("small"))
@@ -450,9 +450,9 @@ def _violation(fp: str) -> dict[str, object]:
 @pytest.fixture
 def report_engine(tmp_path: Path) -> Iterator[object]:
     """A database with REPORT_MODELS crawled and judged by sweep 1 (baseline) and sweep 2."""
-    from hfadapt.catalog import HubRecord
-    from hfadapt.store import get_engine
-    from hfadapt.sweepstore import finish_sweep, open_sweep, write_rows
+    from hfadapt.db.engine import get_engine
+    from hfadapt.hub.catalog import HubRecord
+    from hfadapt.sweep.store import finish_sweep, open_sweep, write_rows
 
     engine = get_engine(str(tmp_path / "report.db"))
     records = [

@@ -11,7 +11,7 @@ import signal
 import time
 from typing import Any
 
-from hfadapt.workers import Outcome, Task
+from hfadapt.sweep.worker import Outcome, Task
 
 FINGERPRINTS = ("aaaaaaaaaaaa", "bbbbbbbbbbbb")
 

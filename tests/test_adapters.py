@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from hfadapt.registry import discover
-from hfadapt.verify import verify_adapter
+from hfadapt.adapters.proofs import verify_adapter
+from hfadapt.adapters.registry import discover
 
 REGISTRY = discover(paths=[], entry_points=False)
 
@@ -126,7 +126,7 @@ def arch_folders(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _diagnose(folder: Path, execution: str, adapters: bool, dtype: str = "fp16"):  # type: ignore[no-untyped-def]
-    from hfadapt.check import diagnose
+    from hfadapt.judge.diagnose import diagnose
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -15,8 +15,8 @@ from test_agent_loop import GOOD, WRONG, client_for, softsign_case
 
 from hfadapt.agent.loop import draft_adapter
 from hfadapt.agent.records import Recorder
-from hfadapt.store import get_engine, session
-from hfadapt.tables import HubModel, Run
+from hfadapt.db.engine import get_engine, session
+from hfadapt.db.tables import HubModel, Run
 
 
 def test_draft_top_without_sweeps_is_a_clear_message(
@@ -176,7 +176,7 @@ def test_draft_model_diagnoses_drafts_validates_on_the_model_and_accepts(
         s: "pass" for s in ("policy", "load", "equivalence", "device", "end_to_end")
     }
     assert "End to end: CPU vs stock min token cosine 1.000000" in path.read_text()
-    from hfadapt.registry import default_registry
+    from hfadapt.adapters.registry import default_registry
 
     try:
         assert "gelu-new-agent" in [a.name for a in default_registry(reload=True).adapters]

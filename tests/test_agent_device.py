@@ -17,12 +17,12 @@ from openai_server import (
 )
 from test_agent_loop import client_for
 
+from hfadapt.adapters.registry import Registry, load_file
 from hfadapt.agent.evalcases import gelu_model
 from hfadapt.agent.loop import ACCEPTED, REJECTED, draft_adapter
 from hfadapt.agent.records import Recorder
 from hfadapt.agent.suite import get, suite_case
-from hfadapt.registry import Registry, load_file
-from hfadapt.store import get_engine
+from hfadapt.db.engine import get_engine
 
 runner = pytest.importorskip("hfadapt.spyre.runner", reason="the device runner has not landed")
 

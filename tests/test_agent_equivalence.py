@@ -1,4 +1,4 @@
-"""hfadapt.equivalence: right rewrites proven in float64 with their error, wrong ones and the
+"""hfadapt.adapters.equivalence: right rewrites proven in float64 with their error, wrong ones and the
 negative controls (identity, zero, constant) rejected with theirs, and a checker whose inputs
 cannot tell them apart reported as inconclusive."""
 
@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from hfadapt.adapters.equivalence import compare_outputs, prove_equivalent
+from hfadapt.adapters.registry import discover
 from hfadapt.agent.evalcases import gelu_example, softsign_example
 from hfadapt.agent.suite import SUITE
-from hfadapt.equivalence import compare_outputs, prove_equivalent
-from hfadapt.registry import discover
 
 STABLE_FILES = ("activations.py", "rms_norm.py", "layer_norm.py")
 

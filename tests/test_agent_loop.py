@@ -12,13 +12,13 @@ from openai_server import (
     openai_server_fixture,  # noqa: F401
 )
 
+from hfadapt.adapters.registry import load_file
 from hfadapt.agent.cases import FailureCase
 from hfadapt.agent.client import AgentClient, AgentSettings
 from hfadapt.agent.loop import ACCEPTED, ENDPOINT_ERROR, REJECTED, REPEATED, draft_adapter
 from hfadapt.agent.records import AgentAttempt, DraftSession, Recorder
 from hfadapt.agent.sandbox import SandboxLimits
-from hfadapt.registry import load_file
-from hfadapt.store import get_engine, session
+from hfadapt.db.engine import get_engine, session
 
 TARGET = "hfadapt.agent.evalcases:Softsign.forward"
 STEPS = ("load", "equivalence")
@@ -26,7 +26,7 @@ STEPS = ("load", "equivalence")
 
 def draft(body: str, name: str = "softsign-agent") -> str:
     return (
-        "```python\nimport torch\n\nfrom hfadapt.adapter import adapter\n\n\n"
+        "```python\nimport torch\n\nfrom hfadapt.adapters.api import adapter\n\n\n"
         f'@adapter(name="{name}", target="{TARGET}", rule="op.pow.square")\n'
         f"def forward(self, x):\n{body}\n```\n"
     )

@@ -8,7 +8,7 @@ import pytest
 from hfadapt.agent.policy import check_policy
 from hfadapt.agent.suite import SUITE
 
-HEAD = "import torch\nfrom hfadapt.adapter import adapter\n\n"
+HEAD = "import torch\nfrom hfadapt.adapters.api import adapter\n\n"
 DEC = '@adapter(name="a", target="transformers.activations:NewGELUActivation.forward", rule="op.pow.square")\n'
 
 

@@ -82,8 +82,8 @@ def test_task_and_repair_prompts() -> None:
 
 
 def test_extract_code() -> None:
-    block = "```python\nfrom hfadapt.adapter import adapter\n@adapter(name='a')\ndef f(self, x):\n    return x\n```"
-    assert extract_code("Here it is:\n" + block + "\nDone.").startswith("from hfadapt.adapter")
+    block = "```python\nfrom hfadapt.adapters.api import adapter\n@adapter(name='a')\ndef f(self, x):\n    return x\n```"
+    assert extract_code("Here it is:\n" + block + "\nDone.").startswith("from hfadapt.adapters.api")
     assert (
         extract_code(block + "\nsame again:\n" + block.replace("return x", "return x  # same"))
         is not None

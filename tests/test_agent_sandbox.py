@@ -19,7 +19,7 @@ from test_agent_loop import GOOD, STEPS, TARGET, client_for, softsign_case
 from hfadapt.agent.loop import ACCEPTED, draft_adapter
 from hfadapt.agent.records import Recorder
 from hfadapt.agent.sandbox import clean_env, run_sandbox
-from hfadapt.store import get_engine
+from hfadapt.db.engine import get_engine
 
 KEY = "sk-live-THIS-IS-SECRET-4242"
 TESTS = str(Path(__file__).resolve().parent)

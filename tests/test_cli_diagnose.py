@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from cli_runner import run_cli
 
-from hfadapt import check
+from hfadapt.judge import diagnose as check
 
 # Small models on a shared machine: one torch thread (see conftest.one_thread).
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -97,7 +97,7 @@ def test_violations_are_listed_with_source_lines(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     from hfadapt.errors import SpyreLoweringError
-    from hfadapt.spyre.report import LoweringReport, SourceLocation, Violation
+    from hfadapt.spyre.lowering_report import LoweringReport, SourceLocation, Violation
 
     report = LoweringReport("spyre-2026.07", "2026.07.1", "compile")
     report.add(

@@ -280,7 +280,7 @@ def test_lower_returns_the_report_and_refuses_to_run_a_model_that_does_not_lower
 
 def test_importing_hfadapt_registers_no_backend() -> None:
     code = (
-        "import hfadapt, hfadapt.spyre, hfadapt.spyre.backend as b\n"
+        "import hfadapt, hfadapt.spyre, hfadapt.spyre.compile.backend as b\n"
         "from torch._dynamo.backends.registry import _COMPILER_FNS\n"
         "before = 'spyre' in _COMPILER_FNS\n"
         "b.register(); b.register()\n"

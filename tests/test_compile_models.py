@@ -9,8 +9,8 @@ import torch
 from transformers import AutoConfig, AutoModel
 
 from hfadapt.errors import SpyreLoweringError
-from hfadapt.spyre.backend import describe
-from hfadapt.spyre.model_rules import check_model
+from hfadapt.spyre.compile.backend import describe
+from hfadapt.spyre.layout_rules import check_model
 
 pytestmark = pytest.mark.usefixtures("spyre_backend")
 
@@ -160,7 +160,7 @@ def test_all_minilm_l6_v2_stops_with_every_violation(spyre_backend, minilm) -> N
 def test_all_minilm_l6_v2_runs_with_adapters(spyre_backend, minilm) -> None:  # type: ignore[no-untyped-def]
     """With the bundled adapters (host-built mask and token types, padded attention, ...) the
     model lowers, and the device matches CPU fp32 (per-token cosine >= 0.99, SPYRE.md §4)."""
-    registry = pytest.importorskip("hfadapt.registry")
+    registry = pytest.importorskip("hfadapt.adapters.registry")
     path, batch = minilm
     reference = AutoModel.from_pretrained(path).eval()
     model = AutoModel.from_pretrained(path, dtype=torch.float16).eval()

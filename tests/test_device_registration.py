@@ -88,7 +88,7 @@ _FRESH_PROCESS = textwrap.dedent(
     """
     import sys, types, warnings
     import torch
-    import hfadapt, hfadapt.spyre, hfadapt.spyre.device as device
+    import hfadapt, hfadapt.spyre, hfadapt.spyre.eager.device as device
     # importing registers nothing
     assert torch._C._get_privateuse1_backend_name() == "privateuseone"
     assert not hasattr(torch, "spyre")

@@ -1,4 +1,4 @@
-"""``hfadapt.check.diagnose`` end to end: every verdict, the evidence in its Run row, and the
+"""``hfadapt.judge.diagnose.diagnose`` end to end: every verdict, the evidence in its Run row, and the
 real all-MiniLM-L6-v2 on the simulated device (once the device runner is there)."""
 
 from __future__ import annotations
@@ -15,15 +15,15 @@ import pytest
 from sqlmodel import select
 
 from hfadapt import verdicts
-from hfadapt.check import diagnose
+from hfadapt.db.tables import Run
 from hfadapt.errors import (
     ModelNotFoundError,
     SpyreLoweringError,
     SpyreUnsupportedModelError,
     UsageError,
 )
-from hfadapt.spyre.report import LoweringReport, SourceLocation, Violation
-from hfadapt.tables import Run
+from hfadapt.judge.diagnose import diagnose
+from hfadapt.spyre.lowering_report import LoweringReport, SourceLocation, Violation
 
 # Small models on a shared machine: one torch thread (see conftest.one_thread).
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -32,7 +32,7 @@ PHASES = {"load", "probes", "reference", "adapters", "device", "metrics", "total
 
 
 def rows() -> list[Run]:
-    from hfadapt.store import get_engine, session
+    from hfadapt.db.engine import get_engine, session
 
     engine = get_engine()  # $HFADAPT_DB, isolated per test by conftest
     with session(engine, write=False) as sess:
@@ -112,7 +112,7 @@ def test_fp16_overflow_suggests_bf16(
 def test_dropout_left_on_gives_reference_failed(
     tiny_bert: Path, cpu_runner: Callable[..., Any]
 ) -> None:
-    from hfadapt.loading import load
+    from hfadapt.judge.load import load
 
     lm = load(tiny_bert)
     lm.model.train()  # dropout 0.1 on: two CPU runs differ
@@ -330,10 +330,10 @@ def test_adapter_hook_point_records_what_the_registry_applied(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     seen: list[Any] = []
-    stub = types.ModuleType("hfadapt.registry")
+    stub = types.ModuleType("hfadapt.adapters.registry")
     stub.apply = lambda model: seen.append(model) or types.SimpleNamespace(names=["pad-head-dim"])  # type: ignore[attr-defined]
     stub.default_registry = lambda: types.SimpleNamespace(errors=[])  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "hfadapt.registry", stub)
+    monkeypatch.setitem(sys.modules, "hfadapt.adapters.registry", stub)
     diag = diagnose(tiny_model_dirs["bert"], runner=cpu_runner)
     assert diag.adapters == ["pad-head-dim"] and rows()[0].adapters == ["pad-head-dim"]
     assert len(seen) == 1 and seen[0] is not None

@@ -15,12 +15,12 @@ from sqlalchemy import func
 from sqlalchemy.engine import Engine
 from sqlmodel import select
 
-import hfadapt.hubclient as hubclient
-from hfadapt.catalog import census, current_models
+import hfadapt.hub.client as hubclient
+from hfadapt.db.engine import get_engine, session
+from hfadapt.db.tables import Crawl, CrawlEntry, HubModel
 from hfadapt.errors import ConfigError, HubResponseError, HubUnreachableError, ModelNotFoundError
-from hfadapt.hub import crawl, fetch_config
-from hfadapt.store import get_engine, session
-from hfadapt.tables import Crawl, CrawlEntry, HubModel
+from hfadapt.hub.catalog import census, current_models
+from hfadapt.hub.crawl import crawl, fetch_config
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 SNAPSHOT_EXCLUDED = {"onnx_gguf_mlx_only": 74, "moe": 13, "adapter_only": 6}
@@ -409,7 +409,7 @@ def test_crawl_result_is_json_serialisable(engine: Engine) -> None:
 def test_portable_upsert_merges_like_the_sqlite_one(
     engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import hfadapt.catalog as catalog
+    import hfadapt.hub.catalog as catalog
 
     # The path other databases (PostgreSQL...) take, exercised on SQLite.
     monkeypatch.setattr(catalog, "_upsert", catalog._upsert_portable)

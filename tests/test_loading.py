@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 from hub_server import FakeHub, FakeModel
 
-from hfadapt import loading
 from hfadapt.errors import (
     ConfigError,
     CustomCodeError,
@@ -20,7 +19,8 @@ from hfadapt.errors import (
     TokenizerError,
     WeightsError,
 )
-from hfadapt.metrics import PoolingSpec
+from hfadapt.judge import load as loading
+from hfadapt.judge.metrics import PoolingSpec
 
 # Small models on a shared machine: one torch thread (see conftest.one_thread).
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -1,4 +1,4 @@
-"""hfadapt.migrations: fresh databases match the tables, older ones are migrated with their
+"""hfadapt.db.migrations: fresh databases match the tables, older ones are migrated with their
 data, newer or unmigratable ones are refused in one line and left untouched."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from sqlalchemy import Column, Integer, String, Table, inspect
 from sqlalchemy.engine import Connection
 from sqlmodel import SQLModel, select
 
-from hfadapt import migrations
-from hfadapt.errors import SchemaVersionError
-from hfadapt.migrations import (
+from hfadapt.db import migrations
+from hfadapt.db.engine import get_engine, session
+from hfadapt.db.migrations import (
     MIGRATIONS,
     MIGRATIONS_TABLE,
     add_columns,
@@ -23,8 +23,8 @@ from hfadapt.migrations import (
     db_version,
     migrate,
 )
-from hfadapt.store import get_engine, session
-from hfadapt.tables import HubModel
+from hfadapt.db.tables import HubModel
+from hfadapt.errors import SchemaVersionError
 
 
 def _digest(path: Path) -> str:

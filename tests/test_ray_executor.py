@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from hfadapt import verdicts
-from hfadapt.sweep import run_sweep
-from hfadapt.sweepstore import done_rows
+from hfadapt.sweep.run import run_sweep
+from hfadapt.sweep.store import done_rows
 
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'hfadapt[ray]'")
 
@@ -70,8 +70,8 @@ def test_ray_gives_the_same_verdicts_as_the_local_pool(local_ray: Any, sweep_eng
 
 def test_ray_records_a_crash_and_a_hang_and_goes_on(local_ray: Any, fake_worker: str) -> None:
     # Ray workers have the environment Ray started with: the executor hands them ``env``.
-    from hfadapt.rayexec import RayExecutor
-    from hfadapt.workers import Task
+    from hfadapt.sweep.ray_pool import RayExecutor
+    from hfadapt.sweep.worker import Task
 
     env = {"HFADAPT_FAKE_CRASH": "org/bert-relu", "HFADAPT_FAKE_HANG": "org/minilm"}
     pool = RayExecutor(2, timeout=5.0, worker=fake_worker, env=env)

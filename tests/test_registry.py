@@ -10,11 +10,11 @@ import pytest
 import torch
 from transformers import BertConfig, BertModel
 
-from hfadapt.registry import Registry, applied_to, bundled_dir, discover
+from hfadapt.adapters.registry import Registry, applied_to, bundled_dir, discover
 from hfadapt.verdicts import PASS
 
 GOOD = """
-from hfadapt.adapter import adapter
+from hfadapt.adapters.api import adapter
 
 @adapter(name="relu-double", target="torch.nn.modules.activation:ReLU.forward", rule="op.activation")
 def relu_double(self, x):
@@ -57,7 +57,7 @@ def test_bundled_adapters_are_discovered_without_errors() -> None:
         ("def broken(:\n", "SyntaxError"),
         ("import not_a_module_hfadapt\n", "ModuleNotFoundError"),
         (
-            "from hfadapt.adapter import adapter\n@adapter(name='bad name!', target='x:y', rule='r')\ndef f(): pass\n",
+            "from hfadapt.adapters.api import adapter\n@adapter(name='bad name!', target='x:y', rule='r')\ndef f(): pass\n",
             "AdapterError",
         ),
         ("x = 1\n", "defines no @adapter"),
@@ -79,7 +79,7 @@ def test_cli_lists_a_broken_file_with_its_error(
 ) -> None:
     from typer.testing import CliRunner
 
-    from hfadapt import registry
+    from hfadapt.adapters import registry
     from hfadapt.cli import app
 
     (tmp_path / "broken.py").write_text("def broken(:\n")

@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from hfadapt.spyre.backend import describe
-from hfadapt.spyre.report import LoweringReport
+from hfadapt.spyre.compile.backend import describe
+from hfadapt.spyre.lowering_report import LoweringReport
 
 pytestmark = pytest.mark.usefixtures("spyre_backend")
 

@@ -1,4 +1,4 @@
-"""hfadapt.report on hand-made runs (conftest REPORT_MODELS: seven models, 2,000 downloads,
+"""hfadapt.report.coverage on hand-made runs (conftest REPORT_MODELS: seven models, 2,000 downloads,
 two sweeps): the failure census, pass rates by count and downloads, per model_type, the
 cumulative curve, adapter impact, agreement with is_supported, the sweep diff; and the CLI."""
 
@@ -12,7 +12,16 @@ import pytest
 from typer.testing import CliRunner
 
 from hfadapt.errors import UsageError
-from hfadapt.report import FAIL, IMPROVED, PASS, XFAIL, build_report, diff_sweeps, failures, label
+from hfadapt.report.coverage import (
+    FAIL,
+    IMPROVED,
+    PASS,
+    XFAIL,
+    build_report,
+    diff_sweeps,
+    failures,
+    label,
+)
 
 
 def test_failure_census_of_the_newest_sweep(report_engine: Any) -> None:
@@ -131,8 +140,8 @@ def test_other_failures_group_runs_without_a_fingerprint(report_engine: Any) -> 
 
 
 def test_without_sweeps_the_latest_run_of_each_model_counts(tmp_path: Path) -> None:
-    from hfadapt.store import get_engine, session
-    from hfadapt.tables import Run
+    from hfadapt.db.engine import get_engine, session
+    from hfadapt.db.tables import Run
 
     engine = get_engine(str(tmp_path / "plain.db"))
     with pytest.raises(UsageError, match="run `hfadapt sweep` first"):
@@ -156,7 +165,7 @@ def test_report_json_round_trips(report_engine: Any) -> None:
 
 def test_cli_failures_and_report(report_engine: Any, tmp_path: Path) -> None:
     from hfadapt.cli import app
-    from hfadapt.store import sqlite_path
+    from hfadapt.db.engine import sqlite_path
 
     db = str(sqlite_path(report_engine.url))
     runner = CliRunner()

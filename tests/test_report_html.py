@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from hfadapt.report import build_report
-from hfadapt.reporthtml import render_html
+from hfadapt.report.coverage import build_report
+from hfadapt.report.html import render_html
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(

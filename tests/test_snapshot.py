@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from hfadapt.errors import ConfigError
-from hfadapt.snapshot import (
+from hfadapt.hub.snapshot import (
     CONFIGS_DIR,
     SNAPSHOT_FILE,
     bundled_config,

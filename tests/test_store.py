@@ -1,4 +1,4 @@
-"""hfadapt.store: where the database is, WAL and locking, concurrent writers, and the one-line
+"""hfadapt.db.engine: where the database is, WAL and locking, concurrent writers, and the one-line
 errors for databases that cannot be used (nothing stored is ever lost)."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import pytest
 from sqlalchemy import event, func
 from sqlmodel import select
 
+from hfadapt.db.engine import get_engine, resolve_url, session, sqlite_path
+from hfadapt.db.tables import Run
 from hfadapt.errors import DatabaseUnavailableError
-from hfadapt.store import get_engine, resolve_url, session, sqlite_path
-from hfadapt.tables import Run
 
 WRITERS, ROWS_EACH = 4, 200
 
@@ -202,7 +202,7 @@ def test_directory_is_refused(tmp_path: Path) -> None:
 def test_lock_held_too_long_is_one_clear_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import hfadapt.store as store
+    import hfadapt.db.engine as store
 
     path = tmp_path / "runs.db"
     get_engine(str(path)).dispose()

@@ -10,10 +10,10 @@ import pytest
 import torch
 from transformers import AutoConfig
 
-from hfadapt import structural
 from hfadapt.errors import CustomCodeError, ModelNotFoundError
-from hfadapt.metrics import PoolingSpec
-from hfadapt.structural import (
+from hfadapt.judge import structural
+from hfadapt.judge.metrics import PoolingSpec
+from hfadapt.judge.structural import (
     STRUCTURAL_VOCAB,
     signature_fields,
     structural_signature,
@@ -93,8 +93,8 @@ def test_truncation_keeps_one_layer_of_each_type() -> None:
 
 
 def test_vocab_shrink_renumbers_special_ids_past_the_new_table() -> None:
-    from hfadapt.probes import random_probes, reserved_ids
-    from hfadapt.structural import shrink_vocab
+    from hfadapt.judge.probes import random_probes, reserved_ids
+    from hfadapt.judge.structural import shrink_vocab
 
     config = AutoConfig.for_model(
         "qwen3", vocab_size=151936, bos_token_id=151643, eos_token_id=[151645, 151643]
@@ -120,7 +120,7 @@ def test_unknown_id_offline() -> None:
 
 
 def test_snapshot_custom_code_is_refused() -> None:
-    from hfadapt.loading import snapshot_index
+    from hfadapt.judge.load import snapshot_index
 
     row = next(r for r in snapshot_index().values() if r.is_custom_code and r.model_type)
     with pytest.raises(CustomCodeError, match="custom_code"):
@@ -131,7 +131,7 @@ def test_snapshot_custom_code_is_refused() -> None:
 
 MINILM = json.loads(
     (
-        Path(structural.__file__).parent
+        Path(structural.__file__).parents[1]
         / "data/configs/sentence-transformers__all-MiniLM-L6-v2/config.json"
     ).read_text()
 )

@@ -1,4 +1,4 @@
-"""hfadapt.sweep with the stand-in worker (tests/sweep_fakes.py): signature dedupe, one row per
+"""hfadapt.sweep.run with the stand-in worker (tests/sweep_fakes.py): signature dedupe, one row per
 model pointing at its representative, custom_code and skipped rows, crashes and hangs recorded
 while the sweep goes on, progress, and the options a sweep refuses."""
 
@@ -15,12 +15,12 @@ from sweep_fakes import fake_verdict
 
 from hfadapt import verdicts
 from hfadapt.errors import UsageError
-from hfadapt.sweep import SweepProgress, run_sweep
-from hfadapt.sweepstore import Sweep
+from hfadapt.sweep.run import SweepProgress, run_sweep
+from hfadapt.sweep.store import Sweep
 
 
 def runs(engine: Any, sweep_id: int) -> list[dict[str, Any]]:
-    from hfadapt.sweepstore import done_rows
+    from hfadapt.sweep.store import done_rows
 
     return list(done_rows(engine, sweep_id).values())
 
@@ -180,8 +180,8 @@ def test_bad_options_are_usage_errors(
 def test_an_empty_database_crawls_the_bundled_snapshot_first(
     tmp_path: Any, fake_worker: str
 ) -> None:
-    from hfadapt.catalog import latest_crawl
-    from hfadapt.store import get_engine
+    from hfadapt.db.engine import get_engine
+    from hfadapt.hub.catalog import latest_crawl
 
     engine = get_engine(str(tmp_path / "empty.db"))
     result = run_sweep(engine, worker=fake_worker, top=25, workers=2)
@@ -196,7 +196,7 @@ def test_an_empty_database_crawls_the_bundled_snapshot_first(
 
 
 def test_many_signatures_store_every_model_once(tmp_path: Any, fake_worker: str) -> None:
-    from hfadapt.store import get_engine
+    from hfadapt.db.engine import get_engine
 
     engine = get_engine(str(tmp_path / "many.db"))
     store_crawl(engine, sweep_records("many"))

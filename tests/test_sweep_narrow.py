@@ -1,4 +1,4 @@
-"""hfadapt.narrow: the cheapest config with the same structural signature (what a structural
+"""hfadapt.sweep.narrow: the cheapest config with the same structural signature (what a structural
 sweep judges a 4096-wide default config on), and the sweep plan that uses it."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from hfadapt.narrow import NARROW_ABOVE, narrowed
-from hfadapt.structural import config_from_dict, signature_fields, structural_signature
-from hfadapt.sweepplan import _cost
+from hfadapt.judge.structural import config_from_dict, signature_fields, structural_signature
+from hfadapt.sweep.narrow import NARROW_ABOVE, narrowed
+from hfadapt.sweep.plan import _cost
 
 
 def _width(raw: dict[str, Any]) -> tuple[int, int, int | None]:
@@ -91,8 +91,8 @@ def test_narrow_threshold_is_four_bert_base_layers() -> None:
 
 
 def test_plan_orders_units_longest_first_and_narrows_only_when_asked() -> None:
-    from hfadapt.sweepplan import plan_sweep
-    from hfadapt.tables import HubModel
+    from hfadapt.db.tables import HubModel
+    from hfadapt.sweep.plan import plan_sweep
 
     models = [
         HubModel(

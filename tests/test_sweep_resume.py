@@ -15,14 +15,14 @@ from typing import Any
 import pytest
 from conftest import store_crawl, sweep_records
 
-from hfadapt.store import get_engine
-from hfadapt.sweep import run_sweep
+from hfadapt.db.engine import get_engine
+from hfadapt.sweep.run import run_sweep
 
 TESTS = Path(__file__).parent
 DRIVER = """
 import sys
-from hfadapt.store import get_engine
-from hfadapt.sweep import run_sweep
+from hfadapt.db.engine import get_engine
+from hfadapt.sweep.run import run_sweep
 
 if __name__ == "__main__":
     result = run_sweep(get_engine(sys.argv[1]), workers=2, worker="sweep_fakes:fake_judge", timeout=60)
@@ -120,7 +120,7 @@ def test_resume_copies_a_half_planned_unit(sweep_engine: Any, fake_worker: str) 
     assert (first.models, first.units) == (3, 1)
     with sweep_engine.begin() as conn:  # make the sweep look unfinished, with top=None options
         conn.execute(text("UPDATE sweep SET status = 'running', key = :k"), {"k": "x"})
-    from hfadapt.sweepstore import sweep_key
+    from hfadapt.sweep.store import sweep_key
 
     options_key = None
     with sweep_engine.connect() as conn:

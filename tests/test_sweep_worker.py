@@ -1,4 +1,4 @@
-"""The real sweep worker (``hfadapt.workers.judge``: check.diagnose without recording) on small
+"""The real sweep worker (``hfadapt.sweep.worker.judge``: check.diagnose without recording) on small
 crawled configs, in spawned workers and on the simulated device; narrowed instances and their
 confirmation at full width; the memory limit; and ``hfadapt sweep`` on the command line."""
 
@@ -12,9 +12,9 @@ from conftest import small_bert
 from typer.testing import CliRunner
 
 from hfadapt import verdicts
-from hfadapt.sweep import run_sweep
-from hfadapt.sweepstore import done_rows
-from hfadapt.workers import Task, judge
+from hfadapt.sweep.run import run_sweep
+from hfadapt.sweep.store import done_rows
+from hfadapt.sweep.worker import Task, judge
 
 
 @pytest.mark.slow
@@ -105,7 +105,7 @@ def test_memory_limit_turns_a_hog_into_worker_crashed(
 @pytest.mark.slow
 def test_cli_sweep_shows_progress_and_counts(sweep_engine: Any) -> None:
     from hfadapt.cli import app
-    from hfadapt.store import sqlite_path
+    from hfadapt.db.engine import sqlite_path
 
     db = str(sqlite_path(sweep_engine.url))
     out = CliRunner().invoke(app, ["sweep", "--top", "6", "--db", db, "--workers", "1"])

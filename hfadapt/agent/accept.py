@@ -116,7 +116,7 @@ def accept_draft(
     reload: bool = True,
 ) -> Path:
     """Write the accepted draft and make it live; returns its path."""
-    from hfadapt import registry
+    from hfadapt.adapters import registry
 
     target_dir = folder or registry.user_adapters_dir()
     target_dir.mkdir(parents=True, exist_ok=True)

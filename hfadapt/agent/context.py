@@ -52,12 +52,12 @@ def device_rules(profile: Profile) -> str:
 
 
 def adapter_api() -> str:
-    from hfadapt import adapter as api
+    from hfadapt.adapters import api
 
     signature = inspect.signature(api.adapter)
     doc = inspect.getdoc(api.Adapter) or ""
     return (
-        "```python\nfrom hfadapt.adapter import adapter\n\n"
+        "```python\nfrom hfadapt.adapters.api import adapter\n\n"
         f"@adapter{signature}\n```\n\n{doc}\n\n"
         'Write `target` as `"package.module:Class.method"`. `rule` is the device rule id the '
         "adapter works around. hfadapt applies the adapter to matching module instances only "
@@ -67,7 +67,7 @@ def adapter_api() -> str:
 
 
 def examples(folder: Path | None = None, names: tuple[str, ...] = EXAMPLE_FILES) -> str:
-    from hfadapt.registry import bundled_dir
+    from hfadapt.adapters.registry import bundled_dir
 
     root = folder or bundled_dir()
     parts: list[str] = []

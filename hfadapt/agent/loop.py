@@ -19,8 +19,8 @@ from hfadapt.agent.extract import extract_code, normalized
 from hfadapt.agent.records import AgentAttempt, DraftSession, Recorder
 from hfadapt.agent.sandbox import SandboxLimits
 from hfadapt.agent.validate import SANDBOX_STEPS, Validation, validate
+from hfadapt.db.tables import utcnow
 from hfadapt.errors import AdapterError, DraftError, EndpointError
-from hfadapt.tables import utcnow
 
 ACCEPTED = "accepted"
 REJECTED = "rejected"  # the attempt limit was reached
@@ -268,6 +268,6 @@ def _record(
 
 def _taken_names() -> dict[str, str]:
     """Adapter names already in the registry (a draft must not shadow one)."""
-    from hfadapt.registry import discover
+    from hfadapt.adapters.registry import discover
 
     return {a.name: f"{a.source} adapter {a.path or a.name}" for a in discover().adapters}

@@ -20,7 +20,7 @@ ALLOWED_IMPORTS = (
     "collections.abc",
     "torch",
     "transformers",
-    "hfadapt.adapter",
+    "hfadapt.adapters.api",
 )
 # Submodules of allowed roots that reach files, processes or the network.
 DENIED_IMPORTS = (

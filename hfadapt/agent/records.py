@@ -5,69 +5,12 @@ first, so an API key that an endpoint or a prompt echoes never lands in the data
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, Column, Text
 from sqlalchemy.engine import Engine
-from sqlmodel import Field, SQLModel, select
+from sqlmodel import SQLModel, select
 
-from hfadapt.tables import utcnow
-
-
-class DraftSession(SQLModel, table=True):
-    """One failure the agent worked on, and how it ended."""
-
-    __tablename__ = "draft_session"
-
-    id: int | None = Field(default=None, primary_key=True)
-    fingerprint: str = Field(index=True)
-    case_name: str = ""
-    rule_id: str = ""
-    op: str = ""
-    target: str | None = None
-    model_id: str | None = Field(default=None, index=True)
-    endpoint: str = ""  # base URL without credentials
-    endpoint_model: str = ""
-    outcome: str = Field(default="running", index=True)  # see hfadapt.agent.loop.OUTCOMES
-    reason: str | None = Field(default=None, sa_column=Column(Text))
-    attempts: int = 0
-    tokens_in: int = 0
-    tokens_out: int = 0
-    seconds: float = 0.0
-    adapter_name: str | None = None
-    adapter_path: str | None = None
-    case: dict | None = Field(default=None, sa_column=Column(JSON))
-    started_at: datetime = Field(default_factory=utcnow)
-    finished_at: datetime | None = None
-
-
-class AgentAttempt(SQLModel, table=True):
-    """One answer of the endpoint and what validation made of it."""
-
-    __tablename__ = "agent_attempt"
-
-    id: int | None = Field(default=None, primary_key=True)
-    session_id: int | None = Field(default=None, foreign_key="draft_session.id", index=True)
-    number: int = 1
-    fingerprint: str = Field(default="", index=True)
-    endpoint: str = ""
-    endpoint_model: str = ""
-    prompt: list | None = Field(default=None, sa_column=Column(JSON))  # the chat messages sent
-    response: str | None = Field(default=None, sa_column=Column(Text))
-    code: str | None = Field(default=None, sa_column=Column(Text))
-    tokens_in: int = 0
-    tokens_out: int = 0
-    latency_s: float = 0.0
-    retries: int = 0
-    steps: list | None = Field(
-        default=None, sa_column=Column(JSON)
-    )  # step, status, summary, output
-    failed_step: str | None = None
-    feedback: str | None = Field(default=None, sa_column=Column(Text))
-    accepted: bool = False
-    error: str | None = Field(default=None, sa_column=Column(Text))
-    created_at: datetime = Field(default_factory=utcnow)
+from hfadapt.db.tables import AgentAttempt, DraftSession
 
 
 def _scrub(value: Any, secrets: list[str]) -> Any:
@@ -93,7 +36,7 @@ class Recorder:
     def _save(self, row: SQLModel) -> int | None:
         if self.engine is None:
             return None
-        from hfadapt.store import session
+        from hfadapt.db.engine import session
 
         for name, value in row.__dict__.items():
             if not name.startswith("_"):
@@ -113,7 +56,7 @@ class Recorder:
 
 
 def list_attempts(engine: Engine, limit: int = 50) -> list[AgentAttempt]:
-    from hfadapt.store import session
+    from hfadapt.db.engine import session
 
     with session(engine, write=False) as s:
         rows = s.exec(select(AgentAttempt).order_by(AgentAttempt.id.desc()).limit(limit))  # type: ignore[union-attr]
@@ -121,7 +64,7 @@ def list_attempts(engine: Engine, limit: int = 50) -> list[AgentAttempt]:
 
 
 def get_attempt(engine: Engine, attempt_id: int) -> tuple[AgentAttempt | None, DraftSession | None]:
-    from hfadapt.store import session
+    from hfadapt.db.engine import session
 
     with session(engine, write=False) as s:
         attempt = s.get(AgentAttempt, attempt_id)
@@ -130,7 +73,7 @@ def get_attempt(engine: Engine, attempt_id: int) -> tuple[AgentAttempt | None, D
 
 
 def list_sessions(engine: Engine, limit: int = 50) -> list[DraftSession]:
-    from hfadapt.store import session
+    from hfadapt.db.engine import session
 
     with session(engine, write=False) as s:
         return list(s.exec(select(DraftSession).order_by(DraftSession.id.desc()).limit(limit)))  # type: ignore[union-attr]

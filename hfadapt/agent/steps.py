@@ -11,9 +11,9 @@ from typing import Any
 
 import torch
 
-from hfadapt.adapter import Adapter
+from hfadapt.adapters.api import Adapter
+from hfadapt.adapters.equivalence import DEFAULT_SEEDS, prove_equivalent
 from hfadapt.agent.cases import FailureCase, captured_example, resolve_ref
-from hfadapt.equivalence import DEFAULT_SEEDS, prove_equivalent
 
 StepResult = tuple[str, str, dict[str, Any]]
 # End-to-end thresholds (DESIGN "Validating an adapter", SPYRE.md §4).
@@ -41,7 +41,7 @@ class Context:
 
 
 def step_load(ctx: Context) -> StepResult:
-    from hfadapt.registry import load_file
+    from hfadapt.adapters.registry import load_file
 
     found = load_file(Path(ctx.job["draft_path"]), source="agent-draft")
     if len(found) != 1:
@@ -98,8 +98,8 @@ def _build_model(ctx: Context) -> None:
 
 def _hf_model(spec: dict[str, Any]) -> tuple[Any, Any, torch.Tensor | None]:
     """The model and probe inputs exactly as ``hfadapt diagnose`` builds them."""
-    from hfadapt.check import _load, build_probes
-    from hfadapt.probes import model_inputs
+    from hfadapt.judge.diagnose import _load, build_probes
+    from hfadapt.judge.probes import model_inputs
 
     loaded = _load(spec["ref"], "structural" if spec.get("structural", True) else "full", False)
     if hasattr(loaded.config, "use_cache"):
@@ -109,7 +109,7 @@ def _hf_model(spec: dict[str, Any]) -> tuple[Any, Any, torch.Tensor | None]:
 
 
 def _registry(ctx: Context, with_draft: bool) -> Any:
-    from hfadapt.registry import Registry, discover
+    from hfadapt.adapters.registry import Registry, discover
 
     base = discover() if ctx.case.registry == "default" else Registry()
     adapters = list(base.adapters)
@@ -223,7 +223,7 @@ def step_end_to_end(ctx: Context) -> StepResult:
     if not ctx.case.model:
         return "skip", "this case names no model to judge end to end", {}
     _build_model(ctx)
-    from hfadapt.registry import Registry
+    from hfadapt.adapters.registry import Registry
 
     stock = _forward(ctx.model, ctx.inputs)
     adapted = copy.deepcopy(ctx.model)

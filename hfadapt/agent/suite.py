@@ -11,7 +11,7 @@ from hfadapt.agent.cases import FailureCase, from_violation, resolve_ref
 from hfadapt.errors import UsageError
 
 _EC = "hfadapt.agent.evalcases"
-_HEAD = "import math\n\nimport torch\nimport torch.nn.functional as F\n\nfrom hfadapt.adapter import adapter\n\n"
+_HEAD = "import math\n\nimport torch\nimport torch.nn.functional as F\n\nfrom hfadapt.adapters.api import adapter\n\n"
 
 
 @dataclass(frozen=True)

@@ -46,8 +46,8 @@ def cases_for_model(
 ) -> tuple[Any, list[FailureCase]]:
     """Diagnose the model (recording the run) and make one case per violation fingerprint.
     ``adapters=False`` drafts against the stock model (no registry adapters anywhere)."""
-    from hfadapt.check import _load, build_probes, diagnose
-    from hfadapt.probes import model_inputs
+    from hfadapt.judge.diagnose import _load, build_probes, diagnose
+    from hfadapt.judge.probes import model_inputs
 
     loaded = _load(model_ref, "structural" if structural else "full", False)
     diag = diagnose(
@@ -94,8 +94,8 @@ def cases_for_model(
 
 def top_fingerprints(engine: Engine, k: int) -> list[BlockingFingerprint]:
     """The K fingerprints whose models (latest run each) sum to the most downloads."""
-    from hfadapt.store import describe, session
-    from hfadapt.tables import HubModel, Run
+    from hfadapt.db.engine import describe, session
+    from hfadapt.db.tables import HubModel, Run
 
     with session(engine, write=False) as s:
         runs = list(s.exec(select(Run).order_by(Run.id)))  # type: ignore[arg-type]

@@ -21,7 +21,7 @@ app.add_typer(adapters_app, name="adapters")
 @adapters_app.command("list")
 def list_adapters(as_json: JsonOption = False) -> None:
     """Every adapter found (bundled, user folders, entry points), and files that failed to load."""
-    from hfadapt.registry import default_registry
+    from hfadapt.adapters.registry import default_registry
 
     reg = default_registry()
     if as_json:
@@ -53,7 +53,7 @@ def show(
     as_json: JsonOption = False,
 ) -> None:
     """An adapter's metadata, what it fixes, and its source."""
-    from hfadapt.registry import default_registry
+    from hfadapt.adapters.registry import default_registry
     from hfadapt.spyre.profile import load_profile
 
     a = default_registry().get(name)
@@ -81,8 +81,8 @@ def verify(
 ) -> None:
     """Re-prove adapters: float64 equivalence with the code they replace, then that their
     rule no longer fires on the simulated device."""
-    from hfadapt.registry import default_registry
-    from hfadapt.verify import verify_adapter
+    from hfadapt.adapters.proofs import verify_adapter
+    from hfadapt.adapters.registry import default_registry
 
     reg = default_registry()
     targets = [reg.get(name)] if name else reg.adapters

@@ -106,13 +106,13 @@ def draft(
 ) -> None:
     """Have a coding agent draft adapters for failures; accept only proven ones."""
     from hfadapt.agent import workflows
+    from hfadapt.db.engine import get_engine
     from hfadapt.errors import UsageError
-    from hfadapt.store import get_engine
+    from hfadapt.options import Mode
 
     if sum(x is not None for x in (model_ref, fingerprint, top)) != 1:
         raise UsageError("give exactly one of MODEL, --fingerprint ID or --top K")
-    if mode not in ("full", "structural"):
-        raise UsageError(f"--mode must be full or structural, not {mode!r}")
+    Mode.parse(mode, "--mode")
     engine = get_engine(db)
     plan: dict[str, list[str] | None]
     if top is not None:
@@ -203,8 +203,8 @@ def attempts(
 ) -> None:
     """List the agent's attempts, or show one: prompt, response, each validation step."""
     from hfadapt.agent import records
+    from hfadapt.db.engine import get_engine
     from hfadapt.errors import UsageError
-    from hfadapt.store import get_engine
 
     engine = get_engine(db)
     if attempt_id is None:
@@ -320,7 +320,7 @@ def agent_eval(
     from hfadapt.agent.client import AgentSettings
     from hfadapt.agent.evaluate import run_eval
     from hfadapt.agent.records import Recorder
-    from hfadapt.store import get_engine
+    from hfadapt.db.engine import get_engine
 
     if reference:
         settings = AgentSettings(model=agent_model or "reference", max_attempts=max_attempts)

@@ -1,5 +1,5 @@
 """``hfadapt diagnose MODEL``: judge one model on the simulated Spyre device and show why.
-Thin: parse, call ``hfadapt.check.diagnose``, render. Exit 0 pass, 1 the model fails, 2 bad input."""
+Thin: parse, call ``hfadapt.judge.diagnose.diagnose``, render. Exit 0 pass, 1 the model fails, 2 bad input."""
 
 from __future__ import annotations
 
@@ -56,8 +56,8 @@ def diagnose(
     as_json: JsonOption = False,
 ) -> None:
     """Diagnose one model: lowering, numerics against a CPU fp32 reference, first divergent module."""
-    from hfadapt.check import diagnose as run_diagnose
     from hfadapt.errors import InputError
+    from hfadapt.judge.diagnose import diagnose as run_diagnose
 
     diag = run_diagnose(
         model,

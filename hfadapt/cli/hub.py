@@ -13,7 +13,7 @@ from hfadapt.cli._app import DbOption, JsonOption, app, console
 
 
 def _engine(db: str | None) -> Any:
-    from hfadapt.store import get_engine
+    from hfadapt.db.engine import get_engine
 
     return get_engine(db)
 
@@ -24,8 +24,8 @@ def _echo_json(data: Any) -> None:
 
 
 def _no_crawl(db: str | None) -> None:
+    from hfadapt.db.engine import describe, resolve_url
     from hfadapt.errors import UsageError
-    from hfadapt.store import describe, resolve_url
 
     raise UsageError(
         f"no crawl in {describe(resolve_url(db))} yet: run `hfadapt crawl` first (add --offline for the bundled snapshot)"
@@ -55,8 +55,8 @@ def crawl(
     as_json: JsonOption = False,
 ) -> None:
     """Rank the most-downloaded embedding models, prefilter them, and store them in the database."""
-    from hfadapt.hub import crawl as run_crawl
-    from hfadapt.store import describe
+    from hfadapt.db.engine import describe
+    from hfadapt.hub.crawl import crawl as run_crawl
 
     engine = _engine(db)
     result = run_crawl(engine, limit=limit, offline=offline, endpoint=endpoint)
@@ -96,8 +96,8 @@ def models(
     as_json: JsonOption = False,
 ) -> None:
     """The top models of the latest crawl, best first."""
-    from hfadapt.catalog import current_models, latest_crawl
-    from hfadapt.tables import HubModel
+    from hfadapt.db.tables import HubModel
+    from hfadapt.hub.catalog import current_models, latest_crawl
 
     engine = _engine(db)
     if latest_crawl(engine) is None:
@@ -142,7 +142,7 @@ def models(
 @app.command()
 def census(db: DbOption = None, as_json: JsonOption = False) -> None:
     """How many models of the latest crawl, and what share of their downloads, each model_type has."""
-    from hfadapt.catalog import census as run_census
+    from hfadapt.hub.catalog import census as run_census
 
     result = run_census(_engine(db))
     if result.crawl is None:

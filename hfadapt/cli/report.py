@@ -1,6 +1,6 @@
 """``hfadapt failures`` (the failure census: fingerprints by the models and downloads they
 block) and ``hfadapt report`` (coverage tables, and the HTML and JSON report). Thin: parse,
-call ``hfadapt.report``, render."""
+call ``hfadapt.report.coverage``, render."""
 
 from __future__ import annotations
 
@@ -29,9 +29,9 @@ def failures(
     as_json: JsonOption = False,
 ) -> None:
     """Failure fingerprints, by the downloads of the models each one blocks (largest first)."""
-    from hfadapt.report import failures as census
-    from hfadapt.store import get_engine
-    from hfadapt.svgcharts import fmt_count
+    from hfadapt.db.engine import get_engine
+    from hfadapt.report.charts import fmt_count
+    from hfadapt.report.coverage import failures as census
 
     rows = census(get_engine(db), sweep_id=sweep, top=top)
     if as_json:
@@ -78,10 +78,10 @@ def report(
 ) -> None:
     """Coverage of a sweep: pass rate by count and by downloads, per model_type, fingerprints,
     adapter impact, agreement with hf-adapters, and a diff against another sweep."""
-    from hfadapt.report import build_report
-    from hfadapt.reporthtml import render_html
-    from hfadapt.store import get_engine
-    from hfadapt.svgcharts import fmt_count
+    from hfadapt.db.engine import get_engine
+    from hfadapt.report.charts import fmt_count
+    from hfadapt.report.coverage import build_report
+    from hfadapt.report.html import render_html
 
     rep = build_report(get_engine(db), sweep_id=sweep, against=against)
     where = f"sweep {rep.sweep['id']}" if rep.sweep else "latest run of every model"

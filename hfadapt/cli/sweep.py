@@ -1,6 +1,6 @@
 """``hfadapt sweep``: judge every crawled model (the bundled snapshot, offline, in structural
 mode by default) with a progress bar; ``hfadapt sweeps``: the sweeps recorded so far.
-Thin: parse, call ``hfadapt.sweep.run_sweep``, render."""
+Thin: parse, call ``hfadapt.sweep.run.run_sweep``, render."""
 
 from __future__ import annotations
 
@@ -135,8 +135,8 @@ def sweep(
     as_json: JsonOption = False,
 ) -> None:
     """Judge every crawled model on the simulated device (resumes an interrupted sweep)."""
-    from hfadapt.store import describe, get_engine
-    from hfadapt.sweep import run_sweep
+    from hfadapt.db.engine import describe, get_engine
+    from hfadapt.sweep.run import run_sweep
 
     engine = get_engine(db)
     progress = _Bar(
@@ -205,8 +205,8 @@ def sweeps(db: DbOption = None, as_json: JsonOption = False) -> None:
     """The sweeps recorded in the database, newest first."""
     from sqlmodel import select
 
-    from hfadapt.store import get_engine, session
-    from hfadapt.sweepstore import Sweep
+    from hfadapt.db.engine import get_engine, session
+    from hfadapt.sweep.store import Sweep
 
     engine = get_engine(db)
     with session(engine, write=False) as sess:

@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
+from hfadapt.spyre.lowering_report import LoweringReport, SourceLocation, Violation
 from hfadapt.spyre.profile import DEFAULT_PROFILE, Profile, available_profiles, load_profile
-from hfadapt.spyre.report import LoweringReport, SourceLocation, Violation
 
 __all__ = [
     "DEFAULT_PROFILE",

@@ -1,6 +1,6 @@
 """The device profile: every Spyre rule (op outcome per mode and dtype, dtype mapping, casts,
 layout, numerics) as versioned data with an id and a source. Code asks it; it holds no ifs
-about particular ops beyond the named checks in hfadapt.spyre.checks."""
+about particular ops beyond the named checks in hfadapt.spyre.op_rules."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from hfadapt.errors import ProfileError
+from hfadapt.options import Execution
 from hfadapt.spyre.dl16 import DL16Format
 
 DEFAULT_PROFILE = "spyre-2026.07"
@@ -22,7 +23,7 @@ NATIVE = "native"
 FALLBACK = "fallback"
 UNSUPPORTED = "unsupported"
 OUTCOMES = (NATIVE, FALLBACK, UNSUPPORTED)
-MODES = ("eager", "compile")
+MODES = Execution.choices()  # a rule holds in these executions
 
 
 @dataclass(frozen=True)

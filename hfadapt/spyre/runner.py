@@ -12,10 +12,9 @@ from typing import Any
 import torch
 
 from hfadapt.errors import SpyreLoweringError, UsageError
+from hfadapt.options import Execution
+from hfadapt.spyre.lowering_report import LoweringReport
 from hfadapt.spyre.profile import Profile, load_profile
-from hfadapt.spyre.report import LoweringReport
-
-EXECUTIONS = ("eager", "compile")
 
 
 @dataclass
@@ -50,7 +49,7 @@ def _profile(profile: Profile | str | None) -> Profile:
 def _eager(
     model: torch.nn.Module, inputs: Mapping[str, Any], p: Profile, collect: bool
 ) -> DeviceRun:
-    from hfadapt.spyre import device as spyre_device
+    from hfadapt.spyre.eager import device as spyre_device
     from hfadapt.spyre.tracking import tracking
 
     spyre_device.register()
@@ -66,7 +65,7 @@ def _eager(
 
 
 def _compiled(model: torch.nn.Module, inputs: Mapping[str, Any], p: Profile) -> DeviceRun:
-    from hfadapt.spyre.backend import error_message, lower
+    from hfadapt.spyre.compile.backend import error_message, lower
 
     lowered, report = lower(model, dict(inputs), p)
     if not report.ok:
@@ -93,10 +92,9 @@ def run_on_device(
     anything runs. Eager with ``collect=True`` records every violation and keeps running (audit
     mode); ``collect=False`` raises at the first, as the card does. Compiled mode judges the
     whole graph first and raises SpyreLoweringError with every violation in its report."""
-    from hfadapt.spyre.model_rules import ensure_supported
+    from hfadapt.spyre.layout_rules import ensure_supported
 
-    if execution not in EXECUTIONS:
-        raise UsageError(f"execution must be one of {', '.join(EXECUTIONS)}, not {execution!r}")
+    Execution.parse(execution, "execution")
     if dtype not in (torch.float16, torch.bfloat16):
         raise UsageError(f"the device runs models in fp16 or bf16, not {dtype}")
     p = _profile(profile)

@@ -19,9 +19,10 @@ from dataclasses import dataclass
 
 import torch
 
-from hfadapt.errors import SpyreOpError, SpyreOpNotImplementedError, UsageError
-from hfadapt.spyre.profile import MODES, Profile, load_profile
-from hfadapt.spyre.report import LoweringReport, SourceLocation, Violation
+from hfadapt.errors import SpyreOpError, SpyreOpNotImplementedError
+from hfadapt.options import Execution
+from hfadapt.spyre.lowering_report import LoweringReport, SourceLocation, Violation
+from hfadapt.spyre.profile import Profile, load_profile
 
 
 class SpyreFallbackWarning(UserWarning):
@@ -96,8 +97,7 @@ def tracking(
     audit mode: a violation is recorded and the op still runs (on the host CPU, computed in
     fp32 and rounded like a native op), so the report lists every violation of the run. A
     nested block's report is merged into the enclosing one on exit."""
-    if mode not in MODES:
-        raise UsageError(f"tracking mode must be one of {', '.join(MODES)}, not {mode!r}")
+    Execution.parse(mode, "mode")
     resolved = (
         profile
         if isinstance(profile, Profile)

@@ -1,0 +1,420 @@
+"""The adapter registry: discovery (bundled ``adapters/``, user folders, entry points),
+matching against a model instance, and scoped, reversible, idempotent, thread-safe apply.
+
+A broken adapter file is recorded in ``Registry.errors`` and skipped; it never breaks an
+import or a model load. Patches live on module *instances*, so two models in one process
+never see each other's adapters, and each patch is gated: it only takes over when the model
+runs for the device, so a CPU run of an adapted model is bit-identical to stock."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+import sys
+import threading
+import types
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hfadapt.adapters import api as adapter_api
+from hfadapt.adapters.api import Adapter
+from hfadapt.errors import AdapterError
+
+log = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = "hfadapt.adapters"
+_LOCK = threading.RLock()
+
+
+@dataclass(frozen=True)
+class LoadError:
+    path: str
+    error: str
+
+
+def bundled_dir() -> Path:
+    """``adapters/`` of a checkout, else the copy inside the installed wheel."""
+    package = Path(__file__).resolve().parents[1]
+    checkout = package.parent / "adapters"
+    if checkout.is_dir() and (package.parent / "pyproject.toml").exists():
+        return checkout
+    return package / "_bundled" / "adapters"
+
+
+def user_dirs() -> list[Path]:
+    """Folders named by HFADAPT_ADAPTERS_PATH, then the folder accepted agent drafts go to."""
+    dirs = [Path(p) for p in os.environ.get("HFADAPT_ADAPTERS_PATH", "").split(os.pathsep) if p]
+    dirs.append(user_adapters_dir())
+    return dirs
+
+
+def user_adapters_dir() -> Path:
+    home = os.environ.get("HFADAPT_HOME") or os.path.join(
+        os.path.expanduser("~"), ".local", "share", "hfadapt"
+    )
+    return Path(home) / "adapters"
+
+
+def _one_line(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    return " ".join(text.split())
+
+
+def load_file(path: Path, source: str = "user") -> list[Adapter]:
+    """Import one adapter file in isolation and return the adapters it registered."""
+    digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:8]
+    mod_name = f"hfadapt_adapters.{path.stem}_{digest}"
+    spec = importlib.util.spec_from_file_location(mod_name, path)
+    if spec is None or spec.loader is None:
+        raise AdapterError(f"{path}: not an importable Python file")
+    module = importlib.util.module_from_spec(spec)
+    with _LOCK:
+        saved = adapter_api._COLLECTOR
+        found: list[Adapter] = []
+        adapter_api._COLLECTOR = found
+        try:
+            sys.modules[mod_name] = module
+            spec.loader.exec_module(module)
+        except BaseException:
+            sys.modules.pop(mod_name, None)
+            raise
+        finally:
+            adapter_api._COLLECTOR = saved
+    for a in found:
+        a.path, a.source = str(path), source
+    if not found:
+        raise AdapterError(f"{path.name}: defines no @adapter")
+    return found
+
+
+@dataclass
+class Registry:
+    adapters: list[Adapter] = field(default_factory=list)
+    errors: list[LoadError] = field(default_factory=list)
+
+    def add(self, adapter: Adapter) -> None:
+        if any(a.name == adapter.name for a in self.adapters):
+            self.errors.append(
+                LoadError(
+                    adapter.path or adapter.name,
+                    f"duplicate adapter name {adapter.name!r}; kept the first",
+                )
+            )
+            return
+        self.adapters.append(adapter)
+
+    def get(self, name: str) -> Adapter:
+        for a in self.adapters:
+            if a.name == name:
+                return a
+        raise AdapterError(f"no adapter named {name!r}; see 'hfadapt adapters list'")
+
+    def load_folder(self, folder: Path, source: str) -> None:
+        if not folder.is_dir():
+            return
+        for path in sorted(folder.glob("*.py")):
+            if path.name.startswith("_"):
+                continue
+            try:
+                for a in load_file(path, source):
+                    self.add(a)
+            except Exception as exc:  # a broken file is reported, never fatal
+                err = LoadError(str(path), _one_line(exc))
+                self.errors.append(err)
+                log.warning("skipped adapter file %s: %s", path, err.error)
+
+    def load_entry_points(self) -> None:
+        for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+            with _LOCK:
+                saved = adapter_api._COLLECTOR
+                found: list[Adapter] = []
+                adapter_api._COLLECTOR = found
+                try:
+                    ep.load()
+                except Exception as exc:
+                    self.errors.append(LoadError(f"entry-point:{ep.name}", _one_line(exc)))
+                    continue
+                finally:
+                    adapter_api._COLLECTOR = saved
+            for a in found:
+                a.source = f"entry-point:{ep.name}"
+                self.add(a)
+
+    # -- matching ----------------------------------------------------------------------
+    def matches(
+        self, model: torch.nn.Module
+    ) -> list[tuple[Adapter, list[tuple[str, torch.nn.Module]]]]:
+        """Each adapter with the (name, module) pairs of ``model`` it would patch."""
+        config = getattr(model, "config", None)
+        out = []
+        for a in sorted(self.adapters, key=lambda x: x.priority):
+            try:
+                cls = a.target_class()
+            except AdapterError as exc:
+                self.errors.append(LoadError(a.path or a.name, exc.one_line()))
+                continue
+            hits: list[tuple[str, torch.nn.Module]] = []
+            for name, module in model.named_modules():
+                if cls is not None and isinstance(module, cls):
+                    try:
+                        ok = a.applies is None or bool(
+                            a.applies(module, getattr(module, "config", None) or config)
+                        )
+                    except Exception as exc:
+                        self.errors.append(
+                            LoadError(a.path or a.name, f"applies() failed: {_one_line(exc)}")
+                        )
+                        ok = False
+                    if ok:
+                        hits.append((name, module))  # type: ignore[arg-type]
+            if hits:
+                out.append((a, hits))
+        return out
+
+    def apply(
+        self,
+        model: torch.nn.Module,
+        *,
+        device: str | None = "spyre",
+        only: Iterable[str] | None = None,
+        exclude: Iterable[str] = (),
+    ) -> AppliedAdapters:
+        """Patch every matching module of this model instance. ``device=None`` leaves the
+        patches dormant unless the inputs are on the spyre device (CPU runs stay stock)."""
+        wanted = set(only) if only is not None else None
+        skipped = set(exclude)
+        with _LOCK:
+            handle = applied_to(model)
+            if handle is None:
+                handle = AppliedAdapters(model)
+                model._hfadapt_applied = handle  # type: ignore[assignment]
+            handle.state.enabled = device is not None
+            for a, hits in self.matches(model):
+                if (wanted is not None and a.name not in wanted) or a.name in skipped:
+                    continue
+                handle._apply(a, hits)
+        return handle
+
+
+class AdapterState:
+    """Shared by every patch of one model: whether the adapters take over (device run)."""
+
+    __slots__ = ("attn_original", "enabled")
+
+    def __init__(self) -> None:
+        self.enabled = False
+        self.attn_original: str | None = None
+
+
+def _on_device(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    for v in (*args, *kwargs.values()):
+        if isinstance(v, torch.Tensor):
+            return v.device.type == "spyre"
+    return False
+
+
+def _method_dispatch(method: str) -> Any:
+    def dispatch(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        stack: list[Adapter] = self._hfadapt_stack[method]  # type: ignore[index,assignment]
+        if stack and (self._hfadapt_state.enabled or _on_device(args, kwargs)):  # type: ignore[union-attr]
+            return stack[-1].fn(self, *args, **kwargs)
+        return getattr(type(self), method)(self, *args, **kwargs)
+
+    dispatch.__name__ = f"hfadapt_{method}"
+    return dispatch
+
+
+class AppliedAdapters:
+    """What was applied to one model; a context manager and a handle to remove it all."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.state = AdapterState()
+        self.applied: dict[str, list[str]] = {}  # adapter name -> module names
+        self._undo: list[Any] = []
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.applied)
+
+    def _apply(self, a: Adapter, hits: list[tuple[str, torch.nn.Module]]) -> None:
+        if a.name in self.applied:
+            return  # idempotent
+        if a.kind == "method":
+            for _, module in hits:
+                self._patch_method(a, module)
+        elif a.kind == "pre_hook":
+            for _, module in hits:
+                self._add_pre_hook(a, module)
+        elif a.kind == "attention":
+            for _, module in hits:
+                self._switch_attention(a, module)
+        self.applied[a.name] = [n or "<root>" for n, _ in hits]
+
+    def _patch_method(self, a: Adapter, module: torch.nn.Module) -> None:
+        method = a.method_name
+        stacks = module.__dict__.setdefault("_hfadapt_stack", {})
+        module.__dict__["_hfadapt_state"] = self.state
+        if method not in stacks:
+            stacks[method] = []
+            module.__dict__[method] = types.MethodType(_method_dispatch(method), module)
+        stacks[method].append(a)
+
+        def undo() -> None:
+            stack = stacks.get(method, [])
+            if a in stack:
+                stack.remove(a)
+            if not stack:
+                stacks.pop(method, None)
+                module.__dict__.pop(method, None)
+            if not stacks:
+                module.__dict__.pop("_hfadapt_stack", None)
+                module.__dict__.pop("_hfadapt_state", None)
+
+        self._undo.append(undo)
+
+    def _add_pre_hook(self, a: Adapter, module: torch.nn.Module) -> None:
+        state = self.state
+
+        def hook(mod: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            if state.enabled or _on_device(args, kwargs):
+                return a.fn(mod, args, kwargs)
+            return None
+
+        handle = module.register_forward_pre_hook(hook, with_kwargs=True)
+        self._undo.append(handle.remove)
+
+    def _switch_attention(self, a: Adapter, owner: torch.nn.Module) -> None:
+        """Point the config of ``owner`` (the matched transformers model, which may sit inside a
+        wrapper such as a SentenceTransformer) at the adapter's attention function."""
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        config = getattr(owner, "config", None)
+        if config is None:
+            raise AdapterError(f"adapter {a.name}: the model has no config to switch attention on")
+        from transformers.masking_utils import AttentionMaskInterface
+
+        key = f"hfadapt-{a.name}"
+        ALL_ATTENTION_FUNCTIONS[key] = _attention_dispatch(a)
+        # Masks are made by the function registered for the attention key; without one,
+        # transformers would pass no mask at all. Use the original implementation's.
+        AttentionMaskInterface.register(key, _mask_dispatch)
+        original = config._attn_implementation or "eager"
+        self.state.attn_original = original
+        config.__dict__["_hfadapt_attn_original"] = original
+        config._attn_implementation = key
+        modules = list(owner.modules())
+        for m in modules:  # the attention function is handed the attention module, not the model
+            m.__dict__["_hfadapt_attn_state"] = self.state
+
+        def undo() -> None:
+            config._attn_implementation = original
+            config.__dict__.pop("_hfadapt_attn_original", None)
+            for m in modules:
+                m.__dict__.pop("_hfadapt_attn_state", None)
+
+        self._undo.append(undo)
+
+    def remove(self) -> None:
+        with _LOCK:
+            while self._undo:
+                self._undo.pop()()
+            self.applied.clear()
+            if getattr(self.model, "_hfadapt_applied", None) is self:
+                del self.model._hfadapt_applied
+
+    def __enter__(self) -> AppliedAdapters:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
+
+    def __repr__(self) -> str:
+        return f"AppliedAdapters({', '.join(self.names) or 'none'}; enabled={self.state.enabled})"
+
+
+def _attention_dispatch(a: Adapter) -> Any:
+    def attention(module: torch.nn.Module, query: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        state = _find_state(module)
+        if (state is not None and state.enabled) or query.device.type == "spyre":
+            return a.fn(module, query, *args, **kwargs)
+        return _stock_attention(module, state)(module, query, *args, **kwargs)
+
+    return attention
+
+
+def _mask_dispatch(*args: Any, **kwargs: Any) -> Any:
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+    config = kwargs.get("config")
+    original = getattr(config, "_hfadapt_attn_original", None) or "sdpa"
+    if original not in ALL_MASK_ATTENTION_FUNCTIONS:
+        original = "sdpa"
+    return ALL_MASK_ATTENTION_FUNCTIONS[original](*args, **kwargs)
+
+
+def _find_state(module: torch.nn.Module) -> AdapterState | None:
+    state = getattr(module, "_hfadapt_attn_state", None)
+    return state if isinstance(state, AdapterState) else None
+
+
+def _stock_attention(module: torch.nn.Module, state: AdapterState | None) -> Any:
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    name = state.attn_original if state is not None else "sdpa"
+    if name and name != "eager" and name in ALL_ATTENTION_FUNCTIONS:
+        return ALL_ATTENTION_FUNCTIONS[name]
+    return sys.modules[type(module).__module__].eager_attention_forward
+
+
+def applied_to(model: torch.nn.Module) -> AppliedAdapters | None:
+    handle = getattr(model, "_hfadapt_applied", None)
+    return handle if isinstance(handle, AppliedAdapters) else None
+
+
+_DEFAULT: Registry | None = None
+
+
+def discover(
+    paths: Iterable[Path] | None = None, *, bundled: bool = True, entry_points: bool = True
+) -> Registry:
+    """Build a registry from the bundled folder, the user folders (or ``paths``) and entry points."""
+    reg = Registry()
+    if bundled:
+        reg.load_folder(bundled_dir(), "bundled")
+    for folder in list(paths) if paths is not None else user_dirs():
+        reg.load_folder(Path(folder), "user")
+    if entry_points:
+        reg.load_entry_points()
+    return reg
+
+
+def default_registry(reload: bool = False) -> Registry:
+    global _DEFAULT
+    with _LOCK:
+        if _DEFAULT is None or reload:
+            _DEFAULT = discover()
+        return _DEFAULT
+
+
+def apply(
+    model: torch.nn.Module,
+    *,
+    device: str | None = "spyre",
+    registry: Registry | None = None,
+    only: Iterable[str] | None = None,
+    exclude: Iterable[str] = (),
+) -> AppliedAdapters:
+    """Apply every matching adapter of the (default) registry to this model instance."""
+    return (registry or default_registry()).apply(model, device=device, only=only, exclude=exclude)
+
+
+def iter_adapters(registry: Registry | None = None) -> Iterator[Adapter]:
+    yield from (registry or default_registry()).adapters

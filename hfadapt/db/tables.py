@@ -1,0 +1,215 @@
+"""The tables of runs.db (SQLModel). A change to a table here needs a new
+migration appended in hfadapt.db.migrations (SCHEMA_VERSION follows the list)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from sqlalchemy import JSON, Column, Index, Text, UniqueConstraint
+from sqlmodel import Field, SQLModel
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class HubModel(SQLModel, table=True):
+    """One Hub model as last seen by a crawl (the newest crawl wins; crawl_entry keeps history)."""
+
+    __tablename__ = "hub_model"
+
+    id: str = Field(primary_key=True, description="Hub repo id, e.g. BAAI/bge-small-en-v1.5")
+    rank: int | None = Field(default=None, index=True)
+    downloads: int = 0
+    likes: int = 0
+    model_type: str | None = Field(default=None, index=True)
+    architectures: str | None = None  # comma-separated
+    config_class: str | None = None
+    num_parameters: int | None = None
+    library: str | None = Field(default=None, index=True)
+    pipeline_tag: str | None = None
+    is_gated: bool = False
+    is_moe: bool = False
+    is_multimodal: bool = False
+    is_custom_code: bool = False
+    revision: str | None = None  # commit sha when known
+    config_json: dict | None = Field(default=None, sa_column=Column(JSON))
+    tags: list | None = Field(default=None, sa_column=Column(JSON))
+    excluded_reason: str | None = Field(default=None, index=True)  # prefilter; None = kept
+    reference_supported: bool | None = None  # hf-adapters is_supported (snapshot only)
+    year: int | None = None
+    source: str = "snapshot"  # "snapshot" or the endpoint URL crawled
+    last_crawl_id: int | None = Field(default=None, foreign_key="crawl.id")
+    crawled_at: datetime = Field(default_factory=utcnow)
+
+
+class Crawl(SQLModel, table=True):
+    """One crawl: when, from where, how many models it saw and kept."""
+
+    __tablename__ = "crawl"
+
+    id: int | None = Field(default=None, primary_key=True)
+    started_at: datetime = Field(default_factory=utcnow)
+    finished_at: datetime | None = None
+    source: str = "snapshot"
+    limit: int | None = None
+    seen: int = 0
+    kept: int = 0
+    excluded: int = 0
+    status: str = "running"  # running | done | failed
+    error: str | None = Field(default=None, sa_column=Column(Text))
+
+
+class CrawlEntry(SQLModel, table=True):
+    """Which crawl saw which model, at which rank and download count."""
+
+    __tablename__ = "crawl_entry"
+    __table_args__ = (UniqueConstraint("crawl_id", "model_id"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    crawl_id: int = Field(foreign_key="crawl.id", index=True)
+    model_id: str = Field(index=True)
+    rank: int | None = None
+    downloads: int = 0
+    excluded_reason: str | None = None
+
+
+class Run(SQLModel, table=True):
+    """One judgement of one model on the simulated device, with its full evidence.
+
+    ``verdict`` is one of the stable strings in hfadapt.verdicts; never renamed.
+    """
+
+    __tablename__ = "run"
+    __table_args__ = (Index("ix_run_sweep_model", "sweep_id", "model_id"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    model_id: str = Field(index=True)
+    sweep_id: int | None = Field(default=None, index=True)
+    verdict: str = Field(index=True)
+    reason: str | None = Field(default=None, sa_column=Column(Text))
+    mode: str = "full"  # full | structural
+    execution: str = "eager"  # eager | compile
+    dtype: str = "fp16"
+    signature: str | None = Field(default=None, index=True)  # structural signature hash
+    model_type: str | None = None
+    revision: str | None = None
+    # metrics (None when the run did not get that far)
+    min_token_cosine: float | None = None
+    mean_token_cosine: float | None = None
+    pooled_cosine: float | None = None
+    max_abs_diff: float | None = None
+    has_nan: bool | None = None
+    has_inf: bool | None = None
+    # lists and dicts: violations, fallbacks (op -> count), adapters applied, divergent module
+    violations: list | None = Field(default=None, sa_column=Column(JSON))
+    fallbacks: dict | None = Field(default=None, sa_column=Column(JSON))
+    adapters: list | None = Field(default=None, sa_column=Column(JSON))
+    fingerprints: list | None = Field(default=None, sa_column=Column(JSON))
+    divergence: dict | None = Field(default=None, sa_column=Column(JSON))
+    evidence: dict | None = Field(default=None, sa_column=Column(JSON))  # anything else
+    versions: dict | None = Field(
+        default=None, sa_column=Column(JSON)
+    )  # hfadapt, profile, torch, transformers
+    profile_version: str | None = None
+    timings: dict | None = Field(default=None, sa_column=Column(JSON))  # seconds per phase
+    started_at: datetime = Field(default_factory=utcnow)
+    finished_at: datetime | None = None
+
+
+# ---- sweeps (m003, m004) ----
+
+RUNNING = "running"
+DONE = "done"
+FAILED = "failed"
+
+
+class Sweep(SQLModel, table=True):
+    """One batch run over crawled models; its runs are the ``run`` rows with this ``sweep_id``."""
+
+    __tablename__ = "sweep"
+
+    id: int | None = Field(default=None, primary_key=True)
+    key: str = Field(index=True)  # the options that define it: a resumed sweep must match
+    status: str = Field(default=RUNNING, index=True)  # running | done | failed
+    mode: str = "structural"
+    execution: str = "eager"
+    dtype: str = "fp16"
+    top: int | None = None
+    model_type: str | None = None
+    dedupe: bool = True
+    executor: str = "local"
+    workers: int = 1
+    timeout_s: float | None = None
+    memory_limit_mb: int | None = None
+    crawl_id: int | None = Field(default=None, foreign_key="crawl.id")
+    models: int = 0  # planned rows
+    units: int = 0  # distinct units of work (signatures) planned
+    judged: int = 0  # units a worker ran (over every resume)
+    resumes: int = 0
+    seconds: float = 0.0  # wall time over every resume
+    counts: dict | None = Field(default=None, sa_column=Column(JSON))  # verdict -> models
+    options: dict | None = Field(default=None, sa_column=Column(JSON))
+    host: str | None = None
+    driver_pid: int | None = None  # the process driving it while running (m004)
+    error: str | None = None
+    started_at: datetime = Field(default_factory=utcnow)
+    finished_at: datetime | None = None
+
+
+# ---- the adapter-drafting agent (m002) ----
+
+
+class DraftSession(SQLModel, table=True):
+    """One failure the agent worked on, and how it ended."""
+
+    __tablename__ = "draft_session"
+
+    id: int | None = Field(default=None, primary_key=True)
+    fingerprint: str = Field(index=True)
+    case_name: str = ""
+    rule_id: str = ""
+    op: str = ""
+    target: str | None = None
+    model_id: str | None = Field(default=None, index=True)
+    endpoint: str = ""  # base URL without credentials
+    endpoint_model: str = ""
+    outcome: str = Field(default="running", index=True)  # see hfadapt.agent.loop.OUTCOMES
+    reason: str | None = Field(default=None, sa_column=Column(Text))
+    attempts: int = 0
+    tokens_in: int = 0
+    tokens_out: int = 0
+    seconds: float = 0.0
+    adapter_name: str | None = None
+    adapter_path: str | None = None
+    case: dict | None = Field(default=None, sa_column=Column(JSON))
+    started_at: datetime = Field(default_factory=utcnow)
+    finished_at: datetime | None = None
+
+
+class AgentAttempt(SQLModel, table=True):
+    """One answer of the endpoint and what validation made of it."""
+
+    __tablename__ = "agent_attempt"
+
+    id: int | None = Field(default=None, primary_key=True)
+    session_id: int | None = Field(default=None, foreign_key="draft_session.id", index=True)
+    number: int = 1
+    fingerprint: str = Field(default="", index=True)
+    endpoint: str = ""
+    endpoint_model: str = ""
+    prompt: list | None = Field(default=None, sa_column=Column(JSON))  # the chat messages sent
+    response: str | None = Field(default=None, sa_column=Column(Text))
+    code: str | None = Field(default=None, sa_column=Column(Text))
+    tokens_in: int = 0
+    tokens_out: int = 0
+    latency_s: float = 0.0
+    retries: int = 0
+    steps: list | None = Field(
+        default=None, sa_column=Column(JSON)
+    )  # step, status, summary, output
+    failed_step: str | None = None
+    feedback: str | None = Field(default=None, sa_column=Column(Text))
+    accepted: bool = False
+    error: str | None = Field(default=None, sa_column=Column(Text))
+    created_at: datetime = Field(default_factory=utcnow)

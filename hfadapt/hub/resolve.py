@@ -1,0 +1,220 @@
+"""Where a model reference points: a local folder, the HF cache, or the Hub (probed briefly
+before anything downloads), and what hfadapt knows about it without loading it: its
+config.json and whether it needs its repository's own code (auto_map, or the snapshot's flag)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hfadapt.errors import ConfigError, CustomCodeError, HubError, ModelNotFoundError
+from hfadapt.hub.client import probe
+
+_TRUE = {"1", "true", "yes", "on"}
+# The Hub is probed once, briefly, before anything downloads: huggingface_hub otherwise retries
+# a dead connection for ~20 s before saying so.
+HUB_PROBE_TIMEOUT_S = 3.0
+
+__all__ = [
+    "ModelSource",
+    "cached_file",
+    "download",
+    "env_offline",
+    "hf_cache_dir",
+    "hub_endpoint",
+    "hub_status",
+    "looks_like_path",
+    "read_config",
+    "refuse_snapshot_custom_code",
+    "remote_code_reason",
+    "resolve",
+    "snapshot_row",
+]
+
+
+@dataclass
+class ModelSource:
+    """Where a model reference points: a folder, the HF cache, or the Hub."""
+
+    ref: str
+    model_id: str  # the Hub id, or the folder's path
+    kind: str  # folder | cache | hub
+    folder: Path  # holds config.json (a local folder or a cache snapshot)
+    revision: str | None = None  # the commit sha of a cache snapshot
+
+
+def env_offline() -> bool:
+    """HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE, read now (huggingface_hub reads it at import)."""
+    return any(
+        os.environ.get(v, "").strip().lower() in _TRUE
+        for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
+
+
+def hf_cache_dir() -> Path:
+    """The HF hub cache as the environment says now (tests point it at a temporary folder)."""
+    explicit = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
+    if explicit:
+        return Path(explicit).expanduser()
+    home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+        "huggingface",
+    )
+    return Path(home).expanduser() / "hub"
+
+
+def hub_endpoint() -> str:
+    return (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
+
+
+def hub_status() -> tuple[bool, str]:
+    """(online, why not): offline when HF_HUB_OFFLINE is set or one quick request fails."""
+    if env_offline():
+        return False, "HF_HUB_OFFLINE is set"
+    endpoint = hub_endpoint()
+    try:
+        probe(endpoint, timeout=HUB_PROBE_TIMEOUT_S)
+    except HubError as exc:
+        cause = exc.__cause__ or exc
+        return False, f"{endpoint} cannot be reached ({' '.join(str(cause).split())[:120]})"
+    return True, ""
+
+
+def looks_like_path(ref: str) -> bool:
+    return ref.startswith((".", "/", "~")) or "\\" in ref or ref.count("/") > 1 or ref.endswith("/")
+
+
+def resolve(ref: str | os.PathLike[str]) -> ModelSource:
+    """Find ``ref``: an existing folder, else a Hub id in the HF cache, else on the Hub.
+
+    Raises ModelNotFoundError (missing or empty folder, not a Hub id, not cached offline,
+    no such repo) and ConfigError (a Hub repo without config.json).
+    """
+    text = os.fspath(ref)
+    path = Path(text).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise ModelNotFoundError(
+                f"{text} is a file; pass the model's folder (config.json, weights, tokenizer)"
+            )
+        if not any(path.iterdir()):
+            raise ModelNotFoundError(
+                f"{text} is an empty folder; expected a model in Hub layout (config.json, weights, tokenizer)"
+            )
+        return ModelSource(text, str(path.resolve()), "folder", path.resolve())
+    if looks_like_path(text):
+        raise ModelNotFoundError(f"no such folder: {text}")
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(text)
+    except HFValidationError:
+        raise ModelNotFoundError(f"{text} is neither a folder nor a Hub model id") from None
+
+    cached = cached_file(text, "config.json")
+    if cached is not None:
+        return ModelSource(text, text, "cache", cached.parent, cached.parent.name)
+    online, why = hub_status()
+    if not online:
+        raise ModelNotFoundError(
+            f"{text} is not in the HF cache ({hf_cache_dir()}) and {why}: download it first, "
+            "pass a local folder, or use --mode structural"
+        )
+    downloaded = download(text, "config.json")
+    return ModelSource(text, text, "hub", downloaded.parent, downloaded.parent.name)
+
+
+def cached_file(repo_id: str, filename: str) -> Path | None:
+    """A file of a Hub repo from the HF cache (newest cached revision), or None."""
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(repo_id, filename, cache_dir=hf_cache_dir())
+    return Path(found) if isinstance(found, str) else None
+
+
+def download(repo_id: str, filename: str) -> Path:
+    """One file of a Hub repo into the HF cache; ModelNotFoundError / ConfigError when it cannot."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError, GatedRepoError, RepositoryNotFoundError
+
+    try:
+        return Path(
+            hf_hub_download(repo_id, filename, cache_dir=hf_cache_dir(), endpoint=hub_endpoint())
+        )
+    except GatedRepoError as exc:
+        raise ModelNotFoundError(
+            f"{repo_id} is gated: accept its terms on the Hub and set HF_TOKEN"
+        ) from exc
+    except RepositoryNotFoundError as exc:
+        raise ModelNotFoundError(f"{repo_id} is not a model on {hub_endpoint()}") from exc
+    except EntryNotFoundError as exc:
+        raise ConfigError(f"{repo_id} has no {filename} on {hub_endpoint()}") from exc
+    except OSError as exc:  # connection dropped after the probe
+        raise ModelNotFoundError(
+            f"cannot download {filename} of {repo_id}: {' '.join(str(exc).split())[:200]}"
+        ) from exc
+
+
+def read_config(folder: Path, where: str | None = None) -> dict[str, Any]:
+    """config.json as a dict; ConfigError when it is missing, unreadable or not an object."""
+    where = where or str(folder)
+    file = folder / "config.json"
+    if not file.is_file():
+        raise ConfigError(f"no config.json in {where}")
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            f"config.json of {where} is not readable JSON ({' '.join(str(exc).split())})"
+        ) from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"config.json of {where} is not a JSON object")
+    return data
+
+
+@functools.cache
+def snapshot_index() -> dict[str, Any]:
+    from hfadapt.hub import snapshot
+
+    try:
+        return {row.model_id: row for row in snapshot.read_snapshot()}
+    except Exception:  # a broken bundled file must not stop a diagnosis
+        return {}
+
+
+def snapshot_row(model_id: str) -> Any | None:
+    """The bundled snapshot's record of a Hub id, or None."""
+    return snapshot_index().get(model_id)
+
+
+def remote_code_reason(config: dict[str, Any] | None, model_id: str | None = None) -> str | None:
+    """Why this model needs its repository's own code, or None when transformers' code runs it."""
+    auto_map = (config or {}).get("auto_map")
+    if auto_map:
+        classes = auto_map.values() if isinstance(auto_map, dict) else auto_map
+        names = ", ".join(
+            sorted({str(c[0] if isinstance(c, list) else c).split("--")[-1] for c in classes})
+        )
+        return f"config.json maps its classes to code in the repository (auto_map: {names})"
+    row = snapshot_row(model_id) if model_id else None
+    if row is not None and row.is_custom_code:
+        return "the Hub marks it custom_code (bundled snapshot)"
+    return None
+
+
+def refuse_snapshot_custom_code(ref: str | os.PathLike[str], trust_remote_code: bool) -> None:
+    """A Hub id the bundled snapshot marks custom_code is refused before any network or cache
+    lookup: the verdict does not depend on whether its files can be had."""
+    text = os.fspath(ref)
+    if trust_remote_code or Path(text).expanduser().exists():
+        return
+    row = snapshot_row(text)
+    if row is not None and row.is_custom_code:
+        raise CustomCodeError(
+            f"{text} needs its own code: the Hub marks it custom_code (bundled snapshot); "
+            "review it, then rerun with --trust-remote-code"
+        )

@@ -1,0 +1,358 @@
+"""Diagnose one model: load it (real weights, or structurally), run the CPU fp32 reference twice
+(it must be deterministic), apply registry adapters, run the simulated Spyre device, judge the
+numbers, localize a numeric failure to its first divergent module, and record one ``Run`` row
+with the full evidence. ``diagnose`` is what ``hfadapt diagnose`` calls."""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from hfadapt import verdicts
+from hfadapt.errors import (
+    CustomCodeError,
+    DeviceError,
+    HfadaptError,
+    InputError,
+    ModelNotFoundError,
+    SpyreLoweringError,
+    SpyreUnsupportedModelError,
+)
+from hfadapt.judge.diagnosis import (
+    Diagnosis,
+    Phases,
+    device_warnings_recorded,
+    next_step,
+    report_of_error,
+    versions_of,
+    write_run,
+)
+from hfadapt.judge.load import LoadedModel
+from hfadapt.judge.localize import localize
+from hfadapt.judge.metrics import compare, last_hidden
+from hfadapt.judge.probes import build_probes, model_inputs
+from hfadapt.options import DType, Execution, Mode
+
+Runner = Callable[..., Any]
+
+__all__ = [
+    "Diagnosis",
+    "apply_adapters",
+    "build_probes",
+    "default_runner",
+    "diagnose",
+    "last_hidden",
+]
+
+
+def default_runner() -> Runner:
+    """The real device runner, imported on first use (it pulls in the simulated device)."""
+    try:
+        from hfadapt.spyre.runner import run_on_device
+    except ImportError as exc:
+        raise DeviceError(f"the simulated device runner is not available ({exc})") from exc
+    return run_on_device
+
+
+def apply_adapters(model: torch.nn.Module) -> tuple[list[str], list[str]]:
+    """THE adapter hook point: apply every matching adapter of ``hfadapt.adapters.registry`` to this model
+    instance (the device copy only). Returns (adapter names applied, adapter load errors).
+    Without a registry module nothing is applied; a broken adapter never stops a diagnosis."""
+    try:
+        registry = importlib.import_module("hfadapt.adapters.registry")
+    except ImportError:
+        return [], []
+    try:
+        handle = registry.apply(model)
+    except Exception as exc:
+        return [], [
+            f"adapters not applied: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+        ]
+    names = list(getattr(handle, "names", None) or [])
+    errors = [f"{e.path}: {e.error}" for e in getattr(registry.default_registry(), "errors", [])]
+    return names, errors
+
+
+def _check_options(mode: str, dtype: str, execution: str) -> None:
+    Mode.parse(mode, "mode")
+    DType.parse(dtype, "dtype")
+    Execution.parse(execution, "execution")
+
+
+def _load(model_ref: Any, mode: str, trust_remote_code: bool) -> LoadedModel:
+    if isinstance(model_ref, LoadedModel):
+        return model_ref
+    if mode == "structural":
+        from hfadapt.judge import structural
+
+        return structural.build(model_ref, trust_remote_code=trust_remote_code)
+    from hfadapt.judge import load as loading
+
+    return loading.load(model_ref, trust_remote_code=trust_remote_code)
+
+
+def _reference(
+    model: torch.nn.Module, inputs: dict[str, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    with torch.inference_mode():
+        first = last_hidden(model(**inputs)).detach().clone()
+        second = last_hidden(model(**inputs)).detach().clone()
+    return first, second
+
+
+def _not_deterministic(first: torch.Tensor, second: torch.Tensor) -> str | None:
+    if (
+        first.shape == second.shape
+        and torch.equal(first.nan_to_num(), second.nan_to_num())
+        and torch.equal(first.isnan(), second.isnan())
+    ):
+        return None
+    if first.shape != second.shape:
+        return f"two CPU fp32 runs gave shapes {tuple(first.shape)} and {tuple(second.shape)}"
+    diff = float((first - second).abs().nan_to_num(nan=float("inf")).max())
+    changed = int((first != second).sum())
+    return (
+        f"the CPU fp32 reference is not deterministic: two identical runs differ in {changed} values "
+        f"(max |diff| {diff:.4g}); dropout left on, or a nondeterministic op"
+    )
+
+
+def _worst_rows(metrics: Any, mask: torch.Tensor) -> list[int]:
+    """The probe rows to replay when localizing: the worst sentence, and the most padded one."""
+    rows = [int(metrics.worst_token[0])] if metrics.worst_token else []
+    rows.append(int(mask.sum(dim=1).argmin()))
+    return sorted(set(rows))
+
+
+def diagnose(
+    model_ref: str | os.PathLike[str] | LoadedModel,
+    *,
+    mode: str = "full",
+    dtype: str = "fp16",
+    execution: str = "eager",
+    adapters: bool = True,
+    trust_remote_code: bool = False,
+    profile: str | None = None,
+    db: Any = None,
+    runner: Runner | None = None,
+    record: bool = True,
+    localize_failures: bool = True,
+) -> Diagnosis:
+    """Judge one model on the simulated Spyre device and record the run (see module doc).
+
+    ``model_ref``: a local folder, a Hub id (HF cache, or downloaded when the Hub is reachable),
+    or an already loaded ``LoadedModel``. ``db``: a database URL/path or an Engine (default:
+    ``$HFADAPT_DB`` or ./runs.db); ``record=False`` writes nothing. ``runner``: the device runner
+    (default ``hfadapt.spyre.runner.run_on_device``).
+
+    Raises UsageError for bad options, ModelNotFoundError when there is no model to judge, and
+    ProfileError for an unknown profile; every other outcome is a verdict in the Diagnosis.
+    """
+    from hfadapt.spyre.profile import load_profile
+
+    _check_options(mode, dtype, execution)
+    prof = load_profile(profile)
+    # Open the database first: a read-only or corrupt --db fails before minutes of work.
+    engine = _engine(db) if record else None
+    try:
+        return _diagnose(model_ref, prof, engine, mode=mode, dtype=dtype, execution=execution,
+                         adapters=adapters, trust_remote_code=trust_remote_code, profile=profile,
+                         runner=runner, localize_failures=localize_failures)  # fmt: skip
+    finally:
+        if engine is not None and engine is not db:
+            engine.dispose()
+
+
+def _engine(db: Any) -> Any:
+    from sqlalchemy.engine import Engine
+
+    from hfadapt.db import engine as store
+
+    return db if isinstance(db, Engine) else store.get_engine(db)
+
+
+def _diagnose(
+    model_ref: str | os.PathLike[str] | LoadedModel,
+    prof: Any,
+    engine: Any,
+    *,
+    mode: str,
+    dtype: str,
+    execution: str,
+    adapters: bool,
+    trust_remote_code: bool,
+    profile: str | None,
+    runner: Runner | None,
+    localize_failures: bool,
+) -> Diagnosis:
+    phases = Phases()
+    ref_name = model_ref.model_id if isinstance(model_ref, LoadedModel) else os.fspath(model_ref)
+    diag = Diagnosis(
+        model_id=ref_name,
+        verdict=verdicts.LOAD_FAILED,
+        reason="",
+        mode=mode,
+        execution=execution,
+        dtype=dtype,
+        structural=mode == "structural",
+        versions=versions_of(prof),
+        profile_name=prof.name,
+        profile_version=prof.version,
+        timings=phases.seconds,
+    )
+
+    verdict, reason, error = _judge(
+        diag, phases, model_ref, mode=mode, dtype=dtype, execution=execution, adapters=adapters,
+        trust_remote_code=trust_remote_code, profile=profile, runner=runner, localize_failures=localize_failures,
+    )  # fmt: skip
+    diag.verdict = verdict
+    diag.reason = ("[structural] " if diag.structural else "") + reason
+    if error is not None:
+        diag.error = type(error).__name__
+        diag.exit_code = 2 if isinstance(error, InputError) else 1
+    else:
+        diag.exit_code = 0 if verdict == verdicts.PASS else 1
+    diag.next_step = next_step(diag)
+    diag.finished()
+    if engine is not None:
+        with phases("store"):
+            diag.run_id = write_run(diag, engine)
+    return diag
+
+
+Outcome = tuple[str, str, BaseException | None]  # verdict, reason, the error that decided it
+
+
+def _one_line(exc: BaseException, limit: int = 300) -> str:
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:limit]}"
+
+
+def _judge(
+    diag: Diagnosis,
+    phases: Phases,
+    model_ref: str | os.PathLike[str] | LoadedModel,
+    *,
+    mode: str,
+    dtype: str,
+    execution: str,
+    adapters: bool,
+    trust_remote_code: bool,
+    profile: str | None,
+    runner: Runner | None,
+    localize_failures: bool,
+) -> Outcome:
+    """The phases of a diagnosis, each timed; the first that decides the verdict returns it."""
+    with phases("load"):
+        try:
+            loaded = _load(model_ref, mode, trust_remote_code)
+        except ModelNotFoundError:
+            raise
+        except CustomCodeError as exc:
+            return verdicts.CUSTOM_CODE, exc.one_line(), exc
+        except HfadaptError as exc:
+            return verdicts.LOAD_FAILED, exc.one_line(), exc
+        except Exception as exc:  # transformers raising on a model it cannot build
+            return verdicts.LOAD_FAILED, _one_line(exc), exc
+    diag.model_id = loaded.model_id
+    diag.structural = loaded.structural or mode == "structural"
+    diag.mode = "structural" if diag.structural else "full"
+    diag.model_type = loaded.model_type
+    diag.revision = loaded.revision
+    diag.evidence.update(
+        source=loaded.source,
+        path=loaded.path,
+        notes=list(loaded.notes),
+        pooling=loaded.pooling.describe(),
+    )
+    diag.set_signature(loaded)
+    model, config = loaded.model, loaded.config
+    if hasattr(config, "use_cache"):
+        config.use_cache = False  # decoder embedding models: no KV cache in one forward
+
+    with phases("probes"):
+        try:
+            batch = build_probes(loaded)
+            inputs = model_inputs(model, batch)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            # e.g. a composite (vision + text) config with no usable vocab_size: no text probe
+            return verdicts.LOAD_FAILED, f"no probe inputs for this model: {_one_line(exc)}", None
+        mask = batch.attention_mask.bool()
+    diag.evidence["probes"] = batch.describe()
+
+    with phases("reference"):
+        try:
+            reference, again = _reference(model, inputs)
+        except Exception as exc:
+            return (
+                verdicts.REFERENCE_FAILED,
+                f"the CPU fp32 reference raised {_one_line(exc)}",
+                None,
+            )
+    problem = _not_deterministic(reference, again)
+    if problem is None and not bool(torch.isfinite(reference[mask]).all()):
+        problem = "the CPU fp32 reference itself holds NaN or inf on real tokens"
+    if problem:
+        return verdicts.REFERENCE_FAILED, problem, None
+
+    with phases("adapters"):
+        device_model = copy.deepcopy(model)
+        applied, adapter_errors = apply_adapters(device_model) if adapters else ([], [])
+    diag.adapters = applied
+    if adapter_errors:
+        diag.evidence["adapter_errors"] = adapter_errors
+
+    run_device = runner or default_runner()
+    torch_dtype = getattr(torch, DType.parse(dtype, "dtype").torch_name)
+    with phases("device"), device_warnings_recorded(diag):
+        try:
+            run = run_device(
+                device_model,
+                inputs,
+                execution=execution,
+                dtype=torch_dtype,
+                profile=profile,
+                collect=True,
+            )
+        except SpyreUnsupportedModelError as exc:
+            diag.evidence["rule_id"] = exc.rule_id
+            return verdicts.UNSUPPORTED_MODEL, exc.one_line(), None
+        except SpyreLoweringError as exc:
+            diag.report = exc.report or report_of_error(exc, diag)
+            return verdicts.LOWERING_FAILED, exc.one_line(), None
+        except (
+            NotImplementedError
+        ) as exc:  # an eager op the device cannot run, raised as torch-spyre does
+            return verdicts.LOWERING_FAILED, " ".join(str(exc).split())[:300], None
+        finally:
+            del device_model
+    diag.report = run.report
+    diag.evidence["device_seconds"] = round(float(getattr(run, "seconds", 0.0) or 0.0), 4)
+    if run.report is not None and not run.report.ok:
+        return verdicts.LOWERING_FAILED, run.report.summary(), None
+
+    with phases("metrics"):
+        metrics = compare(reference, last_hidden(run.outputs), mask, loaded.pooling)
+    diag.metrics = metrics
+    if metrics.passed:
+        return verdicts.PASS, f"{metrics.summary()} (>= {metrics.threshold})", None
+
+    if localize_failures:
+        with phases("localize"), device_warnings_recorded(diag):
+            try:
+                diag.divergence = localize(
+                    model,
+                    inputs,
+                    runner=run_device,
+                    dtype=torch_dtype,
+                    profile=profile,
+                    rows=_worst_rows(metrics, mask),
+                    prepare=apply_adapters if adapters else None,
+                )
+            except Exception as exc:  # localizing is evidence, never a reason to lose the verdict
+                diag.evidence["localize_error"] = _one_line(exc)
+    return verdicts.VERIFICATION_FAILED, metrics.failure(), None

@@ -1,0 +1,263 @@
+"""Structural mode: judge a model's *code and shapes* without its weights. The real config when
+it can be had (a local folder, the HF cache, the Hub, else the configs bundled with hfadapt),
+else the model_type's defaults; layers truncated, every dimension, head_dim and alignment kept,
+seeded random weights, the vocabulary shrunk. (The structural signature sweeps dedupe on is in
+hfadapt.judge.signature, re-exported here.)"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from hfadapt.errors import ConfigError, CustomCodeError, ModelNotFoundError
+from hfadapt.hub import resolve as locate
+from hfadapt.judge import load as loading
+from hfadapt.judge.load import LoadedModel
+from hfadapt.judge.metrics import PoolingSpec, pooling_from_folder
+from hfadapt.judge.probes import SPECIAL_ID_FIELDS
+
+# The signature lives in hfadapt.judge.signature; re-exported here, where sweeps look for it.
+from hfadapt.judge.signature import (
+    ALIGNMENT,
+    SIGNATURE_VERSION,
+    config_from_dict,
+    signature_fields,
+    structural_signature,
+)
+
+STRUCTURAL_LAYERS = 2
+# Embedding tables past this are shrunk: the rows do not change what lowers, only memory.
+STRUCTURAL_VOCAB = 4096
+STRUCTURAL_SEED = 0
+
+__all__ = [
+    "ALIGNMENT",
+    "SIGNATURE_VERSION",
+    "STRUCTURAL_LAYERS",
+    "STRUCTURAL_VOCAB",
+    "build",
+    "config_from_dict",
+    "find_config",
+    "signature_fields",
+    "structural_signature",
+    "truncate_layers",
+]
+
+
+_WHERE = {
+    "folder": "the model folder",
+    "cache": "the HF cache",
+    "hub": "the Hub",
+    "bundled": "hfadapt's bundled real config",
+    "defaults": "the model_type's defaults (transformers)",
+}
+
+
+# ---- the config ----------------------------------------------------------------------------
+
+
+def find_config(ref: str | os.PathLike[str]) -> tuple[dict[str, Any], str, Path | None]:
+    """(config dict, where it came from, folder with its files) for a folder or a Hub id.
+
+    Order: the folder itself; the HF cache; the Hub when reachable; hfadapt's bundled real
+    configs; the bundled snapshot's model_type (``where == "defaults"``).
+    """
+    from hfadapt.hub import snapshot
+
+    text = os.fspath(ref)
+    path = Path(text).expanduser()
+    if path.exists() or locate.looks_like_path(text):
+        source = locate.resolve(text)
+        return locate.read_config(source.folder, text), "folder", source.folder
+    cached = locate.cached_file(text, "config.json")
+    if cached is not None:
+        return locate.read_config(cached.parent, text), "cache", cached.parent
+    online, _ = locate.hub_status()
+    if online:
+        try:
+            got = locate.download(text, "config.json")
+            return locate.read_config(got.parent, text), "hub", got.parent
+        except ModelNotFoundError:
+            pass  # the snapshot may still know it
+    bundled = snapshot.bundled_config_dir(text)
+    if bundled is not None:
+        return locate.read_config(bundled, text), "bundled", bundled
+    row = locate.snapshot_row(text)
+    if row is not None and row.model_type:
+        raw: dict[str, Any] = {"model_type": row.model_type}
+        if row.architectures:
+            raw["architectures"] = list(row.architectures)
+        return raw, "defaults", None
+    if row is not None:
+        raise ConfigError(
+            f"{text} has no model_type in the bundled snapshot (no usable config on the Hub)"
+        )
+    raise ModelNotFoundError(
+        f"{text} is not a folder, not in the HF cache, not in hfadapt's snapshot, and the Hub cannot be reached"
+    )
+
+
+def _representative_layers(config: Any, total: int, layers: int) -> list[int]:
+    """Which layers to keep: the first of each distinct layer type (sliding/full attention...)
+    so every code path stays, then the earliest others, up to ``layers``."""
+    kinds = getattr(config, "layer_types", None)
+    keep: list[int] = []
+    if isinstance(kinds, list) and len(kinds) == total:
+        seen: set[str] = set()
+        for i, kind in enumerate(kinds):
+            if str(kind) not in seen and len(keep) < layers:
+                seen.add(str(kind))
+                keep.append(i)
+    for i in range(total):
+        if len(keep) >= layers:
+            break
+        if i not in keep:
+            keep.append(i)
+    return sorted(keep)
+
+
+def truncate_layers(config: Any, layers: int = STRUCTURAL_LAYERS) -> str | None:
+    """Keep ``layers`` layers (per-layer lists cut to match); a note, or None if nothing changed."""
+    total = getattr(config, "num_hidden_layers", None)
+    if not isinstance(total, int) or total <= layers:
+        return None
+    keep = _representative_layers(config, total, layers)
+    for key, value in list(vars(config).items()):
+        if isinstance(value, list) and len(value) == total and not key.startswith("_"):
+            setattr(config, key, [value[i] for i in keep])
+    config.num_hidden_layers = len(keep)
+    return f"layers truncated {total} -> {len(keep)} (kept {keep})"
+
+
+def shrink_vocab(config: Any, vocab: int = STRUCTURAL_VOCAB) -> str | None:
+    """Shrink the embedding table to ``vocab`` rows. Special ids past it (Qwen's sit at the end
+    of a 151k vocabulary) are renumbered to the lowest free ids: with random weights an id is
+    only a row index, and the code paths they drive (padding_idx, position ids) stay the same."""
+    size = getattr(config, "vocab_size", None)
+    if not isinstance(size, int) or size <= vocab:
+        return None
+    small = {i for i in _special_values(config) if i < vocab}
+    fresh = (i for i in range(vocab) if i not in small)
+    renumbered = {
+        old: next(fresh) for old in sorted({i for i in _special_values(config) if i >= vocab})
+    }
+    for name in SPECIAL_ID_FIELDS:
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value in renumbered:
+            setattr(config, name, renumbered[value])
+        elif isinstance(value, list):
+            setattr(
+                config, name, [renumbered.get(v, v) if isinstance(v, int) else v for v in value]
+            )
+    config.vocab_size = vocab
+    moved = f"; special ids renumbered {renumbered}" if renumbered else ""
+    return f"vocab shrunk {size} -> {vocab}{moved}"
+
+
+def _special_values(config: Any) -> list[int]:
+    out: list[int] = []
+    for name in SPECIAL_ID_FIELDS:
+        value = getattr(config, name, None)
+        out.extend(
+            v
+            for v in (value if isinstance(value, list) else [value])
+            if isinstance(v, int) and v >= 0
+        )
+    return out
+
+
+# ---- the model -----------------------------------------------------------------------------
+
+
+def _tokenizer(
+    where: str, ref: str, folder: Path | None, trust_remote_code: bool
+) -> tuple[Any, str | None]:
+    """The model's tokenizer when it can be had without weights, else (None, why not)."""
+    from transformers import AutoTokenizer
+
+    if where == "folder" and folder is not None and loading.has_tokenizer_files(folder):
+        target, kwargs = str(folder), {}
+    elif where in ("cache", "hub"):
+        target = ref
+        kwargs = {
+            "cache_dir": str(locate.hf_cache_dir()),
+            "local_files_only": where == "cache" and locate.env_offline(),
+        }
+    else:
+        return None, f"no tokenizer for a config from {where}: random probe ids"
+    try:
+        with loading.quiet_transformers():
+            return AutoTokenizer.from_pretrained(
+                target, trust_remote_code=trust_remote_code, **kwargs
+            ), None
+    except Exception as exc:
+        return None, f"tokenizer unavailable ({type(exc).__name__}): random probe ids"
+
+
+def build(
+    ref: str | os.PathLike[str],
+    *,
+    layers: int = STRUCTURAL_LAYERS,
+    vocab: int = STRUCTURAL_VOCAB,
+    seed: int = STRUCTURAL_SEED,
+    trust_remote_code: bool = False,
+) -> LoadedModel:
+    """A structural stand-in for ``ref``: its real (or default) config, truncated, random weights."""
+    import torch
+
+    text = os.fspath(ref)
+    locate.refuse_snapshot_custom_code(text, trust_remote_code)
+    raw, where, folder = find_config(text)
+    reason = locate.remote_code_reason(raw, text if where != "folder" else None)
+    if reason and not trust_remote_code:
+        raise CustomCodeError(
+            f"{text} needs its own code: {reason}; review it, then rerun with --trust-remote-code"
+        )
+    loading.check_model_type(raw, text, custom=bool(reason))
+
+    with loading.quiet_transformers():
+        if reason:
+            from transformers import AutoConfig
+
+            config = AutoConfig.from_pretrained(
+                str(folder) if folder else text, trust_remote_code=True
+            )
+        else:
+            config = config_from_dict(raw)
+    notes = [f"structural: config from {_WHERE[where]}, seeded random weights (seed {seed})"]
+    notes += [n for n in (truncate_layers(config, layers), shrink_vocab(config, vocab)) if n]
+
+    tokenizer, why = _tokenizer(where, text, folder, trust_remote_code)
+    if why:
+        notes.append(why)
+    with loading.quiet_transformers(), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        try:
+            cls = loading.model_class(config, trust_remote_code)
+            if hasattr(cls, "from_config"):  # the Auto classes
+                model = cls.from_config(
+                    config, dtype=torch.float32, trust_remote_code=trust_remote_code
+                )
+            else:  # a concrete class (T5EncoderModel) builds itself
+                model = cls._from_config(config, dtype=torch.float32)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise ConfigError(
+                f"no model can be built from the config of {text}: {' '.join(str(exc).split())[:200]}"
+            ) from exc
+    model.eval()
+    pooling = pooling_from_folder(folder) if folder is not None else PoolingSpec()
+    revision = folder.name if where in ("cache", "hub") and folder is not None else None
+    return LoadedModel(
+        model_id=text,
+        model=model,
+        config=config,
+        tokenizer=tokenizer,
+        pooling=pooling,
+        source=f"structural:{where}",
+        revision=revision,
+        path=str(folder) if folder else None,
+        structural=True,
+        notes=notes,
+        raw_config=raw,
+    )

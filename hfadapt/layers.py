@@ -1,0 +1,50 @@
+"""The package's layers, lowest first: a module may import its own layer's modules and any
+lower layer, never a higher one, and no two modules may import each other (directly or round
+a loop). ``tests/test_layers.py`` parses every import in the package (function-level ones
+too) and checks both. A module belongs to the layer of the longest prefix listed here."""
+
+from __future__ import annotations
+
+LAYERS: tuple[tuple[str, ...], ...] = (
+    # the core: typed errors; then option types, verdict strings, the version, this table
+    ("hfadapt.errors",),
+    ("hfadapt.options", "hfadapt.verdicts", "hfadapt.version", "hfadapt.layers"),
+    # runs.db: engine, tables, migrations
+    ("hfadapt.db",),
+    # the simulated device: profile, DL16, op and layout rules, the lowering report
+    ("hfadapt.spyre",),
+    # its two halves: the eager PrivateUse1 device and the torch.compile backend
+    ("hfadapt.spyre.eager", "hfadapt.spyre.compile"),
+    # running a model on either half
+    ("hfadapt.spyre.runner",),
+    # the Hub: client, crawl, prefilter, listing, snapshot, configs, where a model is
+    ("hfadapt.hub",),
+    # adapters: the API, registry, rebind, proofs
+    ("hfadapt.adapters",),
+    # judging one model: load, structural build, signature, probes, metrics, diagnose
+    ("hfadapt.judge",),
+    # what is built on judging: batch sweeps, the drafting agent, the load-time library API
+    ("hfadapt.sweep", "hfadapt.agent", "hfadapt.api"),
+    # what sweeps found: failure census, coverage, diff, HTML
+    ("hfadapt.report",),
+    # the command line
+    ("hfadapt.cli",),
+    # the package itself: ``hfadapt.load`` / ``hfadapt.adapt`` forward to hfadapt.api lazily
+    ("hfadapt",),
+)
+
+# Siblings in one layer are separate parts: they may not import each other.
+SIBLINGS_ISOLATED = True
+
+
+def layer_of(module: str) -> tuple[int, str]:
+    """(layer index, the prefix that placed it) for a module of the package."""
+    best: tuple[int, str] | None = None
+    for index, prefixes in enumerate(LAYERS):
+        for prefix in prefixes:
+            inside = module == prefix or (prefix != "hfadapt" and module.startswith(prefix + "."))
+            if inside and (best is None or len(prefix) > len(best[1])):
+                best = (index, prefix)
+    if best is None:
+        raise KeyError(f"{module} is in no layer of hfadapt.layers.LAYERS")
+    return best

@@ -1,0 +1,269 @@
+"""What a sweep found, as numbers: the failure census (fingerprints by the models and
+downloads they block), pass rates by count and by downloads per model_type, cumulative
+downloads covered against rank, each adapter's impact, agreement with hf-adapters'
+``is_supported``, and the diff between two sweeps labelled as PyTorch's benchmark harness
+labels accuracy changes (PASS, XFAIL, FAIL, IMPROVED). ``hfadapt.report.html`` draws it."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from sqlalchemy.engine import Engine
+
+from hfadapt import verdicts
+from hfadapt.db.engine import describe
+from hfadapt.errors import UsageError
+from hfadapt.report.diff import (
+    FAIL,
+    IMPROVED,
+    LABELS,
+    PASS,
+    XFAIL,
+    DiffRow,
+    SweepDiff,
+    diff_sweeps,
+    label,
+)
+from hfadapt.report.failures import (
+    FailureFingerprint,
+    ModelRun,
+    census,
+    failures,
+    resolve_sweep,
+    scope_runs,
+)
+from hfadapt.sweep.store import Sweep
+
+# The census and the diff live in their own modules; this one re-exports them for callers.
+__all__ = [
+    "FAIL",
+    "IMPROVED",
+    "LABELS",
+    "PASS",
+    "XFAIL",
+    "Agreement",
+    "DiffRow",
+    "FailureFingerprint",
+    "Report",
+    "SweepDiff",
+    "build_report",
+    "diff_sweeps",
+    "failures",
+    "label",
+    "scope_runs",
+]
+
+CHART_POINTS = 400  # the cumulative curve is sampled to this many ranks (every rank if fewer)
+
+
+@dataclass
+class Agreement:
+    """Our verdict (pass or not) against hf-adapters' is_supported, over models that have it."""
+
+    both_yes: int = 0
+    both_no: int = 0
+    only_ours: int = 0  # we pass, hf-adapters says unsupported
+    only_theirs: int = 0  # hf-adapters says supported, we do not pass
+    unknown: int = 0  # no is_supported value (not from the snapshot)
+    only_ours_models: list[str] = field(default_factory=list)
+    only_theirs_models: list[str] = field(default_factory=list)
+
+    @property
+    def compared(self) -> int:
+        return self.both_yes + self.both_no + self.only_ours + self.only_theirs
+
+    @property
+    def rate(self) -> float:
+        return (self.both_yes + self.both_no) / self.compared if self.compared else 0.0
+
+
+@dataclass
+class TypeRow:
+    model_type: str
+    models: int
+    passed: int
+    downloads: int
+    passed_downloads: int
+
+
+@dataclass
+class Report:
+    """Everything ``hfadapt report`` shows (see module doc)."""
+
+    db: str
+    sweep: dict[str, Any] | None
+    models: int
+    passed: int
+    downloads: int
+    passed_downloads: int
+    verdicts: list[tuple[str, int, int]]  # verdict, models, downloads
+    by_model_type: list[TypeRow]
+    cumulative: list[tuple[int, float, float]]  # rank, share of downloads (all), (passing)
+    fingerprints: list[FailureFingerprint]
+    adapters: list[tuple[str, int, int]]  # adapter, models it unblocks, their downloads
+    agreement: Agreement
+    diff: SweepDiff | None = None
+    other_failures: list[tuple[str, str, int, int]] = field(default_factory=list)
+
+    @property
+    def pass_rate(self) -> float:
+        return self.passed / self.models if self.models else 0.0
+
+    @property
+    def pass_rate_downloads(self) -> float:
+        return self.passed_downloads / self.downloads if self.downloads else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["fingerprints"] = [f.to_dict() for f in self.fingerprints]
+        data.update(pass_rate=self.pass_rate, pass_rate_downloads=self.pass_rate_downloads)
+        data["agreement"].update(compared=self.agreement.compared, rate=self.agreement.rate)
+        return data
+
+
+# ---- the numbers -----------------------------------------------------------------------------
+
+
+def _cumulative(runs: list[ModelRun]) -> list[tuple[int, float, float]]:
+    ranked = sorted(runs, key=lambda r: (r.rank is None, r.rank or 0, -r.downloads))
+    total = sum(r.downloads for r in ranked) or 1
+    points: list[tuple[int, float, float]] = []
+    n = len(ranked)
+    keep = (
+        {round(n ** (i / CHART_POINTS)) for i in range(CHART_POINTS + 1)}
+        if n > CHART_POINTS
+        else None
+    )
+    seen = passed = 0
+    for i, r in enumerate(ranked, start=1):
+        seen += r.downloads
+        passed += r.downloads if r.passed else 0
+        if keep is None or i in keep or i == n:
+            points.append((i, seen / total, passed / total))
+    return points
+
+
+def _agreement(runs: list[ModelRun]) -> Agreement:
+    agree = Agreement()
+    ordered = sorted(runs, key=lambda r: (-r.downloads, r.model_id))
+    for r in ordered:
+        if r.reference_supported is None:
+            agree.unknown += 1
+        elif r.passed and r.reference_supported:
+            agree.both_yes += 1
+        elif not r.passed and not r.reference_supported:
+            agree.both_no += 1
+        elif r.passed:
+            agree.only_ours += 1
+            agree.only_ours_models.append(r.model_id)
+        else:
+            agree.only_theirs += 1
+            agree.only_theirs_models.append(r.model_id)
+    return agree
+
+
+def _by_type(runs: list[ModelRun]) -> list[TypeRow]:
+    rows: dict[str, TypeRow] = {}
+    for r in runs:
+        row = rows.setdefault(r.model_type, TypeRow(r.model_type, 0, 0, 0, 0))
+        row.models += 1
+        row.downloads += r.downloads
+        if r.passed:
+            row.passed += 1
+            row.passed_downloads += r.downloads
+    return sorted(rows.values(), key=lambda t: (-t.models, -t.downloads, t.model_type))
+
+
+def _adapters(runs: list[ModelRun]) -> list[tuple[str, int, int]]:
+    """Per adapter: the passing models whose run applied it (what it unblocks), downloads."""
+    impact: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for r in runs:
+        if r.passed:
+            for name in dict.fromkeys(r.adapters):
+                impact[name][0] += 1
+                impact[name][1] += r.downloads
+    return sorted(((k, v[0], v[1]) for k, v in impact.items()), key=lambda t: (-t[2], -t[1], t[0]))
+
+
+def _other_failures(runs: list[ModelRun], top: int = 15) -> list[tuple[str, str, int, int]]:
+    """Failures without a fingerprint, grouped by verdict and the start of their reason."""
+    groups: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+    for r in runs:
+        if r.passed or r.fingerprints:
+            continue
+        reason = r.reason.removeprefix("[structural] ")
+        if r.verdict == verdicts.CUSTOM_CODE:
+            reason = "needs the repository's own code"
+        key = (r.verdict, reason[:90])
+        groups[key][0] += 1
+        groups[key][1] += r.downloads
+    ranked = sorted(groups.items(), key=lambda kv: (-kv[1][1], -kv[1][0], kv[0]))
+    return [(v, reason, n, d) for (v, reason), (n, d) in ranked[:top]]
+
+
+def build_report(
+    engine: Engine, *, sweep_id: int | None = None, against: int | None = None, top: int = 20
+) -> Report:
+    """The report of a sweep (default: the newest; without sweeps, every model's latest run),
+    with a diff against sweep ``against`` when given."""
+    sweep, runs = scope_runs(engine, sweep_id)
+    if not runs:
+        raise UsageError(f"no runs to report in {describe(engine)}: run `hfadapt sweep` first")
+    per_verdict: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for r in runs:
+        per_verdict[r.verdict][0] += 1
+        per_verdict[r.verdict][1] += r.downloads
+    diff = None
+    if against is not None:
+        if sweep is None or sweep.id is None:
+            raise UsageError("--against compares two sweeps; this database has none")
+        resolve_sweep(engine, against)
+        diff = diff_sweeps(engine, sweep.id, against)
+    passed = [r for r in runs if r.passed]
+    return Report(
+        db=describe(engine),
+        sweep=_sweep_info(sweep),
+        models=len(runs),
+        passed=len(passed),
+        downloads=sum(r.downloads for r in runs),
+        passed_downloads=sum(r.downloads for r in passed),
+        verdicts=sorted(
+            ((v, n, d) for v, (n, d) in per_verdict.items()), key=lambda t: (-t[1], t[0])
+        ),
+        by_model_type=_by_type(runs),
+        cumulative=_cumulative(runs),
+        fingerprints=census(runs, top),
+        adapters=_adapters(runs),
+        agreement=_agreement(runs),
+        diff=diff,
+        other_failures=_other_failures(runs),
+    )
+
+
+def _sweep_info(sweep: Sweep | None) -> dict[str, Any] | None:
+    if sweep is None:
+        return None
+    keys = (
+        "id",
+        "status",
+        "mode",
+        "execution",
+        "dtype",
+        "top",
+        "model_type",
+        "executor",
+        "workers",
+    )
+    info: dict[str, Any] = {k: getattr(sweep, k) for k in keys}
+    info.update(
+        models=sweep.models,
+        units=sweep.units,
+        judged=sweep.judged,
+        seconds=sweep.seconds,
+        started_at=sweep.started_at.isoformat() if sweep.started_at else None,
+        finished_at=sweep.finished_at.isoformat() if sweep.finished_at else None,
+        profile=(sweep.options or {}).get("profile"),
+    )
+    return info

@@ -1,0 +1,84 @@
+"""The diff between two sweeps, labelled as PyTorch's benchmark harness labels accuracy
+changes: PASS (passes in both), XFAIL (fails in both: an expected failure), FAIL (passed in
+the baseline, fails now: a regression), IMPROVED (failed in the baseline, passes now)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from sqlalchemy.engine import Engine
+
+from hfadapt import verdicts
+from hfadapt.report.failures import scope_runs
+
+__all__ = [
+    "FAIL",
+    "IMPROVED",
+    "LABELS",
+    "PASS",
+    "XFAIL",
+    "DiffRow",
+    "SweepDiff",
+    "diff_sweeps",
+    "label",
+]
+
+PASS, XFAIL, FAIL, IMPROVED = "PASS", "XFAIL", "FAIL", "IMPROVED"
+LABELS = (PASS, XFAIL, FAIL, IMPROVED)
+
+
+@dataclass
+class DiffRow:
+    model_id: str
+    before: str
+    after: str
+    label: str
+    downloads: int = 0
+
+
+@dataclass
+class SweepDiff:
+    """This sweep against a baseline: one label per model both judged."""
+
+    baseline: int
+    current: int
+    counts: dict[str, int]
+    changed: list[DiffRow]  # FAIL and IMPROVED rows, most downloaded first
+    only_current: int = 0
+    only_baseline: int = 0
+
+
+def label(before: str, after: str) -> str:
+    """PyTorch benchmark-harness label of one model: PASS, XFAIL, FAIL (regressed), IMPROVED."""
+    was, now = before == verdicts.PASS, after == verdicts.PASS
+    if now:
+        return PASS if was else IMPROVED
+    return FAIL if was else XFAIL
+
+
+def diff_sweeps(engine: Engine, current: int, baseline: int) -> SweepDiff:
+    """Label every model both sweeps judged; FAIL and IMPROVED rows listed."""
+    _, now = scope_runs(engine, current)
+    _, before = scope_runs(engine, baseline)
+    old = {r.model_id: r for r in before}
+    counts: Counter[str] = Counter({name: 0 for name in LABELS})
+    changed: list[DiffRow] = []
+    for r in now:
+        prev = old.get(r.model_id)
+        if prev is None:
+            continue
+        name = label(prev.verdict, r.verdict)
+        counts[name] += 1
+        if name in (FAIL, IMPROVED):
+            changed.append(DiffRow(r.model_id, prev.verdict, r.verdict, name, r.downloads))
+    changed.sort(key=lambda d: (d.label != FAIL, -d.downloads, d.model_id))
+    shared = {r.model_id for r in now} & set(old)
+    return SweepDiff(
+        baseline=baseline,
+        current=current,
+        counts={name: counts[name] for name in LABELS},
+        changed=changed,
+        only_current=len(now) - len(shared),
+        only_baseline=len(old) - len(shared),
+    )

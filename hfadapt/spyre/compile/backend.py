@@ -1,0 +1,344 @@
+"""The ``torch.compile(model, backend="spyre")`` backend of the simulated device.
+
+Each Dynamo graph is captured as ATen (aot_autograd, with hfadapt.spyre.decompositions'
+table), judged whole against the device profile (graph_check), and then either refused with
+*every* violation at once (``SpyreLoweringError`` carrying the ``LoweringReport``; its message
+is the compiled-mode upstream text) or run as generated DL16 code (graph_exec). The report of
+the latest compiled call is ``last_report()``; ``lower()`` audits a model without raising.
+
+    from hfadapt.spyre.compile import backend
+    backend.register()
+    compiled = torch.compile(model, backend="spyre")   # options={"profile": "spyre-2026.10"}
+    out = compiled(**inputs)
+    backend.last_report().summary()
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch._inductor.exc import InductorError
+
+from hfadapt.errors import DeviceError, SpyreLoweringError
+from hfadapt.spyre.compile.graph_exec import build_executable
+from hfadapt.spyre.compile.graph_rules import check_graph
+from hfadapt.spyre.compile.reports import (
+    GraphEntry,
+    collect,
+    collectors,
+    last_report,
+    merge_reports,
+    note,
+    reset_reports,
+)
+from hfadapt.spyre.decompositions import decomposition_table
+from hfadapt.spyre.lowering_report import LoweringReport, Violation
+from hfadapt.spyre.profile import Profile, load_profile
+
+BACKEND_NAME = "spyre"
+_RESUME_PREFIX = "torch_dynamo_resume_in_"
+
+
+class SpyreCompileError(SpyreLoweringError, InductorError):
+    """What the backend raises. Also an ``InductorError`` (what torch-spyre raises), which
+    Dynamo passes through unwrapped instead of turning it into BackendCompilerFailed."""
+
+    def __init__(self, message: str, report: LoweringReport) -> None:
+        # Exception.__init__ directly: both bases' __init__ chain into each other's.
+        Exception.__init__(self, message)
+        self.report = report
+        self.inner_exception = SpyreLoweringError(message, report)
+        self.backend_name = BACKEND_NAME
+        self.first_useful_frame = None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # sweeps send errors across processes: keep the report (default pickling drops it)
+        return (type(self), (str(self.args[0]) if self.args else "", self.report))
+
+
+def _profile(profile: Profile | str | None) -> Profile:
+    return profile if isinstance(profile, Profile) else load_profile(profile)
+
+
+def error_message(report: LoweringReport, profile: Profile) -> str:
+    """``InductorError: Unsupported: Spyre backend does not support: <first>`` and then every
+    violation, one per line, with its call site."""
+    prefix = profile.errors["compile_unsupported"].split("{what}", 1)[0]
+    first = report.violations[0]
+    if first.message.startswith(prefix):
+        head = first.message
+    else:
+        head = profile.message("compile_unsupported", what=f"{first.op}: {first.message}")
+    lines = [f"InductorError: {head}", f"{len(report.violations)} violation(s) ({profile.name}):"]
+    lines += [f"  {describe(v)}" for v in report.violations]
+    return "\n".join(lines)
+
+
+def describe(v: Violation) -> str:
+    """One violation on one line: rule, op, dtypes and shapes, message, call site."""
+    shapes = ", ".join(f"{d}{list(s)}" for d, s in zip(v.dtypes, v.shapes, strict=False)) or "-"
+    where = ""
+    if v.location is not None:
+        where = f" at {v.location}" + (f": {v.location.code}" if v.location.code else "")
+    return f"[{v.rule_id}] {v.op} ({shapes}): {v.message}{where}"
+
+
+# -- the compiled graphs ------------------------------------------------------------------------
+
+
+class DeviceGraph:
+    """A graph that lowered: runs the generated DL16 program. ``report`` is its own report."""
+
+    def __init__(self, program: Callable[..., Any], entry: GraphEntry) -> None:
+        self.program = program
+        self.entry = entry
+        self.report = entry.report
+
+    def __call__(self, *args: Any) -> Any:
+        note(self.entry)
+        start = time.perf_counter()
+        try:
+            return self.program(*args)
+        finally:
+            elapsed = time.perf_counter() - start
+            for collector in collectors():
+                collector.run_seconds += elapsed
+
+
+def _is_top_frame() -> bool:
+    """Whether Dynamo is compiling a frame's start, not the resume function after a graph
+    break (private API: when it is unavailable, every graph starts a new report)."""
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+
+        tx = InstructionTranslator.current_tx()
+        return tx is None or not tx.f_code.co_name.startswith(_RESUME_PREFIX)
+    except Exception:
+        return True
+
+
+def _static_inputs() -> list[int]:
+    ctx = torch._guards.TracingContext.try_get()
+    meta = getattr(ctx, "fw_metadata", None) if ctx is not None else None
+    return list(getattr(meta, "static_input_indices", None) or [])
+
+
+@dataclass
+class SpyreBackend:
+    """A Dynamo backend. ``strict``: raise on violations (torch.compile); otherwise record
+    them and run the refused graph on the host unchanged, so tracing reaches every graph."""
+
+    profile: Profile = field(default_factory=load_profile)
+    strict: bool = True
+    __name__ = BACKEND_NAME  # Dynamo names backends in its logs by __name__
+
+    def __call__(
+        self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any
+    ) -> Any:
+        from torch._dynamo.backends.common import aot_autograd
+
+        top = _is_top_frame()
+
+        def compile_graph(aten_gm: torch.fx.GraphModule, _inputs: Sequence[Any]) -> Any:
+            return self.compile_graph(aten_gm, top)
+
+        return aot_autograd(
+            fw_compiler=compile_graph,
+            bw_compiler=compile_graph,
+            inference_compiler=compile_graph,
+            decompositions=decomposition_table(),
+        )(gm, example_inputs)
+
+    def compile_graph(self, gm: torch.fx.GraphModule, top: bool) -> Callable[..., Any]:
+        """Judge one ATen graph; refuse it or build its DL16 program."""
+        start = time.perf_counter()
+        report = LoweringReport(
+            profile_name=self.profile.name,
+            profile_version=self.profile.version,
+            mode="compile",
+            graph_count=1,
+        )
+        check = check_graph(gm, self.profile, report)
+        entry = GraphEntry(report=report, top=top, lowered=check.ok)
+        if not check.ok:
+            report.compile_seconds = time.perf_counter() - start
+            note(entry)
+            if self.strict:
+                raise SpyreCompileError(error_message(report, self.profile), report)
+            return _HostGraph(gm, entry)
+        _warn_fallbacks(report, self.profile)
+        program, _runtime = build_executable(gm, check, self.profile, _static_inputs())
+        report.compile_seconds = time.perf_counter() - start
+        note(entry)
+        return DeviceGraph(program, entry)
+
+
+def _warn_fallbacks(report: LoweringReport, profile: Profile) -> None:
+    """torch-spyre's "<op> is falling back to cpu", once per op and graph, at compile time."""
+    from hfadapt.spyre.tracking import SpyreFallbackWarning
+
+    for op in report.fallbacks:
+        warnings.warn(
+            profile.message("fallback_warning", op=op), SpyreFallbackWarning, stacklevel=2
+        )
+
+
+class _HostGraph(DeviceGraph):
+    """A refused graph in an audit: runs the captured graph on the host, stock numerics."""
+
+
+def spyre_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Any:
+    """The function registered as ``backend="spyre"``. ``options``: ``profile`` (name, path or
+    Profile), ``strict`` (default True)."""
+    options: Mapping[str, Any] = kwargs.get("options") or {}
+    backend = SpyreBackend(
+        profile=_profile(options.get("profile")), strict=bool(options.get("strict", True))
+    )
+    return backend(gm, example_inputs)
+
+
+def register() -> None:
+    """Make ``torch.compile(..., backend="spyre")`` available. Idempotent."""
+    from torch._dynamo.backends.registry import _COMPILER_FNS, register_backend
+
+    if BACKEND_NAME not in _COMPILER_FNS:
+        register_backend(compiler_fn=spyre_backend, name=BACKEND_NAME)
+
+
+# -- auditing a model -----------------------------------------------------------------------------
+
+
+class LoweredModel:
+    """What ``lower()`` returns: calls the compiled model, or raises SpyreLoweringError with the
+    audit's report when the model does not lower."""
+
+    def __init__(
+        self,
+        compiled: Callable[..., Any],
+        report: LoweringReport,
+        profile: Profile,
+        extra_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.compiled = compiled
+        self.report = report
+        self.profile = profile
+        # what lower() added to the audit call (use_cache=False): the same call signature
+        # keeps Dynamo's guards passing, so the audited graphs are the ones that run
+        self.extra_kwargs = dict(extra_kwargs or {})
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not self.report.ok:
+            raise SpyreCompileError(error_message(self.report, self.profile), self.report)
+        with torch.no_grad():
+            return self.compiled(*args, **{**self.extra_kwargs, **kwargs})
+
+
+def _graph_breaks() -> int:
+    from torch._dynamo.utils import counters
+
+    return sum(counters["graph_break"].values())
+
+
+def _takes_use_cache(model: Callable[..., Any], config: Any) -> bool:
+    """A decoder whose forward takes ``use_cache`` (a KV cache would add outputs and state)."""
+    if not getattr(config, "use_cache", False):
+        return False
+    try:
+        params = inspect.signature(getattr(model, "forward", model)).parameters
+    except (TypeError, ValueError):
+        return False
+    return "use_cache" in params
+
+
+def _call(fn: Callable[..., Any], inputs: Mapping[str, Any] | Sequence[Any]) -> Any:
+    if isinstance(inputs, Mapping):
+        return fn(**inputs)
+    return fn(*inputs)
+
+
+def lower(
+    model: Callable[..., Any],
+    example_inputs: Mapping[str, Any] | Sequence[Any],
+    profile: Profile | str | None = None,
+    *,
+    check_config: bool = True,
+) -> tuple[LoweredModel, LoweringReport]:
+    """Audit a model on the device: compile it with the spyre backend on ``example_inputs``
+    (keyword inputs as a dict, or positional), static shapes, every graph judged. Returns the
+    runnable model and the report; the report lists every violation of every graph (the
+    model then raises when called). A config whose hidden or intermediate size is off the
+    stick boundary raises SpyreUnsupportedModelError first; a head_dim whose attention matmul
+    fails gets the config-level ``layout.head_dim`` entry (the adapter fix) beside it. Decoder
+    configs get ``use_cache=False``. ``report.compile_seconds``: the first call minus the
+    device run time."""
+    from hfadapt.spyre.layout_rules import attention_head_dim_violation, ensure_supported
+
+    p = _profile(profile)
+    config = getattr(model, "config", None)
+    if check_config and config is not None:
+        ensure_supported(config, p)
+    extra: dict[str, Any] = {}
+    if isinstance(example_inputs, Mapping) and _takes_use_cache(model, config):
+        extra = {"use_cache": False}
+        example_inputs = {**extra, **example_inputs}
+    backend = SpyreBackend(profile=p, strict=False)
+    compiled = torch.compile(model, backend=backend, dynamic=False)
+    # A fresh backend object makes Dynamo recompile instead of reusing another audit's graphs;
+    # a raised limit keeps it from silently falling back to eager after many audits.
+    patch = torch._dynamo.config.patch(
+        recompile_limit=1_000_000,
+        accumulated_recompile_limit=1_000_000,
+        automatic_dynamic_shapes=False,
+    )
+    breaks_before = _graph_breaks()
+    start = time.perf_counter()
+    with collect(p) as collector, patch, torch.no_grad():
+        _call(compiled, example_inputs)
+    elapsed = time.perf_counter() - start
+    if not collector.entries:
+        raise DeviceError(
+            "lower(): Dynamo captured no graph (a frame it skips, or no tensor operations)"
+        )
+    breaks = _graph_breaks() - breaks_before
+    if breaks:
+        # Code between graphs runs eagerly; on the CPU-held model here nothing judges it.
+        warnings.warn(
+            f"lower(): Dynamo broke the graph ({breaks} graph-break event(s), "
+            f"{len(collector.entries)} graph(s)); code outside the graphs ran on the host and "
+            "was not checked against the device profile",
+            UserWarning,
+            stacklevel=2,
+        )
+    report = collector.report()
+    report.compile_seconds = max(elapsed - collector.run_seconds, 0.0)
+    if config is not None:
+        diagnosis = attention_head_dim_violation(config, report.violations, p)
+        if diagnosis is not None:
+            report.add(diagnosis)
+    backend.strict = True  # later shapes compile strictly: a new violation raises
+    return LoweredModel(compiled, report, p, extra), report
+
+
+__all__ = [
+    "BACKEND_NAME",
+    "DeviceGraph",
+    "GraphEntry",
+    "LoweredModel",
+    "SpyreBackend",
+    "SpyreCompileError",
+    "collect",
+    "describe",
+    "error_message",
+    "last_report",
+    "lower",
+    "merge_reports",
+    "register",
+    "reset_reports",
+    "spyre_backend",
+]

@@ -1,0 +1,422 @@
+"""What happens to one ATen call on the eager ``spyre`` device: judge it against the profile
+(``checks.judge``), then run it natively on the held CPU tensors (fp32 compute, DL16-rounded
+outputs), on the host (a fallback: warned and counted), or refuse it (the upstream message);
+record everything in the thread's report.
+
+The path is kept lean because every op of a forward pass takes it: per-OpOverload facts are
+cached, the model source location is only looked up for a violation, and the logical output
+dtype comes from a meta run only when the held dtypes make it ambiguous (cached per signature)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from hfadapt.errors import SpyreOpNotImplementedError
+from hfadapt.spyre import kernels
+from hfadapt.spyre.dl16 import round_dl16_
+from hfadapt.spyre.dtypes import logical_dtypes
+from hfadapt.spyre.eager.selection import thread_index
+from hfadapt.spyre.eager.tensor import (
+    SpyreTensor,
+    copy_into,
+    is_dl16,
+    set_handler,
+    spyre_device,
+    store,
+    to_host,
+    wrap,
+)
+from hfadapt.spyre.eager.transfers import TRANSFERS
+from hfadapt.spyre.op_rules import judge
+from hfadapt.spyre.profile import FALLBACK, UNSUPPORTED, Profile
+from hfadapt.spyre.tracking import (
+    Collector,
+    SpyreFallbackWarning,
+    current,
+    refuse,
+    warn_from_model,
+)
+
+aten = torch.ops.aten
+
+# Ops whose outputs are values of their float inputs (or integers of fewer bits): when every
+# float input is DL16 data of the output's dtype, the output is already on the DL16 grid.
+_VALUE_PRESERVING = frozenset(
+    {"aten::clone", "aten::_unsafe_view", "aten::cat", "aten::stack", "aten::repeat",
+     "aten::index_select", "aten::gather", "aten::embedding", "aten::where", "aten::relu",
+     "aten::neg", "aten::abs", "aten::maximum", "aten::minimum", "aten::max", "aten::min",
+     "aten::amax", "aten::amin", "aten::floor", "aten::ceil", "aten::sign"}
+)  # fmt: skip
+# Fallbacks that only move data: running them on the held tensors and passing the result
+# through the host dtype is bit-identical to copying every input to the host (no need to
+# convert a whole embedding table per call).
+_MOVE_ONLY_FALLBACKS = frozenset({"aten::embedding", "aten::tril", "aten::triu"})
+# Index ops accept host index tensors next to device tensors, as on any torch device.
+_HOST_INDEX_OK = frozenset({"aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_"})  # fmt: skip
+
+
+@dataclasses.dataclass
+class OpEntry:
+    """What the dispatch path needs to know about one OpOverload under one profile and mode."""
+
+    name: str
+    outcome: str
+    decompose: bool
+    mutated: tuple[int, ...]  # positions of args written in place
+    out_names: tuple[str, ...]  # out= kwargs
+    view: bool  # returns an alias of its first input
+    value_preserving: bool
+    kernel: kernels.Kernel | None
+    special: Callable[..., Any] | None
+
+
+_entries: dict[tuple[int, str], tuple[Profile, dict[Any, OpEntry]]] = {}
+
+
+def op_entry(profile: Profile, mode: str, func: torch._ops.OpOverload) -> OpEntry:
+    key = (id(profile), mode)
+    slot = _entries.get(key)
+    if slot is None or slot[0] is not profile:
+        slot = _entries[key] = (profile, {})
+    entry = slot[1].get(func)
+    if entry is None:
+        entry = slot[1][func] = _build_entry(profile, mode, func)
+    return entry
+
+
+def _build_entry(profile: Profile, mode: str, func: torch._ops.OpOverload) -> OpEntry:
+    name = func.name()
+    schema = func._schema
+    outcome, _ = profile.outcome(name, mode)
+    mutated = tuple(
+        i
+        for i, a in enumerate(schema.arguments)
+        if a.alias_info is not None and a.alias_info.is_write and not a.kwarg_only
+    )
+    out_names = tuple(a.name for a in schema.arguments if a.is_out)
+    view = bool(schema.returns) and all(
+        r.alias_info is not None and not r.alias_info.is_write for r in schema.returns
+    )
+    packet = name.split(".", 1)[0]
+    return OpEntry(
+        name=name,
+        outcome=outcome,
+        decompose=func not in _SPECIAL_DECOMPOSITIONS
+        and torch._C._dispatch_has_kernel_for_dispatch_key(name, "CompositeImplicitAutograd"),
+        mutated=mutated,
+        out_names=out_names,
+        view=view and func is not aten.view.dtype,
+        value_preserving=packet in _VALUE_PRESERVING,
+        kernel=kernels.native_kernel(name, profile),
+        special=TRANSFERS.get(func),
+    )
+
+
+# -- the entry point -------------------------------------------------------------------------
+
+
+def dispatch(func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    collector = current()
+    entry = op_entry(collector.profile, collector.mode, func)
+    if entry.decompose:
+        # CompositeImplicit ops reach the Python key whole under inference_mode; a real
+        # backend only ever sees their decomposition, so decompose them the same way.
+        result = func.decompose(*args, **kwargs)
+        if result is not NotImplemented:
+            return result
+    device_decomposition = _SPECIAL_DECOMPOSITIONS.get(func)
+    if device_decomposition is not None:
+        _seen(collector, entry)
+        return device_decomposition()(*args, **kwargs)
+    if entry.special is not None:
+        _seen(collector, entry)
+        return entry.special(collector, entry.name, func, args, kwargs)
+    _seen(collector, entry)
+    if entry.outcome == FALLBACK:
+        _, _, found = judge(collector.profile, entry.name, args, kwargs, collector.mode)
+        refuse(collector, found)
+        message = collector.profile.message("fallback_warning", op=entry.name)
+        warn_from_model(message, SpyreFallbackWarning)
+        if collector.report is not None:
+            collector.report.fallbacks[entry.name] += 1
+        return _on_host(entry, func, args, kwargs)
+    if entry.outcome == UNSUPPORTED:
+        _, _, found = judge(collector.profile, entry.name, args, kwargs, collector.mode)
+        refuse(collector, found)  # raises, unless auditing: then the run goes on
+        return _native(collector, entry, func, args, kwargs, judged=True)
+    return _native(collector, entry, func, args, kwargs)
+
+
+def _seen(collector: Collector, entry: OpEntry) -> None:
+    if collector.report is not None:
+        collector.report.ops_seen[entry.name] += 1
+
+
+# -- unwrapping ------------------------------------------------------------------------------
+
+
+class _Seen:
+    """What unwrapping found: the device, and whether any held dtype differs from its logical
+    dtype (then the CPU result's dtype does not tell the logical one)."""
+
+    __slots__ = ("device", "mapped")
+
+    def __init__(self) -> None:
+        self.device: torch.device | None = None
+        self.mapped = False
+
+
+def _unwrap(x: Any, seen: _Seen, host_ok: bool) -> Any:
+    if isinstance(x, SpyreTensor):
+        if seen.device is None:
+            seen.device = x.device
+        if x._held.dtype != x.dtype:
+            seen.mapped = True
+        return x._held
+    if isinstance(x, torch.Tensor):
+        if x.dim() > 0 and x.device.type == "cpu" and not host_ok:
+            raise RuntimeError(
+                "Expected all tensors to be on the same device, but found at least two "
+                f"devices, {seen.device or 'spyre:0'} and cpu!"
+            )
+        return x
+    if isinstance(x, (list, tuple)):
+        return type(x)(_unwrap(v, seen, host_ok) for v in x)
+    if isinstance(x, torch.dtype) and is_dl16(x):
+        seen.mapped = True
+        return torch.float32  # compute in fp32; the logical dtype comes from the meta run
+    return x
+
+
+def _unwrap_all(
+    entry: OpEntry, args: Sequence[Any], kwargs: dict[str, Any]
+) -> tuple[list[Any], dict[str, Any], _Seen]:
+    seen = _Seen()
+    host_ok = entry.name.split(".", 1)[0] in _HOST_INDEX_OK
+    uargs = [_unwrap(a, seen, host_ok) for a in args]
+    ukwargs = {k: _unwrap(v, seen, host_ok) for k, v in kwargs.items()}
+    return uargs, ukwargs, seen
+
+
+# -- native ops ------------------------------------------------------------------------------
+
+
+def _native(
+    collector: Collector,
+    entry: OpEntry,
+    func: torch._ops.OpOverload,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    judged: bool = False,
+) -> Any:
+    """Run the op on the held data in fp32 and round its DL16 outputs. An op refused in audit
+    mode (judged=True) runs the same way: the best guess of what it computes once an adapter
+    makes it lower, and far cheaper than fp16 arithmetic on the host."""
+    writes = bool(entry.mutated or entry.out_names)
+    if writes and not judged:
+        # Judged before running: a refused in-place op must not have written anything.
+        _, _, found = judge(collector.profile, entry.name, args, kwargs, collector.mode)
+        refuse(collector, found)
+        judged = True
+    uargs, ukwargs, seen = _unwrap_all(entry, args, kwargs)
+    try:
+        if entry.kernel is not None and args and is_dl16(getattr(args[0], "dtype", torch.float32)):
+            result = entry.kernel(uargs, ukwargs, collector.profile.dl16)
+        elif func is aten.view.dtype and seen.mapped:
+            raise SpyreOpNotImplementedError(
+                f"{entry.name}: the simulator holds DL16 data as float32 and cannot "
+                "reinterpret its bits as another dtype"
+            )
+        else:
+            result = func(*uargs, **ukwargs)
+    except (RuntimeError, TypeError) as exc:
+        if not seen.mapped or isinstance(exc, SpyreOpNotImplementedError):
+            raise
+        # The CPU kernel refused the held form (int32 where it wants int64 indices), not the
+        # op: run it on host copies in the logical dtypes instead.
+        out = _on_host(entry, func, args, kwargs)
+    else:
+        out = (
+            _written_back(entry, args, kwargs)
+            if writes
+            else _wrap_result(entry, func, args, kwargs, result, seen)
+        )
+    if not judged:
+        _, _, found = judge(
+            collector.profile, entry.name, args, kwargs, collector.mode, outputs=out
+        )
+        refuse(collector, found)  # in audit mode the computed result stands
+    return out
+
+
+def _written_back(entry: OpEntry, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """After an in-place or out= op ran on held tensors: round what was written, return the
+    device tensors the schema returns."""
+    targets = [args[i] for i in entry.mutated] + [kwargs[n] for n in entry.out_names if n in kwargs]
+    for t in targets:
+        if isinstance(t, SpyreTensor):
+            if t._held.shape != t.shape:
+                raise SpyreOpNotImplementedError(
+                    f"{entry.name}: the simulator cannot resize a device tensor in place"
+                )
+            if is_dl16(t.dtype):
+                round_dl16_(t._held)
+    return targets[0] if len(targets) == 1 else tuple(targets)
+
+
+def _wrap_result(
+    entry: OpEntry,
+    func: torch._ops.OpOverload,
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    result: Any,
+    seen: _Seen,
+) -> Any:
+    device = seen.device or _default_device()
+    if isinstance(result, torch.Tensor):
+        if entry.view:
+            return _wrap_view(result, args[0], device)
+        dtype = result.dtype if not seen.mapped else logical_dtypes(func, args, kwargs, result)[0]
+        return wrap(_stored(entry, args, result, dtype), device=device, dtype=dtype)
+    leaves, spec = pytree.tree_flatten(result)
+    tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
+    if not tensors:
+        return result
+    if entry.view:
+        dtypes: Sequence[torch.dtype] = [args[0].dtype] * len(tensors)
+    elif seen.mapped:
+        dtypes = logical_dtypes(func, args, kwargs, result)
+    else:
+        dtypes = [t.dtype for t in tensors]
+    it = iter(dtypes)
+    out = [
+        (
+            (
+                _wrap_view(x, args[0], device)
+                if entry.view
+                else _wrap_fresh(entry, args, x, next(it), device)
+            )
+            if isinstance(x, torch.Tensor)
+            else x
+        )
+        for x in leaves
+    ]
+    return pytree.tree_unflatten(out, spec)
+
+
+def _wrap_view(x: torch.Tensor, base: torch.Tensor, device: torch.device) -> SpyreTensor:
+    if torch.is_inference_mode_enabled() and not base.is_inference():
+        # A view of a normal tensor is a normal tensor even in inference mode: autograd's
+        # view tracking sets its version counter, which an inference tensor refuses.
+        with torch.inference_mode(False):
+            return wrap(x, base.dtype, device)
+    return wrap(x, base.dtype, device)
+
+
+def _wrap_fresh(
+    entry: OpEntry, args: Sequence[Any], x: torch.Tensor, dtype: torch.dtype, device: torch.device
+) -> SpyreTensor:
+    return wrap(_stored(entry, args, x, dtype), dtype, device)
+
+
+def _stored(
+    entry: OpEntry, args: Sequence[Any], result: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    if (
+        entry.value_preserving
+        and is_dl16(dtype)
+        and all(t.dtype == dtype for t in _tensors(args) if t.is_floating_point())
+    ):
+        return result if result.dtype == torch.float32 else result.float()
+    return store(result, dtype, fresh=True, transfer=False)
+
+
+def _tensors(args: Sequence[Any]) -> list[torch.Tensor]:
+    return [t for t in pytree.tree_leaves(list(args)) if isinstance(t, torch.Tensor)]
+
+
+def _default_device() -> torch.device:
+    return spyre_device(thread_index())
+
+
+# -- the host: fallbacks --------------------------------------------------------------------
+
+
+def _to_host_arg(x: Any) -> Any:
+    if isinstance(x, SpyreTensor):
+        return to_host(x)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_to_host_arg(v) for v in x)
+    return x
+
+
+def _on_host(
+    entry: OpEntry, func: torch._ops.OpOverload, args: Sequence[Any], kwargs: dict[str, Any]
+) -> Any:
+    """Run the op on the host as torch-spyre's fallback does: copy the inputs to the host
+    (in their logical dtype), run the CPU kernel, copy the results back (rounded, downcast)."""
+    packet = entry.name.split(".", 1)[0]
+    if packet in _MOVE_ONLY_FALLBACKS and not (entry.mutated or entry.out_names):
+        return _moved_on_held(entry, func, args, kwargs)
+    hargs = [_to_host_arg(a) for a in args]
+    hkwargs = {k: _to_host_arg(v) for k, v in kwargs.items()}
+    result = func(*hargs, **hkwargs)
+    if entry.mutated or entry.out_names:
+        for i in entry.mutated:
+            if isinstance(args[i], SpyreTensor):
+                copy_into(args[i], hargs[i], hargs[i].dtype, transfer=True)
+        for n in entry.out_names:
+            if isinstance(kwargs.get(n), SpyreTensor):
+                copy_into(kwargs[n], hkwargs[n], hkwargs[n].dtype, transfer=True)
+        return _written_back(entry, args, kwargs)
+    device = _first_device(args, kwargs)
+    return pytree.tree_map_only(
+        torch.Tensor,
+        lambda t: wrap(store(t, t.dtype, fresh=True, transfer=True), t.dtype, device),
+        result,
+    )
+
+
+def _moved_on_held(
+    entry: OpEntry, func: torch._ops.OpOverload, args: Sequence[Any], kwargs: dict[str, Any]
+) -> Any:
+    uargs, ukwargs, seen = _unwrap_all(entry, args, kwargs)
+    result = func(*uargs, **ukwargs)
+    dtypes = iter(logical_dtypes(func, args, kwargs, result) if seen.mapped else ())
+    device = seen.device or _default_device()
+
+    def back(t: torch.Tensor) -> SpyreTensor:
+        dtype = next(dtypes) if seen.mapped else t.dtype
+        # the host's copy in its own dtype (fp16 overflows to inf), then the trip back
+        host = t.to(dtype)
+        return wrap(store(host, dtype, fresh=True, transfer=True), dtype, device)
+
+    return pytree.tree_map_only(torch.Tensor, back, result)
+
+
+def _first_device(args: Sequence[Any], kwargs: dict[str, Any]) -> torch.device:
+    for t in _tensors(list(args) + list(kwargs.values())):
+        if isinstance(t, SpyreTensor):
+            return t.device
+    return _default_device()
+
+
+def _sdpa_math() -> Callable[..., Any]:
+    # The compile backend's SDPA decomposition: every piece (bmm, scale, mask, softmax) then
+    # reaches the device on its own, is judged and rounded, as in a compiled graph.
+    from hfadapt.spyre.decompositions import sdpa_math
+
+    return sdpa_math
+
+
+_SPECIAL_DECOMPOSITIONS: dict[Any, Callable[[], Callable[..., Any]]] = {
+    aten.scaled_dot_product_attention.default: _sdpa_math,
+}
+
+
+set_handler(dispatch)

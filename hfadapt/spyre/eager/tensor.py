@@ -1,0 +1,143 @@
+"""The tensor of the eager ``spyre`` device: a wrapper subclass on device "spyre" that holds a
+CPU tensor, and the conversions between what a tensor says it is (its logical dtype) and what
+the simulated card stores (DL16 values in float32, int32 for int64).
+
+Why float32 holds DL16: DL16's range exceeds fp16's, so fp16 storage would overflow where the
+card does not, and computing in fp16 on a CPU is 3.4x slower than fp32."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from hfadapt.errors import DeviceError
+from hfadapt.spyre.dl16 import round_dl16_
+from hfadapt.spyre.tracking import SpyreDowncastWarning, current, warn_from_model
+
+_DL16 = frozenset({torch.float16, torch.bfloat16})
+# logical dtype -> dtype of the held CPU tensor; everything else is held as itself.
+_HELD = {torch.float16: torch.float32, torch.bfloat16: torch.float32, torch.int64: torch.int32}
+
+_devices: dict[int, torch.device] = {}
+
+# What every ATen call on a device tensor goes to: hfadapt.spyre.eager.dispatch sets it when it
+# is imported (by the device's registration), so this module does not import its handler.
+Handler = Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]
+_handler: Handler | None = None
+
+
+def set_handler(handler: Handler) -> None:
+    """Route every ATen call on a device tensor to ``handler(func, args, kwargs)``."""
+    global _handler
+    _handler = handler
+
+
+def spyre_device(index: int) -> torch.device:
+    device = _devices.get(index)
+    if device is None:
+        device = _devices[index] = torch.device("spyre", index)
+    return device
+
+
+def held_dtype(logical: torch.dtype) -> torch.dtype:
+    return _HELD.get(logical, logical)
+
+
+def is_dl16(dtype: torch.dtype) -> bool:
+    return dtype in _DL16
+
+
+class SpyreTensor(torch.Tensor):
+    """A tensor on the simulated Spyre card. ``_held`` is the CPU tensor with the card's data:
+    same sizes, strides and offset as the wrapper, so a view of the wrapper is a view of it."""
+
+    _held: torch.Tensor
+
+    @staticmethod
+    def __new__(cls, held: torch.Tensor, dtype: torch.dtype, device: torch.device) -> SpyreTensor:
+        r = torch.Tensor._make_wrapper_subclass(
+            cls,
+            held.size(),
+            strides=held.stride(),
+            storage_offset=held.storage_offset(),
+            dtype=dtype,
+            device=device,
+        )
+        r._held = held
+        return r
+
+    # Only __torch_dispatch__ (ATen level) sees the device; torch functions run as usual.
+    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
+
+    @classmethod
+    def __torch_dispatch__(  # type: ignore[override]
+        cls,
+        func: torch._ops.OpOverload,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        if _handler is None:
+            raise DeviceError(
+                "the simulated spyre device is not registered: call hfadapt.spyre.register()"
+            )
+        return _handler(func, args, kwargs or {})
+
+    def tolist(self) -> Any:  # type: ignore[override]
+        # torch refuses tolist() on subclasses; a device tensor lists its host copy, as CUDA does.
+        return to_host(self).tolist()
+
+    def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
+        # Printing through ATen would dispatch (and report) a dozen ops; print the host copy.
+        text = repr(to_host(self))
+        return f"{text[:-1]}, device='{self.device}')" if text.endswith(")") else text
+
+
+def wrap(held: torch.Tensor, dtype: torch.dtype, device: torch.device) -> SpyreTensor:
+    return SpyreTensor(held, dtype, device)
+
+
+def to_host(t: SpyreTensor) -> torch.Tensor:
+    """The tensor a transfer to the host gives: the logical dtype, a fresh copy. DL16 values
+    beyond fp16's range become inf, as the card's conversion to fp16 does."""
+    return t._held.to(t.dtype, copy=True)
+
+
+def _downcast_warning() -> None:
+    collector = current()
+    warn_from_model(collector.profile.message("int64_warning"), SpyreDowncastWarning)
+    if collector.report is not None:
+        collector.report.downcasts += 1
+
+
+def store(held: torch.Tensor, logical: torch.dtype, *, fresh: bool, transfer: bool) -> torch.Tensor:
+    """Make a CPU result into what the card holds for `logical`: float32 rounded to DL16 for
+    fp16/bf16 (in place when `fresh`), int32 for int64. `transfer` marks data arriving from the
+    host: an int64 downcast there warns and is counted, as torch-spyre does."""
+    target = held_dtype(logical)
+    if held.dtype != target:
+        if transfer and logical == torch.int64:
+            _downcast_warning()
+        held = held.to(target)
+        fresh = True
+    if logical in _DL16:
+        if not fresh:
+            held = held.clone()
+        round_dl16_(held)
+    return held
+
+
+def copy_into(
+    dst: SpyreTensor, src: torch.Tensor, src_logical: torch.dtype, transfer: bool
+) -> None:
+    """Write `src` (a CPU tensor of dtype `src_logical`, or a held tensor) into the card tensor
+    `dst`, converting and rounding as the card stores dst's dtype. Writes through views."""
+    held = dst._held
+    if transfer and dst.dtype == torch.int64 and src_logical == torch.int64:
+        _downcast_warning()
+    held.copy_(src)
+    # Device DL16 data is already on the grid; host fp16 data (10 mantissa bits) is not.
+    if dst.dtype in _DL16 and (transfer or src_logical not in _DL16):
+        round_dl16_(held)

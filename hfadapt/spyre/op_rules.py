@@ -1,0 +1,296 @@
+"""Judging one ATen call against the device profile: the op's outcome in this mode, the
+dtype rules (fp64, fp32-capable ops, casts) and the named layout checks the profile attaches
+to rules. Shared by the eager device and the compile backend, so both say the same."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+from hfadapt.spyre.lowering_report import SourceLocation, Violation
+from hfadapt.spyre.profile import FALLBACK, NATIVE, UNSUPPORTED, Profile, Rule, dtype_name
+
+CheckFn = Callable[[Profile, str, Sequence[Any], dict[str, Any]], "Violation | None"]
+
+_FLOATS_DL16 = (torch.float16, torch.bfloat16)
+
+
+def iter_tensors(values: Any) -> Iterator[Any]:
+    """Tensor-like leaves (anything with shape and dtype) of nested args."""
+    if isinstance(values, (list, tuple)):
+        for v in values:
+            yield from iter_tensors(v)
+    elif isinstance(values, dict):
+        for v in values.values():
+            yield from iter_tensors(v)
+    elif (
+        hasattr(values, "shape")
+        and hasattr(values, "dtype")
+        and not isinstance(values, torch.dtype)
+    ):
+        yield values
+
+
+def _shape(t: Any) -> tuple[int, ...]:
+    try:
+        return tuple(int(s) for s in t.shape)
+    except (TypeError, ValueError):  # symbolic sizes
+        return tuple(-1 for _ in t.shape)
+
+
+def _violation(
+    rule_id: str,
+    op: str,
+    message: str,
+    kind: str,
+    tensors: Sequence[Any],
+    location: SourceLocation | None,
+    inferred: bool = False,
+) -> Violation:
+    return Violation(
+        rule_id=rule_id,
+        op=op,
+        message=message,
+        kind=kind,
+        dtypes=tuple(dtype_name(t.dtype) for t in tensors),
+        shapes=tuple(_shape(t) for t in tensors),
+        location=location,
+        inferred=inferred,
+    )
+
+
+def _arg(
+    args: Sequence[Any], kwargs: dict[str, Any], index: int, name: str, default: Any = None
+) -> Any:
+    if name in kwargs:
+        return kwargs[name]
+    return args[index] if len(args) > index else default
+
+
+# -- named checks (the profile's "checks" lists refer to these) ----------------------------
+
+
+def _matmul_k_stick(
+    p: Profile, op: str, args: Sequence[Any], kwargs: dict[str, Any]
+) -> Violation | None:
+    packet = op.split(".", 1)[0]
+    a = args[1] if packet in ("aten::addmm", "aten::baddbmm") else args[0]
+    if not hasattr(a, "shape") or len(a.shape) == 0:
+        return None
+    k = a.shape[-1]
+    multiple = p.layout_value("matmul_k_multiple")
+    if isinstance(k, int) and k % multiple:
+        spec = p.layout["matmul_k_multiple"]
+        return _violation(
+            spec["rule"],
+            op,
+            spec["text"].format(k=k, multiple=multiple),
+            "layout",
+            list(iter_tensors(args)),
+            None,
+        )
+    return None
+
+
+def _sdpa_head_dim_stick(
+    p: Profile, op: str, args: Sequence[Any], kwargs: dict[str, Any]
+) -> Violation | None:
+    q, k = args[0], args[1]
+    multiple = p.layout_value("head_dim")
+    head_dim, kv_len = q.shape[-1], k.shape[-2]
+    spec = p.layout["matmul_k_multiple"]
+    for dim in (head_dim, kv_len):  # Q @ K^T reduces over head_dim, P @ V over the key length
+        if isinstance(dim, int) and dim % multiple:
+            return _violation(
+                spec["rule"],
+                op,
+                spec["text"].format(k=dim, multiple=multiple),
+                "layout",
+                [q, k, args[2]],
+                None,
+            )
+    return None
+
+
+def _pow_square_only(
+    p: Profile, op: str, args: Sequence[Any], kwargs: dict[str, Any]
+) -> Violation | None:
+    exponent = _arg(args, kwargs, 1, "exponent")
+    if isinstance(exponent, (int, float)) and float(exponent) == 2.0:
+        return None
+    what = f"pow with exponent {exponent!r}"
+    return _violation(
+        "op.pow.square",
+        op,
+        p.message("compile_unsupported", what=what),
+        "op",
+        list(iter_tensors(args)),
+        None,
+    )
+
+
+def _basic_slicing(
+    p: Profile, op: str, args: Sequence[Any], kwargs: dict[str, Any]
+) -> Violation | None:
+    if not op.startswith("aten::slice"):
+        return None
+    step = _arg(args, kwargs, 4, "step", 1)
+    if step not in (None, 1):
+        spec = p.layout["basic_slicing"]
+        return _violation(
+            spec["rule"], op, spec["text"].format(step=step), "layout", [args[0]], None
+        )
+    return None
+
+
+def _stick_slice_offset(
+    p: Profile, op: str, args: Sequence[Any], kwargs: dict[str, Any]
+) -> Violation | None:
+    x = args[0]
+    ndim = len(x.shape)
+    if ndim == 0:
+        return None
+    dim = _arg(args, kwargs, 1, "dim", 0)
+    dim = dim + ndim if dim < 0 else dim
+    if dim != ndim - 1:
+        return None
+    size = x.shape[-1]
+    if op.startswith("aten::select"):
+        offset = _arg(args, kwargs, 2, "index", 0)
+    else:
+        offset = _arg(args, kwargs, 2, "start", 0) or 0
+    if isinstance(offset, int) and isinstance(size, int):
+        offset = offset + size if offset < 0 else offset
+        if offset != 0 and offset < size:
+            spec = p.layout["stick_slice"]
+            return _violation(
+                spec["rule"], op, spec["text"].format(offset=offset), "layout", [x], None
+            )
+    return None
+
+
+def _cast_allowed(
+    p: Profile, op: str, args: Sequence[Any], kwargs: dict[str, Any]
+) -> Violation | None:
+    packet = op.split(".", 1)[0]
+    if packet in ("aten::_to_copy", "aten::to"):
+        src = args[0] if args else None
+        dst_dtype = kwargs.get("dtype")
+        device = kwargs.get("device")
+        if device is not None:
+            target = torch.device(device).type
+            source = getattr(getattr(src, "device", None), "type", None)
+            # A transfer to the host casts there. In a compiled graph every tensor lives on
+            # the one (simulated) device, so a same-device _to_copy is an on-device cast.
+            if target not in ("spyre", "privateuseone") and target != source:
+                return None
+    elif packet == "aten::copy_":
+        dst, src = args[0], args[1]
+        dst_dtype = dst.dtype
+        if (
+            getattr(src, "device", None) is not None
+            and src.device.type != getattr(dst, "device", src.device).type
+        ):
+            return None  # host <-> device transfer
+    else:
+        return None
+    if src is None or dst_dtype is None or not hasattr(src, "dtype"):
+        return None
+    src_dtype = p.device_dtype(src.dtype)
+    dst_dtype = p.device_dtype(dst_dtype)
+    if p.cast_allowed(src_dtype, dst_dtype):
+        return None
+    what = f"cast from {dtype_name(src_dtype)} to {dtype_name(dst_dtype)} on the device"
+    return _violation(
+        p.cast_rule, op, p.message("compile_unsupported", what=what), "dtype", [src], None
+    )
+
+
+CHECKS: dict[str, CheckFn] = {
+    "matmul_k_stick": _matmul_k_stick,
+    "sdpa_head_dim_stick": _sdpa_head_dim_stick,
+    "pow_square_only": _pow_square_only,
+    "basic_slicing": _basic_slicing,
+    "stick_slice_offset": _stick_slice_offset,
+    "cast_allowed": _cast_allowed,
+}
+
+
+# -- the judgement of one call --------------------------------------------------------------
+
+
+def judge(
+    p: Profile,
+    op: str,
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    mode: str,
+    outputs: Any = None,
+    location: SourceLocation | None = None,
+) -> tuple[str, Rule, list[Violation]]:
+    """Outcome of one ATen call (native, fallback or unsupported) and every violation it
+    raises. A native op with violations does not lower; a fallback op is not checked further
+    (it runs on the host)."""
+    outcome, rule = p.outcome(op, mode)
+    tensors = list(iter_tensors(args)) + list(iter_tensors(kwargs))
+    found: list[Violation] = []
+
+    if outcome == UNSUPPORTED:
+        if mode == "eager":
+            message = p.message("eager_unsupported", op=op)
+        else:
+            message = p.message(
+                "compile_unsupported",
+                what=f"{op} ({rule.note or 'not in the supported operations'})",
+            )
+        found.append(_violation(rule.id, op, message, "op", tensors, location, rule.inferred))
+        return UNSUPPORTED, rule, found
+
+    for t in tensors + list(iter_tensors(outputs)):
+        info = p.dtype_info(t.dtype)
+        if info.get("storage") is None:
+            msg = p.message("dtype_unsupported", dtype=info.get("error", dtype_name(t.dtype)))
+            found.append(_violation(info["rule"], op, msg, "dtype", [t], location))
+            break
+    if outcome == FALLBACK:
+        return (UNSUPPORTED if found else FALLBACK), rule, found
+
+    for name in rule.checks:
+        v = CHECKS[name](p, op, args, kwargs)
+        if v is not None:
+            message = v.message
+            if mode == "eager" and v.kind == "op":
+                # An overload the card has no eager kernel for (pow with exponent 3) says so
+                # the way torch's dispatcher does, not with the compiler's text.
+                message = p.message("eager_unsupported", op=op)
+            found.append(Violation(**{**v.__dict__, "message": message, "location": location}))
+
+    if rule.kind == "compute":
+        fp32 = [t for t in tensors if t.dtype == torch.float32]
+        if fp32 and not p.fp32_allowed(op):
+            msg = p.message("fp32_unsupported", op=op)
+            found.append(_violation(p.fp32_rule, op, msg, "dtype", fp32, location))
+
+    spec = p.layout.get("zero_length")
+    if spec:
+        for t in tensors + list(iter_tensors(outputs)):
+            shape = _shape(t)
+            if 0 in shape:
+                found.append(
+                    _violation(
+                        spec["rule"],
+                        op,
+                        spec["text"].format(shape=list(shape)),
+                        "layout",
+                        [t],
+                        location,
+                    )
+                )
+                break
+    return (NATIVE if not found else UNSUPPORTED), rule, found
+
+
+def is_dl16_dtype(dtype: torch.dtype) -> bool:
+    return dtype in _FLOATS_DL16

@@ -1,0 +1,58 @@
+"""Where sweep units run: the ``Executor`` protocol and the executor a name picks
+(``LocalExecutor``, a pool of spawned worker processes; ``RayExecutor``, Ray tasks). Executors
+only compute: the driver alone writes runs.db."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Protocol
+
+from hfadapt.errors import UsageError
+from hfadapt.options import Executor as ExecutorName
+from hfadapt.sweep.worker import DEFAULT_WORKER, Outcome, Task
+
+__all__ = ["Executor", "make_executor"]
+
+
+class Executor(Protocol):
+    """Runs Tasks and yields one Outcome per Task, in completion order."""
+
+    name: str
+
+    def start(self) -> None: ...
+
+    def run(self, tasks: Iterable[Task]) -> Iterator[Outcome]: ...
+
+    def close(self) -> None: ...
+
+
+def make_executor(
+    name: str,
+    *,
+    workers: int,
+    timeout: float | None,
+    memory_limit_mb: int | None,
+    worker: str | Callable[..., Any] = DEFAULT_WORKER,
+    address: str | None = None,
+    env: dict[str, str] | None = None,
+) -> Executor:
+    """The executor called ``name`` ("local" or "ray")."""
+    kind = ExecutorName.parse(name, "executor")
+    if kind is ExecutorName.LOCAL:
+        if not isinstance(worker, str):
+            raise UsageError("the local executor takes the worker function as 'module:function'")
+        from hfadapt.sweep.local_pool import LocalExecutor
+
+        return LocalExecutor(
+            workers, timeout=timeout, memory_limit_mb=memory_limit_mb, worker=worker, env=env
+        )
+    from hfadapt.sweep.ray_pool import RayExecutor
+
+    return RayExecutor(
+        workers,
+        timeout=timeout,
+        memory_limit_mb=memory_limit_mb,
+        worker=worker,
+        address=address,
+        env=env,
+    )

@@ -1,0 +1,186 @@
+"""Planning a sweep: which crawled models are judged by a worker, which are recorded without
+running (``skipped`` by the prefilter, ``custom_code``), and how the judged ones group into
+units of work: one per structural signature in structural mode (the best-ranked model of a
+signature is its representative), one per model in full mode. Units are ordered longest
+first (estimated cost), so two workers finish together instead of one waiting on a giant."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from hfadapt import verdicts
+from hfadapt.db.tables import HubModel
+from hfadapt.errors import HfadaptError
+from hfadapt.sweep.narrow import Narrowed, narrowed
+
+__all__ = ["MODEL_KEY", "Plan", "Unit", "plan_sweep"]
+
+MODEL_KEY = "model:"
+# A unit's fixed cost (build, probes, device set-up) in multiply-adds per token: about what two
+# BERT-small layers cost, so tiny models are not estimated as free.
+_OVERHEAD = 5e6
+
+
+@dataclass
+class Unit:
+    """Models judged together: the representative runs, the others share its verdict."""
+
+    key: str  # the signature, or "model:<id>"
+    signature: str | None
+    members: list[str]  # best rank first; members[0] is the representative
+    config: dict[str, Any] | None = None  # the crawled config.json, handed to the worker
+    cost: float = 1.0  # relative estimate of the work (multiply-adds of the truncated model)
+    narrow: Narrowed | None = None  # a cheaper config with the same signature (structural)
+
+    @property
+    def representative(self) -> str:
+        return self.members[0]
+
+
+@dataclass
+class Plan:
+    """Every model of the sweep, exactly once: a direct row or a member of one unit."""
+
+    direct: list[dict[str, Any]] = field(default_factory=list)  # Run columns, no worker needed
+    units: list[Unit] = field(default_factory=list)
+    model_types: dict[str, str | None] = field(default_factory=dict)
+    signing_seconds: float = 0.0
+
+    @property
+    def models(self) -> int:
+        return len(self.direct) + sum(len(u.members) for u in self.units)
+
+    @property
+    def judged_models(self) -> int:
+        return sum(len(u.members) for u in self.units)
+
+
+def _direct(model: HubModel, verdict: str, reason: str, mode: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "model_id": model.id,
+        "verdict": verdict,
+        "reason": reason,
+        "mode": mode,
+        "model_type": model.model_type,
+        "evidence": {"sweep": {"role": "direct"}, **extra},
+    }
+
+
+def _crawled_config(model: HubModel) -> dict[str, Any] | None:
+    raw = model.config_json
+    return raw if isinstance(raw, dict) and raw.get("model_type") else None
+
+
+class _Signer:
+    """Signatures, cost estimates and narrowed instances, memoized by config: 10,000 models
+    have ~100 distinct configs."""
+
+    def __init__(self, layers: int | None, narrow: bool) -> None:
+        self.layers = layers
+        self.narrow = narrow
+        self._memo: dict[str, tuple[str, float, Narrowed | None]] = {}
+
+    def __call__(self, raw: dict[str, Any]) -> tuple[str, float, Narrowed | None]:
+        blob = json.dumps(raw, sort_keys=True, default=str)
+        if blob not in self._memo:
+            from hfadapt.judge.structural import structural_signature
+
+            small = narrowed(raw, layers=self.layers or 2) if self.narrow and self.layers else None
+            cost = _cost(small.config if small else raw, self.layers)
+            self._memo[blob] = (structural_signature(raw), cost, small)
+        return self._memo[blob]
+
+
+def _cost(raw: dict[str, Any], layers: int | None) -> float:
+    """Multiply-adds per token of the model as judged (truncated to ``layers`` in structural)."""
+    from hfadapt.judge.structural import config_from_dict
+
+    try:
+        config: Any = config_from_dict(raw)
+    except HfadaptError:
+        config = raw
+
+    def get(*names: str) -> Any:
+        for name in names:
+            value = config.get(name) if isinstance(config, dict) else getattr(config, name, None)
+            if isinstance(value, int) and value > 0:
+                return value
+        return None
+
+    hidden = get("hidden_size", "d_model", "dim", "n_embd") or 768
+    inter = (
+        get("intermediate_size", "hidden_dim", "ffn_dim", "d_ff", "n_inner", "mlp_dim")
+        or 4 * hidden
+    )
+    depth = get("num_hidden_layers", "num_layers", "n_layers", "n_layer") or 12
+    if layers is not None:
+        depth = min(depth, layers)
+    return _OVERHEAD + float(depth * hidden * (4 * hidden + 3 * inter))
+
+
+def plan_sweep(
+    models: list[HubModel], *, mode: str = "structural", dedupe: bool = True, narrow: bool = True
+) -> Plan:
+    """Group ``models`` (best rank first, prefilter-excluded ones included) into a Plan.
+    ``narrow``: judge wide structural signatures on a narrowed instance (hfadapt.sweep.narrow)."""
+    import time
+
+    from hfadapt.judge.load import quiet_transformers, remote_code_reason
+    from hfadapt.judge.structural import STRUCTURAL_LAYERS, find_config
+
+    start = time.perf_counter()
+    plan = Plan()
+    structural = mode == "structural"
+    signer = _Signer(STRUCTURAL_LAYERS if structural else None, narrow and structural and dedupe)
+    units: dict[str, Unit] = {}
+    with quiet_transformers():
+        for model in models:
+            plan.model_types[model.id] = model.model_type
+            if model.excluded_reason:
+                plan.direct.append(
+                    _direct(
+                        model,
+                        verdicts.SKIPPED,
+                        model.excluded_reason,
+                        mode,
+                        prefilter=model.excluded_reason,
+                    )
+                )
+                continue
+            crawled = _crawled_config(model)
+            raw: dict[str, Any] | None = crawled
+            error: str | None = None
+            if raw is None:
+                try:
+                    raw = find_config(model.id)[0]
+                except HfadaptError as exc:
+                    error = exc.one_line()
+            why = remote_code_reason(raw, model.id)
+            if model.is_custom_code and not why:
+                why = "the Hub marks it custom_code"
+            if why:
+                reason = f"{model.id} needs its own code: {why}; review it, then: hfadapt diagnose {model.id} --trust-remote-code"
+                plan.direct.append(_direct(model, verdicts.CUSTOM_CODE, reason, mode))
+                continue
+            signature: str | None = None
+            cost = 1.0
+            small: Narrowed | None = None
+            if raw is not None:
+                try:
+                    signature, cost, small = signer(raw)
+                except Exception as exc:  # a config the signature cannot read: judged alone
+                    error = f"{type(exc).__name__}: {exc}"
+            key = signature if (signature and dedupe) else MODEL_KEY + model.id
+            unit = units.get(key)
+            if unit is None:
+                unit = units[key] = Unit(
+                    key, signature, [], crawled, cost if signature else 1.0, small
+                )
+            unit.members.append(model.id)
+            if error and len(unit.members) == 1:
+                unit.cost = _OVERHEAD / 5  # fails at the config: cheap
+    plan.units = sorted(units.values(), key=lambda u: -u.cost)  # stable: best rank first on ties
+    plan.signing_seconds = round(time.perf_counter() - start, 3)
+    return plan

@@ -1,0 +1,81 @@
+"""The Run rows of one unit of work: the representative's row with its full evidence (and
+where it was judged), and one row per other member sharing its verdict and metrics and
+pointing at it. A unit recorded by an earlier session of a resumed sweep lends its verdict the
+same way."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hfadapt.db.tables import utcnow
+from hfadapt.sweep.plan import Unit
+from hfadapt.sweep.worker import Outcome
+
+__all__ = ["SHARED", "member_rows", "unit_rows"]
+
+# Columns a member's row shares with its representative's (the verdict and its evidence).
+SHARED = (
+    "verdict", "reason", "mode", "execution", "dtype", "min_token_cosine", "mean_token_cosine",
+    "pooled_cosine", "max_abs_diff", "has_nan", "has_inf", "violations", "fallbacks", "adapters",
+    "fingerprints", "divergence", "versions", "profile_version",
+)  # fmt: skip
+
+
+def member_rows(
+    unit: Unit, todo: list[str], template: dict[str, Any], rep: str, types: dict[str, Any]
+) -> list[dict[str, Any]]:
+    shared = {k: template.get(k) for k in SHARED}
+    sweep_ev: dict[str, Any] = {
+        "role": "member",
+        "representative": rep,
+        "unit": unit.key,
+        "models": len(unit.members),
+    }
+    earlier = (template.get("evidence") or {}).get("sweep") or {}
+    rep_run = earlier.get("representative_run") or (
+        template.get("id") if earlier.get("role") == "representative" else None
+    )
+    if rep_run:
+        sweep_ev["representative_run"] = rep_run
+    now = utcnow()
+    return [
+        {
+            **shared,
+            "model_id": model_id,
+            "model_type": types.get(model_id) or template.get("model_type"),
+            "signature": unit.signature or template.get("signature"),
+            "evidence": {"sweep": dict(sweep_ev)},
+            "started_at": now,
+            "finished_at": now,
+        }
+        for model_id in todo
+    ]
+
+
+def unit_rows(
+    unit: Unit, todo: list[str], out: Outcome, types: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """The rows of a freshly judged unit: the representative first (full evidence), then
+    every other member pointing at it."""
+    rep = unit.representative
+    row = dict(out.row)
+    row.update(model_id=rep, representative=True)
+    row.setdefault("verdict", out.verdict)
+    row.setdefault("reason", out.reason)
+    row["model_type"] = row.get("model_type") or types.get(rep)
+    if unit.signature and not row.get("signature"):
+        row["signature"] = unit.signature
+    evidence = dict(row.get("evidence") or {})
+    evidence["sweep"] = {
+        "role": "representative",
+        "representative": rep,
+        "unit": unit.key,
+        "models": len(unit.members),
+        "worker_pid": out.pid,
+        "seconds": out.seconds,
+        "worker_peak_rss_mb": out.peak_rss_mb,
+    }
+    if unit.signature and row.get("signature") and row["signature"] != unit.signature:
+        evidence["sweep"]["planned_signature"] = unit.signature
+    row["evidence"] = evidence
+    return [row, *member_rows(unit, [m for m in todo if m != rep], row, rep, types)]

@@ -1,0 +1,212 @@
+"""The ``sweep`` table and how a sweep is stored: one ``Sweep`` row per batch run (options,
+status, counts), one ``Run`` row per model with ``sweep_id`` set. Only the sweep driver calls
+these; every unit of work is written in one transaction, so a driver killed at any moment
+leaves whole units or nothing, and resuming never duplicates a row."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from collections import Counter
+from typing import Any
+
+from sqlalchemy import Table, func, insert, select, update
+from sqlalchemy.engine import Engine
+
+from hfadapt.db.engine import session
+from hfadapt.db.tables import DONE, FAILED, RUNNING, Run, Sweep, utcnow
+
+__all__ = [
+    "DONE",
+    "FAILED",
+    "RUNNING",
+    "Sweep",
+    "done_rows",
+    "finish_sweep",
+    "get_sweep",
+    "latest_sweep",
+    "open_sweep",
+    "write_rows",
+]
+
+
+def sweep_key(options: dict[str, Any]) -> str:
+    """The identity of a sweep's options: same key, same sweep to resume."""
+    return json.dumps(options, sort_keys=True, default=str)
+
+
+def open_sweep(
+    engine: Engine, options: dict[str, Any], *, resume: bool | int, **columns: Any
+) -> tuple[Sweep, bool]:
+    """(the sweep to write into, whether it was resumed).
+
+    ``resume``: True resumes the newest unfinished sweep with the same options; an int resumes
+    that sweep id; False always starts a new one.
+    """
+    from hfadapt.errors import UsageError
+
+    key = sweep_key(options)
+    with session(engine) as sess:
+        found: Sweep | None = None
+        if resume is not False and not isinstance(resume, bool):
+            found = sess.get(Sweep, int(resume))
+            if found is None:
+                raise UsageError(f"no sweep {resume} to resume")
+            if found.key != key:
+                raise UsageError(
+                    f"sweep {resume} was run with other options ({found.key}); pass the same options to resume it"
+                )
+        elif resume:
+            stmt = (
+                select(Sweep)
+                .where(Sweep.key == key, Sweep.status != DONE)  # type: ignore[arg-type]
+                .order_by(Sweep.id.desc())  # type: ignore[union-attr]
+                .limit(1)
+            )
+            found = sess.execute(stmt).scalars().first()
+        if found is not None:
+            _refuse_live(found)
+            found.resumes += 1
+            found.status = RUNNING
+            found.error = None
+            found.host, found.driver_pid = platform.node(), os.getpid()
+            for name, value in columns.items():
+                setattr(found, name, value)
+            sess.add(found)
+            sess.flush()
+            return found, True
+        sweep = Sweep(
+            key=key, options=options, host=platform.node(), driver_pid=os.getpid(), **columns
+        )
+        sess.add(sweep)
+        sess.flush()
+        return sweep, False
+
+
+def _refuse_live(sweep: Sweep) -> None:
+    """A running sweep whose driver is alive on this machine is not resumed by another."""
+    from hfadapt.errors import UsageError
+
+    pid = sweep.driver_pid
+    if sweep.status != RUNNING or not pid or pid == os.getpid() or sweep.host != platform.node():
+        return
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return  # killed (kill -9, a crash): resume it
+    except PermissionError:
+        pass  # alive, another user's
+    raise UsageError(
+        f"sweep {sweep.id} is being run right now by process {pid}; wait for it, or start a new sweep (--fresh)"
+    )
+
+
+def get_sweep(engine: Engine, sweep_id: int) -> Sweep | None:
+    with session(engine, write=False) as sess:
+        return sess.get(Sweep, sweep_id)
+
+
+def latest_sweep(engine: Engine, *, finished: bool = False) -> Sweep | None:
+    """The newest sweep (only finished ones when asked), or None."""
+    stmt = select(Sweep).order_by(Sweep.id.desc()).limit(1)  # type: ignore[union-attr]
+    if finished:
+        stmt = stmt.where(Sweep.status == DONE)  # type: ignore[arg-type]
+    with session(engine, write=False) as sess:
+        return sess.execute(stmt).scalars().first()
+
+
+def done_rows(engine: Engine, sweep_id: int) -> dict[str, dict[str, Any]]:
+    """model_id -> the stored row (as a dict) of every model this sweep has judged already."""
+    run: Table = Run.__table__  # type: ignore[attr-defined]
+    with session(engine, write=False) as sess:
+        result = sess.execute(select(run).where(run.c.sweep_id == sweep_id).order_by(run.c.id))
+        return {row["model_id"]: dict(row) for row in result.mappings()}
+
+
+def write_rows(
+    engine: Engine, sweep_id: int, rows: list[dict[str, Any]], *, judged: int = 0
+) -> list[int]:
+    """Insert ``rows`` (Run columns) in one transaction; returns the representative's id
+    (empty when no row is marked ``"representative": True``). The other rows then point at
+    that id in ``evidence["sweep"]["representative_run"]``.
+    """
+    run: Table = Run.__table__  # type: ignore[attr-defined]
+    sweeps: Table = Sweep.__table__  # type: ignore[attr-defined]
+    names = [c.name for c in run.columns if c.name != "id"]
+    # Columns that may not be NULL take the table's default (execution "eager", dtype "fp16"...).
+    defaults: dict[str, Any] = {}
+    for column in run.columns:
+        arg = getattr(column.default, "arg", None)
+        if not column.nullable and arg is not None and not callable(arg):
+            defaults[column.name] = arg
+    now = utcnow()
+
+    def values(row: dict[str, Any]) -> dict[str, Any]:
+        out = {name: row.get(name) for name in names}
+        for name, default in defaults.items():
+            if out[name] is None:
+                out[name] = default
+        out["sweep_id"] = sweep_id
+        out["started_at"] = out["started_at"] or now
+        out["finished_at"] = out["finished_at"] or now
+        return out
+
+    ids: list[int] = []
+    with engine.begin() as conn:
+        first = [r for r in rows if r.get("representative")][:1]
+        rep_id: int | None = None
+        if first:
+            key = conn.execute(insert(run).values(**values(first[0]))).inserted_primary_key
+            assert key is not None
+            rep_id = int(key[0])
+            ids.append(rep_id)
+        others = [values(r) for r in rows if r is not (first[0] if first else None)]
+        for row in others:
+            sweep_ev = (row.get("evidence") or {}).get("sweep")
+            if rep_id is not None and isinstance(sweep_ev, dict):
+                row["evidence"] = {
+                    **row["evidence"],
+                    "sweep": {**sweep_ev, "representative_run": rep_id},
+                }
+        if others:
+            # executemany: one statement for every member of a unit (thousands for BERT).
+            conn.execute(insert(run), others)
+        if judged:
+            conn.execute(
+                update(sweeps)
+                .where(sweeps.c.id == sweep_id)
+                .values(judged=sweeps.c.judged + judged)
+            )
+    return ids
+
+
+def verdict_counts(engine: Engine, sweep_id: int) -> dict[str, int]:
+    run: Table = Run.__table__  # type: ignore[attr-defined]
+    stmt = (
+        select(run.c.verdict, func.count())
+        .where(run.c.sweep_id == sweep_id)
+        .group_by(run.c.verdict)
+    )
+    with session(engine, write=False) as sess:
+        counts = Counter({str(v): int(n) for v, n in sess.execute(stmt)})
+    return dict(counts.most_common())
+
+
+def finish_sweep(
+    engine: Engine, sweep_id: int, *, seconds: float, status: str = DONE, error: str | None = None
+) -> Sweep:
+    """Mark the sweep finished (or failed), add this session's wall time, store the counts."""
+    counts = verdict_counts(engine, sweep_id)
+    with session(engine) as sess:
+        sweep = sess.get(Sweep, sweep_id)
+        assert sweep is not None
+        sweep.status = status
+        sweep.error = error
+        sweep.seconds = round(sweep.seconds + seconds, 3)
+        sweep.counts = counts
+        if status == DONE:
+            sweep.finished_at = utcnow()
+        sess.add(sweep)
+        sess.flush()
+        return sweep

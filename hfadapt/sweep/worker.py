@@ -1,0 +1,312 @@
+"""What a sweep worker does: judge one unit of work (one structural signature, or one model)
+and return its result as plain data, never touching runs.db. ``judge`` is the real worker
+function (``hfadapt.judge.diagnose.diagnose`` with ``record=False``); ``serve`` is the loop of a
+long-lived worker process that runs many units under a memory limit. Executors (local pool,
+Ray) call the same function, named by an import path so any process can load it."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import resource
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hfadapt import verdicts
+
+DEFAULT_WORKER = "hfadapt.sweep.worker:judge"
+# Text of the allocation failures torch, numpy and Python raise under RLIMIT_AS.
+_OOM_MARKERS = ("can't allocate memory", "cannot allocate memory", "std::bad_alloc", "MemoryError")
+
+__all__ = [
+    "DEFAULT_WORKER",
+    "Outcome",
+    "Task",
+    "crashed",
+    "judge",
+    "memory_limit",
+    "resolve",
+    "run_task",
+    "serve",
+]
+
+
+@dataclass
+class Task:
+    """One unit of work: judge ``model_id`` (the representative of ``key``) once."""
+
+    key: str  # the structural signature, or "model:<id>" for a model judged alone
+    model_id: str
+    mode: str = "structural"
+    execution: str = "eager"
+    dtype: str = "fp16"
+    profile: str | None = None
+    adapters: bool = True
+    config: dict[str, Any] | None = None  # the crawled config.json, when the crawl had it
+    runner: str | None = None  # "module:attr" of a device runner (None: the simulated device)
+    localize: bool = False  # sweeps keep the cost down: localization is for `hfadapt diagnose`
+    models: int = 1  # how many models share this unit (for messages)
+    narrow: dict[str, Any] | None = None  # a narrower config with the same signature, tried first
+    narrow_changes: dict[str, Any] | None = None  # field -> (real, narrowed)
+
+
+@dataclass
+class Outcome:
+    """What a worker made of a Task: the verdict and the Run columns of the representative."""
+
+    key: str
+    model_id: str
+    verdict: str
+    reason: str
+    row: dict[str, Any] = field(default_factory=dict)  # Run columns (no id, sweep_id)
+    seconds: float = 0.0
+    pid: int | None = None
+    peak_rss_mb: float | None = None
+    restart: bool = False  # the worker process should not be reused (memory exhausted)
+
+
+def resolve(ref: str | Callable[..., Any]) -> Callable[..., Any]:
+    """A callable from ``"package.module:attr"`` (or the callable itself)."""
+    if callable(ref):
+        return ref
+    module, _, attr = ref.partition(":")
+    target: Any = importlib.import_module(module)
+    for part in attr.split("."):
+        target = getattr(target, part)
+    if not callable(target):
+        raise TypeError(f"{ref} is not callable")
+    return target  # type: ignore[no-any-return]
+
+
+def peak_rss_mb() -> float:
+    """The peak resident memory of this process so far, in MB."""
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
+def current_rss_mb() -> float:
+    try:
+        with open("/proc/self/statm") as fh:
+            pages = int(fh.read().split()[1])
+        return round(pages * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
+    except (OSError, ValueError):
+        return peak_rss_mb()
+
+
+def crashed(
+    task: Task, reason: str, *, verdict: str = verdicts.WORKER_CRASHED, **evidence: Any
+) -> Outcome:
+    """The Outcome of a unit whose worker died, hung or raised: no metrics, the reason why."""
+    row = {
+        "verdict": verdict,
+        "reason": reason,
+        "mode": task.mode,
+        "execution": task.execution,
+        "dtype": task.dtype,
+        "evidence": {k: v for k, v in evidence.items() if v is not None},
+    }
+    return Outcome(task.key, task.model_id, verdict, reason, row)
+
+
+def _is_oom(text: str) -> bool:
+    return any(marker.lower() in text.lower() for marker in _OOM_MARKERS)
+
+
+@contextlib.contextmanager
+def memory_limit(limit_mb: int | None) -> Iterator[None]:
+    """Cap this process's address space (RLIMIT_AS soft limit) to ``limit_mb`` while inside."""
+    if not limit_mb:
+        yield
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    want = int(limit_mb) * 2**20
+    if hard != resource.RLIM_INFINITY:
+        want = min(want, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (want, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+def _config_folder(task: Task, config: dict[str, Any], root: Path) -> Path:
+    folder = root / task.model_id.replace("/", "__")
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    return folder
+
+
+# Verdicts a narrowed instance decides for its signature; any other is confirmed at full width.
+NARROW_DECIDES = frozenset({verdicts.PASS, verdicts.LOWERING_FAILED, verdicts.UNSUPPORTED_MODEL})
+
+
+def _diagnose(
+    task: Task, config: dict[str, Any] | None, runner: Any
+) -> tuple[str, str, dict[str, Any]]:
+    """(verdict, reason, Run columns) of one diagnosis of the task's model, with ``config``
+    (written to a temporary folder) instead of the one hfadapt would find for it."""
+    from hfadapt.errors import InputError
+    from hfadapt.judge.diagnose import diagnose
+    from hfadapt.judge.diagnosis import _row
+
+    tmp: str | None = None
+    ref: str | Path = task.model_id
+    try:
+        if config is not None and task.mode == "structural":
+            tmp = tempfile.mkdtemp(prefix="hfadapt-unit-")
+            ref = _config_folder(task, config, Path(tmp))
+        try:
+            diag = diagnose(
+                ref,
+                mode=task.mode,
+                dtype=task.dtype,
+                execution=task.execution,
+                adapters=task.adapters,
+                profile=task.profile,
+                runner=runner,
+                record=False,
+                localize_failures=task.localize,
+            )
+        except InputError as exc:  # no model to judge (not cached, no config): it does not load
+            reason = ("[structural] " if task.mode == "structural" else "") + exc.one_line()
+            out = crashed(task, reason, verdict=verdicts.LOAD_FAILED, error=type(exc).__name__)
+            return out.verdict, out.reason, out.row
+    finally:
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+    row = _row(diag).model_dump(exclude={"id", "sweep_id"})
+    row["model_id"] = task.model_id
+    if tmp:
+        evidence = dict(row.get("evidence") or {})
+        evidence.pop("path", None)  # the temporary folder, gone now
+        row["evidence"] = evidence
+    return diag.verdict, diag.reason, row
+
+
+def judge(task: Task) -> Outcome:
+    """The real worker: diagnose the representative without recording and return its Run
+    columns. A narrowed instance (``task.narrow``) goes first; a verdict it cannot decide
+    alone (numerics, loading) is confirmed on the real config."""
+    runner = resolve(task.runner) if task.runner else None
+    tried: dict[str, Any] | None = None
+    if task.narrow is not None:
+        verdict, reason, row = _diagnose(task, task.narrow, runner)
+        tried = {"changes": task.narrow_changes, "verdict": verdict}
+        if verdict not in NARROW_DECIDES:
+            tried["reason"] = reason
+            verdict, reason, row = _diagnose(task, task.config, runner)
+            tried["confirmed_at_full_width"] = True
+    else:
+        verdict, reason, row = _diagnose(task, task.config, runner)
+    evidence = dict(row.get("evidence") or {})
+    if task.config is not None:
+        evidence["config_source"] = "crawl"
+    if tried is not None:
+        evidence["narrowed"] = tried
+    row["evidence"] = evidence
+    out = Outcome(task.key, task.model_id, verdict, reason, row)
+    if verdict != verdicts.PASS and _is_oom(reason):
+        out = crashed(task, f"out of memory in the worker: {reason}", judged_as=verdict)
+        out.restart = True
+    return out
+
+
+def run_task(
+    fn: Callable[[Task], Outcome],
+    task: Task,
+    *,
+    limit_mb: int | None = None,
+    set_limit: bool = True,
+) -> Outcome:
+    """Run one task in this process; an exception is a worker_crashed Outcome, not a raise.
+    ``limit_mb`` caps the address space while the task runs (unless the process already is:
+    ``set_limit=False``), and says when the process is too full to take another unit."""
+    start = time.perf_counter()
+    try:
+        with memory_limit(limit_mb if set_limit else None):
+            out = fn(task)
+    except MemoryError:
+        out = crashed(
+            task, f"out of memory: the unit needs more than the worker's {limit_mb} MB limit"
+        )
+        out.restart = True
+    except Exception as exc:
+        text = " ".join(str(exc).split())[:300]
+        out = crashed(
+            task,
+            f"the worker raised {type(exc).__name__}: {text}",
+            traceback="".join(traceback.format_exception(exc)[-6:])[-2000:],
+        )
+        out.restart = _is_oom(text)
+    out.seconds = round(time.perf_counter() - start, 3)
+    out.pid = os.getpid()
+    out.peak_rss_mb = peak_rss_mb()
+    if not out.restart and limit_mb and current_rss_mb() > 0.6 * limit_mb:
+        out.restart = True  # freed memory the allocator keeps would crowd the next unit out
+    return out
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this process when the driver dies (kill -9 included)."""
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def setup_process(threads: int | None, env: dict[str, str] | None) -> None:
+    """Environment and thread count of a worker process. torch reads the thread variables
+    when it is imported (by the worker function, not here: a stand-in worker never needs it)."""
+    if env:
+        os.environ.update(env)
+    if threads:
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+            os.environ[var] = str(threads)
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            torch.set_num_threads(threads)
+
+
+def serve(
+    conn: Any, fn_ref: str, limit_mb: int | None, threads: int | None, env: dict[str, str] | None
+) -> None:
+    """A long-lived worker process: receive Tasks on ``conn``, send back Outcomes, until the
+    driver sends None or goes away. The memory limit holds for the whole process."""
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
+    setup_process(threads, env)
+    fn = resolve(fn_ref)
+    if limit_mb:
+        _soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        want = int(limit_mb) * 2**20
+        resource.setrlimit(
+            resource.RLIMIT_AS, (want if hard == resource.RLIM_INFINITY else min(want, hard), hard)
+        )
+    conn.send(("ready", os.getpid()))
+    while True:
+        try:
+            task = conn.recv()
+        except (EOFError, OSError):
+            return
+        if task is None:
+            return
+        out = run_task(fn, task, limit_mb=limit_mb, set_limit=False)
+        out.peak_rss_mb = peak_rss_mb()
+        try:
+            conn.send(("done", out))
+        except (BrokenPipeError, OSError):
+            return
+        if out.restart:
+            return
