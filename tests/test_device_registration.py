@@ -29,7 +29,7 @@ def test_device_module(spyre) -> None:
 
 
 def test_device_context_switches_the_current_device(spyre, monkeypatch) -> None:
-    monkeypatch.setattr(spyre, "_DEVICE_COUNT", 2)
+    monkeypatch.setattr(spyre, "DEVICE_COUNT", 2)
     with spyre.device("spyre:1"):
         assert spyre.current_device() == 1
         assert torch.zeros(3, device="spyre").device == torch.device("spyre", 1)

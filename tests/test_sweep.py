@@ -161,11 +161,11 @@ def test_top_and_model_type_select_models(sweep_engine: Any, fake_worker: str) -
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"mode": "fast"}, "--mode must be one of structural, full"),
-        ({"workers": 0}, "--workers must be at least 1"),
-        ({"timeout": -1}, "--timeout must be positive"),
-        ({"executor": "slurm"}, "--executor must be local or ray"),
-        ({"dtype": "fp8"}, "--dtype must be one of fp16, bf16"),
+        ({"mode": "fast"}, "^mode must be one of full, structural"),
+        ({"workers": 0}, "^workers must be at least 1"),
+        ({"timeout": -1}, "^timeout must be positive"),
+        ({"executor": "slurm"}, "^executor must be one of local, ray"),
+        ({"dtype": "fp8"}, "^dtype must be one of fp16, bf16, fp32"),
     ],
 )
 def test_bad_options_are_usage_errors(

@@ -117,4 +117,4 @@ def test_cli_sweep_shows_progress_and_counts(sweep_engine: Any) -> None:
     (sweep,) = json.loads(listing.output)
     assert (sweep["status"], sweep["models"], sweep["units"], sweep["top"]) == ("done", 6, 2, 6)
     again = CliRunner().invoke(app, ["sweep", "--top", "6", "--db", db, "--mode", "fast"])
-    assert again.exit_code != 0 and "--mode must be one of structural, full" in str(again.exception)
+    assert again.exit_code != 0 and "mode must be one of full, structural" in str(again.exception)
