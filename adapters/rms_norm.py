@@ -1,7 +1,8 @@
 """RMSNorm with the square written as ``x*x``.
 
 The stock RMSNorms upcast to fp32 and call ``pow(2)``: pow is not among the ops the device
-runs in fp32 (rule dtype.fp32.ops). ``(x*x).mean()`` is the same function (docs/device-profile.md, "Rewrites").
+runs in fp32 (rule dtype.fp32.ops). ``(x*x).mean()`` is the same function
+(docs/device-profile.md, "Rewrites").
 """
 
 from __future__ import annotations

@@ -39,7 +39,8 @@ PROOFS: tuple[str, ...] = get_args(Proof)
 ExampleFn = Callable[[int], tuple[Any, tuple[Any, ...], dict[str, Any]]]
 
 # The device's unit of layout: 64 fp16 elements (128 bytes) along the last dimension. Matmul
-# reduction sizes and sequence lengths must be whole sticks (docs/device-profile.md, "Layout").
+# reduction sizes and sequence lengths must be whole sticks (the profile's ``layout`` section;
+# docs/device-profile.md).
 STICK = 64
 
 
