@@ -15,10 +15,9 @@ import math
 import torch
 from torch import Tensor
 
-from hfadapt.adapters.api import adapter
+from hfadapt.adapters.api import adapter, on_host
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
-_PROV = {"origin": "hand-written", "author": "hfadapt", "date": "2026-11-30"}
 
 
 def _tanh_gelu(x: Tensor, k: float = _SQRT_2_OVER_PI) -> Tensor:
@@ -41,7 +40,6 @@ def _example(cls_name: str, **kwargs: object):
     target="transformers.activations:NewGELUActivation.forward",
     rule="op.pow.square",
     example=_example("NewGELUActivation"),
-    provenance=_PROV,
 )
 def gelu_new(self, input: Tensor) -> Tensor:
     """gelu_new with the cube written as x*x*x (pow(x, 3.0) does not lower)."""
@@ -53,7 +51,6 @@ def gelu_new(self, input: Tensor) -> Tensor:
     target="transformers.activations:AccurateGELUActivation.forward",
     rule="op.pow.square",
     example=_example("AccurateGELUActivation"),
-    provenance=_PROV,
 )
 def gelu_accurate(self, input: Tensor) -> Tensor:
     """gelu_accurate with the cube written as x*x*x."""
@@ -65,7 +62,6 @@ def gelu_accurate(self, input: Tensor) -> Tensor:
     target="transformers.activations:GELUTanh.forward",
     rule="op.gelu",
     example=_example("GELUTanh"),
-    provenance=_PROV,
 )
 def gelu_tanh(self, input: Tensor) -> Tensor:
     """gelu(approximate='tanh') written out from native ops (tanh, mul, add)."""
@@ -77,10 +73,9 @@ def gelu_tanh(self, input: Tensor) -> Tensor:
     target="transformers.activations:GELUActivation.forward",
     rule="op.gelu",
     example=_example("GELUActivation"),
-    provenance=_PROV,
 )
 def gelu_exact(self, input: Tensor) -> Tensor:
     """Exact (erf) gelu: native only when compiled; in eager mode it runs on the host."""
     if input.device.type == "spyre":
-        return self.act(input.cpu()).to(input.device)
+        return on_host(self.act, input, back_to=input.device)
     return self.act(input)

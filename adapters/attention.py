@@ -16,9 +16,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from hfadapt.adapters.api import adapter
-
-STICK = 64
+from hfadapt.adapters.api import STICK, adapter
 
 
 def _head_dim(config: Any) -> int | None:
@@ -66,7 +64,6 @@ def _example(seed: int):
         and (_head_dim(config) or STICK) % STICK != 0
     ),
     example=_example,
-    provenance={"origin": "hand-written", "author": "hfadapt", "date": "2026-11-30"},
 )
 def padded_attention(
     module: torch.nn.Module,

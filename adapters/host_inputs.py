@@ -1,4 +1,4 @@
-"""Model inputs built on the host, as hf-adapters does (SPYRE.md §5).
+"""Model inputs built on the host, as hf-adapters does (docs/device-profile.md, "Rewrites").
 
 - token_type_ids: when none are passed, BERT gathers them from a buffer (aten::gather is not a
   device op); all-zero ids are built on the host instead.
@@ -10,41 +10,16 @@ Each hook runs outside compiled graphs (``torch.compiler.disable``): host work, 
 
 from __future__ import annotations
 
-import inspect
 import sys
 from typing import Any
 
 import torch
+from torch import Tensor
 
-from hfadapt.adapters.api import adapter
+from hfadapt.adapters.api import adapter, forward_arg, on_host, replace_forward_arg
 from hfadapt.adapters.examples import tiny_model
 
-_PROV = {"origin": "hand-written", "author": "hfadapt", "date": "2026-11-30"}
 _ROOT = "transformers.modeling_utils:PreTrainedModel"
-
-
-def _position(module: torch.nn.Module, name: str) -> int:
-    """Where ``name`` stands among the positional parameters of this model's forward."""
-    params = [p for p in inspect.signature(type(module).forward).parameters if p != "self"]
-    return params.index(name) if name in params else 10_000
-
-
-def _get(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], name: str) -> Any:
-    if name in kwargs:
-        return kwargs[name]
-    idx = _position(module, name)
-    return args[idx] if len(args) > idx else None
-
-
-def _set(
-    module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], name: str, value: Any
-) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    idx = _position(module, name)
-    if name not in kwargs and len(args) > idx:
-        args = (*args[:idx], value, *args[idx + 1 :])
-    else:
-        kwargs = {**kwargs, name: value}
-    return args, kwargs
 
 
 def _token_type_example(seed: int):
@@ -59,13 +34,13 @@ def _position_example(seed: int):
 
 @torch.compiler.disable
 def _token_type_hook(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    if _get(module, args, kwargs, "token_type_ids") is not None:
+    if forward_arg(module, args, kwargs, "token_type_ids") is not None:
         return None
-    ids = _get(module, args, kwargs, "input_ids")
+    ids = forward_arg(module, args, kwargs, "input_ids")
     if ids is None:
         return None
-    zeros = torch.zeros(tuple(ids.shape), dtype=torch.long).to(ids.device)
-    return _set(module, args, kwargs, "token_type_ids", zeros)
+    zeros = on_host(torch.zeros, tuple(ids.shape), dtype=torch.long, back_to=ids.device)
+    return replace_forward_arg(module, args, kwargs, "token_type_ids", zeros)
 
 
 @adapter(
@@ -75,7 +50,6 @@ def _token_type_hook(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dic
     rule="op.unsupported",
     applies=lambda module, config: hasattr(getattr(module, "embeddings", None), "token_type_ids"),
     example=_token_type_example,
-    provenance=_PROV,
 )
 def token_type_ids_host(
     module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -98,16 +72,19 @@ def _counts_positions(module: torch.nn.Module) -> bool:
 
 @torch.compiler.disable
 def _position_hook(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    if _get(module, args, kwargs, "position_ids") is not None:
+    if forward_arg(module, args, kwargs, "position_ids") is not None:
         return None
-    ids = _get(module, args, kwargs, "input_ids")
+    ids = forward_arg(module, args, kwargs, "input_ids")
     if ids is None:
         return None
-    pad = module.embeddings.padding_idx
-    host = ids.cpu().long()
-    mask = host.ne(pad).int()
-    positions = (torch.cumsum(mask, dim=1).type_as(mask) * mask).long() + pad
-    return _set(module, args, kwargs, "position_ids", positions.to(ids.device))
+    positions = on_host(_positions, ids, module.embeddings.padding_idx, back_to=ids.device)
+    return replace_forward_arg(module, args, kwargs, "position_ids", positions)
+
+
+def _positions(input_ids: Tensor, pad: int) -> Tensor:
+    """transformers' create_position_ids_from_input_ids: padding_idx + running count."""
+    mask = input_ids.long().ne(pad).int()
+    return (torch.cumsum(mask, dim=1).type_as(mask) * mask).long() + pad
 
 
 @adapter(
@@ -117,7 +94,6 @@ def _position_hook(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[
     rule="dtype.cast",
     applies=lambda module, config: _counts_positions(module),
     example=_position_example,
-    provenance=_PROV,
 )
 def position_ids_host(
     module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]

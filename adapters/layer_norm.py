@@ -30,7 +30,6 @@ def _example(seed: int):
     target="torch.nn.modules.normalization:LayerNorm.forward",
     rule="numerics.layer_norm_dl16_stats",
     example=_example,
-    provenance={"origin": "hand-written", "author": "hfadapt", "date": "2026-11-30"},
 )
 def layer_norm(self, input: Tensor) -> Tensor:
     """(x - mean) * rsqrt(var + eps) * weight + bias, statistics in fp32."""

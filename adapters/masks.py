@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from hfadapt.adapters.api import adapter
+from hfadapt.adapters.api import adapter, on_host
 from hfadapt.adapters.examples import tiny_model
 from hfadapt.adapters.rebind import rebind, stock_method
 
@@ -32,10 +32,6 @@ MASK_BUILDERS = (
     "create_chunked_causal_mask",
 )
 _HOST_BUILDERS: dict[int, Callable[..., Any]] = {}
-
-
-def _to_host(value: Any) -> Any:
-    return value.cpu() if isinstance(value, torch.Tensor) else value
 
 
 def _host_builder(stock: Callable[..., Any]) -> Callable[..., Any]:
@@ -51,27 +47,31 @@ def _host_builder(stock: Callable[..., Any]) -> Callable[..., Any]:
             return stock(*args, **kwargs)
         host_config = copy.copy(config)
         host_config.__dict__["_attn_implementation_internal"] = "sdpa"
-        dtype, device = embeds.dtype, embeds.device
-        host_kwargs = {k: _to_host(v) for k, v in kwargs.items()}
-        host_kwargs["config"] = host_config
-        host_kwargs["inputs_embeds"] = torch.empty((*embeds.shape[:2], 0), dtype=dtype)
-        if "encoder_hidden_states" in kwargs and kwargs["encoder_hidden_states"] is not None:
-            enc = kwargs["encoder_hidden_states"]
-            host_kwargs["encoder_hidden_states"] = torch.empty((*enc.shape[:2], 0), dtype=dtype)
-        mask = stock(**host_kwargs)
-        if mask is None:
-            return None
-        if mask.dtype == torch.bool:
-            mask = torch.zeros(mask.shape, dtype=dtype).masked_fill(
-                ~mask, torch.finfo(dtype).min / 2
-            )
-        else:
-            mask = mask.to(dtype).clamp(min=torch.finfo(dtype).min / 2)
-        return mask.to(device)
+        dtype = embeds.dtype
+        # Only the shapes of the embeddings matter to a mask builder: empty stand-ins.
+        stand_ins = {"config": host_config, "inputs_embeds": _shape_only(embeds, dtype)}
+        if kwargs.get("encoder_hidden_states") is not None:
+            stand_ins["encoder_hidden_states"] = _shape_only(kwargs["encoder_hidden_states"], dtype)
+        host_kwargs = {**kwargs, **stand_ins}
+        return on_host(_additive_mask, stock, dtype, back_to=embeds.device, **host_kwargs)
 
     build_on_host.__wrapped__ = stock  # type: ignore[attr-defined]
     _HOST_BUILDERS[id(stock)] = build_on_host
     return build_on_host
+
+
+def _shape_only(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty((*t.shape[:2], 0), dtype=dtype)
+
+
+def _additive_mask(stock: Callable[..., Any], dtype: torch.dtype, **kwargs: Any) -> Any:
+    """The stock builder's mask as an additive ``dtype`` mask (masked: ``finfo.min / 2``)."""
+    mask = stock(**kwargs)
+    if mask is None:
+        return None
+    if mask.dtype == torch.bool:
+        return torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, torch.finfo(dtype).min / 2)
+    return mask.to(dtype).clamp(min=torch.finfo(dtype).min / 2)
 
 
 def _builders_of(module: torch.nn.Module) -> dict[str, Callable[..., Any]]:
@@ -106,7 +106,6 @@ def _example_direct(seed: int):
     applies=lambda module, config: config is not None and bool(_builders_of(module)),
     example=_example_direct,
     proof="model",
-    provenance={"origin": "hand-written", "author": "hfadapt", "date": "2026-11-30"},
 )
 def masks_on_host(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
     """The model's own forward, with its mask builders running on the host."""
@@ -123,7 +122,6 @@ def masks_on_host(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
     ),
     example=_example,
     proof="model",
-    provenance={"origin": "hand-written", "author": "hfadapt", "date": "2026-11-30"},
 )
 def mask_helper_on_host(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
     """BERT-family models build masks in a helper method: the same swap there."""

@@ -11,35 +11,30 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from hfadapt.adapters.api import adapter
+from hfadapt.adapters.api import adapter, host_copy, on_host
 
 
-@torch.compiler.disable
-def _mpnet_bias_on_host(
-    encoder: torch.nn.Module, x: Tensor, position_ids: Tensor | None, num_buckets: int
+def _mpnet_bias(
+    table: torch.nn.Embedding, bsz: int, qlen: int, position_ids: Tensor | None, num_buckets: int
 ) -> Tensor:
+    """The stock bias computation (per-row positions too, which the stock method mis-shapes),
+    on the host with an fp32 copy of the table; cast back to the table's dtype there."""
     from transformers.models.mpnet.modeling_mpnet import MPNetEncoder
 
-    bsz, qlen = x.size(0), x.size(1)
-    table = encoder.relative_attention_bias
-    host_table = torch.nn.Embedding.from_pretrained(
-        table.weight.detach().cpu().float(), freeze=True
-    )
     if position_ids is not None:
-        pos = position_ids.cpu().long()
+        pos = position_ids.long()
         relative = pos[:, None, :] - pos[:, :, None]
     else:
         ar = torch.arange(qlen, dtype=torch.long)
         relative = ar[None, :] - ar[:, None]
     bucket = MPNetEncoder.relative_position_bucket(relative, num_buckets=num_buckets)
-    values = host_table(bucket).to(table.weight.dtype)
+    values = host_copy(table)(bucket).to(table.weight.dtype)
     values = (
         values.permute([2, 0, 1]).unsqueeze(0)
         if values.dim() == 3
         else values.permute([0, 3, 1, 2])
     )
-    values = values.expand((bsz, -1, qlen, qlen)).contiguous()
-    return values.to(x.device)
+    return values.expand((bsz, -1, qlen, qlen)).contiguous()
 
 
 def _example(seed: int):
@@ -61,10 +56,17 @@ def _example(seed: int):
     target="transformers.models.mpnet.modeling_mpnet:MPNetEncoder.compute_position_bias",
     rule="dtype.cast",
     example=_example,
-    provenance={"origin": "hand-written", "author": "hfadapt", "date": "2026-11-30"},
 )
 def mpnet_position_bias(
     self, x: Tensor, position_ids: Tensor | None = None, num_buckets: int = 32
 ) -> Tensor:
     """The stock bucketed relative-position bias, computed on the host."""
-    return _mpnet_bias_on_host(self, x, position_ids, num_buckets)
+    return on_host(
+        _mpnet_bias,
+        self.relative_attention_bias,
+        x.size(0),
+        x.size(1),
+        position_ids,
+        num_buckets,
+        back_to=x.device,
+    )

@@ -1,7 +1,8 @@
 """RMSNorm with the square written as ``x*x``.
 
 The stock RMSNorms upcast to fp32 and call ``pow(2)``: pow is not among the ops the device
-runs in fp32 (rule dtype.fp32.ops). ``(x*x).mean()`` is the same function (SPYRE.md §5).
+runs in fp32 (rule dtype.fp32.ops). ``(x*x).mean()`` is the same function
+(docs/device-profile.md, "Rewrites").
 """
 
 from __future__ import annotations
@@ -10,8 +11,6 @@ import torch
 from torch import Tensor
 
 from hfadapt.adapters.api import adapter
-
-_PROV = {"origin": "hand-written", "author": "hfadapt", "date": "2026-11-30"}
 
 
 def _example(module_path: str, cls_name: str, zero_centered: bool = False):
@@ -38,7 +37,6 @@ def _rms(x: Tensor, eps: float) -> Tensor:
     target="transformers.models.qwen3.modeling_qwen3:Qwen3RMSNorm.forward",
     rule="dtype.fp32.ops",
     example=_example("transformers.models.qwen3.modeling_qwen3", "Qwen3RMSNorm"),
-    provenance=_PROV,
 )
 def qwen3_rms_norm(self, hidden_states: Tensor) -> Tensor:
     """weight * (x * rsqrt(mean(x*x) + eps)), statistics in fp32."""
@@ -52,7 +50,6 @@ def qwen3_rms_norm(self, hidden_states: Tensor) -> Tensor:
     target="transformers.models.t5.modeling_t5:T5LayerNorm.forward",
     rule="dtype.fp32.ops",
     example=_example("transformers.models.t5.modeling_t5", "T5LayerNorm"),
-    provenance=_PROV,
 )
 def t5_layer_norm(self, hidden_states: Tensor) -> Tensor:
     """T5's scale-only RMS norm with the variance as mean(x*x) in fp32."""
@@ -80,7 +77,6 @@ def _register_llama_style(family: str, target: str) -> None:
         target=f"{target}.forward",
         rule="dtype.fp32.ops",
         example=_example(module_path, cls_name),
-        provenance=_PROV,
     )
     def llama_style_rms_norm(self, hidden_states: Tensor) -> Tensor:
         """weight * (x * rsqrt(mean(x*x) + eps)), statistics in fp32."""
@@ -99,7 +95,6 @@ def _register_gemma_style(family: str, module_path: str, cls_name: str) -> None:
         target=f"{module_path}:{cls_name}.forward",
         rule="dtype.fp32.ops",
         example=_example(module_path, cls_name),
-        provenance=_PROV,
     )
     def gemma_style_rms_norm(self, x: Tensor) -> Tensor:
         """Gemma's (1 + weight) RMSNorm, statistics in fp32, square as x*x."""

@@ -1,4 +1,4 @@
-"""Rotary position embeddings the device can lower (SPYRE.md §5).
+"""Rotary position embeddings the device can lower (docs/device-profile.md, "Rewrites").
 
 - cos/sin: the rotary module casts integer positions to fp32 on the device (a cast it refuses,
   rule dtype.cast) and calls sin/cos (host fallbacks). The stock rotary forward runs on the host
@@ -13,34 +13,38 @@
 
 from __future__ import annotations
 
-import copy
 import sys
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
-from hfadapt.adapters.api import adapter
+from hfadapt.adapters.api import adapter, host_copy, on_host
 from hfadapt.adapters.rebind import rebind, stock_method
 
-_PROV = {"origin": "hand-written", "author": "hfadapt", "date": "2026-11-30"}
-FAMILIES = {
-    "qwen3": ("transformers.models.qwen3.modeling_qwen3", "Qwen3"),
-    "gemma3": ("transformers.models.gemma3.modeling_gemma3", "Gemma3"),
-    "modernbert": ("transformers.models.modernbert.modeling_modernbert", "ModernBert"),
-    "nomic-bert": ("transformers.models.nomic_bert.modeling_nomic_bert", "NomicBert"),
-    "qwen2": ("transformers.models.qwen2.modeling_qwen2", "Qwen2"),
-    "mistral": ("transformers.models.mistral.modeling_mistral", "Mistral"),
-    "llama": ("transformers.models.llama.modeling_llama", "Llama"),
-}
-MODEL_TYPES = {
-    "Qwen3": "qwen3",
-    "Gemma3": "gemma3_text",
-    "ModernBert": "modernbert",
-    "NomicBert": "nomic_bert",
-    "Qwen2": "qwen2",
-    "Mistral": "mistral",
-    "Llama": "llama",
+
+class RopeForm(NamedTuple):
+    """How one family's transformers code does rotary embeddings."""
+
+    model_type: str  # config.model_type
+    module: str  # the transformers module with {prefix}RotaryEmbedding and {prefix}Attention
+    prefix: str
+    per_layer_type: bool = False  # the rotary forward takes a layer_type (one rope per kind)
+
+
+# The one RoPE table: adapter family (in the adapter names) -> rope form.
+ROPE_FORMS: dict[str, RopeForm] = {
+    "qwen3": RopeForm("qwen3", "transformers.models.qwen3.modeling_qwen3", "Qwen3"),
+    "gemma3": RopeForm("gemma3_text", "transformers.models.gemma3.modeling_gemma3", "Gemma3", True),
+    "modernbert": RopeForm(
+        "modernbert", "transformers.models.modernbert.modeling_modernbert", "ModernBert", True
+    ),
+    "nomic-bert": RopeForm(
+        "nomic_bert", "transformers.models.nomic_bert.modeling_nomic_bert", "NomicBert"
+    ),
+    "qwen2": RopeForm("qwen2", "transformers.models.qwen2.modeling_qwen2", "Qwen2"),
+    "mistral": RopeForm("mistral", "transformers.models.mistral.modeling_mistral", "Mistral"),
+    "llama": RopeForm("llama", "transformers.models.llama.modeling_llama", "Llama"),
 }
 _ROTATIONS: dict[tuple[int, torch.dtype, str], Tensor] = {}
 
@@ -52,14 +56,18 @@ def rotation_matrix(dim: int, dtype: torch.dtype, device: torch.device) -> Tenso
     return found if found is not None else _build_rotation(dim, dtype, device)
 
 
-@torch.compiler.disable
-def _build_rotation(dim: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+def _rotation(dim: int, dtype: torch.dtype) -> Tensor:
     half = dim // 2
     r = torch.zeros(dim, dim, dtype=dtype)
     idx = torch.arange(half)
     r[idx + half, idx] = -1
     r[idx, idx + half] = 1
-    found = _ROTATIONS[(dim, dtype, str(device))] = r.to(device)
+    return r
+
+
+@torch.compiler.disable
+def _build_rotation(dim: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    found = _ROTATIONS[(dim, dtype, str(device))] = on_host(_rotation, dim, dtype, back_to=device)
     return found
 
 
@@ -74,52 +82,49 @@ def rotate_half_matmul(x: Tensor) -> Tensor:
     return torch.matmul(x, rotation_matrix(x.shape[-1], x.dtype, x.device))
 
 
-@torch.compiler.disable
-def _rope_on_host(
-    module: torch.nn.Module, x: Tensor, position_ids: Tensor, *args: Any, **kwargs: Any
+def _stock_rotary(
+    module: torch.nn.Module, dtype: torch.dtype, position_ids: Tensor, *args: Any, **kwargs: Any
 ) -> Any:
-    host = copy.copy(module)
-    host._buffers = {
-        k: (v.cpu().float() if v is not None and v.is_floating_point() else v)
-        for k, v in module._buffers.items()
-    }
-    stub = torch.empty(0, dtype=x.dtype)
-    out = stock_method(type(module), "forward")(host, stub, position_ids.cpu(), *args, **kwargs)
-    return tuple(t.to(x.device) for t in out)
+    """The stock rotary forward on a host copy (fp32 buffers); cos/sin come out in ``dtype``."""
+    stub = torch.empty(0, dtype=dtype)
+    return stock_method(type(module), "forward")(
+        host_copy(module), stub, position_ids, *args, **kwargs
+    )
 
 
-def _rotary_example(module_path: str, prefix: str):
+def _layer_type(form: RopeForm, cfg: Any) -> dict[str, Any]:
+    """The rotary forward's ``layer_type`` argument, for families with one rope per kind."""
+    types = getattr(cfg, "layer_types", None)
+    return {"layer_type": types[0]} if types and form.per_layer_type else {}
+
+
+def _rotary_example(form: RopeForm):
     def make(seed: int):
         import importlib
 
         from transformers import AutoConfig
 
-        mod = importlib.import_module(module_path)
-        model_type = MODEL_TYPES[prefix]
-        cfg = AutoConfig.for_model(model_type, hidden_size=256, num_attention_heads=2, head_dim=128)
-        rope = getattr(mod, f"{prefix}RotaryEmbedding")(cfg).double()
+        mod = importlib.import_module(form.module)
+        cfg = AutoConfig.for_model(
+            form.model_type, hidden_size=256, num_attention_heads=2, head_dim=128
+        )
+        rope = getattr(mod, f"{form.prefix}RotaryEmbedding")(cfg).double()
         x = torch.randn(2, 64, 256, dtype=torch.float64)
         pos = torch.arange(64)[None].expand(2, -1) + seed
-        extra = (
-            {"layer_type": cfg.layer_types[0]}
-            if getattr(cfg, "layer_types", None) and prefix in ("Gemma3", "ModernBert")
-            else {}
-        )
-        return rope, (x, pos), extra
+        return rope, (x, pos), _layer_type(form, cfg)
 
     return make
 
 
-def _attention_example(module_path: str, prefix: str):
+def _attention_example(form: RopeForm):
     def make(seed: int):
         import importlib
 
         from transformers import AutoConfig
 
-        mod = importlib.import_module(module_path)
-        model_type = MODEL_TYPES[prefix]
+        mod = importlib.import_module(form.module)
         cfg = AutoConfig.for_model(
-            model_type,
+            form.model_type,
             hidden_size=256,
             num_attention_heads=2,
             num_key_value_heads=2,
@@ -127,20 +132,15 @@ def _attention_example(module_path: str, prefix: str):
             attn_implementation="sdpa",
             attention_dropout=0.0,
         )
-        cls = getattr(mod, f"{prefix}Attention")
+        cls = getattr(mod, f"{form.prefix}Attention")
         try:
             attn = cls(cfg, layer_idx=0)
         except TypeError:
             attn = cls(cfg)
         torch.manual_seed(seed)
-        rope = getattr(mod, f"{prefix}RotaryEmbedding")(cfg)
+        rope = getattr(mod, f"{form.prefix}RotaryEmbedding")(cfg)
         x = torch.randn(2, 64, 256)
-        extra = (
-            {"layer_type": cfg.layer_types[0]}
-            if getattr(cfg, "layer_types", None) and prefix in ("Gemma3", "ModernBert")
-            else {}
-        )
-        cos, sin = rope(x, torch.arange(64)[None].expand(2, -1), **extra)
+        cos, sin = rope(x, torch.arange(64)[None].expand(2, -1), **_layer_type(form, cfg))
         return (
             attn.double().eval(),
             (),
@@ -154,26 +154,26 @@ def _attention_example(module_path: str, prefix: str):
     return make
 
 
-def _register(family: str, module_path: str, prefix: str) -> None:
+def _register(family: str, form: RopeForm) -> None:
     @adapter(
         name=f"rope-host-{family}",
-        target=f"{module_path}:{prefix}RotaryEmbedding.forward",
+        target=f"{form.module}:{form.prefix}RotaryEmbedding.forward",
         rule="dtype.cast",
-        example=_rotary_example(module_path, prefix),
-        provenance=_PROV,
+        example=_rotary_example(form),
     )
     def rotary_on_host(
         self: torch.nn.Module, x: Tensor, position_ids: Tensor, *args: Any, **kwargs: Any
     ) -> Any:
         """The stock rotary forward (positions -> cos, sin) on the host."""
-        return _rope_on_host(self, x, position_ids, *args, **kwargs)
+        return on_host(
+            _stock_rotary, self, x.dtype, position_ids, *args, back_to=x.device, **kwargs
+        )
 
     @adapter(
         name=f"rope-rotate-matmul-{family}",
-        target=f"{module_path}:{prefix}Attention.forward",
+        target=f"{form.module}:{form.prefix}Attention.forward",
         rule="layout.stick_slice",
-        example=_attention_example(module_path, prefix),
-        provenance=_PROV,
+        example=_attention_example(form),
     )
     def attention_rotate_matmul(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         """The stock attention forward, its rotary step using rotate_half as a matmul."""
@@ -183,5 +183,5 @@ def _register(family: str, module_path: str, prefix: str) -> None:
         return forward(self, *args, **kwargs)
 
 
-for _family, (_path, _prefix) in FAMILIES.items():
-    _register(_family, _path, _prefix)
+for _family, _form in ROPE_FORMS.items():
+    _register(_family, _form)

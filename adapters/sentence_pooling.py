@@ -13,25 +13,22 @@ from typing import Any
 
 import torch
 
-from hfadapt.adapters.api import adapter
+from hfadapt.adapters.api import (
+    STICK,
+    adapter,
+    forward_arg,
+    on_host,
+    replace_forward_arg,
+)
 
 
-def _host(value: Any) -> Any:
-    return value.cpu() if isinstance(value, torch.Tensor) else value
-
-
-@torch.compiler.disable
-def _pool_on_host(
+def _stock_pooling(
     module: torch.nn.Module, features: dict[str, Any], **kwargs: Any
 ) -> dict[str, Any]:
-    device = features["token_embeddings"].device
-    host_features = {k: _host(v) for k, v in features.items()}
-    out = type(module).forward(module, host_features, **kwargs)  # pooling holds no weights
-    result = dict(features)
-    for k, v in out.items():
-        if k not in features or k.endswith("_embedding"):
-            result[k] = v.to(device) if isinstance(v, torch.Tensor) else v
-    return result
+    """The stock pooling forward (pooling holds no weights); only what it adds or pools."""
+    given = set(features)
+    out = type(module).forward(module, dict(features), **kwargs)
+    return {k: v for k, v in out.items() if k not in given or k.endswith("_embedding")}
 
 
 def _example(seed: int):
@@ -54,22 +51,22 @@ def _example(seed: int):
     target="sentence_transformers.sentence_transformer.modules.pooling:Pooling.forward",
     rule="dtype.cast",
     example=_example,
-    provenance={"origin": "hand-written", "author": "hfadapt", "date": "2026-11-30"},
 )
 def pooling_on_host(
     self: torch.nn.Module, features: dict[str, Any], **kwargs: Any
 ) -> dict[str, Any]:
     """The stock sentence-transformers pooling, run on the host."""
-    return _pool_on_host(self, features, **kwargs)
+    device = features["token_embeddings"].device
+    pooled = on_host(_stock_pooling, self, features, back_to=device, **kwargs)
+    return {**features, **pooled}
 
 
-STICK = 64
 _PAD_KEYS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 @torch.compiler.disable
 def _pad_features(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    features = args[0] if args else kwargs.get("features")
+    features = forward_arg(module, args, kwargs, "features")
     if not isinstance(features, Mapping) or "input_ids" not in features:
         return None
     length = features["input_ids"].shape[-1]
@@ -83,9 +80,10 @@ def _pad_features(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[s
         value = features.get(key)
         if isinstance(value, torch.Tensor) and value.dim() == 2:
             fill = pad_id if key == "input_ids" else 0
-            host = torch.nn.functional.pad(value.cpu(), (0, pad), value=fill)
-            padded[key] = host.to(value.device)
-    return ((padded, *args[1:]), kwargs) if args else (args, {**kwargs, "features": padded})
+            padded[key] = on_host(
+                torch.nn.functional.pad, value, (0, pad), value=fill, back_to=value.device
+            )
+    return replace_forward_arg(module, args, kwargs, "features", padded)
 
 
 class _SentenceEmbedding(torch.nn.Module):
@@ -118,7 +116,6 @@ def _pad_example(seed: int):
     rule="layout.matmul_k",
     example=_pad_example,
     proof="model",
-    provenance={"origin": "hand-written", "author": "hfadapt", "date": "2026-11-30"},
 )
 def pad_to_sticks(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Pad the token batch to a whole number of sticks (64) with masked pad tokens: shapes on

@@ -12,35 +12,32 @@
 
 from __future__ import annotations
 
-import copy
 import types
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from hfadapt.adapters.api import adapter
+from hfadapt.adapters.api import adapter, host_copy, on_host
 from hfadapt.adapters.rebind import rebind, stock_method
 
-_PROV = {"origin": "hand-written", "author": "hfadapt", "date": "2026-11-30"}
 _T5 = "transformers.models.t5.modeling_t5"
 
 
-@torch.compiler.disable
-def _bias_on_host(
-    attn: torch.nn.Module, query_length: int, key_length: int, device: Any, past_seen_tokens: Any
+def _stock_bias(
+    attn: torch.nn.Module, query_length: int, key_length: int, past_seen_tokens: Any
 ) -> Tensor:
-    table = attn.relative_attention_bias
-    host = copy.copy(attn)
-    host._modules = dict(attn._modules)
-    host._modules["relative_attention_bias"] = torch.nn.Embedding.from_pretrained(
-        table.weight.detach().cpu().float(), freeze=True
-    )
-    past = past_seen_tokens.cpu() if isinstance(past_seen_tokens, Tensor) else past_seen_tokens
+    """The stock ``compute_bias`` on the host with an fp32 copy of the bias table, cast back to
+    the table's dtype there."""
+    host = host_copy(attn, "relative_attention_bias")
     values = stock_method(type(attn), "compute_bias")(
-        host, query_length, key_length, device=torch.device("cpu"), past_seen_tokens=past
+        host,
+        query_length,
+        key_length,
+        device=torch.device("cpu"),
+        past_seen_tokens=past_seen_tokens,
     )
-    return values.to(table.weight.dtype).to(device if device is not None else table.weight.device)
+    return values.to(attn.relative_attention_bias.weight.dtype)
 
 
 def _t5_config(**overrides: Any) -> Any:
@@ -74,7 +71,6 @@ def _bias_example(seed: int):
     target=f"{_T5}:T5Attention.compute_bias",
     rule="dtype.cast",
     example=_bias_example,
-    provenance=_PROV,
 )
 def t5_position_bias(
     self: torch.nn.Module,
@@ -84,7 +80,9 @@ def t5_position_bias(
     past_seen_tokens: Any = 0,
 ) -> Tensor:
     """The stock bucketed relative-position bias, computed on the host."""
-    return _bias_on_host(self, query_length, key_length, device, past_seen_tokens)
+    table = self.relative_attention_bias.weight
+    back_to = device if device is not None else table.device
+    return on_host(_stock_bias, self, query_length, key_length, past_seen_tokens, back_to=back_to)
 
 
 def _torch_without_fp16_guard() -> types.ModuleType:
@@ -114,7 +112,6 @@ def _block_example(seed: int):
     target=f"{_T5}:T5Block.forward",
     rule="op.unsupported",
     example=_block_example,
-    provenance=_PROV,
 )
 def t5_block(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
     """The stock T5 block without its fp16 overflow guard (the identity on finite values)."""

@@ -1,6 +1,7 @@
 """Every bundled adapter proves itself (float64 equivalence with the code it replaces, its rule
 gone on the device), and the library makes popular architectures pass on the simulated device
-in eager and compiled mode — each fails without adapters."""
+in eager and compiled mode — each fails without adapters. One cheap float64 proof per bundled
+adapter file runs in the fast suite (``-m "not slow"``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hfadapt.adapters.proofs import verify_adapter
+from hfadapt.adapters.proofs import prove_float64, verify_adapter
 from hfadapt.adapters.registry import discover
 
 REGISTRY = discover(paths=[], entry_points=False)
@@ -96,10 +97,47 @@ ARCHITECTURES: dict[str, dict[str, object]] = {
         "vocab_size": 32128,
     },
 }
-# T5 overflows fp16 (its blocks carry an fp16 overflow guard); DESIGN.md runs such families in
-# bf16. Eager T5 also passes in fp16 (the guard adapter); compiled fp16 T5 still meets the guard's
+# T5 overflows fp16 (its blocks carry an fp16 overflow guard); such families run in bf16
+# (docs/design.md, "Verdicts"). Eager T5 also passes in fp16 (the guard adapter); compiled fp16 T5 still meets the guard's
 # isinf/any (Dynamo traces the stock block, not the adapter's copy): a known gap.
 DTYPE = {("t5", "compile"): "bf16"}
+
+
+# The fast proof of each bundled adapter file: its cheapest adapter (a model-level proof only
+# where the file has nothing else). A new file fails the coverage test until it is listed here.
+FAST_PROOFS = {
+    "activations.py": "gelu-new-cube",
+    "attention.py": "attention-head-dim-pad",
+    "host_inputs.py": "position-ids-host",
+    "layer_norm.py": "layer-norm-fp32-unfused",
+    "masks.py": "attention-mask-host-helper",
+    "relative_position.py": "mpnet-position-bias-host",
+    "rms_norm.py": "rms-norm-square-qwen3",
+    "rope.py": "rope-host-qwen3",
+    "sentence_pooling.py": "sentence-pooling-host",
+    "t5.py": "t5-position-bias-host",
+}
+
+
+def test_every_adapter_file_has_a_fast_proof() -> None:
+    files = {Path(a.path).name: [] for a in REGISTRY.adapters}  # type: ignore[var-annotated]
+    for a in REGISTRY.adapters:
+        files[Path(a.path).name].append(a.name)
+    missing = sorted(set(files) - set(FAST_PROOFS))
+    assert not missing, f"bundled adapter files without a fast proof in FAST_PROOFS: {missing}"
+    wrong = {f: n for f, n in FAST_PROOFS.items() if n not in files.get(f, [])}
+    assert not wrong, f"FAST_PROOFS names adapters not in those files: {wrong}; files: {files}"
+
+
+@pytest.mark.parametrize("file", sorted(FAST_PROOFS))
+def test_adapter_file_fast_float64_proof(file: str) -> None:
+    """Two seeds x four input variants in float64, with the negative controls rejected (two
+    seeds, so a constant output cannot pass for an input-dependent one)."""
+    a = REGISTRY.get(FAST_PROOFS[file])
+    eq = prove_float64(a, seeds=(0, 1), registry=REGISTRY)
+    assert eq.equivalent, f"{file}: {a.name}: {eq.summary()}"
+    assert eq.max_rel_err <= 1e-12, f"{file}: {a.name}: max rel err {eq.max_rel_err:.3g}"
+    assert len(eq.cases) == 8 and eq.controls_rejected, eq.summary()
 
 
 @pytest.mark.slow

@@ -159,7 +159,8 @@ def test_all_minilm_l6_v2_stops_with_every_violation(spyre_backend, minilm) -> N
 @pytest.mark.slow
 def test_all_minilm_l6_v2_runs_with_adapters(spyre_backend, minilm) -> None:  # type: ignore[no-untyped-def]
     """With the bundled adapters (host-built mask and token types, padded attention, ...) the
-    model lowers, and the device matches CPU fp32 (per-token cosine >= 0.99, SPYRE.md §4)."""
+    model lowers, and the device matches CPU fp32 (per-token cosine >= 0.99; docs/design.md,
+    "Verdicts")."""
     registry = pytest.importorskip("hfadapt.adapters.registry")
     path, batch = minilm
     reference = AutoModel.from_pretrained(path).eval()

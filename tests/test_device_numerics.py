@@ -108,7 +108,8 @@ def test_error_is_at_most_half_an_ulp(values: list[float]) -> None:
 def test_saturation_and_negative_infinity() -> None:
     got = _rounded([math.inf, -math.inf, 1e30, -1e30, 3.4e38, MAX, 33554432.0])
     assert got == [MAX, -MAX, MAX, -MAX, MAX, MAX, MAX], got
-    # -inf lands on 0xEFFF, a large finite number (SPYRE.md), not on -inf
+    # -inf lands on 0xEFFF, a large finite number, not on -inf (hf-adapters
+    # hf_adapters/hf_common.py; docs/device-profile.md, "DL16 numerics")
     assert DEFAULT_FORMAT.decode(0xEFFF) == -MAX and DEFAULT_FORMAT.decode(0x6FFF) == MAX
 
 

@@ -23,8 +23,8 @@ from hfadapt.hub.snapshot import (
     read_snapshot,
 )
 
-# sha256 of hf-adapters' resources/top_embedding_models_DEPRECATED.csv at 341f21c (as shipped in
-# /work/shared/data): the bundled copy is only gzipped, never edited.
+# sha256 of torch-spyre/hf-adapters' resources/top_embedding_models_DEPRECATED.csv at 341f21c:
+# the bundled copy is only gzipped, never edited.
 SNAPSHOT_SHA256 = "991547efd2201c4624b23333e734bf2a1ff2b11565e757627fe0a9501dede122"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

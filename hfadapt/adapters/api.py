@@ -1,23 +1,53 @@
 """The adapter API: one small Python file declares, with the ``@adapter`` decorator, what it
 replaces (a module class's method, a model's forward inputs, or the attention function), when
-it applies, which device rule it works around, and where it came from."""
+it applies, which device rule it works around, and where it came from.
+
+Everything an adapter file needs comes from here: the decorator, ``STICK`` (the device's
+64-element stick), ``forward_arg`` / ``replace_forward_arg`` (read and replace one argument of a
+forward, for ``pre_hook`` adapters), and the host helpers ``on_host`` and ``host_copy`` (run
+stock code on the host, result back on the device; see ``hfadapt.adapters.host``). How to write
+and prove one: docs/adapters.md."""
 
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
+from hfadapt.adapters.host import host_copy, on_host, to_device, to_host
 from hfadapt.errors import AdapterError
 
+__all__ = [
+    "STICK",
+    "Adapter",
+    "Provenance",
+    "adapter",
+    "forward_arg",
+    "host_copy",
+    "on_host",
+    "replace_forward_arg",
+    "to_device",
+    "to_host",
+]
+
 Kind = Literal["method", "pre_hook", "attention"]
+Proof = Literal["call", "model"]
+KINDS: tuple[str, ...] = get_args(Kind)
+PROOFS: tuple[str, ...] = get_args(Proof)
 ExampleFn = Callable[[int], tuple[Any, tuple[Any, ...], dict[str, Any]]]
+
+# The device's unit of layout: 64 fp16 elements (128 bytes) along the last dimension. Matmul
+# reduction sizes and sequence lengths must be whole sticks (the profile's ``layout`` section;
+# docs/device-profile.md).
+STICK = 64
 
 
 @dataclass(frozen=True)
 class Provenance:
-    """Where an adapter came from: written by hand, or drafted by an agent and proven."""
+    """Where an adapter came from: written by hand, or drafted by an agent and proven. The
+    defaults describe a hand-written hfadapt adapter, so bundled files give no provenance."""
 
     origin: str = "hand-written"  # hand-written | agent
     author: str = "hfadapt"
@@ -52,9 +82,7 @@ class Adapter:
     example: ExampleFn | None = None  # seed -> (module, args, kwargs) for equivalence proofs
     provenance: Provenance = field(default_factory=Provenance)
     priority: int = 100
-    proof: str = (
-        "call"  # "call": prove fn against the stock method; "model": the whole model's output
-    )
+    proof: Proof = "call"  # "call": fn against the stock method; "model": the model's output
     path: str = ""  # the file it was loaded from
     source: str = ""  # "bundled", "user", "entry-point:<pkg>", or "inline"
 
@@ -126,15 +154,18 @@ def adapter(
     example: ExampleFn | None = None,
     provenance: Provenance | dict[str, Any] | None = None,
     priority: int = 100,
-    proof: str = "call",
+    proof: Proof = "call",
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Register the decorated function as an adapter (llm-style: the decorator appends)."""
+    """Register the decorated function as an adapter (llm-style: the decorator appends).
+    ``provenance`` left out: a hand-written hfadapt adapter (the ``Provenance`` defaults)."""
     if not name or not name.replace("-", "").replace("_", "").isalnum():
         raise AdapterError(f"adapter name {name!r} must be letters, digits, '-' or '_'")
-    if kind not in ("method", "pre_hook", "attention"):
-        raise AdapterError(f"adapter {name}: unknown kind {kind!r}")
-    if proof not in ("call", "model"):
-        raise AdapterError(f"adapter {name}: proof must be 'call' or 'model', not {proof!r}")
+    if kind not in KINDS:
+        raise AdapterError(f"adapter {name}: kind must be one of {', '.join(KINDS)}, not {kind!r}")
+    if proof not in PROOFS:
+        raise AdapterError(
+            f"adapter {name}: proof must be one of {', '.join(PROOFS)}, not {proof!r}"
+        )
     prov = provenance if isinstance(provenance, Provenance) else Provenance(**(provenance or {}))
 
     def register(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -156,3 +187,32 @@ def adapter(
         return fn
 
     return register
+
+
+# -- forward arguments (pre_hook adapters) -------------------------------------------------
+
+
+def _position(module: Any, name: str) -> int | None:
+    """Where ``name`` stands among the positional parameters of this module's forward."""
+    params = [p for p in inspect.signature(type(module).forward).parameters if p != "self"]
+    return params.index(name) if name in params else None
+
+
+def forward_arg(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], name: str) -> Any:
+    """The value of the forward argument ``name`` in a call ``module(*args, **kwargs)``,
+    passed by keyword or by position; None when the call does not pass it."""
+    if name in kwargs:
+        return kwargs[name]
+    idx = _position(module, name)
+    return args[idx] if idx is not None and len(args) > idx else None
+
+
+def replace_forward_arg(
+    module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], name: str, value: Any
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``(args, kwargs)`` with the forward argument ``name`` set to ``value``, where the call
+    passed it (by position or keyword), else as a keyword: what a pre_hook returns."""
+    idx = _position(module, name)
+    if name not in kwargs and idx is not None and len(args) > idx:
+        return (*args[:idx], value, *args[idx + 1 :]), kwargs
+    return args, {**kwargs, name: value}

@@ -210,6 +210,24 @@ def device_check(a: Adapter, seed: int = 0, profile: str | None = None) -> Devic
     return check
 
 
+def prove_float64(
+    a: Adapter, *, seeds: tuple[int, ...] = (0, 1, 2), registry: Registry | None = None
+) -> EquivalenceResult:
+    """Float64 equivalence of ``a`` with the code it replaces on its example: the call it
+    replaces, or (``proof="model"``) the whole model's output with the rest of the registry
+    applied to both sides."""
+    if a.proof == "model":
+        stock, adapted = model_calls(a, registry)
+        return prove_equivalent(
+            lambda m, *args, **kw: adapted(m, args, kw),
+            lambda m, *args, **kw: stock(m, args, kw),
+            a.example,
+            seeds=seeds,
+            kind="method",
+        )
+    return prove_equivalent(a, seeds=seeds)
+
+
 def verify_adapter(a: Adapter, *, seeds: int = 3, profile: str | None = None) -> VerifyResult:
     """Equivalence first (no point running a wrong rewrite on the device), then the device."""
     result = VerifyResult(name=a.name, rule=a.rule, equivalence=None, device=None)
@@ -217,17 +235,7 @@ def verify_adapter(a: Adapter, *, seeds: int = 3, profile: str | None = None) ->
         result.failure = "no example: the adapter cannot be proven (add example=)"
         return result
     try:
-        if a.proof == "model":
-            stock, adapted = model_calls(a)
-            result.equivalence = prove_equivalent(
-                lambda m, *args, **kw: adapted(m, args, kw),
-                lambda m, *args, **kw: stock(m, args, kw),
-                a.example,
-                seeds=tuple(range(seeds)),
-                kind="method",
-            )
-        else:
-            result.equivalence = prove_equivalent(a, seeds=tuple(range(seeds)))
+        result.equivalence = prove_float64(a, seeds=tuple(range(seeds)))
     except Exception as exc:
         result.failure = f"equivalence harness raised {type(exc).__name__}: {exc}"
         return result

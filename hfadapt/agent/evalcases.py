@@ -1,5 +1,5 @@
 """The code behind ``hfadapt agent-eval``'s failure cases: small modules that fail on the device
-the way real model code does (SPYRE.md §5 and the profile's unsupported ops), each with an
+the way real model code does (docs/device-profile.md: rewrites, unsupported ops), each with an
 example builder (seed -> module, args, kwargs; odd sizes that change with the seed) for the
 equivalence proof and a model builder (seed -> model, inputs; stick-aligned) for the device.
 

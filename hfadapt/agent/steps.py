@@ -16,7 +16,7 @@ from hfadapt.adapters.equivalence import DEFAULT_SEEDS, prove_equivalent
 from hfadapt.agent.cases import FailureCase, captured_example, resolve_ref
 
 StepResult = tuple[str, str, dict[str, Any]]
-# End-to-end thresholds (DESIGN "Validating an adapter", SPYRE.md §4).
+# End-to-end thresholds (docs/design.md, "Validating an adapter").
 CPU_COSINE_MIN = 0.999
 DEVICE_COSINE_MIN = 0.99
 

@@ -1,4 +1,4 @@
-"""The fixed agent-eval suite: failure cases with known-good solutions (SPYRE.md §5's rewrites
+"""The fixed agent-eval suite: failure cases with known-good solutions (docs/device-profile.md's rewrites
 and the profile's unsupported ops). ``suite_case`` turns one into a FailureCase the same way a
 real failure becomes one: the model runs on the simulated device and the violation it meets
 gives the fingerprint, the device's text and the source to show the agent."""

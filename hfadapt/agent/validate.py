@@ -1,4 +1,4 @@
-"""Validating a draft (DESIGN.md "Validating an adapter"), each step recorded: the AST policy
+"""Validating a draft (docs/design.md, "Validating an adapter"), each step recorded: the AST policy
 here, in this process, without running anything; then, in the sandbox, loading it, float64
 equivalence with negative controls, the fingerprint gone on the device with no new violation,
 and the end-to-end cosines. The first failed step's exact text is the agent's feedback."""

@@ -1,6 +1,6 @@
 """The result of diagnosing one model (``Diagnosis``), the next step it suggests, what is
 captured while it runs (phase timings, versions, device warnings), and how it is recorded as
-one ``Run`` row in runs.db with the full evidence (DESIGN "Evidence")."""
+one ``Run`` row in runs.db with the full evidence (docs/design.md, "Evidence")."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """How a device run is judged against the CPU reference: per-token cosine of the last hidden
 state over real (non-pad) tokens, pooled cosine with the model's own sentence-transformers
-pooling, max abs difference and NaN/inf flags (SPYRE.md §4, DESIGN "Judging a run")."""
+pooling, max abs difference and NaN/inf flags (docs/design.md, "Verdicts")."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-# The device only takes sequence lengths that are whole sticks (SPYRE.md §3).
+# The device only takes sequence lengths that are whole sticks (docs/device-profile.md, the layout section).
 PAD_MULTIPLE = 64
 # Longest padded length probed: long enough for the paragraph, short enough to stay fast.
 MAX_PROBE_LENGTH = 512

@@ -1,6 +1,7 @@
 """DL16 ("dlfloat", IBM's 16-bit format) numerics: round float32 values to the set DL16 can
-hold. Parameters come from the device profile; the defaults are SPYRE.md's (1 sign, 6 exponent
-bits with bias 31, 9 mantissa bits, no subnormals, no infinity: past-range values saturate)."""
+hold. Parameters come from the device profile; the defaults are the shipped profile's (1 sign,
+6 exponent bits with bias 31, 9 mantissa bits, no subnormals, no infinity: past-range values
+saturate; docs/device-profile.md, "DL16 numerics")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The cheapest instance of a structural signature. Models that share a signature share a
-lowering verdict (DESIGN "Structural signature"), so a structural sweep may judge a signature
+lowering verdict (docs/design.md, "Structural signature"), so a structural sweep may judge a signature
 on *any* config that has it. The model_type defaults of decoder families are 4096 wide (a
 2-layer Qwen3 stand-in is 700M parameters and takes minutes on a CPU); ``narrowed`` keeps
 head_dim, the alignment of hidden and intermediate sizes modulo the stick, grouped-query
