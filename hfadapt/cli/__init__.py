@@ -43,7 +43,7 @@ def _usage_line(exc: _click.exceptions.UsageError) -> str:
 def main() -> None:
     try:
         # standalone_mode=False makes click return typer.Exit codes instead of exiting.
-        rc = app(standalone_mode=False)
+        rc = app(standalone_mode=False, prog_name="hfadapt")
         if isinstance(rc, int) and rc:
             sys.exit(rc)
     except HfadaptError as exc:
