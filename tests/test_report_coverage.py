@@ -241,7 +241,7 @@ def test_failures_at_80_columns_keep_each_call_site_line_number(
     from hfadapt.db.engine import sqlite_path
 
     db = str(sqlite_path(report_engine.url))
-    code, out, err = run_cli(["failures", "--db", db, "--json"], monkeypatch, capsys)
+    _, out, _ = run_cli(["failures", "--db", db, "--json"], monkeypatch, capsys)
     sites = [f["site"] for f in json.loads(out) if f["site"]]
     assert sites, out
     code, out, _ = run_cli(["failures", "--db", db], monkeypatch, capsys, columns=80)
