@@ -24,7 +24,9 @@ def device_rules(profile: Profile) -> str:
         "slow; unsupported = the model does not lower). Ops are ATen overloads:"
     ]
     for rule in profile.rules.values():
-        modes = "" if set(rule.modes) == set(Execution.choices()) else f", {'/'.join(rule.modes)} only"
+        modes = (
+            "" if set(rule.modes) == set(Execution.choices()) else f", {'/'.join(rule.modes)} only"
+        )
         ops = ", ".join(o.removeprefix("aten::") for o in rule.ops)
         note = f" ({rule.note})" if rule.note else ""
         lines.append(f"- `{rule.id}` {rule.outcome}{modes}: {ops}{note}")
