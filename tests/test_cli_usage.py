@@ -186,3 +186,44 @@ def test_agent_eval_lists_cases_and_names_the_reference_run(
     assert [c["case"] for c in json.loads(out)] == [c.name for c in SUITE], out
     code, out, err = run_cli(["agent-eval", "--list-cases"], monkeypatch, capsys)
     assert code == 0 and all(c.name in out for c in SUITE), out
+
+
+def test_attempts_say_retries_once_and_escape_markup(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hfadapt.db.engine import get_engine, session
+    from hfadapt.db.tables import AgentAttempt, DraftSession
+
+    db = str(tmp_path / "runs.db")
+    with session(get_engine(db)) as sess:
+        draft = DraftSession(fingerprint="f00d", outcome="endpoint_error")
+        sess.add(draft)
+        sess.flush()
+        sess.add(
+            AgentAttempt(
+                session_id=draft.id,
+                fingerprint="f00d",
+                endpoint_model="m[x]",
+                retries=0,
+                error="HTTP 503; gave up after 5 tries",
+            )
+        )
+        sess.add(AgentAttempt(session_id=draft.id, number=2, fingerprint="f00d", retries=2))
+    code, out, err = run_cli(["attempts", "1", "--db", db], monkeypatch, capsys)
+    assert code == 0, err
+    assert "gave up after 5 tries" in out and "retr" not in out.replace("tries", ""), out
+    assert "model m[x]" in out, f"rich markup ate the model name:\n{out}"
+    code, out, err = run_cli(["attempts", "2", "--db", db], monkeypatch, capsys)
+    assert code == 0 and "retried 2 time(s) before the answer" in out, (code, out, err)
+
+
+@pytest.mark.slow
+def test_agent_eval_reference_says_what_ran(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["agent-eval", "--reference", "--case", "gelu-new-cube", "--db", str(tmp_path / "e.db")]
+    code, out, err = run_cli(args, monkeypatch, capsys, columns=80)
+    flat = " ".join(out.split())
+    assert code == 0, err
+    assert "the reference solutions (self-check, no endpoint): accepted 1/1 (100%)" in flat, out
+    assert "reference reference" not in flat and "…" not in out, out

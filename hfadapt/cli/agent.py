@@ -380,15 +380,8 @@ def agent_eval(
     if as_json:
         typer.echo(json.dumps(data, indent=2, default=str))
         return
-    table = Table(
-        "case",
-        "outcome",
-        "attempts",
-        "tokens in",
-        "tokens out",
-        "seconds",
-        "steps of the last attempt",
-    )
+    table = Table("case", "outcome", "attempts", "tokens in", "tokens out", "seconds")
+    table.add_column("steps of the last attempt", overflow="fold")
     for r in report.rows:
         colour = "green" if r["outcome"] == "accepted" else "red"
         last = r["steps"][-1] if r["steps"] else {}
