@@ -1,5 +1,6 @@
-"""Running the real ``hfadapt`` entry point inside a test: argv set, a wide terminal so rich
-tables are not truncated, SystemExit turned into an exit code."""
+"""Running the real ``hfadapt`` entry point (``hfadapt.cli.main``, what the console script
+calls) inside a test: argv set, a wide terminal unless a test asks for a narrow one,
+SystemExit turned into an exit code."""
 
 from __future__ import annotations
 
@@ -11,11 +12,15 @@ from hfadapt.cli import main
 
 
 def run_cli(
-    args: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    args: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    *,
+    columns: int = 220,
 ) -> tuple[int, str, str]:
-    """(exit code, stdout, stderr) of ``hfadapt *args``."""
+    """(exit code, stdout, stderr) of ``hfadapt *args`` in a terminal ``columns`` wide."""
     monkeypatch.setattr(sys, "argv", ["hfadapt", *args])
-    monkeypatch.setenv("COLUMNS", "220")  # rich wraps tables at the terminal width
+    monkeypatch.setenv("COLUMNS", str(columns))  # rich wraps tables at the terminal width
     code = 0
     try:
         main()

@@ -23,8 +23,7 @@ from hfadapt.agent.loop import ACCEPTED, REJECTED, draft_adapter
 from hfadapt.agent.records import Recorder
 from hfadapt.agent.suite import get, suite_case
 from hfadapt.db.engine import get_engine
-
-runner = pytest.importorskip("hfadapt.spyre.runner", reason="the device runner has not landed")
+from hfadapt.spyre import runner
 
 GELU = get("gelu-new-cube")
 KEEPS_POW = GELU.solution.replace("(input * input * input)", "torch.pow(input, 3.0)").replace(

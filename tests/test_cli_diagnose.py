@@ -134,7 +134,10 @@ def test_violations_are_listed_with_source_lines(
         ("no model_type", "has no model_type"),
         ("corrupt", "is corrupt"),
         ("hub offline", "is not in the HF cache"),
-        ("bad mode", "--mode must be one of full, structural"),
+        (
+            "bad mode",
+            "Invalid value for '--mode': Value error, 'fast' is not one of 'full', 'structural'",
+        ),
         ("read-only db", "is read-only"),
     ],
 )
@@ -173,3 +176,32 @@ def test_bad_input_is_one_line_and_exit_2(
     assert code == 2, (out, err)
     assert expected in err and err.count("\n") == 1 and "Traceback" not in err, err
     assert out == ""
+
+
+@pytest.mark.parametrize(
+    ("model", "expected"),
+    [
+        ("", "error: MODEL is empty"),
+        ("   ", "error: MODEL is empty"),
+        ("/etc", "error: /etc is not a model folder: no config.json and no weights in it"),
+        ("☃☃/ü💥", "error: ☃☃/ü💥 is neither a folder nor a Hub model id"),
+    ],
+)
+def test_not_a_model_is_exit_2_and_stores_nothing(
+    model: str,
+    expected: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from hfadapt.db.engine import get_engine, session
+    from hfadapt.db.tables import Run
+
+    db = tmp_path / "runs.db"
+    get_engine(str(db)).dispose()
+    code, out, err = run_cli(["diagnose", model, "--db", str(db)], monkeypatch, capsys)
+    assert (code, out, err.count("\n")) == (2, "", 1), (code, out, err)
+    assert err.startswith(expected), err
+    with session(get_engine(str(db)), write=False) as sess:
+        stored = sess.query(Run).count()
+    assert stored == 0, f"{stored} run row(s) stored for {model!r}"

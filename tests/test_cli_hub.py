@@ -97,6 +97,12 @@ def test_census(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[s
 def test_before_any_crawl_is_one_line(
     command: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    from hfadapt.db.engine import get_engine
+
+    code, out, err = run([command], monkeypatch, capsys)  # no database at all: not created
+    assert (code, err.count("\n")) == (2, 1), (code, out, err)
+    assert err.startswith("error: no database at ") and "hfadapt crawl" in err, err
+    get_engine(None).dispose()  # an empty database: no crawl in it yet
     code, out, err = run([command], monkeypatch, capsys)
     assert code == 2, (code, out, err)
     assert (
@@ -116,7 +122,10 @@ def test_bad_input_is_one_line_with_exit_code(
         err
     )
     code, _, err = run(["crawl", "--limit", "0"], monkeypatch, capsys)
-    assert (code, err) == (2, "error: --limit must be at least 1 (got 0)\n")
+    assert (code, err) == (
+        2,
+        "error: Invalid value for '--limit': Input should be greater than or equal to 1 (see hfadapt crawl --help)\n",
+    ), err
     corrupt = tmp_path / "corrupt.db"
     corrupt.write_bytes(b"not a database at all" * 10)
     code, _, err = run(["models", "--db", str(corrupt)], monkeypatch, capsys)

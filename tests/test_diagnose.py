@@ -361,9 +361,8 @@ def test_diagnosis_json_round_trips(
 
 
 def _real_runner() -> Any:
-    runner = pytest.importorskip(
-        "hfadapt.spyre.runner", reason="the device runner has not landed yet"
-    )
+    from hfadapt.spyre import runner
+
     return runner.run_on_device
 
 

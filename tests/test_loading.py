@@ -158,7 +158,7 @@ def test_hub_id_offline_not_in_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     line = info.value.one_line()
     print(line)
     assert "is not in the HF cache" in line and "HF_HUB_OFFLINE is set" in line, line
-    assert "--mode structural" in line
+    assert "structural mode" in line and "--" not in line, line
 
 
 def test_not_a_hub_id(tmp_path: Path) -> None:
@@ -294,17 +294,15 @@ def test_hub_id_the_hub_does_not_have(hub_with_tiny_bert: FakeHub) -> None:
         loading.load("acme/nothing-here")
 
 
-def test_unreachable_hub_fails_fast(monkeypatch: pytest.MonkeyPatch, online: None) -> None:
-    import time
-
+def test_unreachable_hub_fails_fast(
+    monkeypatch: pytest.MonkeyPatch, online: None, sleeps: list[float]
+) -> None:
     from hub_server import refused_url
 
     monkeypatch.setenv("HF_ENDPOINT", refused_url())
-    start = time.perf_counter()
     with pytest.raises(ModelNotFoundError, match="cannot be reached"):
         loading.load("acme/tiny-bert")
-    took = time.perf_counter() - start
-    assert took < 10, f"took {took:.1f} s: the Hub probe should fail fast, not retry"
+    assert sum(sleeps) == 0, f"slept {sleeps} s: the Hub probe should fail at once, not retry"
 
 
 def test_config_without_weights_in_cache_offline(

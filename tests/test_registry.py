@@ -75,24 +75,23 @@ def test_a_broken_adapter_file_is_reported_and_skipped(
 
 
 def test_cli_lists_a_broken_file_with_its_error(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from typer.testing import CliRunner
+    from cli_runner import run_cli
 
     from hfadapt.adapters import registry
-    from hfadapt.cli import app
 
     (tmp_path / "broken.py").write_text("def broken(:\n")
     monkeypatch.setenv("HFADAPT_ADAPTERS_PATH", str(tmp_path))
     registry.default_registry(reload=True)
     try:
-        result = CliRunner().invoke(app, ["adapters", "list"], env={"COLUMNS": "200"})
+        code, out, err = run_cli(["adapters", "list"], monkeypatch, capsys)
     finally:
         monkeypatch.delenv("HFADAPT_ADAPTERS_PATH")
         registry.default_registry(reload=True)
-    assert result.exit_code == 0, result.output
-    assert "broken.py" in result.output and "SyntaxError" in result.output
-    assert "gelu-new-cube" in result.output
+    assert code == 0, err
+    assert "broken.py" in out and "SyntaxError" in out, out
+    assert "gelu-new-cube" in out, out
 
 
 def test_entry_point_adapters_are_discovered(

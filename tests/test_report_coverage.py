@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
+from cli_runner import run_cli
 
 from hfadapt.errors import UsageError
 from hfadapt.report.coverage import (
@@ -163,29 +163,90 @@ def test_report_json_round_trips(report_engine: Any) -> None:
     assert data["diff"]["counts"] == {"PASS": 1, "XFAIL": 3, "FAIL": 1, "IMPROVED": 2}
 
 
-def test_cli_failures_and_report(report_engine: Any, tmp_path: Path) -> None:
-    from hfadapt.cli import app
+def test_cli_failures_and_report(
+    report_engine: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     from hfadapt.db.engine import sqlite_path
 
+    def run(args: list[str]) -> tuple[int, str, str]:
+        return run_cli(args, monkeypatch, capsys)
+
     db = str(sqlite_path(report_engine.url))
-    runner = CliRunner()
-    out = runner.invoke(app, ["failures", "--db", db])
-    assert out.exit_code == 0, out.output
-    assert out.output.index("F2") < out.output.index("F1") < out.output.index("F3"), out.output
-    as_json = runner.invoke(app, ["failures", "--db", db, "--json", "--sweep", "1"])
-    assert [(f["fingerprint"], f["downloads"]) for f in json.loads(as_json.output)] == [
+    code, out, err = run(["failures", "--db", db])
+    assert code == 0, err
+    assert out.index("F2") < out.index("F1") < out.index("F3"), out
+    code, out, err = run(["failures", "--db", db, "--json", "--sweep", "1"])
+    assert [(f["fingerprint"], f["downloads"]) for f in json.loads(out)] == [
         ("F1", 800),
         ("F2", 330),
-    ]
+    ], out
     html, js = tmp_path / "r.html", tmp_path / "r.json"
-    rep = runner.invoke(
-        app, ["report", "--db", db, "--against", "1", "--html", str(html), "--json", str(js)]
+    code, out, err = run(
+        ["report", "--db", db, "--against", "1", "--html", str(html), "--output", str(js)]
     )
-    assert rep.exit_code == 0, rep.output
-    assert "pass 3 (42.9% by count, 78.0% by downloads)" in rep.output, rep.output
-    assert "PASS 1, XFAIL 3, FAIL 1, IMPROVED 2" in rep.output and "66.7%" in rep.output
+    assert code == 0, err
+    assert "pass 3 (42.9% by count, 78.0% by downloads)" in out, out
+    assert "PASS 1, XFAIL 3, FAIL 1, IMPROVED 2" in out and "66.7%" in out, out
     assert (
         html.read_text().startswith("<!DOCTYPE html>") and json.loads(js.read_text())["models"] == 7
     )
-    missing = runner.invoke(app, ["report", "--db", db, "--sweep", "5"])
-    assert missing.exit_code != 0 and isinstance(missing.exception, UsageError)
+    # --json is a flag, as everywhere else: the report on stdout, nothing else.
+    code, out, err = run(["report", "--db", db, "--json"])
+    assert code == 0 and json.loads(out)["models"] == 7, (code, out, err)
+    code, out, err = run(["report", "--db", db, "--sweep", "5"])
+    assert code == 2 and err.count("\n") == 1 and "5" in err, (code, err)
+
+
+def test_report_against_the_reported_sweep_refuses(
+    report_engine: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hfadapt.db.engine import sqlite_path
+
+    db = str(sqlite_path(report_engine.url))
+    for args in (["--against", "2"], ["--sweep", "1", "--against", "1"]):
+        code, out, err = run_cli(["report", "--db", db, *args], monkeypatch, capsys)
+        assert code == 2 and err.startswith("error: --against ") and err.count("\n") == 1, (
+            args,
+            code,
+            err,
+        )
+        assert "is the sweep being reported" in err and not out, (args, out, err)
+    with pytest.raises(UsageError, match=r"^against=2 is the sweep being reported"):
+        build_report(report_engine, against=2)
+
+
+@pytest.mark.parametrize(
+    "command", ["report", "failures", "models", "attempts", "census", "sweeps"]
+)
+def test_read_only_commands_refuse_a_missing_database(
+    command: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for name in ("typo.db", "::::"):
+        missing = tmp_path / name
+        code, out, err = run_cli([command, "--db", str(missing)], monkeypatch, capsys)
+        assert (code, err.count("\n")) == (2, 1), (command, name, code, out, err)
+        assert err.startswith(f"error: no database at {missing}"), err
+        assert not missing.exists(), f"{command} created {missing}"
+
+
+def test_failures_at_80_columns_keep_each_call_site_line_number(
+    report_engine: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hfadapt.db.engine import sqlite_path
+
+    db = str(sqlite_path(report_engine.url))
+    _, out, _ = run_cli(["failures", "--db", db, "--json"], monkeypatch, capsys)
+    sites = [f["site"] for f in json.loads(out) if f["site"]]
+    assert sites, out
+    code, out, _ = run_cli(["failures", "--db", db], monkeypatch, capsys, columns=80)
+    widest = max(len(line) for line in out.splitlines())
+    assert code == 0 and widest <= 80, f"{widest} columns:\n{out}"
+    for site in sites:
+        where = site.partition(" in ")[0].rpartition("/")[2]  # file.py:LINE
+        assert any(where in line for line in out.splitlines()), f"{where} cut:\n{out}"

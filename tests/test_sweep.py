@@ -4,7 +4,7 @@ while the sweep goes on, progress, and the options a sweep refuses."""
 
 from __future__ import annotations
 
-import time
+import json
 from collections import Counter
 from typing import Any
 
@@ -81,11 +81,9 @@ def test_crash_and_hang_are_recorded_and_the_sweep_goes_on(
 ) -> None:
     monkeypatch.setenv("HFADAPT_FAKE_CRASH", "org/bert-relu")
     monkeypatch.setenv("HFADAPT_FAKE_HANG", "org/xlmr-0")
-    start = time.perf_counter()
     result = run_sweep(sweep_engine, worker=fake_worker, workers=2, timeout=3.0, resume=False)
-    seconds = time.perf_counter() - start
     rows = {r["model_id"]: r for r in runs(sweep_engine, result.sweep_id)}
-    print(f"\n{seconds:.1f} s, restarts {result.worker_restarts}: {result.counts}")
+    print(f"\nrestarts {result.worker_restarts}: {result.counts}")
     crashed = rows["org/bert-relu"]
     assert crashed["verdict"] == verdicts.WORKER_CRASHED and "SIGSEGV" in crashed["reason"], (
         crashed["reason"]
@@ -99,9 +97,11 @@ def test_crash_and_hang_are_recorded_and_the_sweep_goes_on(
     others = [
         r for m, r in rows.items() if m.startswith(("org/bert-a", "org/minilm", "org/no-config"))
     ]
-    assert len(others) == 7 and all(r["verdict"] in ("pass", "lowering_failed") for r in others)
+    assert len(others) == 7, sorted(rows)
+    for row in others:  # the fake's verdict is a function of its unit key, named in the reason
+        key = row["reason"].rpartition("fake verdict of ")[2]
+        assert key and row["verdict"] == fake_verdict(key), (row["model_id"], row["reason"])
     assert len(rows) == 13 and result.worker_restarts == 2, result
-    assert seconds < 60, f"the sweep took {seconds:.1f} s"
 
 
 def test_a_worker_that_raises_is_worker_crashed(sweep_engine: Any, fake_worker: str) -> None:
@@ -205,6 +205,7 @@ def test_many_signatures_store_every_model_once(tmp_path: Any, fake_worker: str)
     with engine.connect() as conn:
         dupes = conn.execute(text("SELECT count(*) - count(DISTINCT model_id) FROM run")).scalar()
         sweep = conn.execute(text("SELECT counts FROM sweep")).scalar()
-    assert dupes == 0 and sweep is not None
-    assert isinstance(Sweep.__tablename__, str)
+    counts = json.loads(sweep) if isinstance(sweep, str) else sweep
+    assert dupes == 0 and sum(counts.values()) == 92, (dupes, counts)
+    assert Sweep.__tablename__ == "sweep"
     engine.dispose()

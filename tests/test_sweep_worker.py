@@ -8,8 +8,8 @@ import json
 from typing import Any
 
 import pytest
+from cli_runner import run_cli
 from conftest import small_bert
-from typer.testing import CliRunner
 
 from hfadapt import verdicts
 from hfadapt.sweep.run import run_sweep
@@ -103,18 +103,22 @@ def test_memory_limit_turns_a_hog_into_worker_crashed(
 
 
 @pytest.mark.slow
-def test_cli_sweep_shows_progress_and_counts(sweep_engine: Any) -> None:
-    from hfadapt.cli import app
+def test_cli_sweep_shows_progress_and_counts(
+    sweep_engine: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     from hfadapt.db.engine import sqlite_path
 
     db = str(sqlite_path(sweep_engine.url))
-    out = CliRunner().invoke(app, ["sweep", "--top", "6", "--db", db, "--workers", "1"])
-    assert out.exit_code == 0, out.output
-    print(out.output)
-    assert "sweep 1: 6 models" in out.output and "2 units of work" in out.output, out.output
-    assert "dedupe factor 3.0" in out.output and "pass 6" in out.output, out.output
-    listing = CliRunner().invoke(app, ["sweeps", "--db", db, "--json"])
-    (sweep,) = json.loads(listing.output)
+    code, out, err = run_cli(
+        ["sweep", "--top", "6", "--db", db, "--workers", "1"], monkeypatch, capsys
+    )
+    assert code == 0, err
+    assert "sweep 1: 6 models" in out and "2 units of work" in out, out
+    assert "dedupe factor 3.0" in out and "pass 6" in out, out
+    code, out, err = run_cli(["sweeps", "--db", db, "--json"], monkeypatch, capsys)
+    (sweep,) = json.loads(out)
     assert (sweep["status"], sweep["models"], sweep["units"], sweep["top"]) == ("done", 6, 2, 6)
-    again = CliRunner().invoke(app, ["sweep", "--top", "6", "--db", db, "--mode", "fast"])
-    assert again.exit_code != 0 and "mode must be one of full, structural" in str(again.exception)
+    code, out, err = run_cli(
+        ["sweep", "--top", "6", "--db", db, "--mode", "fast"], monkeypatch, capsys
+    )
+    assert code == 2 and err.count("\n") == 1 and "'--mode'" in err and "fast" in err, (code, err)

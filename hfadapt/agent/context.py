@@ -10,6 +10,7 @@ from pathlib import Path
 from hfadapt.agent.cases import FailureCase, target_source
 from hfadapt.agent.policy import describe_policy
 from hfadapt.agent.prompts import render
+from hfadapt.options import Execution
 from hfadapt.spyre.profile import Profile, load_profile
 
 EXAMPLE_FILES = ("activations.py", "rms_norm.py", "layer_norm.py")
@@ -23,7 +24,9 @@ def device_rules(profile: Profile) -> str:
         "slow; unsupported = the model does not lower). Ops are ATen overloads:"
     ]
     for rule in profile.rules.values():
-        modes = "" if set(rule.modes) == {"eager", "compile"} else f", {'/'.join(rule.modes)} only"
+        modes = (
+            "" if set(rule.modes) == set(Execution.choices()) else f", {'/'.join(rule.modes)} only"
+        )
         ops = ", ".join(o.removeprefix("aten::") for o in rule.ops)
         note = f" ({rule.note})" if rule.note else ""
         lines.append(f"- `{rule.id}` {rule.outcome}{modes}: {ops}{note}")

@@ -150,3 +150,38 @@ def cases_by_model(entries: list[BlockingFingerprint]) -> dict[str, list[str]]:
         if e.models:
             plan[e.models[0]].append(e.fingerprint)
     return dict(plan)
+
+
+def plan_drafts(
+    engine: Engine,
+    *,
+    model: str | None = None,
+    fingerprint: str | None = None,
+    top: int | None = None,
+) -> dict[str, list[str] | None]:
+    """What to draft for: model -> the fingerprints wanted on it (None: every one it fails
+    with now). From exactly one of ``model`` (diagnosed when drafting), ``fingerprint`` (a
+    recorded one, on its most downloaded model) or ``top`` (the K fingerprints blocking the
+    most downloads, each on its first model)."""
+    if sum(x is not None for x in (model, fingerprint, top)) != 1:
+        raise UsageError("give exactly one of model, fingerprint or top")
+    if top is not None:
+        if top < 1:
+            raise UsageError(f"top must be at least 1 (got {top})")
+        return dict(cases_by_model(top_fingerprints(engine, top)))
+    if fingerprint is not None:
+        full, models = models_for_fingerprint(engine, fingerprint)
+        return {models[0]: [full]}
+    assert model is not None
+    return {model: None}
+
+
+def wanted_cases(
+    cases: list[FailureCase], wanted: list[str] | None
+) -> tuple[list[FailureCase], list[str]]:
+    """The cases whose fingerprint is wanted (every case for None), and the wanted
+    fingerprints that did not occur among them."""
+    if wanted is None:
+        return cases, []
+    kept = [c for c in cases if c.fingerprint in wanted]
+    return kept, sorted(set(wanted) - {c.fingerprint for c in kept})

@@ -7,13 +7,16 @@ import json
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.syntax import Syntax
 from rich.table import Table
 
-from hfadapt.cli._app import JsonOption, ProfileOption, app, console
+from hfadapt.cli._app import JsonOption, ProfileOption, app, console, count_option
 
 adapters_app = typer.Typer(
-    help="The adapter registry: list, show and re-prove adapters.", no_args_is_help=True
+    help="The adapter registry: list, show and re-prove adapters.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
 )
 app.add_typer(adapters_app, name="adapters")
 
@@ -39,17 +42,18 @@ def list_adapters(as_json: JsonOption = False) -> None:
     for col in ("name", "kind", "replaces", "works around", "origin", "source"):
         table.add_column(col)
     for a in reg.adapters:
-        table.add_row(
-            a.name, a.kind, a.target.split(":")[-1], a.rule, a.provenance.origin, a.source
-        )
+        cells = (a.name, a.kind, a.target.split(":")[-1], a.rule, a.provenance.origin, a.source)
+        table.add_row(*(escape(str(c)) for c in cells))
     console.print(table)
     for e in reg.errors:
-        console.print(f"[red]broken[/red] {e.path}: {e.error}", highlight=False)
+        console.print(f"[red]broken[/red] {escape(f'{e.path}: {e.error}')}", highlight=False)
 
 
 @adapters_app.command("show")
 def show(
-    name: Annotated[str, typer.Argument(help="Adapter name (see `hfadapt adapters list`).")],
+    name: Annotated[
+        str, typer.Argument(metavar="NAME", help="Adapter name (see `hfadapt adapters list`).")
+    ],
     as_json: JsonOption = False,
 ) -> None:
     """An adapter's metadata, what it fixes, and its source."""
@@ -62,20 +66,30 @@ def show(
         typer.echo(json.dumps({**a.summary(), "code": source}, indent=2))
         return
     profile = load_profile()
-    console.print(f"[bold]{a.name}[/bold] ({a.kind}) replaces [cyan]{a.target}[/cyan]")
     console.print(
-        f"works around rule [yellow]{a.rule}[/yellow] — {profile.rule_source(a.rule) or 'see the profile'}"
+        f"[bold]{escape(a.name)}[/bold] ({escape(a.kind)}) replaces [cyan]{escape(a.target)}[/cyan]",
+        highlight=False,
     )
-    console.print(f"provenance: {a.provenance.to_dict()}   file: {a.path}")
+    source_of_rule = profile.rule_source(a.rule) or "see the profile"
+    console.print(
+        f"works around rule [yellow]{escape(a.rule)}[/yellow] — {escape(source_of_rule)}",
+        highlight=False,
+    )
+    console.print(escape(f"provenance: {a.provenance.to_dict()}   file: {a.path}"), highlight=False)
     if a.description:
-        console.print(a.description)
+        console.print(a.description, markup=False, highlight=False)
     console.print(Syntax(source, "python", line_numbers=False))
 
 
 @adapters_app.command("verify")
 def verify(
-    name: Annotated[str | None, typer.Argument(help="One adapter; all when omitted.")] = None,
-    seeds: Annotated[int, typer.Option("--seeds", help="Random seeds for the float64 proof.")] = 3,
+    name: Annotated[
+        str | None,
+        typer.Argument(metavar="NAME", help="One adapter (default: all).", show_default=False),
+    ] = None,
+    seeds: Annotated[
+        int, count_option("--seeds", "Random seeds for the float64 proof.", minimum=1)
+    ] = 3,
     profile: ProfileOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -95,10 +109,10 @@ def verify(
             table.add_column(col)
         for r in results:
             table.add_row(
-                r.name,
-                r.equivalence_text,
-                r.device_text,
-                "[green]ok[/green]" if r.ok else f"[red]{r.failure}[/red]",
+                escape(r.name),
+                escape(r.equivalence_text),
+                escape(r.device_text),
+                "[green]ok[/green]" if r.ok else f"[red]{escape(str(r.failure))}[/red]",
             )
         console.print(table)
     if not all(r.ok for r in results):

@@ -9,9 +9,20 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
-from hfadapt.cli._app import DbOption, JsonOption, ProfileOption, app, console
+from hfadapt.cli._app import (
+    DbOption,
+    JsonOption,
+    ProfileOption,
+    app,
+    console,
+    count_option,
+    existing_engine,
+)
+from hfadapt.errors import UsageError
+from hfadapt.options import Mode
 
 BaseUrlOption = Annotated[
     str | None,
@@ -37,7 +48,7 @@ ApiKeyOption = Annotated[
         show_default=False,
     ),
 ]
-AttemptsOption = Annotated[int, typer.Option("--max-attempts", min=1, help="Drafts per failure.")]
+AttemptsOption = Annotated[int, count_option("--max-attempts", "Drafts per failure.")]
 
 
 def _settings(base_url: str | None, model: str | None, api_key: str | None, attempts: int) -> Any:
@@ -55,13 +66,13 @@ def _outcome_table(outcomes: list[Any]) -> Table:
     for o in outcomes:
         colour = "green" if o.accepted else "red"
         table.add_row(
-            o.case.fingerprint,
-            o.case.name,
+            escape(o.case.fingerprint),
+            escape(o.case.name),
             f"[{colour}]{o.outcome}[/{colour}]",
             str(len(o.attempts)),
             f"{o.tokens_in}/{o.tokens_out}",
             f"{o.seconds:.1f}",
-            str(o.adapter_path) if o.adapter_path else o.reason,
+            escape(str(o.adapter_path) if o.adapter_path else o.reason),
         )
     return table
 
@@ -75,13 +86,16 @@ def draft(
     fingerprint: Annotated[
         str | None,
         typer.Option(
-            "--fingerprint", help="Draft for one recorded failure fingerprint (a prefix will do)."
+            "--fingerprint",
+            metavar="ID",
+            help="Draft for one recorded failure fingerprint (a prefix will do).",
+            show_default=False,
         ),
     ] = None,
     top: Annotated[
         int | None,
-        typer.Option(
-            "--top", min=1, help="Draft for the K fingerprints blocking the most downloads."
+        count_option(
+            "--top", "Draft for the K fingerprints blocking the most downloads.", show_default=False
         ),
     ] = None,
     list_only: Annotated[
@@ -92,8 +106,8 @@ def draft(
     api_key: ApiKeyOption = None,
     max_attempts: AttemptsOption = 4,
     mode: Annotated[
-        str, typer.Option("--mode", help="full (real weights) or structural.")
-    ] = "full",
+        Mode, typer.Option("--mode", help="full: real weights. structural: random weights.")
+    ] = Mode.FULL,
     no_adapters: Annotated[
         bool,
         typer.Option(
@@ -107,26 +121,14 @@ def draft(
     """Have a coding agent draft adapters for failures; accept only proven ones."""
     from hfadapt.agent import workflows
     from hfadapt.db.engine import get_engine
-    from hfadapt.errors import UsageError
-    from hfadapt.options import Mode
 
     if sum(x is not None for x in (model_ref, fingerprint, top)) != 1:
         raise UsageError("give exactly one of MODEL, --fingerprint ID or --top K")
-    Mode.parse(mode, "--mode")
     engine = get_engine(db)
-    plan: dict[str, list[str] | None]
-    if top is not None:
-        entries = workflows.top_fingerprints(engine, top)
-        if list_only:
-            _print_top(entries, as_json)
-            return
-        plan = dict(workflows.cases_by_model(entries))
-    elif fingerprint is not None:
-        full, models = workflows.models_for_fingerprint(engine, fingerprint)
-        plan = {models[0]: [full]}
-    else:
-        assert model_ref is not None
-        plan = {model_ref: None}
+    if top is not None and list_only:
+        _print_top(workflows.top_fingerprints(engine, top), as_json)
+        return
+    plan = workflows.plan_drafts(engine, model=model_ref, fingerprint=fingerprint, top=top)
 
     from hfadapt.agent.client import AgentClient
     from hfadapt.agent.loop import draft_adapter
@@ -141,27 +143,30 @@ def draft(
             diag, cases = workflows.cases_for_model(
                 ref,
                 workdir=Path(work),
-                structural=mode == "structural",
+                structural=mode == Mode.STRUCTURAL,
                 profile=profile,
                 db=engine,
                 adapters=not no_adapters,
             )
-            if wanted is not None:
-                cases = [c for c in cases if c.fingerprint in wanted]
-                missing = sorted(set(wanted) - {c.fingerprint for c in cases})
-                if missing:
-                    console.print(
-                        f"{ref}: fingerprint(s) {', '.join(missing)} did not occur now ({diag.verdict})"
-                    )
+            cases, missing = workflows.wanted_cases(cases, wanted)
+            if missing:
+                console.print(
+                    f"{escape(str(ref))}: fingerprint(s) {', '.join(missing)} did not occur now ({diag.verdict})",
+                    highlight=False,
+                )
             if not cases:
                 console.print(
-                    f"{ref}: nothing to draft ({diag.verdict}: {diag.reason})", highlight=False
+                    escape(f"{ref}: nothing to draft ({diag.verdict}: {diag.reason})"),
+                    highlight=False,
                 )
                 continue
             for case in cases:
                 if not as_json:
                     console.print(
-                        f"drafting for {case.fingerprint} ({case.rule_id}, {case.op}) in {ref} ..."
+                        escape(
+                            f"drafting for {case.fingerprint} ({case.rule_id}, {case.op}) in {ref} ..."
+                        ),
+                        highlight=False,
                     )
                 outcomes.append(draft_adapter(case, client, recorder=recorder, model_id=str(ref)))
     if as_json:
@@ -195,18 +200,22 @@ def _print_top(entries: list[Any], as_json: bool) -> None:
 @app.command()
 def attempts(
     attempt_id: Annotated[
-        int | None, typer.Argument(metavar="[ID]", help="Show this attempt in full.")
+        int | None,
+        typer.Argument(
+            metavar="ID",
+            min=1,
+            help="Show this attempt in full (default: list them).",
+            show_default=False,
+        ),
     ] = None,
-    limit: Annotated[int, typer.Option("--limit", min=1, help="How many attempts to list.")] = 30,
+    limit: Annotated[int, count_option("--limit", "How many attempts to list.")] = 30,
     db: DbOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """List the agent's attempts, or show one: prompt, response, each validation step."""
     from hfadapt.agent import records
-    from hfadapt.db.engine import get_engine
-    from hfadapt.errors import UsageError
 
-    engine = get_engine(db)
+    engine = existing_engine(db, hint="`hfadapt draft`")
     if attempt_id is None:
         rows = records.list_attempts(engine, limit)
         if as_json:
@@ -233,8 +242,8 @@ def attempts(
                 str(a.session_id),
                 str(a.number),
                 str(a.created_at)[:19],
-                a.fingerprint,
-                a.endpoint_model,
+                escape(a.fingerprint),
+                escape(a.endpoint_model),
                 f"{a.tokens_in}/{a.tokens_out}",
                 f"{a.latency_s:.2f}",
                 b["result"],
@@ -250,18 +259,24 @@ def attempts(
         typer.echo(json.dumps(data, indent=2, default=str))
         return
     b = _brief(attempt)
+    # A failed request's tries are in its error ("gave up after 5 tries"); the retries column
+    # counts those of the request that was answered.
+    retries = "" if attempt.error else f"; retried {attempt.retries} time(s) before the answer"
     console.print(
-        f"attempt {attempt.id} (#{attempt.number} of session {attempt.session_id}, {sess.outcome if sess else '?'}) "
-        f"for {attempt.fingerprint}: {b['result']}\nendpoint {attempt.endpoint} model {attempt.endpoint_model}; "
-        f"tokens {attempt.tokens_in} in / {attempt.tokens_out} out; latency {attempt.latency_s:.2f} s; "
-        f"retries {attempt.retries}",
+        escape(
+            f"attempt {attempt.id} (#{attempt.number} of session {attempt.session_id}, {sess.outcome if sess else '?'}) "
+            f"for {attempt.fingerprint}: {b['result']}\nendpoint {attempt.endpoint} model {attempt.endpoint_model}; "
+            f"tokens {attempt.tokens_in} in / {attempt.tokens_out} out; latency {attempt.latency_s:.2f} s{retries}"
+        ),
         highlight=False,
     )
     if attempt.error:
-        console.print(f"[red]error:[/red] {attempt.error}", highlight=False)
+        console.print(f"[red]error:[/red] {escape(attempt.error)}", highlight=False)
     table = Table("step", "verdict", "seconds", "summary")
     for s in attempt.steps or []:
-        table.add_row(s["step"], s["status"], f"{s.get('seconds', 0):.2f}", s["summary"])
+        table.add_row(
+            escape(s["step"]), s["status"], f"{s.get('seconds', 0):.2f}", escape(s["summary"])
+        )
     if attempt.steps:
         console.print(table)
     if attempt.feedback:
@@ -301,8 +316,17 @@ def agent_eval(
     api_key: ApiKeyOption = None,
     max_attempts: AttemptsOption = 3,
     case: Annotated[
-        list[str] | None, typer.Option("--case", help="Run only this case (repeatable).")
+        list[str] | None,
+        typer.Option(
+            "--case",
+            metavar="NAME",
+            help="Run only this case (repeatable; --list-cases shows them).",
+            show_default=False,
+        ),
     ] = None,
+    list_cases: Annotated[
+        bool, typer.Option("--list-cases", help="List the suite's cases and run nothing.")
+    ] = False,
     reference: Annotated[
         bool,
         typer.Option(
@@ -310,7 +334,10 @@ def agent_eval(
         ),
     ] = False,
     output: Annotated[
-        Path | None, typer.Option("--output", help="Also write the JSON report here.")
+        Path | None,
+        typer.Option(
+            "--output", metavar="PATH", help="Also write the JSON report here.", show_default=False
+        ),
     ] = None,
     profile: ProfileOption = None,
     db: DbOption = None,
@@ -320,8 +347,21 @@ def agent_eval(
     from hfadapt.agent.client import AgentSettings
     from hfadapt.agent.evaluate import run_eval
     from hfadapt.agent.records import Recorder
+    from hfadapt.agent.suite import SUITE
     from hfadapt.db.engine import get_engine
 
+    if list_cases:
+        if as_json:
+            typer.echo(json.dumps([_case_brief(c) for c in SUITE], indent=2))
+            return
+        table = Table("case", "rule", "what it asks for")
+        for c in SUITE:
+            brief = _case_brief(c)
+            table.add_row(
+                escape(brief["case"]), escape(brief["rule"]), escape(brief["description"])
+            )
+        console.print(table)
+        return
     if reference:
         settings = AgentSettings(model=agent_model or "reference", max_attempts=max_attempts)
     else:
@@ -340,33 +380,35 @@ def agent_eval(
     if as_json:
         typer.echo(json.dumps(data, indent=2, default=str))
         return
-    table = Table(
-        "case",
-        "outcome",
-        "attempts",
-        "tokens in",
-        "tokens out",
-        "seconds",
-        "steps of the last attempt",
-    )
+    table = Table("case", "outcome", "attempts", "tokens in", "tokens out", "seconds")
+    table.add_column("steps of the last attempt", overflow="fold")
     for r in report.rows:
         colour = "green" if r["outcome"] == "accepted" else "red"
         last = r["steps"][-1] if r["steps"] else {}
         table.add_row(
-            r["case"],
+            escape(r["case"]),
             f"[{colour}]{r['outcome']}[/{colour}]",
             str(r["attempts"]),
             str(r["tokens_in"]),
             str(r["tokens_out"]),
             f"{r['seconds']:.1f}",
-            " ".join(f"{k}:{v}" for k, v in last.items()),
+            escape(" ".join(f"{k}:{v}" for k, v in last.items())),
         )
     console.print(table)
+    who = (
+        "the reference solutions (self-check, no endpoint)"
+        if reference
+        else f"endpoint {report.endpoint}, model {report.model}"
+    )
     console.print(
-        f"{report.endpoint} {report.model}: accepted {data['accepted']}/{data['total']} "
+        f"{escape(who)}: accepted {data['accepted']}/{data['total']} "
         f"({100 * report.acceptance_rate:.0f}%), {data['attempts']} attempts, "
         f"{data['tokens_in']} tokens in / {data['tokens_out']} out, {data['seconds']:.1f} s",
         highlight=False,
     )
     if output is not None:
-        console.print(f"JSON report: {output}")
+        console.print(f"JSON report: {escape(str(output))}", highlight=False)
+
+
+def _case_brief(case: Any) -> dict[str, str]:
+    return {"case": case.name, "rule": case.rule_id, "description": case.description}

@@ -11,6 +11,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from hfadapt.cli._app import DbOption, JsonOption, ProfileOption, app, console, err_console
+from hfadapt.errors import UsageError
+from hfadapt.options import DType, Mode
 
 _COLOURS = {
     "pass": "green",
@@ -27,15 +29,20 @@ def _fmt(value: float | None, digits: int = 6) -> str:
 @app.command()
 def diagnose(
     model: Annotated[
-        str, typer.Argument(help="A Hub id (HF cache, or downloaded), or a local model folder.")
+        str,
+        typer.Argument(
+            metavar="MODEL",
+            help="A Hub id (HF cache, or downloaded), or a local model folder.",
+            show_default=False,
+        ),
     ],
     mode: Annotated[
-        str,
+        Mode,
         typer.Option(
             "--mode", help="full: real weights. structural: real config, random weights, 2 layers."
         ),
-    ] = "full",
-    dtype: Annotated[str, typer.Option("--dtype", help="Device dtype: fp16 or bf16.")] = "fp16",
+    ] = Mode.FULL,
+    dtype: Annotated[DType, typer.Option("--dtype", help="Device dtype.")] = DType.FP16,
     compile_: Annotated[
         bool,
         typer.Option(
@@ -59,10 +66,12 @@ def diagnose(
     from hfadapt.errors import InputError
     from hfadapt.judge.diagnose import diagnose as run_diagnose
 
+    if not model.strip():
+        raise UsageError("MODEL is empty: pass a Hub id or a model folder")
     diag = run_diagnose(
         model,
-        mode=mode,
-        dtype=dtype,
+        mode=mode.value,
+        dtype=dtype.value,
         execution="compile" if compile_ else "eager",
         adapters=not no_adapters,
         trust_remote_code=trust_remote_code,

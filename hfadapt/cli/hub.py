@@ -7,9 +7,14 @@ import json
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
-from hfadapt.cli._app import DbOption, JsonOption, app, console
+from hfadapt.cli._app import DbOption, JsonOption, app, console, count_option, existing_engine
+from hfadapt.errors import UsageError
+
+# Below this terminal width `models` drops its likes, library and params columns.
+WIDE = 120
 
 
 def _engine(db: str | None) -> Any:
@@ -35,7 +40,7 @@ def _no_crawl(db: str | None) -> None:
 @app.command()
 def crawl(
     limit: Annotated[
-        int, typer.Option("--limit", help="How many models to rank (excluded ones included).")
+        int, count_option("--limit", "How many models to rank (excluded ones included).")
     ] = 10_000,
     offline: Annotated[
         bool | None,
@@ -48,7 +53,10 @@ def crawl(
     endpoint: Annotated[
         str | None,
         typer.Option(
-            "--endpoint", help="Hub API URL (a mirror; default $HF_ENDPOINT or huggingface.co)."
+            "--endpoint",
+            metavar="URL",
+            help="Hub API URL (a mirror; default $HF_ENDPOINT or huggingface.co).",
+            show_default=False,
         ),
     ] = None,
     db: DbOption = None,
@@ -58,6 +66,10 @@ def crawl(
     from hfadapt.db.engine import describe
     from hfadapt.hub.crawl import crawl as run_crawl
 
+    if offline and endpoint:
+        raise UsageError(
+            "--offline reads the bundled snapshot; it cannot be combined with --endpoint"
+        )
     engine = _engine(db)
     result = run_crawl(engine, limit=limit, offline=offline, endpoint=endpoint)
     if as_json:
@@ -65,7 +77,7 @@ def crawl(
         return
     source = "the bundled snapshot" if result.source == "snapshot" else result.source
     for note in result.notes:
-        console.print(f"[yellow]note:[/yellow] {note}", highlight=False, soft_wrap=True)
+        console.print(f"[yellow]note:[/yellow] {escape(note)}", highlight=False, soft_wrap=True)
     console.print(
         f"crawled {source} into {describe(engine)}: seen {result.seen:,}, kept {result.kept:,}, "
         f"excluded {result.seen - result.kept:,} in {result.seconds:.2f} s",
@@ -81,13 +93,24 @@ def crawl(
 
 @app.command()
 def models(
-    top: Annotated[int, typer.Option("--top", help="How many models to show.")] = 20,
+    top: Annotated[int, count_option("--top", "How many models to show.")] = 20,
     model_type: Annotated[
-        str | None, typer.Option("--model-type", help="Only this model_type (e.g. bert).")
+        str | None,
+        typer.Option(
+            "--model-type",
+            metavar="TYPE",
+            help="Only this model_type (e.g. bert).",
+            show_default=False,
+        ),
     ] = None,
     library: Annotated[
         str | None,
-        typer.Option("--library", help="Only this library (e.g. sentence-transformers)."),
+        typer.Option(
+            "--library",
+            metavar="NAME",
+            help="Only this library (e.g. sentence-transformers).",
+            show_default=False,
+        ),
     ] = None,
     include_excluded: Annotated[
         bool, typer.Option("--all", help="Include models the prefilter excluded, with the reason.")
@@ -99,7 +122,7 @@ def models(
     from hfadapt.db.tables import HubModel
     from hfadapt.hub.catalog import current_models, latest_crawl
 
-    engine = _engine(db)
+    engine = existing_engine(db, hint="`hfadapt crawl`")
     if latest_crawl(engine) is None:
         _no_crawl(db)
     rows = current_models(
@@ -109,10 +132,24 @@ def models(
         fields = [name for name in HubModel.model_fields if name != "config_json"]
         _echo_json([{name: getattr(row, name) for name in fields} for row in rows])
         return
-    table = Table("rank")
-    table.add_column("model", overflow="fold", min_width=24)
-    for name in ("downloads", "likes", "model_type", "library", "params", "flags"):
-        table.add_column(name, overflow="fold")
+    console.print(models_table(rows, console.width))
+
+
+def models_table(rows: list[Any], width: int) -> Table:
+    """The models as a table that fits ``width`` columns: numbers never wrap, a long id folds,
+    and below WIDE columns the likes, library and params columns are left out."""
+    wide = width >= WIDE
+    table = Table(pad_edge=False, collapse_padding=True)
+    table.add_column("rank", justify="right", no_wrap=True)
+    table.add_column("model", overflow="fold", ratio=1, min_width=16)
+    table.add_column("downloads", justify="right", no_wrap=True)
+    if wide:
+        table.add_column("likes", justify="right", no_wrap=True)
+    table.add_column("model_type", overflow="fold", max_width=16)
+    if wide:
+        table.add_column("library", overflow="fold", max_width=24)
+        table.add_column("params", justify="right", no_wrap=True)
+    table.add_column("flags", overflow="fold", max_width=24 if wide else 14)
     for row in rows:
         flags = [
             name
@@ -125,26 +162,34 @@ def models(
         ]
         if row.excluded_reason:
             flags.insert(0, f"excluded: {row.excluded_reason}")
-        params = f"{row.num_parameters / 1e6:,.0f}M" if row.num_parameters else ""
-        table.add_row(
-            str(row.rank),
-            row.id,
-            f"{row.downloads:,}",
-            f"{row.likes:,}",
-            row.model_type or "",
-            row.library or "",
-            params,
-            ", ".join(flags),
-        )
-    console.print(table)
+        cells = [str(row.rank), escape(row.id), f"{row.downloads:,}"]
+        if wide:
+            cells.append(f"{row.likes:,}")
+        cells.append(escape(row.model_type or ""))
+        if wide:
+            params = f"{row.num_parameters / 1e6:,.0f}M" if row.num_parameters else ""
+            cells += [escape(row.library or ""), params]
+        cells.append(escape(", ".join(flags)))
+        table.add_row(*cells)
+    return table
 
 
 @app.command()
-def census(db: DbOption = None, as_json: JsonOption = False) -> None:
-    """How many models of the latest crawl, and what share of their downloads, each model_type has."""
+def census(
+    top: Annotated[
+        int | None,
+        count_option(
+            "--top", "Only the N model_types with the most downloads.", show_default=False
+        ),
+    ] = None,
+    db: DbOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """How many models of the latest crawl, and what share of their downloads, each model_type
+    has; most downloads first."""
     from hfadapt.hub.catalog import census as run_census
 
-    result = run_census(_engine(db))
+    result = run_census(existing_engine(db, hint="`hfadapt crawl`"), top=top)
     if result.crawl is None:
         _no_crawl(db)
     if as_json:
@@ -169,7 +214,7 @@ def census(db: DbOption = None, as_json: JsonOption = False) -> None:
     )
     for r in result.rows:
         table.add_row(
-            r.model_type,
+            escape(r.model_type),
             f"{r.models:,}",
             f"{r.kept:,}",
             f"{r.downloads:,}",

@@ -9,42 +9,64 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
-from hfadapt.cli._app import DbOption, JsonOption, app, console
+from hfadapt.cli._app import DbOption, JsonOption, app, console, count_option, existing_engine
+from hfadapt.errors import UsageError
 
 SweepOption = Annotated[
     int | None,
     typer.Option(
-        "--sweep", help="Sweep id (default: the newest; see `hfadapt sweeps`).", show_default=False
+        "--sweep",
+        min=1,
+        metavar="ID",
+        help="Sweep id (default: the newest; see `hfadapt sweeps`).",
+        show_default=False,
     ),
 ]
 
 
+def site_lines(site: str) -> str:
+    """A call site ``dir/file.py:LINE in fn`` as lines that a narrow column folds only inside
+    the directory: the file, its line number and the function stay on one line together."""
+    where, _, function = site.partition(" in ")
+    folder, slash, name = where.rpartition("/")
+    lines = [folder + slash] if folder else []
+    lines.append(f"{name} in {function}" if function else name)
+    return "\n".join(lines)
+
+
 @app.command()
 def failures(
-    top: Annotated[int, typer.Option("--top", help="How many fingerprints to show.")] = 20,
+    top: Annotated[int, count_option("--top", "How many fingerprints to show.")] = 20,
     sweep: SweepOption = None,
     db: DbOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Failure fingerprints, by the downloads of the models each one blocks (largest first)."""
-    from hfadapt.db.engine import get_engine
     from hfadapt.report.charts import fmt_count
     from hfadapt.report.coverage import failures as census
 
-    rows = census(get_engine(db), sweep_id=sweep, top=top)
+    rows = census(existing_engine(db, hint="`hfadapt sweep`"), sweep_id=sweep, top=top)
     if as_json:
         typer.echo(json.dumps([r.to_dict() for r in rows], indent=2, default=str))
         return
     if not rows:
         console.print("no failure fingerprints recorded (nothing failed to lower)", highlight=False)
         return
-    table = Table("fingerprint", "rule, op, call site", "models", "downloads", "e.g.")
+    table = Table(pad_edge=False)
+    table.add_column("fingerprint", no_wrap=True)
+    table.add_column("rule, op, call site", overflow="fold", ratio=3, min_width=24)
+    table.add_column("models", justify="right", no_wrap=True)
+    table.add_column("downloads", justify="right", no_wrap=True)
+    table.add_column("e.g.", overflow="fold", ratio=2, min_width=12)
     for r in rows:
-        what = "\n".join(x for x in (r.rule_id, r.op, r.site) if x)
+        what = "\n".join(x for x in (r.rule_id, r.op, site_lines(r.site) if r.site else "") if x)
         example = r.models[0] if r.models else ""
-        table.add_row(r.fingerprint, what, f"{r.count:,}", fmt_count(r.downloads), example)
+        table.add_row(
+            r.fingerprint, escape(what), f"{r.count:,}", fmt_count(r.downloads), escape(example)
+        )
     console.print(table)
     console.print(
         "  next: hfadapt draft --top K  (the agent works from this list)", highlight=False
@@ -57,33 +79,61 @@ def report(
         Path | None,
         typer.Option(
             "--html",
+            metavar="PATH",
             help="Write the HTML report (one self-contained file) here.",
             show_default=False,
         ),
     ] = None,
-    json_file: Annotated[
+    output: Annotated[
         Path | None,
-        typer.Option("--json", help="Write the report as JSON here.", show_default=False),
+        typer.Option(
+            "--output",
+            metavar="PATH",
+            help="Write the report as JSON here.",
+            show_default=False,
+        ),
     ] = None,
     sweep: SweepOption = None,
     against: Annotated[
         int | None,
         typer.Option(
             "--against",
-            help="Diff against this earlier sweep (PASS, XFAIL, FAIL, IMPROVED).",
+            min=1,
+            metavar="ID",
+            help="Diff against this other sweep (PASS, XFAIL, FAIL, IMPROVED).",
             show_default=False,
         ),
     ] = None,
     db: DbOption = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the report as JSON instead of tables.")
+    ] = False,
 ) -> None:
     """Coverage of a sweep: pass rate by count and by downloads, per model_type, fingerprints,
     adapter impact, agreement with hf-adapters, and a diff against another sweep."""
-    from hfadapt.db.engine import get_engine
     from hfadapt.report.charts import fmt_count
     from hfadapt.report.coverage import build_report
     from hfadapt.report.html import render_html
+    from hfadapt.sweep.store import latest_sweep
 
-    rep = build_report(get_engine(db), sweep_id=sweep, against=against)
+    engine = existing_engine(db, hint="`hfadapt sweep`")
+    if against is not None:
+        newest = latest_sweep(engine) if sweep is None else None
+        reported = sweep if sweep is not None else (newest.id if newest else None)
+        if against == reported:
+            raise UsageError(
+                f"--against {against} is the sweep being reported: pass another sweep id "
+                "(see `hfadapt sweeps`), or choose the reported one with --sweep"
+            )
+    rep = build_report(engine, sweep_id=sweep, against=against)
+    data = rep.to_dict() if (as_json or output is not None) else None
+    if html is not None:
+        html.write_text(render_html(rep), encoding="utf-8")
+    if output is not None:
+        output.write_text(json.dumps(data, indent=2, default=str), encoding="utf-8")
+    if as_json:
+        typer.echo(json.dumps(data, indent=2, default=str))
+        return
     where = f"sweep {rep.sweep['id']}" if rep.sweep else "latest run of every model"
     console.print(
         f"{where}: {rep.models:,} models; pass {rep.passed:,} ({rep.pass_rate:.1%} by count, "
@@ -103,7 +153,7 @@ def report(
     )
     for t in rep.by_model_type[:15]:
         table.add_row(
-            t.model_type,
+            escape(t.model_type),
             f"{t.models:,}",
             f"{t.passed:,}",
             f"{t.passed / t.models:.1%}",
@@ -121,9 +171,6 @@ def report(
     if rep.diff is not None:
         counts = ", ".join(f"{k} {v:,}" for k, v in rep.diff.counts.items())
         console.print(f"against sweep {rep.diff.baseline}: {counts}", highlight=False)
-    if html is not None:
-        html.write_text(render_html(rep), encoding="utf-8")
-        console.print(f"wrote {html}", highlight=False)
-    if json_file is not None:
-        json_file.write_text(json.dumps(rep.to_dict(), indent=2, default=str), encoding="utf-8")
-        console.print(f"wrote {json_file}", highlight=False)
+    for path in (html, output):
+        if path is not None:
+            console.print(f"wrote {escape(str(path))}", highlight=False)

@@ -13,7 +13,18 @@ from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from hfadapt.cli._app import DbOption, JsonOption, ProfileOption, app, console
+from hfadapt.cli._app import (
+    DbOption,
+    JsonOption,
+    ProfileOption,
+    app,
+    console,
+    count_option,
+    existing_engine,
+    finite_seconds,
+)
+from hfadapt.errors import UsageError
+from hfadapt.options import DType, Executor, Mode
 
 _ORDER = ("pass", "lowering_failed", "verification_failed", "unsupported_model", "load_failed",
           "reference_failed", "custom_code", "skipped", "worker_crashed", "worker_timeout")  # fmt: skip
@@ -61,50 +72,65 @@ def _eta(seconds: float | None) -> str:
 def sweep(
     top: Annotated[
         int | None,
-        typer.Option(
+        count_option(
             "--top",
-            help="Only the N best-ranked models (default: every crawled one).",
+            "Only the N best-ranked models (default: every crawled one).",
             show_default=False,
         ),
     ] = None,
     model_type: Annotated[
         str | None,
-        typer.Option("--model-type", help="Only this model_type (e.g. bert).", show_default=False),
+        typer.Option(
+            "--model-type",
+            metavar="TYPE",
+            help="Only this model_type (e.g. bert).",
+            show_default=False,
+        ),
     ] = None,
     mode: Annotated[
-        str,
+        Mode,
         typer.Option(
             "--mode",
             help="structural: real config (or defaults), random weights, 2 layers, one run per signature. full: real weights, every model.",
         ),
-    ] = "structural",
+    ] = Mode.STRUCTURAL,
     workers: Annotated[
         int | None,
-        typer.Option(
+        count_option(
             "--workers",
-            help="Parallel worker processes (default: CPUs, at most 2 locally).",
+            "Parallel worker processes (default: CPUs, at most 2 locally; at most what the CPUs and RAM hold).",
             show_default=False,
         ),
     ] = None,
     timeout: Annotated[
-        float, typer.Option("--timeout", help="Seconds per unit of work before worker_timeout.")
+        float,
+        typer.Option(
+            "--timeout",
+            metavar="SECONDS",
+            callback=finite_seconds("--timeout"),
+            help="Seconds per unit of work before worker_timeout.",
+        ),
     ] = 600.0,
     memory_limit: Annotated[
         int | None,
         typer.Option(
             "--memory-limit",
+            min=0,
+            max=2**40,
+            metavar="MB",
             help="MB of address space per worker (default: 85% of RAM shared; 0: none).",
             show_default=False,
         ),
     ] = None,
     executor: Annotated[
-        str,
+        Executor,
         typer.Option("--executor", help="local (spawned processes) or ray (needs hfadapt[ray])."),
-    ] = "local",
+    ] = Executor.LOCAL,
     address: Annotated[
         str | None,
         typer.Option(
             "--address",
+            metavar="HOST:PORT",
             help="Ray cluster address (default: a local Ray instance).",
             show_default=False,
         ),
@@ -115,7 +141,7 @@ def sweep(
             "--compile/--eager", help="torch.compile with the spyre backend, or eager ops."
         ),
     ] = False,
-    dtype: Annotated[str, typer.Option("--dtype", help="Device dtype: fp16 or bf16.")] = "fp16",
+    dtype: Annotated[DType, typer.Option("--dtype", help="Device dtype.")] = DType.FP16,
     full_width: Annotated[
         bool,
         typer.Option(
@@ -136,8 +162,15 @@ def sweep(
 ) -> None:
     """Judge every crawled model on the simulated device (resumes an interrupted sweep)."""
     from hfadapt.db.engine import describe, get_engine
+    from hfadapt.sweep.limits import max_local_workers
     from hfadapt.sweep.run import run_sweep
 
+    if executor == Executor.LOCAL and workers is not None:
+        cap, why = max_local_workers(memory_limit)
+        if workers > cap:
+            raise UsageError(
+                f"--workers {workers} is more than this machine holds: at most {cap} ({why})"
+            )
     engine = get_engine(db)
     progress = _Bar(
         TextColumn("[bold]sweep {task.fields[sweep]}"),
@@ -170,14 +203,14 @@ def sweep(
             engine,
             top=top,
             model_type=model_type,
-            mode=mode,
+            mode=mode.value,
             workers=workers,
             timeout=timeout,
             memory_limit=memory_limit,
-            executor=executor,
+            executor=executor.value,
             address=address,
             execution="compile" if compile_ else "eager",
-            dtype=dtype,
+            dtype=dtype.value,
             profile=profile,
             narrow=not full_width,
             resume=not fresh,
@@ -203,14 +236,9 @@ def sweep(
 @app.command()
 def sweeps(db: DbOption = None, as_json: JsonOption = False) -> None:
     """The sweeps recorded in the database, newest first."""
-    from sqlmodel import select
+    from hfadapt.sweep.store import list_sweeps
 
-    from hfadapt.db.engine import get_engine, session
-    from hfadapt.sweep.store import Sweep
-
-    engine = get_engine(db)
-    with session(engine, write=False) as sess:
-        rows = list(sess.exec(select(Sweep).order_by(Sweep.id.desc())))  # type: ignore[union-attr]
+    rows = list_sweeps(existing_engine(db, hint="`hfadapt sweep`"))
     if as_json:
         typer.echo(json.dumps([r.model_dump() for r in rows], indent=2, default=str))
         return

@@ -237,9 +237,10 @@ def current_models(
         return list(sess.exec(stmt).all())
 
 
-def census(engine: Engine) -> Census:
+def census(engine: Engine, top: int | None = None) -> Census:
     """Models and share of downloads per model_type over the current ranking (excluded ones
-    included, with how many were kept), most models first."""
+    included, with how many were kept), most downloads first; ``top``: only the first rows
+    (the totals still count every model_type)."""
     hub: Table = HubModel.__table__  # type: ignore[attr-defined]
     kept_expr = func.sum(case((hub.c.excluded_reason.is_(None), 1), else_=0))
     stmt = (
@@ -262,9 +263,9 @@ def census(engine: Engine) -> Census:
         )
         for t, n, k, d in grouped
     ]
-    rows.sort(key=lambda r: (-r.models, -r.downloads, r.model_type))
+    rows.sort(key=lambda r: (-r.downloads, -r.models, r.model_type))
     return Census(
-        rows=rows,
+        rows=rows[:top] if top is not None else rows,
         models=sum(r.models for r in rows),
         kept=sum(r.kept for r in rows),
         downloads=total_downloads,

@@ -230,10 +230,10 @@ def crawl(
     from hfadapt.db.engine import get_engine
 
     if limit < 1:
-        raise UsageError(f"--limit must be at least 1 (got {limit})")
+        raise UsageError(f"limit must be at least 1 (got {limit})")
     if offline and (endpoint or api is not None):
         raise UsageError(
-            "--offline reads the bundled snapshot; it cannot be combined with --endpoint"
+            "offline=True reads the bundled snapshot; it cannot be combined with endpoint or api"
         )
     started = time.perf_counter()
     engine = engine if engine is not None else get_engine()

@@ -84,6 +84,11 @@ def hub_status() -> tuple[bool, str]:
     return True, ""
 
 
+# A folder holding one of these is a (perhaps broken) model; one without them and without a
+# config.json is not a model at all (``diagnose /etc``).
+_MODEL_FILES = frozenset({".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack"})
+
+
 def looks_like_path(ref: str) -> bool:
     return ref.startswith((".", "/", "~")) or "\\" in ref or ref.count("/") > 1 or ref.endswith("/")
 
@@ -91,10 +96,13 @@ def looks_like_path(ref: str) -> bool:
 def resolve(ref: str | os.PathLike[str]) -> ModelSource:
     """Find ``ref``: an existing folder, else a Hub id in the HF cache, else on the Hub.
 
-    Raises ModelNotFoundError (missing or empty folder, not a Hub id, not cached offline,
-    no such repo) and ConfigError (a Hub repo without config.json).
+    Raises ModelNotFoundError (an empty reference, a missing or empty folder, a folder with
+    neither config.json nor weights, not a Hub id, not cached offline, no such repo) and
+    ConfigError (a Hub repo without config.json).
     """
     text = os.fspath(ref)
+    if not text.strip():
+        raise ModelNotFoundError("the model reference is empty: pass a Hub id or a model folder")
     path = Path(text).expanduser()
     if path.exists():
         if not path.is_dir():
@@ -104,6 +112,12 @@ def resolve(ref: str | os.PathLike[str]) -> ModelSource:
         if not any(path.iterdir()):
             raise ModelNotFoundError(
                 f"{text} is an empty folder; expected a model in Hub layout (config.json, weights, tokenizer)"
+            )
+        if not (path / "config.json").exists() and not any(
+            p.suffix in _MODEL_FILES for p in path.iterdir()
+        ):
+            raise ModelNotFoundError(
+                f"{text} is not a model folder: no config.json and no weights in it"
             )
         return ModelSource(text, str(path.resolve()), "folder", path.resolve())
     if looks_like_path(text):
@@ -122,7 +136,7 @@ def resolve(ref: str | os.PathLike[str]) -> ModelSource:
     if not online:
         raise ModelNotFoundError(
             f"{text} is not in the HF cache ({hf_cache_dir()}) and {why}: download it first, "
-            "pass a local folder, or use --mode structural"
+            "pass a local folder, or judge it in structural mode (its config only)"
         )
     downloaded = download(text, "config.json")
     return ModelSource(text, text, "hub", downloaded.parent, downloaded.parent.name)

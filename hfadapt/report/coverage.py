@@ -218,7 +218,11 @@ def build_report(
     diff = None
     if against is not None:
         if sweep is None or sweep.id is None:
-            raise UsageError("--against compares two sweeps; this database has none")
+            raise UsageError("against compares two sweeps; this database has none")
+        if against == sweep.id:
+            raise UsageError(
+                f"against={against} is the sweep being reported: name another sweep to diff with"
+            )
         resolve_sweep(engine, against)
         diff = diff_sweeps(engine, sweep.id, against)
     passed = [r for r in runs if r.passed]

@@ -18,6 +18,16 @@ def default_memory_limit_mb(workers: int) -> int:
     return max(2048, int(total_memory_mb() * 0.85 / max(1, workers)))
 
 
+def max_local_workers(memory_limit_mb: int | None = None) -> tuple[int, str]:
+    """How many local workers this machine holds, and why: one per CPU, and no more than fit in
+    its memory at ``memory_limit_mb`` each (default and floor: 2 GB, what a worker needs)."""
+    cpus = os.cpu_count() or 1
+    ram = total_memory_mb()
+    each = max(2048, memory_limit_mb or 0)
+    cap = max(1, min(cpus, ram // each))
+    return cap, f"{cpus} CPUs, {ram:,} MB of RAM at {each:,} MB per worker"
+
+
 def describe_exit(exitcode: int | None) -> str:
     """``"killed by SIGSEGV"``, ``"exited with code 3"``..."""
     if exitcode is None:

@@ -2,8 +2,10 @@
 remote cluster (``--address``). Needs the optional extra ``hfadapt[ray]``. Each task runs
 under a memory limit (RLIMIT_AS, counted on top of the Ray worker's own address space, which
 maps the object store); a task past its time limit is force-cancelled (``worker_timeout``),
-a Ray worker that dies is ``worker_crashed``. Results come back to the driver, which alone
-writes runs.db."""
+a Ray worker that dies is ``worker_crashed``. A task's time limit counts from when it starts
+running, not from when it was submitted: a task queued behind others on a busy cluster is
+not timed out for waiting (each task tells a small Ray actor when it starts). Results come
+back to the driver, which alone writes runs.db."""
 
 from __future__ import annotations
 
@@ -16,9 +18,26 @@ from hfadapt import verdicts
 from hfadapt.errors import SweepError
 from hfadapt.sweep.worker import DEFAULT_WORKER, Outcome, Task, crashed
 
-__all__ = ["RayExecutor", "ray_task"]
+__all__ = ["RayExecutor", "StartLog", "ray_task"]
 
 _prepared = False
+# While some submitted task has not started, the driver looks for starts this often (seconds).
+START_POLL_S = 0.25
+
+
+class StartLog:
+    """A Ray actor's class: tasks ``mark`` their key when they start running; the driver
+    ``drain``s the keys marked since it last asked."""
+
+    def __init__(self) -> None:
+        self.keys: list[int] = []
+
+    def mark(self, key: int) -> None:
+        self.keys.append(key)
+
+    def drain(self) -> list[int]:
+        keys, self.keys = self.keys, []
+        return keys
 
 
 def _address_space_mb() -> int:
@@ -36,9 +55,17 @@ def ray_task(
     limit_mb: int | None,
     threads: int | None,
     env: dict[str, str] | None,
+    starts: Any = None,
+    key: int = 0,
 ) -> Outcome:
-    """What one Ray task runs: the same ``run_task`` a local worker runs."""
+    """What one Ray task runs: the same ``run_task`` a local worker runs, after telling the
+    ``starts`` actor (a StartLog) that task ``key`` has started."""
     from hfadapt.sweep.worker import resolve, run_task, setup_process
+
+    if starts is not None:
+        import ray
+
+        ray.get(starts.mark.remote(key))
 
     global _prepared
     if not _prepared:  # a Ray worker process runs many tasks: threads are set once
@@ -69,7 +96,7 @@ class RayExecutor:
         try:
             import ray  # noqa: F401
         except ImportError as exc:
-            raise SweepError("--executor ray needs Ray: pip install 'hfadapt[ray]'") from exc
+            raise SweepError("the ray executor needs Ray: pip install 'hfadapt[ray]'") from exc
         self.workers = workers
         self.timeout = timeout
         self.memory_limit_mb = memory_limit_mb
@@ -111,27 +138,39 @@ class RayExecutor:
         slots = max(1, self.workers or cpus)
         threads = max(1, cpus // slots) if not self.address else None
         remote = ray.remote(num_cpus=1, max_retries=0)(ray_task)
+        starts = ray.remote(num_cpus=0)(StartLog).remote()
         pending.reverse()
-        running: dict[Any, tuple[Task, float]] = {}
+        # ref -> (task, submission key, monotonic time the driver saw it start, or None)
+        running: dict[Any, tuple[Task, int, float | None]] = {}
+        by_key: dict[int, Any] = {}
+        submitted = 0
         while pending or running:
             while pending and len(running) < slots:
                 task = pending.pop()
-                ref = remote.remote(self.worker, task, self.memory_limit_mb, threads, self.env)
-                running[ref] = (task, time.monotonic())
-            wait_for = None
-            if self.timeout:
-                first = min(start for _, start in running.values())
-                wait_for = max(0.05, first + self.timeout - time.monotonic())
+                submitted += 1
+                ref = remote.remote(
+                    self.worker, task, self.memory_limit_mb, threads, self.env, starts, submitted
+                )
+                running[ref] = (task, submitted, None)
+                by_key[submitted] = ref
+            wait_for = self._wait_for(running)
             done, _ = ray.wait(list(running), num_returns=1, timeout=wait_for)
+            now = time.monotonic()
+            for key in ray.get(starts.drain.remote()):
+                ref = by_key.get(key)
+                if ref in running and running[ref][2] is None:
+                    task, _, _ = running[ref]
+                    running[ref] = (task, key, now)
             for ref in done:
-                task, start = running.pop(ref)
-                yield self._result(ray, ref, task, time.monotonic() - start)
+                task, key, start = running.pop(ref)
+                by_key.pop(key, None)
+                yield self._result(ray, ref, task, now - start if start is not None else 0.0)
             if self.timeout:
-                now = time.monotonic()
-                for ref, (task, start) in list(running.items()):
-                    if now - start >= self.timeout:
+                for ref, (task, key, start) in list(running.items()):
+                    if start is not None and now - start >= self.timeout:
                         ray.cancel(ref, force=True)
                         running.pop(ref)
+                        by_key.pop(key, None)
                         self.restarts += 1
                         out = crashed(
                             task,
@@ -141,6 +180,18 @@ class RayExecutor:
                         )
                         out.seconds = round(now - start, 3)
                         yield out
+
+    def _wait_for(self, running: dict[Any, tuple[Task, int, float | None]]) -> float | None:
+        """How long to wait for a result: until the earliest started task's time is up, and no
+        longer than START_POLL_S while a task has not been seen to start."""
+        waits: list[float] = []
+        if any(start is None for _, _, start in running.values()):
+            waits.append(START_POLL_S)
+        if self.timeout:
+            started = [start for _, _, start in running.values() if start is not None]
+            if started:
+                waits.append(max(0.05, min(started) + self.timeout - time.monotonic()))
+        return min(waits) if waits else None
 
     def _result(self, ray: Any, ref: Any, task: Task, seconds: float) -> Outcome:
         try:

@@ -8,6 +8,7 @@ transaction per unit, so a sweep killed at any moment resumes where it stopped."
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import resource
 import time
@@ -21,7 +22,7 @@ from sqlalchemy.engine import Engine
 from hfadapt.errors import SweepError, UsageError
 from hfadapt.options import DType, Execution, Executor, Mode
 from hfadapt.sweep.executor import make_executor
-from hfadapt.sweep.limits import default_memory_limit_mb
+from hfadapt.sweep.limits import default_memory_limit_mb, max_local_workers
 from hfadapt.sweep.plan import Plan, Unit, plan_sweep
 from hfadapt.sweep.rows import member_rows, unit_rows
 from hfadapt.sweep.store import FAILED, done_rows, finish_sweep, open_sweep, write_rows
@@ -105,7 +106,13 @@ def _env(values: dict[str, str]) -> Iterator[None]:
 
 
 def _check(
-    mode: str, execution: str, dtype: str, workers: int, timeout: float | None, executor: str
+    mode: str,
+    execution: str,
+    dtype: str,
+    workers: int,
+    timeout: float | None,
+    executor: str,
+    memory_limit: int | None,
 ) -> None:
     Mode.parse(mode, "mode")
     Execution.parse(execution, "execution")
@@ -113,8 +120,16 @@ def _check(
     Executor.parse(executor, "executor")
     if workers < 1:
         raise UsageError(f"workers must be at least 1 (got {workers})")
-    if timeout is not None and timeout <= 0:
-        raise UsageError(f"timeout must be positive (got {timeout})")
+    if executor == Executor.LOCAL:
+        cap, why = max_local_workers(memory_limit)
+        if workers > cap:
+            raise UsageError(
+                f"workers={workers} is more than this machine holds: at most {cap} ({why})"
+            )
+    if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
+        raise UsageError(f"timeout must be a finite number of seconds above 0 (got {timeout})")
+    if memory_limit is not None and memory_limit < 0:
+        raise UsageError(f"memory_limit must be 0 (none) or a number of MB (got {memory_limit})")
 
 
 def _models(engine: Engine, top: int | None, model_type: str | None) -> tuple[list[Any], Any]:
@@ -171,7 +186,7 @@ def run_sweep(
     from hfadapt.spyre.profile import load_profile
 
     workers = workers if workers is not None else max(1, min(2, os.cpu_count() or 1))
-    _check(mode, execution, dtype, workers, timeout, executor)
+    _check(mode, execution, dtype, workers, timeout, executor, memory_limit)
     prof = load_profile(profile)
     if memory_limit is None:
         memory_limit = default_memory_limit_mb(workers)
@@ -182,14 +197,17 @@ def run_sweep(
     if offline is None:
         offline = crawl is not None and crawl.source == "snapshot"
     env = {"HF_HUB_OFFLINE": "1"} if offline else {}
+    with _env(env):
+        plan = plan_sweep(models, mode=mode, dedupe=dedupe, narrow=narrow)
+    # Workers start only once the plan stands: bad input or a failed plan spawns nothing, and
+    # there are never more workers than units of work.
+    workers = max(1, min(workers, len(plan.units)))
     pool = make_executor(
         executor, workers=workers, timeout=timeout, memory_limit_mb=memory_limit or None,
         worker=worker, address=address, env=env,
     )  # fmt: skip
     try:
-        pool.start()  # workers pay their imports while the driver plans
-        with _env(env):
-            plan = plan_sweep(models, mode=mode, dedupe=dedupe, narrow=narrow)
+        pool.start()
     except BaseException:
         pool.close()
         raise

@@ -26,6 +26,7 @@ __all__ = [
     "finish_sweep",
     "get_sweep",
     "latest_sweep",
+    "list_sweeps",
     "open_sweep",
     "write_rows",
 ]
@@ -98,13 +99,20 @@ def _refuse_live(sweep: Sweep) -> None:
     except PermissionError:
         pass  # alive, another user's
     raise UsageError(
-        f"sweep {sweep.id} is being run right now by process {pid}; wait for it, or start a new sweep (--fresh)"
+        f"sweep {sweep.id} is being run right now by process {pid}; wait for it, or start a new sweep instead of resuming (resume=False)"
     )
 
 
 def get_sweep(engine: Engine, sweep_id: int) -> Sweep | None:
     with session(engine, write=False) as sess:
         return sess.get(Sweep, sweep_id)
+
+
+def list_sweeps(engine: Engine) -> list[Sweep]:
+    """Every recorded sweep, newest first."""
+    stmt = select(Sweep).order_by(Sweep.id.desc())  # type: ignore[union-attr]
+    with session(engine, write=False) as sess:
+        return list(sess.execute(stmt).scalars())
 
 
 def latest_sweep(engine: Engine, *, finished: bool = False) -> Sweep | None:
