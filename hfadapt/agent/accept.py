@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from hfadapt.adapters.registry import AGENT_MARKER
 from hfadapt.agent.cases import FailureCase
 from hfadapt.agent.validate import Validation
 from hfadapt.errors import AdapterError
@@ -63,7 +64,13 @@ def with_provenance(code: str, prov: dict[str, Any]) -> str:
             if not (isinstance(dec, ast.Call) and name == "adapter"):
                 continue
             lines = code.splitlines(keepends=True)
-            if not any(kw.arg == "provenance" for kw in dec.keywords):
+            drafted = [kw for kw in dec.keywords if kw.arg == "provenance"]
+            if drafted:  # the draft's own provenance= is replaced, never kept
+                v = drafted[0].value
+                row, end = v.lineno - 1, v.end_lineno - 1  # type: ignore[operator]
+                head = lines[row][: v.col_offset] + "_PROVENANCE"
+                lines[row : end + 1] = [head + lines[end][v.end_col_offset :]]  # type: ignore[index]
+            else:
                 row, col = dec.end_lineno - 1, dec.end_col_offset - 1  # type: ignore[operator]
                 line = lines[row]
                 before = line[:col].rstrip()
@@ -88,6 +95,7 @@ def with_provenance(code: str, prov: dict[str, Any]) -> str:
 def header(case: FailureCase, prov: dict[str, Any], endpoint: str) -> str:
     ev = prov["evidence"]
     lines = [
+        AGENT_MARKER,
         f"# Drafted by {prov['endpoint_model']} at {endpoint} on {prov['date']}; accepted by hfadapt",
         f"# after validation (attempt id {prov['attempt_id']}: `hfadapt attempts {prov['attempt_id']}`).",
         f"# Fixes fingerprint {case.fingerprint}: rule {case.rule_id}, {case.op} at {case.location or 'unknown'}.",

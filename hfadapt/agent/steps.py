@@ -43,7 +43,7 @@ class Context:
 def step_load(ctx: Context) -> StepResult:
     from hfadapt.adapters.registry import load_file
 
-    found = load_file(Path(ctx.job["draft_path"]), source="agent-draft")
+    found = load_file(Path(ctx.job["draft_path"]), source="agent-draft", trusted=False)
     if len(found) != 1:
         return "fail", f"the file registers {len(found)} adapters; it must register exactly one", {}
     a = found[0]

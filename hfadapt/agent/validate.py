@@ -74,6 +74,7 @@ def validate(
     allow_skip: Iterable[str] = (),
     taken_names: dict[str, str] | None = None,
     seeds: Iterable[int] | None = None,
+    unsafe_no_isolation: bool = False,
 ) -> Validation:
     """Run every step on one draft; stop at the first that fails."""
     start = time.monotonic()
@@ -105,7 +106,7 @@ def validate(
         "import_transformers": "transformers" in source + json.dumps(case.to_dict())
         or bool(case.model and "ref" in case.model),
     }
-    run = run_sandbox(source, job, limits, secrets=secrets)
+    run = run_sandbox(source, job, limits, secrets=secrets, unsafe_no_isolation=unsafe_no_isolation)
     result.steps.extend(run.steps)
     reported = {s.step for s in run.steps}
     if not any(s.status not in ("pass", "skip") for s in run.steps) and reported != set(wanted):

@@ -38,6 +38,13 @@ ApiKeyOption = Annotated[
     ),
 ]
 AttemptsOption = Annotated[int, typer.Option("--max-attempts", min=1, help="Drafts per failure.")]
+UnsafeOption = Annotated[
+    bool,
+    typer.Option(
+        "--unsafe-no-isolation",
+        help="Run drafted code without the bubblewrap sandbox when it cannot be had (recorded).",
+    ),
+]
 
 
 def _settings(base_url: str | None, model: str | None, api_key: str | None, attempts: int) -> Any:
@@ -103,6 +110,7 @@ def draft(
     profile: ProfileOption = None,
     db: DbOption = None,
     as_json: JsonOption = False,
+    unsafe_no_isolation: UnsafeOption = False,
 ) -> None:
     """Have a coding agent draft adapters for failures; accept only proven ones."""
     from hfadapt.agent import workflows
@@ -113,6 +121,10 @@ def draft(
     if sum(x is not None for x in (model_ref, fingerprint, top)) != 1:
         raise UsageError("give exactly one of MODEL, --fingerprint ID or --top K")
     Mode.parse(mode, "--mode")
+    if not list_only:
+        from hfadapt.isolation import require_isolation
+
+        require_isolation(unsafe=unsafe_no_isolation)  # one line, exit 2, before any work
     engine = get_engine(db)
     plan: dict[str, list[str] | None]
     if top is not None:
@@ -163,7 +175,15 @@ def draft(
                     console.print(
                         f"drafting for {case.fingerprint} ({case.rule_id}, {case.op}) in {ref} ..."
                     )
-                outcomes.append(draft_adapter(case, client, recorder=recorder, model_id=str(ref)))
+                outcomes.append(
+                    draft_adapter(
+                        case,
+                        client,
+                        recorder=recorder,
+                        model_id=str(ref),
+                        unsafe_no_isolation=unsafe_no_isolation,
+                    )
+                )
     if as_json:
         typer.echo(json.dumps([o.to_dict() for o in outcomes], indent=2, default=str))
     elif outcomes:
