@@ -107,7 +107,9 @@ def test_correct_draft_is_accepted_written_with_provenance_and_recorded(
     path = outcome.adapter_path
     assert path is not None and path.parent == tmp_path / "adapters"
     text = path.read_text()
-    assert text.startswith("# Drafted by scripted-model at http://127.0.0.1:"), text[:200]
+    assert text.startswith(
+        "# hfadapt-origin: agent\n# Drafted by scripted-model at http://127.0.0.1:"
+    ), text[:200]
     (loaded,) = load_file(path)
     assert (
         loaded.provenance.origin == "agent" and loaded.provenance.endpoint_model == "scripted-model"
