@@ -300,6 +300,11 @@ def check_policy(source: str, *, expected_target: str | None = None) -> PolicyRe
                 result.problems.append(f"{where}: only NAME = literal constants at module level")
             elif node.value is None or not _literal(node.value):
                 result.problems.append(f"{where}: a module-level value must be a literal")
+                result.problems += [
+                    f"line {n.lineno}: use of {n.id!r} is not allowed"
+                    for n in ast.walk(node.value)
+                    if isinstance(n, ast.Name) and n.id in DENIED_NAMES
+                ]
             else:
                 names = [t.id for t in targets if isinstance(t, ast.Name)]
                 known.update(dict.fromkeys(names))

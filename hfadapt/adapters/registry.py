@@ -123,9 +123,34 @@ def load_file(path: Path, source: str = "user", *, trusted: bool | None = None) 
             adapter_api._COLLECTOR = saved
     for a in found:
         a.path, a.source = str(path), source
+        stored = a.provenance.evidence.get("example") if a.provenance.origin == "agent" else None
+        if a.example is None and isinstance(stored, str):
+            a.example = stored_example(stored, path.parent)
     if not found:
         raise AdapterError(f"{path.name}: defines no @adapter")
     return found
+
+
+def stored_example(ref: str, folder: Path) -> Any:
+    """The proof inputs hfadapt stored when it accepted an agent draft: a builder reference
+    ("pkg.module:function") or "file:NAME", captured calls beside the adapter (replayed)."""
+    if ref.startswith("file:"):
+        calls_path = folder / ref.removeprefix("file:")
+
+        def replay(seed: int) -> Any:
+            calls = torch.load(calls_path, weights_only=False)  # written by hfadapt, not a draft
+            return calls[seed % len(calls)]
+
+        return replay
+    module_name, _, qual = ref.partition(":")
+
+    def build(seed: int) -> Any:
+        obj: Any = importlib.import_module(module_name)
+        for part in qual.split("."):
+            obj = getattr(obj, part)
+        return obj(seed)
+
+    return build
 
 
 @dataclass

@@ -8,6 +8,7 @@ import ast
 import json
 import os
 import re
+import shutil
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -112,6 +113,19 @@ def header(case: FailureCase, prov: dict[str, Any], endpoint: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _store_example(case: FailureCase, folder: Path, stem: str) -> str | None:
+    """What ``adapters verify`` re-proves the adapter on: the case's builder reference, or its
+    captured calls copied beside the adapter (a ``_`` folder the registry does not scan)."""
+    if case.example:
+        return case.example
+    if case.example_file and Path(case.example_file).is_file():
+        store = folder / "_examples"
+        store.mkdir(exist_ok=True)
+        shutil.copyfile(case.example_file, store / f"{stem}.pt")
+        return f"file:_examples/{stem}.pt"
+    return None
+
+
 def accept_draft(
     code: str,
     case: FailureCase,
@@ -135,6 +149,7 @@ def accept_draft(
         path = target_dir / f"{_slug(name)}_{n}.py"
         n += 1
     prov = provenance(case, validation, endpoint_model=endpoint_model, attempt_id=attempt_id)
+    prov["evidence"]["example"] = _store_example(case, target_dir, path.stem)
     text = header(case, prov, endpoint) + with_provenance(code, prov)
     tmp = path.with_suffix(".py.tmp")
     tmp.write_text(text, encoding="utf-8")
