@@ -302,7 +302,7 @@ def check_policy(source: str, *, expected_target: str | None = None) -> PolicyRe
                 result.problems.append(f"{where}: a module-level value must be a literal")
                 result.problems += [
                     f"line {n.lineno}: use of {n.id!r} is not allowed"
-                    for n in ast.walk(node.value)
+                    for n in ast.walk(node.value or ast.Constant(None))
                     if isinstance(n, ast.Name) and n.id in DENIED_NAMES
                 ]
             else:
