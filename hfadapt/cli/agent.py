@@ -141,7 +141,7 @@ def draft(
         plan = {model_ref: None}
 
     from hfadapt.agent.client import AgentClient
-    from hfadapt.agent.loop import draft_adapter
+    from hfadapt.agent.loop import ENDPOINT_ERROR, draft_adapter
     from hfadapt.agent.records import Recorder
 
     settings = _settings(base_url, agent_model, api_key, max_attempts)
@@ -184,6 +184,11 @@ def draft(
                         unsafe_no_isolation=unsafe_no_isolation,
                     )
                 )
+                if outcomes[-1].outcome == ENDPOINT_ERROR:
+                    break  # the endpoint failed: the next failure would meet the same endpoint
+            if outcomes and outcomes[-1].outcome == ENDPOINT_ERROR:
+                console.print(f"stopped: {outcomes[-1].reason}", highlight=False)
+                break
     if as_json:
         typer.echo(json.dumps([o.to_dict() for o in outcomes], indent=2, default=str))
     elif outcomes:
