@@ -23,6 +23,7 @@ one-line messages and exit codes (2 for bad input, 1 for everything else).
     │           └── SpyreOpNotImplementedError  no device kernel (also a NotImplementedError)
     ├── CustomCodeError                 needs the repo's own code, not run unasked (custom_code)
     ├── SweepError                      the sweep machinery (workers cannot start, Ray unreachable)
+    ├── IsolationUnavailableError       no OS sandbox (bubblewrap) here: exit code 2
     ├── AdapterError                    an adapter file or its application
     └── AgentError                      the adapter-drafting agent
         ├── EndpointError               the OpenAI-compatible endpoint failed
@@ -166,6 +167,12 @@ class SandboxError(AgentError):
 
 class BudgetError(AgentError):
     pass
+
+
+class IsolationUnavailableError(HfadaptError):
+    """OS isolation (bubblewrap) cannot be had here; untrusted code is refused, not run bare."""
+
+    exit_code = 2
 
 
 class CustomCodeError(HfadaptError):

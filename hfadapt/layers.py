@@ -8,6 +8,8 @@ from __future__ import annotations
 LAYERS: tuple[tuple[str, ...], ...] = (
     # the core: typed errors; then option types, verdict strings, the version, this table
     ("hfadapt.errors",),
+    # OS isolation for untrusted code (bubblewrap): usable by every layer above
+    ("hfadapt.isolation",),
     ("hfadapt.options", "hfadapt.verdicts", "hfadapt.version", "hfadapt.layers"),
     # runs.db: engine, tables, migrations
     ("hfadapt.db",),

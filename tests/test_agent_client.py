@@ -41,6 +41,12 @@ def test_settings_flags_win_over_environment(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.delenv("HFADAPT_AGENT_MODEL")
     with pytest.raises(UsageError, match="--model"):
         AgentSettings.from_env()
+    # No key and no base URL: refused in one line, never a silent default endpoint.
+    monkeypatch.delenv("OPENAI_BASE_URL")
+    monkeypatch.delenv("OPENAI_API_KEY")
+    with pytest.raises(UsageError) as err:
+        AgentSettings.from_env(model="m")
+    assert "no endpoint: pass --base-url" in err.value.one_line() and err.value.exit_code == 2
 
 
 def test_public_url_and_redact() -> None:
@@ -100,8 +106,10 @@ def test_client_errors_are_not_retried_and_never_show_the_key(
 
 def test_dead_endpoint(monkeypatch: pytest.MonkeyPatch) -> None:
     url = dead_url()
-    with pytest.raises(EndpointError, match=r"unreachable .*gave up after 3 tries"):
-        make(url, []).complete(MSG)
+    sleeps: list[float] = []
+    with pytest.raises(EndpointError, match=r"connection refused .*not retried"):
+        make(url, sleeps).complete(MSG)
+    assert sleeps == [], f"a refused connection was retried after {sleeps}"
 
 
 def test_slow_endpoint_times_out(openai_server: ScriptedOpenAI) -> None:

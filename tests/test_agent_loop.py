@@ -107,7 +107,9 @@ def test_correct_draft_is_accepted_written_with_provenance_and_recorded(
     path = outcome.adapter_path
     assert path is not None and path.parent == tmp_path / "adapters"
     text = path.read_text()
-    assert text.startswith("# Drafted by scripted-model at http://127.0.0.1:"), text[:200]
+    assert text.startswith(
+        "# hfadapt-origin: agent\n# Drafted by scripted-model at http://127.0.0.1:"
+    ), text[:200]
     (loaded,) = load_file(path)
     assert (
         loaded.provenance.origin == "agent" and loaded.provenance.endpoint_model == "scripted-model"
@@ -215,13 +217,14 @@ def test_endpoint_down_is_a_clear_outcome_and_nothing_is_lost(tmp_path: Path) ->
     url = dead_url()
     outcome, engine = run(url, tmp_path)
     assert outcome.outcome == ENDPOINT_ERROR
-    assert url.removesuffix("/v1") in outcome.reason and "unreachable" in outcome.reason, (
+    assert url.removesuffix("/v1") in outcome.reason and "connection refused" in outcome.reason, (
         outcome.reason
     )
-    assert "gave up after 3 tries" in outcome.reason, outcome.reason
+    assert "not retried" in outcome.reason, outcome.reason
     sessions, attempts = rows(engine)
     assert [(s.outcome, s.attempts) for s in sessions] == [(ENDPOINT_ERROR, 1)]
-    assert attempts[0].error and "unreachable" in attempts[0].error
+    assert attempts[0].error and "connection refused" in attempts[0].error
+    assert attempts[0].retries == 0
     assert attempts[0].prompt and attempts[0].prompt[0]["role"] == "system"  # the prompt is kept
 
 

@@ -38,9 +38,12 @@ BAD = {
     "__import__": (wrap("    __import__('os')\n    return x"), "use of '__import__'"),
     "getattr builtins": (
         wrap("    getattr(__builtins__, 'ev' + 'al')\n    return x"),
-        "getattr() needs a literal",
+        "use of 'getattr'",
     ),
-    "dunder escape": (wrap("    return x.__class__.__mro__"), "dunder attribute '__class__'"),
+    "dunder escape": (
+        wrap("    return x.__class__.__mro__"),
+        "attribute '__class__' is not allowed",
+    ),
     "torch.load": (wrap("    torch.load('w.pt')\n    return x"), "attribute 'load'"),
     "from_pretrained": (
         wrap("    m.from_pretrained('x')\n    return x"),
@@ -56,14 +59,54 @@ BAD = {
         wrap("    return NewGELUActivation.forward(self, x)"),
         "calls the code it replaces",
     ),
-    "super fallback": (wrap("    return super().forward(x)"), "calls the code it replaces"),
-    "top-level call": (wrap("    return x", "torch.randn(10)\n"), "only imports, constants"),
+    "super fallback": (wrap("    return super().forward(x)"), "use of 'super'"),
+    "top-level call": (
+        wrap("    return x", "torch.randn(10)\n"),
+        "only imports, literal constants",
+    ),
     "syntax": ("def f(:\n", "syntax error"),
     "two adapters": (
         wrap("    return x") + DEC + "def g(self, x):\n    return x\n",
         "exactly one @adapter",
     ),
     "relative import": (wrap("    return x", "from . import secrets\n"), "import from '.'"),
+    # issue 11: every route around the old denylist
+    "torch.os": (wrap("    torch.os.posix_spawn('/bin/sh', [], {})\n    return x"), "'os'"),
+    "torch.sys": (wrap("    torch.sys.modules.clear()\n    return x"), "'sys'"),
+    "torch.ctypes": (wrap("    torch.ctypes.CDLL(None)\n    return x"), "'ctypes'"),
+    "torch._C": (wrap("    return torch._C._nn.gelu(x)"), "'_C'"),
+    "torch.ops": (wrap("    return torch.ops.aten.gelu(x)"), "'ops'"),
+    "F.torch.os": (wrap("    return F.torch.os", "import torch.nn.functional as F\n"), "'os'"),
+    "module route": (wrap("    return torch.random.seed()"), "is the module 'torch.random'"),
+    "aliased getattr": (wrap("    return x", "_G = getattr\n"), "must be a literal"),
+    "contextlib": (
+        wrap("    return x", "from contextlib import suppress\n"),
+        "import from 'contextlib'",
+    ),
+    "TYPE_CHECKING or True": (
+        wrap(
+            "    return x",
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING or True:\n    pass\n",
+        ),
+        "(found if)",
+    ),
+    "class": (wrap("    return x", "class Evil:\n    pass\n"), "(found classdef)"),
+    "decorator arg": (
+        "import torch\nfrom hfadapt.adapters.api import adapter\nF = 1\n"
+        '@adapter(name="a", target="m:C.forward", rule="r", applies=lambda m, c: True)\n'
+        "def forward(self, x):\n    return x\n",
+        "literal arguments only",
+    ),
+    "default smuggles getattr": (
+        wrap("    def inner(a, getattr=getattr):\n        return a\n    return x"),
+        "may not be bound",
+    ),
+    "unknown name": (wrap("    return os_module.x"), "name 'os_module' is not"),
+    "torch.load alias": (
+        wrap("    return x", "from torch import load\n"),
+        "import of 'torch.load'",
+    ),
+    "storage": (wrap("    return x.untyped_storage()"), "'untyped_storage'"),
 }
 
 

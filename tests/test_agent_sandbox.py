@@ -30,14 +30,17 @@ def env_example(seed: int) -> Any:
     """An example builder that writes the sandbox's environment into its own folder."""
     from hfadapt.agent.evalcases import softsign_example
 
-    Path("env.json").write_text(json.dumps(dict(os.environ)))
+    out = Path(os.environ["HFADAPT_SANDBOX_OUTPUT"])
+    (out / "env.json").write_text(json.dumps(dict(os.environ)))
     return softsign_example(seed)
+
+
+ESCAPE_TARGET = Path("/var/tmp/hfadapt-test-escape.txt")
 
 
 def escape_example(seed: int) -> Any:
     """An example builder that tries to write outside the sandbox folder."""
-    target = os.environ["ESCAPE_TARGET"]
-    with open(target, "w") as fh:
+    with open(ESCAPE_TARGET, "w") as fh:
         fh.write("escaped")
     raise AssertionError("unreachable")
 
@@ -91,7 +94,7 @@ def test_the_sandbox_process_sees_no_secret(
     assert [(s.step, s.status) for s in run.steps] == [("load", "pass"), ("equivalence", "pass")], (
         run.stderr_tail
     )
-    env = json.loads((kept / "env.json").read_text())
+    env = json.loads((kept / "out" / "env.json").read_text())
     assert len(env) > 5, f"the probe saw only {len(env)} variables"
     assert not [k for k, v in env.items() if KEY in v], "the API key reached the sandbox"
     assert "OPENAI_API_KEY" not in env and "HF_TOKEN" not in env and "MY_SERVICE_SECRET" not in env
@@ -101,8 +104,8 @@ def test_the_sandbox_refuses_writes_outside_its_folder_and_network(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("PYTHONPATH", TESTS)
-    outside = tmp_path / "escaped.txt"
-    monkeypatch.setenv("ESCAPE_TARGET", str(outside))
+    outside = ESCAPE_TARGET
+    outside.unlink(missing_ok=True)
     case = softsign_case()
     case.example = "test_agent_sandbox:escape_example"
     run = run_sandbox(SOLUTION, {"case": case.to_dict(), "steps": ["load", "equivalence"]})

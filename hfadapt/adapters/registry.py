@@ -2,7 +2,9 @@
 matching against a model instance, and scoped, reversible, idempotent, thread-safe apply.
 
 A broken adapter file is recorded in ``Registry.errors`` and skipped; it never breaks an
-import or a model load. Patches live on module *instances*, so two models in one process
+import or a model load, whatever it raises (SystemExit and KeyboardInterrupt included).
+Agent-origin files (the accepted-drafts folder, or the origin marker) must pass the allowlist
+of :mod:`hfadapt.adapters.policy` before they are imported; one that fails is never imported. Patches live on module *instances*, so two models in one process
 never see each other's adapters, and each patch is gated: it only takes over when the model
 runs for the device, so a CPU run of an adapted model is bit-identical to stock."""
 
@@ -30,6 +32,9 @@ from hfadapt.errors import AdapterError
 log = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "hfadapt.adapters"
+# The first line hfadapt writes into every accepted agent draft.
+AGENT_MARKER = "# hfadapt-origin: agent"
+_REPORTED: set[tuple[str, str]] = set()  # (path, error) already logged in this process
 _LOCK = threading.RLock()
 
 
@@ -67,8 +72,37 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(text.split())
 
 
-def load_file(path: Path, source: str = "user") -> list[Adapter]:
-    """Import one adapter file in isolation and return the adapters it registered."""
+def is_agent_origin(path: Path, text: str | None = None) -> bool:
+    """Whether a file is agent-drafted: it sits in the accepted-drafts folder or carries the
+    origin marker anywhere in its text."""
+    try:
+        if path.resolve().parent == user_adapters_dir().resolve():
+            return True
+        text = path.read_text(encoding="utf-8", errors="replace") if text is None else text
+    except OSError:
+        return True  # unreadable: treat as untrusted (the import fails anyway)
+    return AGENT_MARKER in text
+
+
+def check_agent_file(path: Path) -> None:
+    """Raise AdapterError when an agent-origin file fails the allowlist (nothing is run)."""
+    from hfadapt.adapters.policy import check_policy
+
+    text = path.read_text(encoding="utf-8", errors="replace")
+    result = check_policy(text)
+    if not result.ok:
+        raise AdapterError(
+            f"{path.name}: agent-drafted file refused by the policy, not imported "
+            f"({len(result.problems)} problem(s); first: {result.problems[0]})"
+        )
+
+
+def load_file(path: Path, source: str = "user", *, trusted: bool | None = None) -> list[Adapter]:
+    """Import one adapter file in isolation and return the adapters it registered. An
+    agent-origin file (``trusted=False``, or by :func:`is_agent_origin` when ``trusted`` is
+    None) is checked against the policy first and never imported when it fails."""
+    if trusted is False or (trusted is None and source != "bundled" and is_agent_origin(path)):
+        check_agent_file(path)
     digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:8]
     mod_name = f"hfadapt_adapters.{path.stem}_{digest}"
     spec = importlib.util.spec_from_file_location(mod_name, path)
@@ -89,9 +123,34 @@ def load_file(path: Path, source: str = "user") -> list[Adapter]:
             adapter_api._COLLECTOR = saved
     for a in found:
         a.path, a.source = str(path), source
+        stored = a.provenance.evidence.get("example") if a.provenance.origin == "agent" else None
+        if a.example is None and isinstance(stored, str):
+            a.example = stored_example(stored, path.parent)
     if not found:
         raise AdapterError(f"{path.name}: defines no @adapter")
     return found
+
+
+def stored_example(ref: str, folder: Path) -> Any:
+    """The proof inputs hfadapt stored when it accepted an agent draft: a builder reference
+    ("pkg.module:function") or "file:NAME", captured calls beside the adapter (replayed)."""
+    if ref.startswith("file:"):
+        calls_path = folder / ref.removeprefix("file:")
+
+        def replay(seed: int) -> Any:
+            calls = torch.load(calls_path, weights_only=False)  # written by hfadapt, not a draft
+            return calls[seed % len(calls)]
+
+        return replay
+    module_name, _, qual = ref.partition(":")
+
+    def build(seed: int) -> Any:
+        obj: Any = importlib.import_module(module_name)
+        for part in qual.split("."):
+            obj = getattr(obj, part)
+        return obj(seed)
+
+    return build
 
 
 @dataclass
@@ -125,10 +184,15 @@ class Registry:
             try:
                 for a in load_file(path, source):
                     self.add(a)
-            except Exception as exc:  # a broken file is reported, never fatal
-                err = LoadError(str(path), _one_line(exc))
-                self.errors.append(err)
-                log.warning("skipped adapter file %s: %s", path, err.error)
+            except BaseException as exc:
+                self._report(str(path), exc)
+
+    def _report(self, where: str, exc: BaseException) -> None:
+        err = LoadError(where, _one_line(exc))
+        self.errors.append(err)
+        if (where, err.error) not in _REPORTED:  # once per process, however often it reloads
+            _REPORTED.add((where, err.error))
+            log.warning("skipped adapter file %s: %s", where, err.error)
 
     def load_entry_points(self) -> None:
         for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
@@ -138,8 +202,8 @@ class Registry:
                 adapter_api._COLLECTOR = found
                 try:
                     ep.load()
-                except Exception as exc:
-                    self.errors.append(LoadError(f"entry-point:{ep.name}", _one_line(exc)))
+                except BaseException as exc:
+                    self._report(f"entry-point:{ep.name}", exc)
                     continue
                 finally:
                     adapter_api._COLLECTOR = saved

@@ -8,10 +8,12 @@ import ast
 import json
 import os
 import re
+import shutil
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from hfadapt.adapters.registry import AGENT_MARKER
 from hfadapt.agent.cases import FailureCase
 from hfadapt.agent.validate import Validation
 from hfadapt.errors import AdapterError
@@ -63,7 +65,13 @@ def with_provenance(code: str, prov: dict[str, Any]) -> str:
             if not (isinstance(dec, ast.Call) and name == "adapter"):
                 continue
             lines = code.splitlines(keepends=True)
-            if not any(kw.arg == "provenance" for kw in dec.keywords):
+            drafted = [kw for kw in dec.keywords if kw.arg == "provenance"]
+            if drafted:  # the draft's own provenance= is replaced, never kept
+                v = drafted[0].value
+                row, end = v.lineno - 1, v.end_lineno - 1  # type: ignore[operator]
+                head = lines[row][: v.col_offset] + "_PROVENANCE"
+                lines[row : end + 1] = [head + lines[end][v.end_col_offset :]]  # type: ignore[index]
+            else:
                 row, col = dec.end_lineno - 1, dec.end_col_offset - 1  # type: ignore[operator]
                 line = lines[row]
                 before = line[:col].rstrip()
@@ -88,6 +96,7 @@ def with_provenance(code: str, prov: dict[str, Any]) -> str:
 def header(case: FailureCase, prov: dict[str, Any], endpoint: str) -> str:
     ev = prov["evidence"]
     lines = [
+        AGENT_MARKER,
         f"# Drafted by {prov['endpoint_model']} at {endpoint} on {prov['date']}; accepted by hfadapt",
         f"# after validation (attempt id {prov['attempt_id']}: `hfadapt attempts {prov['attempt_id']}`).",
         f"# Fixes fingerprint {case.fingerprint}: rule {case.rule_id}, {case.op} at {case.location or 'unknown'}.",
@@ -102,6 +111,19 @@ def header(case: FailureCase, prov: dict[str, Any], endpoint: str) -> str:
         if name in ev:
             lines.append(f"# {name.replace('_', ' ').capitalize()}: {ev[name]}")
     return "\n".join(lines) + "\n"
+
+
+def _store_example(case: FailureCase, folder: Path, stem: str) -> str | None:
+    """What ``adapters verify`` re-proves the adapter on: the case's builder reference, or its
+    captured calls copied beside the adapter (a ``_`` folder the registry does not scan)."""
+    if case.example:
+        return case.example
+    if case.example_file and Path(case.example_file).is_file():
+        store = folder / "_examples"
+        store.mkdir(exist_ok=True)
+        shutil.copyfile(case.example_file, store / f"{stem}.pt")
+        return f"file:_examples/{stem}.pt"
+    return None
 
 
 def accept_draft(
@@ -127,6 +149,7 @@ def accept_draft(
         path = target_dir / f"{_slug(name)}_{n}.py"
         n += 1
     prov = provenance(case, validation, endpoint_model=endpoint_model, attempt_id=attempt_id)
+    prov["evidence"]["example"] = _store_example(case, target_dir, path.stem)
     text = header(case, prov, endpoint) + with_provenance(code, prov)
     tmp = path.with_suffix(".py.tmp")
     tmp.write_text(text, encoding="utf-8")

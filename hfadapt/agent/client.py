@@ -58,10 +58,17 @@ class AgentSettings:
         model = model or os.environ.get(ENV_MODEL)
         if not model:
             raise UsageError(f"no agent model: pass --model or set {ENV_MODEL}")
+        base_url = base_url or os.environ.get(ENV_BASE_URL) or None
+        api_key = api_key or os.environ.get(ENV_API_KEY) or None
+        if not base_url and not api_key:  # never a silent default endpoint
+            raise UsageError(
+                f"no endpoint: pass --base-url (or set {ENV_BASE_URL}) for an OpenAI-compatible "
+                f"server, or --api-key (or {ENV_API_KEY}) for api.openai.com"
+            )
         return cls(
             model=model,
-            base_url=base_url or os.environ.get(ENV_BASE_URL) or None,
-            api_key=api_key or os.environ.get(ENV_API_KEY) or None,
+            base_url=base_url,
+            api_key=api_key,
             **{k: v for k, v in limits.items() if v is not None},
         )
 
@@ -161,6 +168,8 @@ class AgentClient:
             except openai.APITimeoutError:
                 wait, why = None, f"no answer within {s.timeout_s:g} s"
             except openai.APIConnectionError as exc:
+                if _refused(exc):  # nothing listens there: retrying only costs time
+                    raise self._fail(f"connection refused ({_cause(exc)}); not retried") from None
                 wait, why = None, f"unreachable ({_cause(exc)})"
             if retries >= s.max_retries:
                 raise self._fail(f"{why}; gave up after {retries + 1} tries")
@@ -194,6 +203,17 @@ class AgentClient:
             return "not found (404): check --base-url and --model"
         message = getattr(exc, "message", "") or str(exc)
         return f"request refused ({exc.status_code}): {' '.join(message.split())[:300]}"
+
+
+def _refused(exc: BaseException) -> bool:
+    seen: BaseException | None = exc
+    for _ in range(8):  # the cause chain: APIConnectionError <- httpx.ConnectError <- OSError
+        if seen is None:
+            return False
+        if isinstance(seen, ConnectionRefusedError) or "Connection refused" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _cause(exc: BaseException) -> str:

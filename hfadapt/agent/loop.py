@@ -95,8 +95,15 @@ def draft_adapter(
     accept: bool = True,
     taken_names: dict[str, str] | None = None,
     model_id: str | None = None,
+    unsafe_no_isolation: bool = False,
 ) -> DraftOutcome:
-    """Work on one failure until a draft is accepted or a limit is reached."""
+    """Work on one failure until a draft is accepted or a limit is reached. Refuses (raises
+    IsolationUnavailableError) before contacting the endpoint when drafted code cannot run in
+    an OS sandbox, unless ``unsafe_no_isolation`` is True (then recorded on every attempt)."""
+    from hfadapt import isolation
+
+    isolation.require_isolation(unsafe=unsafe_no_isolation)
+    unsafe = isolation.unavailable_reason() is not None
     settings = client.settings
     recorder = recorder or Recorder(None)
     secrets = settings.secrets()
@@ -141,7 +148,7 @@ def draft_adapter(
             completion = client.complete(messages)
         except EndpointError as exc:
             attempt.error = exc.one_line()
-            _record(recorder, row, attempt, case, settings, messages)
+            _record(recorder, row, attempt, case, settings, messages, unsafe)
             result.outcome, result.reason = ENDPOINT_ERROR, attempt.error
             break
         attempt.completion = completion
@@ -157,7 +164,7 @@ def draft_adapter(
             if key in seen:
                 attempt.failed_step = "repeat"
                 attempt.feedback = f"identical to the draft of attempt {seen[key]}"
-                _record(recorder, row, attempt, case, settings, messages)
+                _record(recorder, row, attempt, case, settings, messages, unsafe)
                 result.outcome, result.reason = (
                     REPEATED,
                     f"attempt {number} repeated the draft of attempt {seen[key]}",
@@ -172,12 +179,13 @@ def draft_adapter(
                 steps=steps,
                 allow_skip=allow_skip,
                 taken_names=taken,
+                unsafe_no_isolation=unsafe_no_isolation,
             )
             bad = attempt.validation.failed()
             if not attempt.validation.accepted:
                 attempt.failed_step = bad.step if bad else "incomplete"
                 attempt.feedback = attempt.validation.feedback()
-        _record(recorder, row, attempt, case, settings, messages)
+        _record(recorder, row, attempt, case, settings, messages, unsafe)
         if attempt.accepted and attempt.code is not None and attempt.validation is not None:
             if accept:
                 try:
@@ -242,6 +250,7 @@ def _record(
     case: FailureCase,
     settings: Any,
     messages: list[dict[str, str]],
+    unsafe: bool = False,
 ) -> None:
     c = attempt.completion
     row = AgentAttempt(
@@ -262,6 +271,7 @@ def _record(
         feedback=attempt.feedback or None,
         accepted=attempt.accepted,
         error=attempt.error or None,
+        unsafe_no_isolation=unsafe,
     )
     attempt.attempt_id = recorder.save_attempt(row)
 

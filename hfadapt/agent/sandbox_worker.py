@@ -60,15 +60,15 @@ def _limit(job: dict[str, Any]) -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024 * 1024, 64 * 1024 * 1024))
 
 
-def _guard(workdir: str) -> None:
-    root = os.path.realpath(workdir) + os.sep
+def _guard(*writable: str) -> None:
+    roots = tuple(os.path.realpath(w) + os.sep for w in writable if w)
 
     def inside(path: Any) -> bool:
         if isinstance(path, int):
             return True  # an already-open descriptor
         if isinstance(path, bytes):
             path = path.decode(errors="replace")
-        return os.path.realpath(str(path)).startswith(root) or str(path) == os.devnull
+        return os.path.realpath(str(path)).startswith(roots) or str(path) == os.devnull
 
     def hook(event: str, args: tuple[Any, ...]) -> None:
         if event in _DENIED_EVENTS:
@@ -108,7 +108,7 @@ def main(argv: list[str]) -> int:
     from hfadapt.agent import steps
 
     _limit(job)
-    _guard(os.path.dirname(job["draft_path"]))
+    _guard(job["output_dir"], os.environ.get("TMPDIR", ""))
     ctx = steps.Context(job)
     for name in job["steps"]:
         emit({"start": name})

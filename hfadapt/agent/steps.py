@@ -43,7 +43,7 @@ class Context:
 def step_load(ctx: Context) -> StepResult:
     from hfadapt.adapters.registry import load_file
 
-    found = load_file(Path(ctx.job["draft_path"]), source="agent-draft")
+    found = load_file(Path(ctx.job["draft_path"]), source="agent-draft", trusted=False)
     if len(found) != 1:
         return "fail", f"the file registers {len(found)} adapters; it must register exactly one", {}
     a = found[0]
@@ -78,7 +78,60 @@ def step_equivalence(ctx: Context) -> StepResult:
     output["cases"] = [c for c in output["cases"] if not c["ok"]][:6]
     output["inputs"] = len(result.cases)
     output["example"] = source
+    output["outputs_written"] = _write_outputs(ctx, example, list(seeds))
     return ("pass" if result.equivalent else "fail"), result.summary(), output
+
+
+class _Call(torch.nn.Module):
+    """The draft's function on one module instance, as a model the device runner can run."""
+
+    def __init__(self, inner: Any, fn: Callable[..., Any], n: int, keys: list[str]) -> None:
+        super().__init__()
+        self.inner, self.fn, self.n, self.keys = inner, fn, n, keys
+
+    def forward(self, **kw: Any) -> Any:
+        args = [kw[f"a{i}"] for i in range(self.n)]
+        return self.fn(self.inner, *args, **{k: kw[f"k{j}"] for j, k in enumerate(self.keys)})
+
+
+def _write_outputs(ctx: Context, example: Callable[[int], Any], seeds: list[int]) -> int:
+    """The draft's outputs for the trusted proof inputs, float64 on the CPU and on the simulated
+    device, written as data for the parent to judge (:mod:`hfadapt.agent.outputs`)."""
+    from safetensors.torch import save_file
+
+    from hfadapt.agent import outputs
+    from hfadapt.spyre.runner import run_on_device
+
+    a = ctx.draft
+    if a.kind != "method" or not ctx.job.get("output_dir"):
+        return 0
+    dtype = getattr(torch, ctx.case.run_dtype)
+    tensors: dict[str, torch.Tensor] = {}
+    for seed in seeds:
+        for name, module, args, kwargs in outputs.variants(example, seed):
+            key = f"{seed}/{name}"
+            with torch.no_grad():
+                got = outputs.flat(a.fn(module, *args, **kwargs))
+            for i, t in enumerate(got):
+                tensors[f"{key}/f64/{i}"] = t.detach().cpu().contiguous()
+            if name not in outputs.DEVICE_VARIANTS:
+                continue
+            low, rounded, kw = outputs.rounded_inputs(module, args, kwargs, dtype)
+            keys = list(kw)
+            inputs = {f"a{i}": _as_dtype(v, dtype) for i, v in enumerate(rounded)}
+            inputs.update({f"k{j}": _as_dtype(kw[k], dtype) for j, k in enumerate(keys)})
+            run = run_on_device(
+                _Call(low, a.fn, len(rounded), keys),
+                inputs,
+                execution="eager",
+                dtype=dtype,
+                profile=ctx.case.profile,
+                collect=True,
+            )
+            for i, t in enumerate(outputs.flat(run.outputs)):
+                tensors[f"{key}/dev/{i}"] = t.detach().cpu().float().contiguous()
+    save_file(tensors, str(Path(ctx.job["output_dir"]) / outputs.FILE))
+    return len(tensors)
 
 
 # -- the model for the device and end-to-end steps ---------------------------------------------

@@ -11,9 +11,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
+from hfadapt.agent import outputs
 from hfadapt.agent.cases import FailureCase
 from hfadapt.agent.policy import check_policy
-from hfadapt.agent.sandbox import SandboxLimits, StepReport, run_sandbox
+from hfadapt.agent.sandbox import SandboxLimits, SandboxRun, StepReport, run_sandbox
 
 SANDBOX_STEPS = ("load", "equivalence", "device", "end_to_end")
 ALL_STEPS = ("policy", *SANDBOX_STEPS)
@@ -64,6 +67,65 @@ class Validation:
         }
 
 
+def _judge_outputs(
+    steps: list[StepReport], case: FailureCase, run: SandboxRun, job: dict[str, Any]
+) -> None:
+    """The parent's own verdict on the draft's outputs (it never imported the draft): a passed
+    ``equivalence`` step of the sandbox stands only if these numbers pass too."""
+    eq = next((s for s in steps if s.step == "equivalence" and s.status == "pass"), None)
+    if eq is None:
+        return
+    data = run.files.get(outputs.FILE)
+    if not data:
+        eq.output["parent_proof"] = "not run: the sandbox wrote no outputs (only method adapters)"
+        return
+    example = trusted_example(case)
+    if example is None:
+        eq.output["parent_proof"] = "not run: the case has no trusted example inputs"
+        return
+    from safetensors.torch import load
+
+    try:
+        produced = load(data)
+    except Exception as exc:  # untrusted bytes: a malformed file is the draft's failure
+        eq.status, eq.summary = "fail", f"the sandbox's outputs do not read as safetensors: {exc}"
+        return
+    from hfadapt.adapters.equivalence import DEFAULT_SEEDS
+
+    seeds = list(job.get("seeds") or DEFAULT_SEEDS)
+    original = stock_callable(case.target or "")
+    status, summary, numbers = outputs.judge(
+        original, example, seeds, produced, getattr(torch, case.run_dtype)
+    )
+    eq.output["parent_proof"] = numbers
+    if status != "pass":
+        eq.status, eq.summary = "fail", f"parent proof: {summary}"
+    else:
+        eq.summary = f"{eq.summary}; parent proof: {summary}"
+
+
+def trusted_example(case: FailureCase) -> Any:
+    """The case's example builder (captured calls or a named builder), never the draft's."""
+    from hfadapt.agent.cases import captured_example, resolve_ref
+
+    if case.example:
+        return resolve_ref(case.example)
+    if case.example_file:
+        return captured_example(case.example_file)
+    return None
+
+
+def stock_callable(target: str) -> Any:
+    """The stock code at ``module:Class.method``, imported here (trusted code, not the draft)."""
+    import importlib
+
+    module_name, _, qual = target.partition(":")
+    obj: Any = importlib.import_module(module_name)
+    for part in qual.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
 def validate(
     source: str,
     case: FailureCase,
@@ -74,6 +136,7 @@ def validate(
     allow_skip: Iterable[str] = (),
     taken_names: dict[str, str] | None = None,
     seeds: Iterable[int] | None = None,
+    unsafe_no_isolation: bool = False,
 ) -> Validation:
     """Run every step on one draft; stop at the first that fails."""
     start = time.monotonic()
@@ -105,8 +168,9 @@ def validate(
         "import_transformers": "transformers" in source + json.dumps(case.to_dict())
         or bool(case.model and "ref" in case.model),
     }
-    run = run_sandbox(source, job, limits, secrets=secrets)
+    run = run_sandbox(source, job, limits, secrets=secrets, unsafe_no_isolation=unsafe_no_isolation)
     result.steps.extend(run.steps)
+    _judge_outputs(result.steps, case, run, job)
     reported = {s.step for s in run.steps}
     if not any(s.status not in ("pass", "skip") for s in run.steps) and reported != set(wanted):
         # The worker died between steps (or before the first): say so, with its last words.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import json
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -92,14 +93,26 @@ def verify(
     ] = 3,
     profile: ProfileOption = None,
     as_json: JsonOption = False,
+    unsafe_no_isolation: Annotated[
+        bool,
+        typer.Option(
+            "--unsafe-no-isolation",
+            help="Re-prove agent-drafted adapters even where no OS sandbox can be had.",
+        ),
+    ] = False,
 ) -> None:
     """Re-prove adapters: float64 equivalence with the code they replace, then that their
     rule no longer fires on the simulated device."""
     from hfadapt.adapters.proofs import verify_adapter
-    from hfadapt.adapters.registry import default_registry
+    from hfadapt.adapters.registry import default_registry, is_agent_origin
 
     reg = default_registry()
     targets = [reg.get(name)] if name else reg.adapters
+    drafted = [a for a in targets if a.path and is_agent_origin(Path(a.path))]
+    if drafted:
+        from hfadapt.isolation import require_isolation
+
+        require_isolation(unsafe=unsafe_no_isolation)
     results = [verify_adapter(a, seeds=seeds, profile=profile) for a in targets]
     if as_json:
         typer.echo(json.dumps([r.to_dict() for r in results], indent=2))

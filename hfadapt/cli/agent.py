@@ -49,6 +49,13 @@ ApiKeyOption = Annotated[
     ),
 ]
 AttemptsOption = Annotated[int, count_option("--max-attempts", "Drafts per failure.")]
+UnsafeOption = Annotated[
+    bool,
+    typer.Option(
+        "--unsafe-no-isolation",
+        help="Run drafted code without the bubblewrap sandbox when it cannot be had (recorded).",
+    ),
+]
 
 
 def _settings(base_url: str | None, model: str | None, api_key: str | None, attempts: int) -> Any:
@@ -117,6 +124,7 @@ def draft(
     profile: ProfileOption = None,
     db: DbOption = None,
     as_json: JsonOption = False,
+    unsafe_no_isolation: UnsafeOption = False,
 ) -> None:
     """Have a coding agent draft adapters for failures; accept only proven ones."""
     from hfadapt.agent import workflows
@@ -124,6 +132,10 @@ def draft(
 
     if sum(x is not None for x in (model_ref, fingerprint, top)) != 1:
         raise UsageError("give exactly one of MODEL, --fingerprint ID or --top K")
+    if not list_only:
+        from hfadapt.isolation import require_isolation
+
+        require_isolation(unsafe=unsafe_no_isolation)  # one line, exit 2, before any work
     engine = get_engine(db)
     if top is not None and list_only:
         _print_top(workflows.top_fingerprints(engine, top), as_json)
@@ -131,7 +143,7 @@ def draft(
     plan = workflows.plan_drafts(engine, model=model_ref, fingerprint=fingerprint, top=top)
 
     from hfadapt.agent.client import AgentClient
-    from hfadapt.agent.loop import draft_adapter
+    from hfadapt.agent.loop import ENDPOINT_ERROR, draft_adapter
     from hfadapt.agent.records import Recorder
 
     settings = _settings(base_url, agent_model, api_key, max_attempts)
@@ -168,7 +180,20 @@ def draft(
                         ),
                         highlight=False,
                     )
-                outcomes.append(draft_adapter(case, client, recorder=recorder, model_id=str(ref)))
+                outcomes.append(
+                    draft_adapter(
+                        case,
+                        client,
+                        recorder=recorder,
+                        model_id=str(ref),
+                        unsafe_no_isolation=unsafe_no_isolation,
+                    )
+                )
+                if outcomes[-1].outcome == ENDPOINT_ERROR:
+                    break  # the endpoint failed: the next failure would meet the same endpoint
+            if outcomes and outcomes[-1].outcome == ENDPOINT_ERROR:
+                console.print(f"stopped: {outcomes[-1].reason}", highlight=False)
+                break
     if as_json:
         typer.echo(json.dumps([o.to_dict() for o in outcomes], indent=2, default=str))
     elif outcomes:

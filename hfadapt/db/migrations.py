@@ -236,3 +236,11 @@ def m004_sweep_driver(conn: Connection) -> None:
     from hfadapt.db.tables import Sweep
 
     add_columns(conn, Sweep, "driver_pid")
+
+
+@migration
+def m006_agent_isolation(conn: Connection) -> None:
+    """Whether each drafting attempt ran its draft without OS isolation (--unsafe-no-isolation)."""
+    from hfadapt.db.tables import AgentAttempt
+
+    add_columns(conn, AgentAttempt, "unsafe_no_isolation")

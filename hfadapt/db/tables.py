@@ -212,4 +212,6 @@ class AgentAttempt(SQLModel, table=True):
     feedback: str | None = Field(default=None, sa_column=Column(Text))
     accepted: bool = False
     error: str | None = Field(default=None, sa_column=Column(Text))
+    # the draft ran without OS isolation: only after the user's explicit --unsafe-no-isolation
+    unsafe_no_isolation: bool = False
     created_at: datetime = Field(default_factory=utcnow)
