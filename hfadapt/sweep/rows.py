@@ -92,6 +92,8 @@ def unit_rows(
     if unit.signature and not row.get("signature"):
         row["signature"] = unit.signature
     evidence = dict(row.get("evidence") or {})
+    if not evidence.get("config_source") and sources:
+        evidence["config_source"] = sources.get(rep)  # as planned, when the run did not say
     evidence["sweep"] = {
         "role": "representative",
         "representative": rep,
