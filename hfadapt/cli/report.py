@@ -31,12 +31,20 @@ def failures(
     """Failure fingerprints, by the downloads of the models each one blocks (largest first)."""
     from hfadapt.db.engine import get_engine
     from hfadapt.report.charts import fmt_count
-    from hfadapt.report.coverage import failures as census
+    from hfadapt.report.failures import failure_groups
 
-    rows = census(get_engine(db), sweep_id=sweep, top=top)
+    rows, blocking = failure_groups(get_engine(db), sweep_id=sweep, top=top)
     if as_json:
-        typer.echo(json.dumps([r.to_dict() for r in rows], indent=2, default=str))
+        # fingerprints first, as before; the blocking verdict groups follow as their own entries
+        data = [r.to_dict() for r in rows] + [{"group": b.verdict, **b.to_dict()} for b in blocking]
+        typer.echo(json.dumps(data, indent=2, default=str))
         return
+    if blocking:
+        groups = Table("blocked before the device", "models", "downloads", "share", "e.g.")
+        for b in blocking:
+            groups.add_row(b.verdict, f"{b.count:,}", fmt_count(b.downloads), f"{b.share:.1%}",
+                           b.models[0] if b.models else "")  # fmt: skip
+        console.print(groups)
     if not rows:
         console.print("no failure fingerprints recorded (nothing failed to lower)", highlight=False)
         return
@@ -65,6 +73,14 @@ def report(
         Path | None,
         typer.Option("--json", help="Write the report as JSON here.", show_default=False),
     ] = None,
+    csv_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--csv",
+            help="Write one row per model (verdict, evidence level) here.",
+            show_default=False,
+        ),
+    ] = None,
     sweep: SweepOption = None,
     against: Annotated[
         int | None,
@@ -86,15 +102,26 @@ def report(
     rep = build_report(get_engine(db), sweep_id=sweep, against=against)
     where = f"sweep {rep.sweep['id']}" if rep.sweep else "latest run of every model"
     console.print(
-        f"{where}: {rep.models:,} models; pass {rep.passed:,} ({rep.pass_rate:.1%} by count, "
-        f"{rep.pass_rate_downloads:.1%} by downloads)",
+        f"{where}: {rep.models:,} models; pass on their own weights or config {rep.passed:,} "
+        f"({rep.pass_rate:.1%} by count, {rep.pass_rate_downloads:.1%} by downloads)",
         highlight=False,
         soft_wrap=True,
     )
+    beside = f"  beside it: architecture passes {rep.passed_architecture:,} (this model's shapes were not checked)"
+    if rep.passed_unknown:
+        beside += f"; passes with no evidence level recorded {rep.passed_unknown:,}"
+    console.print(beside, highlight=False, soft_wrap=True)
+    levels = Table("evidence", "models", "pass", "downloads", "pass downloads",
+                   title="by evidence level", title_justify="left")  # fmt: skip
+    for lv in rep.by_evidence:
+        levels.add_row(lv.level, f"{lv.models:,}", f"{lv.passed:,}", fmt_count(lv.downloads),
+                       fmt_count(lv.passed_downloads))  # fmt: skip
+    console.print(levels)
     table = Table(
         "model_type",
         "models",
         "pass",
+        "arch. pass",
         "pass rate",
         "downloads",
         "pass rate (downloads)",
@@ -106,6 +133,7 @@ def report(
             t.model_type,
             f"{t.models:,}",
             f"{t.passed:,}",
+            f"{t.passed_architecture:,}",
             f"{t.passed / t.models:.1%}",
             fmt_count(t.downloads),
             f"{t.passed_downloads / t.downloads:.1%}" if t.downloads else "n/a",
@@ -127,3 +155,8 @@ def report(
     if json_file is not None:
         json_file.write_text(json.dumps(rep.to_dict(), indent=2, default=str), encoding="utf-8")
         console.print(f"wrote {json_file}", highlight=False)
+    if csv_file is not None:
+        from hfadapt.report.models import rows_csv
+
+        csv_file.write_text(rows_csv(rep.model_rows), encoding="utf-8")
+        console.print(f"wrote {csv_file} ({len(rep.model_rows):,} models)", highlight=False)
