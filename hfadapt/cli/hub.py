@@ -105,14 +105,30 @@ def models(
     rows = current_models(
         engine, top=top, model_type=model_type, library=library, include_excluded=include_excluded
     )
+    from hfadapt.report.models import latest_verdicts
+
+    judged = latest_verdicts(engine, [row.id for row in rows])
     if as_json:
         fields = [name for name in HubModel.model_fields if name != "config_json"]
-        _echo_json([{name: getattr(row, name) for name in fields} for row in rows])
+        _echo_json(
+            [
+                {name: getattr(row, name) for name in fields}
+                | dict(
+                    zip(
+                        ("verdict", "evidence_level"), judged.get(row.id, (None, None)), strict=True
+                    )
+                )
+                for row in rows
+            ]
+        )
         return
     table = Table("rank")
     table.add_column("model", overflow="fold", min_width=24)
     for name in ("downloads", "likes", "model_type", "library", "params", "flags"):
         table.add_column(name, overflow="fold")
+    if judged:
+        table.add_column("verdict", overflow="fold")
+        table.add_column("evidence", overflow="fold")
     for row in rows:
         flags = [
             name
@@ -135,6 +151,7 @@ def models(
             row.library or "",
             params,
             ", ".join(flags),
+            *((judged.get(row.id, ("not judged", ""))) if judged else ()),
         )
     console.print(table)
 

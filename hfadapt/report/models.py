@@ -26,6 +26,7 @@ __all__ = [
     "ModelRow",
     "by_evidence",
     "latest_run",
+    "latest_verdicts",
     "model_rows",
     "rows_csv",
 ]
@@ -119,6 +120,22 @@ def latest_run(engine: Engine, model_id: str) -> tuple[Run | None, HubModel | No
             if obj is not None:
                 sess.expunge(obj)
         return run, hub
+
+
+def latest_verdicts(engine: Engine, model_ids: list[str]) -> dict[str, tuple[str, str]]:
+    """model id -> (verdict, evidence level) of its newest run, for the ids that have one."""
+    out: dict[str, tuple[str, str]] = {}
+    if not model_ids:
+        return out
+    stmt = (
+        select(col(Run.model_id), col(Run.verdict), col(Run.evidence_level))
+        .where(col(Run.model_id).in_(model_ids))
+        .order_by(col(Run.id))
+    )
+    with session(engine, write=False) as sess:
+        for model_id, verdict, level in sess.execute(stmt):
+            out[model_id] = (verdict, level_label(level))
+    return out
 
 
 def describe_level(level: str | None) -> dict[str, Any]:
