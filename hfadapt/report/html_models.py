@@ -31,8 +31,7 @@ table.models col.level { width: 7rem; } table.models col.dl { width: 7rem; }
 """
 
 # Sort and filter the rows in the page; the data is the JSON in #model-rows.
-MODELS_SCRIPT = (
-    """
+MODELS_SCRIPT = """
 document.addEventListener("DOMContentLoaded", function () {
   var data = document.getElementById("model-rows"); if (!data) return;
   var rows = JSON.parse(data.textContent), body = document.querySelector("table.models tbody");
@@ -63,9 +62,7 @@ document.addEventListener("DOMContentLoaded", function () {
   f.text.addEventListener("input", draw);
   draw();
 });
-"""
-    % SHOWN
-)
+""".replace("SHOWN", str(SHOWN))
 
 
 def evidence_section(r: Report) -> str:
