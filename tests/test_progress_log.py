@@ -28,9 +28,7 @@ def test_a_line_at_least_every_interval_even_when_nothing_changes() -> None:
         "3/10 models (unchanged for 30 s: a unit is still running)",
         "3/10 models (unchanged for 61 s: a unit is still running)",
     ], lines
-    written = [0.0, 31.0, 61.0, 92.0]
-    gaps = [b - a for a, b in zip(written, written[1:], strict=False)]
-    assert max(gaps) <= INTERVAL + 1, gaps  # with the heartbeat ticking every few seconds
+    assert log.lines_written == 4, log.lines_written
 
 
 def test_interval_must_be_positive() -> None:
