@@ -436,6 +436,11 @@ REPORT_MODELS: dict[
 }
 
 
+# Evidence levels of the report runs (both sweeps); every other model has "config". m/five's
+# pass in sweep 2 rests on its model type's defaults, so no headline counts it.
+REPORT_LEVELS = {"m/five": "architecture", "m/six": "weights"}
+
+
 def _violation(fp: str) -> dict[str, object]:
     site = "/venv/lib/python3.11/site-packages/transformers/models/bert/modeling_bert.py"
     return {
@@ -473,7 +478,9 @@ def report_engine(tmp_path: Path) -> Iterator[object]:
         rows = []
         for m, spec in REPORT_MODELS.items():
             verdict, fps, adapters = spec[index]
+            level = REPORT_LEVELS.get(m, "config")
             rows.append({"model_id": m, "verdict": verdict, "reason": f"{verdict} of {m}", "model_type": spec[1],
+                         "evidence_level": level,
                          "fingerprints": fps, "violations": [_violation(fp) for fp in fps], "adapters": adapters,
                          "evidence": {"sweep": {"role": "representative"}}})  # fmt: skip
         assert sweep.id is not None

@@ -11,6 +11,7 @@ import signal
 import time
 from typing import Any
 
+from hfadapt.judge.evidence import level_of_source
 from hfadapt.sweep.worker import Outcome, Task
 
 FINGERPRINTS = ("aaaaaaaaaaaa", "bbbbbbbbbbbb")
@@ -51,6 +52,8 @@ def fake_judge(task: Task) -> Outcome:
         if failed
         else [],
         "adapters": [],
+        # as the real worker: the level of the config the representative was judged on
+        "evidence_level": level.value if (level := level_of_source(task.config_source)) else None,
         "evidence": {"fake": True, "pid": os.getpid()},
     }
     return Outcome(task.key, task.model_id, verdict, row["reason"], row)

@@ -49,16 +49,25 @@ def test_failure_census_of_an_older_sweep(report_engine: Any) -> None:
 
 def test_pass_rates_by_count_downloads_and_model_type(report_engine: Any) -> None:
     r = build_report(report_engine)
-    assert (r.models, r.passed, r.downloads, r.passed_downloads) == (7, 3, 2000, 1560)
-    assert r.pass_rate == pytest.approx(3 / 7) and r.pass_rate_downloads == pytest.approx(0.78)
+    # m/five's pass (60 downloads) rests on its type's defaults: beside the headline, not in it
+    assert (r.models, r.passed, r.downloads, r.passed_downloads) == (7, 2, 2000, 1500)
+    assert r.pass_rate == pytest.approx(2 / 7) and r.pass_rate_downloads == pytest.approx(0.75)
+    assert (r.passed_architecture, r.passed_architecture_downloads) == (1, 60)
     types = {
-        t.model_type: (t.models, t.passed, t.downloads, t.passed_downloads) for t in r.by_model_type
+        t.model_type: (t.models, t.passed, t.passed_architecture, t.downloads, t.passed_downloads)
+        for t in r.by_model_type
     }
     assert types == {
-        "bert": (3, 2, 1800, 1500),
-        "qwen3": (2, 1, 160, 60),
-        "mpnet": (2, 0, 40, 0),
+        "bert": (3, 2, 0, 1800, 1500),
+        "qwen3": (2, 0, 1, 160, 0),
+        "mpnet": (2, 0, 0, 40, 0),
     }, types
+    levels = {lv.level: (lv.models, lv.passed, lv.downloads) for lv in r.by_evidence}
+    assert levels == {
+        "weights": (1, 0, 30),
+        "config": (5, 2, 1910),
+        "architecture": (1, 1, 60),
+    }, levels
     assert [t.model_type for t in r.by_model_type] == ["bert", "qwen3", "mpnet"]
     verdict_rows = {v: (n, d) for v, n, d in r.verdicts}
     assert verdict_rows == {
@@ -76,9 +85,9 @@ def test_cumulative_downloads_against_rank(report_engine: Any) -> None:
         (2, 0.75, 0.75),
         (3, 0.9, 0.75),
         (4, 0.95, 0.75),
-        (5, 0.98, 0.78),
-        (6, 0.995, 0.78),
-        (7, 1.0, 0.78),
+        (5, 0.98, 0.75),
+        (6, 0.995, 0.75),
+        (7, 1.0, 0.75),
     ]
     assert [p[0] for p in points] == [e[0] for e in expected]
     for got, want in zip(points, expected, strict=True):
@@ -148,17 +157,27 @@ def test_without_sweeps_the_latest_run_of_each_model_counts(tmp_path: Path) -> N
         build_report(engine)
     with session(engine) as sess:
         sess.add(Run(model_id="x/a", verdict="lowering_failed", fingerprints=["F9"]))
-        sess.add(Run(model_id="x/a", verdict="pass"))  # newer: x/a passes now
+        sess.add(Run(model_id="x/a", verdict="pass"))  # newer: x/a passes now (level unknown)
         sess.add(Run(model_id="x/b", verdict="lowering_failed", fingerprints=["F9"]))
     r = build_report(engine)
-    assert (r.sweep, r.models, r.passed) == (None, 2, 1)
+    # a pass with no evidence level recorded (a row older than m005) is counted beside
+    assert (r.sweep, r.models, r.passed, r.passed_unknown) == (None, 2, 0, 1)
+    assert [(lv.level, lv.models, lv.passed) for lv in r.by_evidence][-1] == ("unknown", 2, 1)
     assert [(f.fingerprint, f.models) for f in r.fingerprints] == [("F9", ["x/b"])]
     engine.dispose()
 
 
 def test_report_json_round_trips(report_engine: Any) -> None:
     data = json.loads(json.dumps(build_report(report_engine, against=1).to_dict(), default=str))
-    assert data["pass_rate_downloads"] == pytest.approx(0.78) and data["agreement"]["compared"] == 6
+    assert data["pass_rate_downloads"] == pytest.approx(0.75) and data["agreement"]["compared"] == 6
+    rows = {
+        m["model_id"]: (m["rank"], m["verdict"], m["evidence_level"]) for m in data["model_rows"]
+    }
+    assert rows["m/five"] == (5, "pass", "architecture") and len(rows) == 7, rows
+    assert data["blockers"] == [
+        {"verdict": "custom_code", "downloads": 10, "models": ["m/seven"], "share": 10 / 2000,
+         "example_reason": "custom_code of m/seven", "count": 1}
+    ], data["blockers"]  # fmt: skip
     assert data["fingerprints"][0]["fingerprint"] == "F2" and data["fingerprints"][0]["count"] == 2
     assert data["diff"]["counts"] == {"PASS": 1, "XFAIL": 3, "FAIL": 1, "IMPROVED": 2}
 
@@ -178,17 +197,27 @@ def test_cli_failures_and_report(
     code, out, err = run(["failures", "--db", db])
     assert code == 0, err
     assert out.index("F2") < out.index("F1") < out.index("F3"), out
+    assert out.index("custom_code") < out.index("F2"), out
     code, out, err = run(["failures", "--db", db, "--json", "--sweep", "1"])
-    assert [(f["fingerprint"], f["downloads"]) for f in json.loads(out)] == [
-        ("F1", 800),
-        ("F2", 330),
-    ], out
-    html, js = tmp_path / "r.html", tmp_path / "r.json"
+    got = [(f.get("fingerprint") or f["group"], f["downloads"]) for f in json.loads(out)]
+    assert got == [("F1", 800), ("F2", 330), ("custom_code", 10)], got
+    html, js, table = tmp_path / "r.html", tmp_path / "r.json", tmp_path / "r.csv"
     code, out, err = run(
-        ["report", "--db", db, "--against", "1", "--html", str(html), "--output", str(js)]
-    )
+        ["report", "--db", db, "--against", "1", "--html", str(html), "--output", str(js),
+         "--csv", str(table)]
+    )  # fmt: skip
     assert code == 0, err
-    assert "pass 3 (42.9% by count, 78.0% by downloads)" in out, out
+    assert "own weights or config 2 (28.6% by count, 75.0% by downloads)" in out, out
+    assert "architecture passes 1 (this model's shapes were not checked)" in out, out
+    lines = table.read_text().splitlines()
+    assert (
+        lines[0] == "rank,model_id,model_type,verdict,evidence_level,downloads,note,hub_url,run_id"
+    )
+    five = next(line for line in lines if ",m/five," in line)
+    assert five.startswith(
+        "5,m/five,qwen3,pass,architecture,60,architecture passes; this model's shapes were not checked,https://huggingface.co/m/five,"
+    ), five
+    assert len(lines) == 8, lines
     assert "PASS 1, XFAIL 3, FAIL 1, IMPROVED 2" in out and "66.7%" in out, out
     assert (
         html.read_text().startswith("<!DOCTYPE html>") and json.loads(js.read_text())["models"] == 7

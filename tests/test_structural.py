@@ -137,12 +137,13 @@ MINILM = json.loads(
 )
 
 
-def test_signature_is_stable_and_ignores_sizes_that_do_not_change_code() -> None:
+def test_signature_is_stable_and_ignores_what_a_structural_run_does_not_judge() -> None:
     sig = structural_signature(MINILM)
     assert sig == structural_signature(dict(MINILM)) and len(sig) == 16
     # a dict and the config built from it agree (a sweep hashes config.json, diagnose a config)
     assert sig == structural_signature(structural.config_from_dict(MINILM))
-    # layers, vocab, max positions: same code, same signature (MiniLM-L12 vs L6)
+    # layers (truncated to 2), a vocabulary past the 4096 rows judged, max positions (no rule
+    # reads them): same signature (MiniLM-L12 vs L6)
     assert sig == structural_signature(
         {**MINILM, "num_hidden_layers": 12, "vocab_size": 250002, "max_position_embeddings": 1024}
     )
@@ -157,6 +158,10 @@ def test_signature_is_stable_and_ignores_sizes_that_do_not_change_code() -> None
         {"num_attention_heads": 6},  # head_dim 32 -> 64
         {"type_vocab_size": 1},
         {"model_type": "roberta"},
+        # sizes with the same alignment and head_dim: still different shapes, never one verdict
+        {"hidden_size": 768, "num_attention_heads": 24, "intermediate_size": 1536},
+        {"intermediate_size": 1600},  # 1536 + 64
+        {"vocab_size": 1000},  # a vocabulary smaller than the 4096 rows a structural run keeps
     ],
 )
 def test_signature_changes_with_what_decides_lowering(change: dict[str, object]) -> None:
@@ -164,6 +169,23 @@ def test_signature_changes_with_what_decides_lowering(change: dict[str, object])
     diff = {k: (before.get(k), after.get(k)) for k in after if before.get(k) != after.get(k)}
     assert structural_signature(MINILM) != structural_signature({**MINILM, **change}), diff
     assert diff, f"{change} changed nothing in {before}"
+
+
+def test_rubert_tiny2_shape_never_shares_bert_base_signature() -> None:
+    """cointegrated/rubert-tiny2 (hidden 312, 12 heads, intermediate 600) against BERT-base
+    defaults: every size differs, so do the signatures and the lowering classes."""
+    tiny = {"model_type": "bert", "hidden_size": 312, "num_attention_heads": 12,
+            "intermediate_size": 600, "vocab_size": 83828, "max_position_embeddings": 2048}  # fmt: skip
+    base = {"model_type": "bert"}
+    small, big = signature_fields(tiny), signature_fields(base)
+    assert (small["hidden_size"], small["head_dim"], small["intermediate_size"]) == (
+        312,
+        26,
+        600,
+    ), small
+    assert (big["hidden_size"], big["head_dim"], big["intermediate_size"]) == (768, 64, 3072), big
+    assert structural_signature(tiny) != structural_signature(base)
+    assert structural.lowering_signature(tiny) != structural.lowering_signature(base)
 
 
 def test_signature_knows_attention_defaults() -> None:

@@ -16,6 +16,7 @@ from hfadapt.cli import agent as _agent  # noqa: F401
 from hfadapt.cli import diagnose as _diagnose  # noqa: F401
 from hfadapt.cli import hub as _hub  # noqa: F401
 from hfadapt.cli import report as _report  # noqa: F401
+from hfadapt.cli import show as _show  # noqa: F401
 from hfadapt.cli import sweep as _sweep  # noqa: F401
 from hfadapt.cli._app import app, err_console
 from hfadapt.errors import HfadaptError

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from hfadapt.cli._app import DbOption, JsonOption, ProfileOption, app, console, err_console
 from hfadapt.errors import UsageError
+from hfadapt.judge.evidence import describe_source
 from hfadapt.options import DType, Mode
 
 _COLOURS = {
@@ -115,11 +116,15 @@ def render(diag: Any) -> None:
         highlight=False,
         soft_wrap=True,
     )
+    level = diag.evidence_level or "unknown"
+    where = describe_source(diag.config_source)
     if diag.structural:
         _say(
-            "[yellow]structural run:[/yellow] ",
-            "real config, seeded random weights, layers truncated",
+            f"[yellow]structural run ({level} evidence):[/yellow] ",
+            f"config: {where}; seeded random weights, layers truncated",
         )
+    elif diag.config_source is not None:
+        _say(f"[green]{level} evidence:[/green] ", where)
     _say("  ", diag.reason)
     v = diag.versions
     revision = f"; revision {diag.revision}" if diag.revision else ""

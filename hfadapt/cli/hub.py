@@ -128,16 +128,32 @@ def models(
     rows = current_models(
         engine, top=top, model_type=model_type, library=library, include_excluded=include_excluded
     )
+    from hfadapt.report.models import latest_verdicts
+
+    judged = latest_verdicts(engine, [row.id for row in rows])
     if as_json:
         fields = [name for name in HubModel.model_fields if name != "config_json"]
-        _echo_json([{name: getattr(row, name) for name in fields} for row in rows])
+        _echo_json(
+            [
+                {name: getattr(row, name) for name in fields}
+                | dict(
+                    zip(
+                        ("verdict", "evidence_level"), judged.get(row.id, (None, None)), strict=True
+                    )
+                )
+                for row in rows
+            ]
+        )
         return
-    console.print(models_table(rows, console.width))
+    console.print(models_table(rows, console.width, judged))
 
 
-def models_table(rows: list[Any], width: int) -> Table:
+def models_table(
+    rows: list[Any], width: int, judged: dict[str, tuple[str, str]] | None = None
+) -> Table:
     """The models as a table that fits ``width`` columns: numbers never wrap, a long id folds,
-    and below WIDE columns the likes, library and params columns are left out."""
+    and below WIDE columns the likes, library and params columns are left out. ``judged``
+    (model id -> latest verdict and evidence level) adds those two columns after a sweep."""
     wide = width >= WIDE
     table = Table(pad_edge=False, collapse_padding=True)
     table.add_column("rank", justify="right", no_wrap=True)
@@ -150,6 +166,9 @@ def models_table(rows: list[Any], width: int) -> Table:
         table.add_column("library", overflow="fold", max_width=24)
         table.add_column("params", justify="right", no_wrap=True)
     table.add_column("flags", overflow="fold", max_width=24 if wide else 14)
+    if judged:
+        table.add_column("verdict", overflow="fold", max_width=22)
+        table.add_column("evidence", overflow="fold", max_width=12)
     for row in rows:
         flags = [
             name
@@ -170,6 +189,8 @@ def models_table(rows: list[Any], width: int) -> Table:
             params = f"{row.num_parameters / 1e6:,.0f}M" if row.num_parameters else ""
             cells += [escape(row.library or ""), params]
         cells.append(escape(", ".join(flags)))
+        if judged:
+            cells += [escape(v or "") for v in judged.get(row.id, ("not judged", ""))]
         table.add_row(*cells)
     return table
 

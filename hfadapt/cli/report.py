@@ -46,12 +46,22 @@ def failures(
 ) -> None:
     """Failure fingerprints, by the downloads of the models each one blocks (largest first)."""
     from hfadapt.report.charts import fmt_count
-    from hfadapt.report.coverage import failures as census
+    from hfadapt.report.failures import failure_groups
 
-    rows = census(existing_engine(db, hint="`hfadapt sweep`"), sweep_id=sweep, top=top)
+    rows, blocking = failure_groups(
+        existing_engine(db, hint="`hfadapt sweep`"), sweep_id=sweep, top=top
+    )
     if as_json:
-        typer.echo(json.dumps([r.to_dict() for r in rows], indent=2, default=str))
+        # fingerprints first, as before; the blocking verdict groups follow as their own entries
+        data = [r.to_dict() for r in rows] + [{"group": b.verdict, **b.to_dict()} for b in blocking]
+        typer.echo(json.dumps(data, indent=2, default=str))
         return
+    if blocking:
+        groups = Table("blocked before the device", "models", "downloads", "share", "e.g.")
+        for b in blocking:
+            groups.add_row(b.verdict, f"{b.count:,}", fmt_count(b.downloads), f"{b.share:.1%}",
+                           b.models[0] if b.models else "")  # fmt: skip
+        console.print(groups)
     if not rows:
         console.print("no failure fingerprints recorded (nothing failed to lower)", highlight=False)
         return
@@ -90,6 +100,14 @@ def report(
             "--output",
             metavar="PATH",
             help="Write the report as JSON here.",
+            show_default=False,
+        ),
+    ] = None,
+    csv_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--csv",
+            help="Write one row per model (verdict, evidence level) here.",
             show_default=False,
         ),
     ] = None,
@@ -136,15 +154,26 @@ def report(
         return
     where = f"sweep {rep.sweep['id']}" if rep.sweep else "latest run of every model"
     console.print(
-        f"{where}: {rep.models:,} models; pass {rep.passed:,} ({rep.pass_rate:.1%} by count, "
-        f"{rep.pass_rate_downloads:.1%} by downloads)",
+        f"{where}: {rep.models:,} models; pass on their own weights or config {rep.passed:,} "
+        f"({rep.pass_rate:.1%} by count, {rep.pass_rate_downloads:.1%} by downloads)",
         highlight=False,
         soft_wrap=True,
     )
+    beside = f"  beside it: architecture passes {rep.passed_architecture:,} (this model's shapes were not checked)"
+    if rep.passed_unknown:
+        beside += f"; passes with no evidence level recorded {rep.passed_unknown:,}"
+    console.print(beside, highlight=False, soft_wrap=True)
+    levels = Table("evidence", "models", "pass", "downloads", "pass downloads",
+                   title="by evidence level", title_justify="left")  # fmt: skip
+    for lv in rep.by_evidence:
+        levels.add_row(lv.level, f"{lv.models:,}", f"{lv.passed:,}", fmt_count(lv.downloads),
+                       fmt_count(lv.passed_downloads))  # fmt: skip
+    console.print(levels)
     table = Table(
         "model_type",
         "models",
         "pass",
+        "arch. pass",
         "pass rate",
         "downloads",
         "pass rate (downloads)",
@@ -156,6 +185,7 @@ def report(
             escape(t.model_type),
             f"{t.models:,}",
             f"{t.passed:,}",
+            f"{t.passed_architecture:,}",
             f"{t.passed / t.models:.1%}",
             fmt_count(t.downloads),
             f"{t.passed_downloads / t.downloads:.1%}" if t.downloads else "n/a",
@@ -174,3 +204,10 @@ def report(
     for path in (html, output):
         if path is not None:
             console.print(f"wrote {escape(str(path))}", highlight=False)
+    if csv_file is not None:
+        from hfadapt.report.models import rows_csv
+
+        csv_file.write_text(rows_csv(rep.model_rows), encoding="utf-8")
+        console.print(
+            f"wrote {escape(str(csv_file))} ({len(rep.model_rows):,} models)", highlight=False
+        )

@@ -4,6 +4,7 @@ Thin: parse, call ``hfadapt.sweep.run.run_sweep``, render."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Annotated, Any
 
@@ -23,8 +24,14 @@ from hfadapt.cli._app import (
     existing_engine,
     finite_seconds,
 )
+from hfadapt.cli.progress_log import ProgressLog
 from hfadapt.errors import UsageError
 from hfadapt.options import DType, Executor, Mode
+
+
+def _log_line(text: str) -> None:
+    console.print(text, highlight=False, soft_wrap=True, markup=False)
+
 
 _ORDER = ("pass", "lowering_failed", "verification_failed", "unsupported_model", "load_failed",
           "reference_failed", "custom_code", "skipped", "worker_crashed", "worker_timeout")  # fmt: skip
@@ -194,11 +201,19 @@ def sweep(
             "eta": _eta(p.eta),
         }
         progress.counts = _counts(dict(p.counts))
+        if log is not None:
+            plain = ", ".join(f"{k} {v:,}" for k, v in p.counts.items() if v)
+            log.update(
+                f"sweep {p.sweep_id}: {p.done:,}/{p.total:,} models, units {fields['units']}, "
+                f"{fields['rate']}, {fields['eta']}; {plain}"
+            )
         if "task" not in bar:
             bar["task"] = progress.add_task("sweep", total=p.total, **fields)
         progress.update(bar["task"], completed=p.done, total=p.total, **fields)
 
-    with progress:
+    # Without a terminal the bar prints nothing until the end: plain lines instead (CI, nohup).
+    log = None if as_json or console.is_terminal else ProgressLog(_log_line)
+    with progress, log or contextlib.nullcontext():
         result = run_sweep(
             engine,
             top=top,

@@ -239,6 +239,18 @@ def m004_sweep_driver(conn: Connection) -> None:
 
 
 @migration
+def m005_run_evidence_level(conn: Connection) -> None:
+    """What each run's verdict rests on (weights, config or architecture); older rows stay NULL,
+    which every report reads as unknown."""
+    from hfadapt.db.tables import Run
+
+    add_columns(conn, Run, "evidence_level")
+    for index in Run.__table__.indexes:  # type: ignore[attr-defined]
+        if "evidence_level" in index.columns:
+            index.create(conn, checkfirst=True)
+
+
+@migration
 def m006_agent_isolation(conn: Connection) -> None:
     """Whether each drafting attempt ran its draft without OS isolation (--unsafe-no-isolation)."""
     from hfadapt.db.tables import AgentAttempt

@@ -92,6 +92,9 @@ class Run(SQLModel, table=True):
     execution: str = "eager"  # eager | compile
     dtype: str = "fp16"
     signature: str | None = Field(default=None, index=True)  # structural signature hash
+    # what the verdict rests on: weights | config | architecture (hfadapt.options.EvidenceLevel);
+    # None = unknown (rows written before m005, or a model that never loaded)
+    evidence_level: str | None = Field(default=None, index=True)
     model_type: str | None = None
     revision: str | None = None
     # metrics (None when the run did not get that far)

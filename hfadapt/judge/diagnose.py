@@ -32,6 +32,7 @@ from hfadapt.judge.diagnosis import (
     versions_of,
     write_run,
 )
+from hfadapt.judge.evidence import level_of_source
 from hfadapt.judge.load import LoadedModel
 from hfadapt.judge.localize import localize
 from hfadapt.judge.metrics import compare, last_hidden
@@ -263,6 +264,9 @@ def _judge(
     diag.mode = "structural" if diag.structural else "full"
     diag.model_type = loaded.model_type
     diag.revision = loaded.revision
+    diag.config_source = loaded.source
+    level = level_of_source(loaded.source)
+    diag.evidence_level = level.value if level is not None else None
     diag.evidence.update(
         source=loaded.source,
         path=loaded.path,

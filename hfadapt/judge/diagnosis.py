@@ -54,6 +54,10 @@ class Diagnosis:
     signature: str | None = None
     signature_fields: dict[str, Any] | None = None
     model_type: str | None = None
+    # where the model (or its config) came from, and the evidence level that gives
+    # (hfadapt.judge.evidence); None until the model loads
+    config_source: str | None = None
+    evidence_level: str | None = None
     error: str | None = None  # the error class that decided a load_failed / custom_code verdict
     exit_code: int = 1  # 0 pass, 1 the model fails, 2 bad input
     evidence: dict[str, Any] = field(default_factory=dict)
@@ -92,6 +96,8 @@ class Diagnosis:
                 "execution": self.execution,
                 "dtype": self.dtype,
                 "model_type": self.model_type,
+                "evidence_level": self.evidence_level,
+                "config_source": self.config_source,
                 "revision": self.revision,
                 "signature": self.signature,
                 "signature_fields": self.signature_fields,
@@ -127,6 +133,11 @@ def next_step(diag: Diagnosis) -> str:
     v = diag.verdict
     model = diag.model_id
     if v == verdicts.PASS:
+        if diag.evidence_level == "architecture":
+            return (
+                "architecture passes; this model's shapes were not checked: put its config.json in "
+                f"the HF cache (or crawl --online) and rerun, or confirm: hfadapt diagnose {model} --mode full"
+            )
         if diag.structural:
             return f"the structure lowers and verifies; confirm with real weights: hfadapt diagnose {model} --mode full"
         fallbacks = sum(diag.report.fallbacks.values()) if diag.report else 0
@@ -189,6 +200,7 @@ def _row(diag: Diagnosis) -> Run:
         error=diag.error,
         exit_code=diag.exit_code,
         signature_fields=diag.signature_fields,
+        config_source=diag.config_source,
     )
     return Run(
         model_id=diag.model_id,
@@ -198,6 +210,7 @@ def _row(diag: Diagnosis) -> Run:
         execution=diag.execution,
         dtype=diag.dtype,
         signature=diag.signature,
+        evidence_level=diag.evidence_level,
         model_type=diag.model_type,
         revision=diag.revision,
         min_token_cosine=_clean(m.min_token_cosine) if m else None,

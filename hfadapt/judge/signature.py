@@ -1,7 +1,14 @@
 """The structural signature: what decides whether a model lowers (modeling class, activation,
-position embeddings, attention implementation, head_dim, hidden/intermediate alignment, rope,
-norm type, ...) as a stable hash. Models sharing it share a lowering verdict, so sweeps dedupe
-on it; the same hash comes from a config.json dict and from the config object built from it."""
+position embeddings, attention implementation, every size a device rule reads: hidden size,
+heads, key/value heads, head_dim, intermediate size, the vocabulary as judged; rope, norm
+type, ...) as a stable hash. Models sharing it share a verdict, so sweeps dedupe on it, and two
+models of different shapes never do; the same hash comes from a config.json dict and from the
+config object built from it.
+
+The *lowering class* (``lowering_signature``) is the signature without the sizes themselves,
+only their alignment modulo the stick: what a narrowed instance must keep (hfadapt.sweep.narrow).
+No rule reads the position-table size (``max_position_embeddings``): probes are shorter than
+any table, so it is left out."""
 
 from __future__ import annotations
 
@@ -14,12 +21,32 @@ from typing import Any
 from hfadapt.errors import ConfigError
 
 # Bump when signature_fields changes meaning, so old and new hashes never collide.
-SIGNATURE_VERSION = 1
+# 2: the sizes themselves (hidden, heads, kv heads, intermediate, vocabulary as judged).
+SIGNATURE_VERSION = 2
 ALIGNMENT = 64
+# Structural runs shrink embedding tables past this many rows (hfadapt.judge.structural): a
+# larger vocabulary is judged as this one, so the signature records min(vocab, this).
+STRUCTURAL_VOCAB = 4096
+# The signature fields that are sizes; without them (alignment kept) is the lowering class.
+SHAPE_FIELDS = (
+    "hidden_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "intermediate_size",
+    "vocab_judged",
+)
 # Embedding models of encoder-decoder families use the encoder alone (as hfadapt.judge.load does).
 ENCODER_ONLY = {"t5": "T5EncoderModel", "mt5": "MT5EncoderModel", "umt5": "UMT5EncoderModel"}
 
-__all__ = ["SIGNATURE_VERSION", "config_from_dict", "signature_fields", "structural_signature"]
+__all__ = [
+    "SHAPE_FIELDS",
+    "SIGNATURE_VERSION",
+    "STRUCTURAL_VOCAB",
+    "config_from_dict",
+    "lowering_signature",
+    "signature_fields",
+    "structural_signature",
+]
 
 
 def config_from_dict(raw: dict[str, Any]) -> Any:
@@ -126,9 +153,15 @@ def signature_fields(config: Any) -> dict[str, Any]:
     attn = _attn_implementation(config, model_type)
     layer_types = _get(config, "layer_types")
     type_vocab = _get(config, "type_vocab_size")
+    vocab = _get(config, "vocab_size")
     fields: dict[str, Any] = {
         "v": SIGNATURE_VERSION,
         "model_type": model_type,
+        "hidden_size": hidden if isinstance(hidden, int) else None,
+        "num_attention_heads": heads if isinstance(heads, int) else None,
+        "num_key_value_heads": kv_heads if isinstance(kv_heads, int) else None,
+        "intermediate_size": intermediate if isinstance(intermediate, int) else None,
+        "vocab_judged": min(vocab, STRUCTURAL_VOCAB) if isinstance(vocab, int) else None,
         "model_class": model_class,
         "custom_code": bool(auto_map),
         "activation": _first(config, _ACT_FIELDS),
@@ -206,7 +239,18 @@ def _auto_model_name(model_type: Any) -> str | None:
     return name if isinstance(name, str) else None
 
 
-def structural_signature(config: Any) -> str:
-    """A stable 16-hex hash of ``signature_fields``: models sharing it share a lowering verdict."""
-    blob = json.dumps(signature_fields(config), sort_keys=True, default=str)
+def _hash(fields: dict[str, Any]) -> str:
+    blob = json.dumps(fields, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def structural_signature(config: Any) -> str:
+    """A stable 16-hex hash of ``signature_fields``: models sharing it share a verdict."""
+    return _hash(signature_fields(config))
+
+
+def lowering_signature(config: Any) -> str:
+    """A stable 16-hex hash of the signature without its sizes (their alignment is kept): two
+    configs of one lowering class lower alike, so either may stand in for the other."""
+    fields = {k: v for k, v in signature_fields(config).items() if k not in SHAPE_FIELDS}
+    return _hash(fields)

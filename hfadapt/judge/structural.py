@@ -18,17 +18,19 @@ from hfadapt.judge.metrics import PoolingSpec, pooling_from_folder
 from hfadapt.judge.probes import SPECIAL_ID_FIELDS
 
 # The signature lives in hfadapt.judge.signature; re-exported here, where sweeps look for it.
+# Embedding tables past STRUCTURAL_VOCAB are shrunk: the rows do not change what lowers, only
+# memory (the signature records the vocabulary as judged, so the constant lives there).
 from hfadapt.judge.signature import (
     ALIGNMENT,
     SIGNATURE_VERSION,
+    STRUCTURAL_VOCAB,
     config_from_dict,
+    lowering_signature,
     signature_fields,
     structural_signature,
 )
 
 STRUCTURAL_LAYERS = 2
-# Embedding tables past this are shrunk: the rows do not change what lowers, only memory.
-STRUCTURAL_VOCAB = 4096
 STRUCTURAL_SEED = 0
 
 __all__ = [
@@ -39,6 +41,7 @@ __all__ = [
     "build",
     "config_from_dict",
     "find_config",
+    "lowering_signature",
     "signature_fields",
     "structural_signature",
     "truncate_layers",

@@ -27,13 +27,16 @@ from hfadapt.report.diff import (
     label,
 )
 from hfadapt.report.failures import (
+    Blocker,
     FailureFingerprint,
     ModelRun,
+    blockers,
     census,
     failures,
     resolve_sweep,
     scope_runs,
 )
+from hfadapt.report.models import LevelRow, ModelRow, by_evidence, model_rows
 from hfadapt.sweep.store import Sweep
 
 # The census and the diff live in their own modules; this one re-exports them for callers.
@@ -81,16 +84,23 @@ class Agreement:
 
 @dataclass
 class TypeRow:
+    """One model_type: ``passed`` counts passes on the models' own weights or config only;
+    ``passed_architecture`` the passes that rest on the type's defaults (shapes unchecked)."""
+
     model_type: str
     models: int
     passed: int
     downloads: int
     passed_downloads: int
+    passed_architecture: int = 0
+    passed_unknown: int = 0
 
 
 @dataclass
 class Report:
-    """Everything ``hfadapt report`` shows (see module doc)."""
+    """Everything ``hfadapt report`` shows (see module doc). ``passed`` and the pass rates
+    count only passes on a model's own weights or config; passes that rest on the model type's
+    defaults (``architecture``) or on nothing recorded (``unknown``) are counted beside them."""
 
     db: str
     sweep: dict[str, Any] | None
@@ -106,6 +116,13 @@ class Report:
     agreement: Agreement
     diff: SweepDiff | None = None
     other_failures: list[tuple[str, str, int, int]] = field(default_factory=list)
+    by_evidence: list[LevelRow] = field(default_factory=list)
+    passed_architecture: int = 0
+    passed_architecture_downloads: int = 0
+    passed_unknown: int = 0
+    passed_unknown_downloads: int = 0
+    blockers: list[Blocker] = field(default_factory=list)
+    model_rows: list[ModelRow] = field(default_factory=list)
 
     @property
     def pass_rate(self) -> float:
@@ -118,6 +135,7 @@ class Report:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["fingerprints"] = [f.to_dict() for f in self.fingerprints]
+        data["blockers"] = [b.to_dict() for b in self.blockers]
         data.update(pass_rate=self.pass_rate, pass_rate_downloads=self.pass_rate_downloads)
         data["agreement"].update(compared=self.agreement.compared, rate=self.agreement.rate)
         return data
@@ -139,7 +157,7 @@ def _cumulative(runs: list[ModelRun]) -> list[tuple[int, float, float]]:
     seen = passed = 0
     for i, r in enumerate(ranked, start=1):
         seen += r.downloads
-        passed += r.downloads if r.passed else 0
+        passed += r.downloads if r.confirmed else 0
         if keep is None or i in keep or i == n:
             points.append((i, seen / total, passed / total))
     return points
@@ -170,9 +188,13 @@ def _by_type(runs: list[ModelRun]) -> list[TypeRow]:
         row = rows.setdefault(r.model_type, TypeRow(r.model_type, 0, 0, 0, 0))
         row.models += 1
         row.downloads += r.downloads
-        if r.passed:
+        if r.confirmed:
             row.passed += 1
             row.passed_downloads += r.downloads
+        elif r.passed and r.evidence_level == "architecture":
+            row.passed_architecture += 1
+        elif r.passed:
+            row.passed_unknown += 1
     return sorted(rows.values(), key=lambda t: (-t.models, -t.downloads, t.model_type))
 
 
@@ -225,7 +247,11 @@ def build_report(
             )
         resolve_sweep(engine, against)
         diff = diff_sweeps(engine, sweep.id, against)
-    passed = [r for r in runs if r.passed]
+    passed = [r for r in runs if r.confirmed]
+    arch = [r for r in runs if r.passed and r.evidence_level == "architecture"]
+    unknown = [
+        r for r in runs if r.passed and not r.confirmed and r.evidence_level != "architecture"
+    ]
     return Report(
         db=describe(engine),
         sweep=_sweep_info(sweep),
@@ -243,6 +269,13 @@ def build_report(
         agreement=_agreement(runs),
         diff=diff,
         other_failures=_other_failures(runs),
+        by_evidence=by_evidence(runs),
+        passed_architecture=len(arch),
+        passed_architecture_downloads=sum(r.downloads for r in arch),
+        passed_unknown=len(unknown),
+        passed_unknown_downloads=sum(r.downloads for r in unknown),
+        blockers=blockers(runs),
+        model_rows=model_rows(runs),
     )
 
 

@@ -15,9 +15,25 @@ from hfadapt import verdicts
 from hfadapt.db.engine import describe, session
 from hfadapt.db.tables import HubModel, Run
 from hfadapt.errors import UsageError
+from hfadapt.options import EvidenceLevel
 from hfadapt.sweep.store import Sweep, get_sweep, latest_sweep
 
-__all__ = ["FailureFingerprint", "ModelRun", "census", "failures", "resolve_sweep", "scope_runs"]
+__all__ = [
+    "BLOCKER_VERDICTS",
+    "Blocker",
+    "FailureFingerprint",
+    "ModelRun",
+    "blockers",
+    "census",
+    "failure_groups",
+    "failures",
+    "resolve_sweep",
+    "scope_runs",
+]
+
+# Verdicts that block a model before any device rule is reached: listed beside the fingerprints.
+BLOCKER_VERDICTS = (verdicts.CUSTOM_CODE, verdicts.LOAD_FAILED)
+CONFIRMED_LEVELS = (EvidenceLevel.WEIGHTS.value, EvidenceLevel.CONFIG.value)
 
 
 @dataclass
@@ -34,10 +50,17 @@ class ModelRun:
     violations: list[dict[str, Any]]
     adapters: list[str]
     reference_supported: bool | None
+    evidence_level: str | None = None  # weights | config | architecture; None = unknown
+    run_id: int | None = None
 
     @property
     def passed(self) -> bool:
         return self.verdict == verdicts.PASS
+
+    @property
+    def confirmed(self) -> bool:
+        """A pass that rests on the model's own weights or config: what headlines count."""
+        return self.passed and self.evidence_level in CONFIRMED_LEVELS
 
 
 @dataclass
@@ -97,7 +120,7 @@ def scope_runs(engine: Engine, sweep_id: int | None = None) -> tuple[Sweep | Non
     hub: Table = HubModel.__table__  # type: ignore[attr-defined]
     cols = [run.c.model_id, run.c.verdict, run.c.reason, run.c.model_type, run.c.fingerprints]
     cols += [run.c.violations, run.c.adapters, hub.c.downloads, hub.c.rank, hub.c.model_type]
-    cols += [hub.c.reference_supported]
+    cols += [hub.c.reference_supported, run.c.evidence_level, run.c.id]
     stmt = select(*cols).select_from(run.outerjoin(hub, hub.c.id == run.c.model_id))
     if sweep is not None:
         stmt = stmt.where(run.c.sweep_id == sweep.id)
@@ -115,6 +138,8 @@ def scope_runs(engine: Engine, sweep_id: int | None = None) -> tuple[Sweep | Non
                 violations=[v for v in (r[5] or []) if isinstance(v, dict)],
                 adapters=[str(a) for a in (r[6] or [])],
                 reference_supported=r[10],
+                evidence_level=r[11],
+                run_id=r[12],
             )
     return sweep, list(latest.values())
 
@@ -140,6 +165,44 @@ def census(runs: list[ModelRun], top: int | None = None) -> list[FailureFingerpr
     return ranked[:top] if top is not None else ranked
 
 
+@dataclass
+class Blocker:
+    """A verdict that stops models before the device (custom_code, load_failed), with the
+    models it blocks (most downloaded first) and their downloads."""
+
+    verdict: str
+    downloads: int = 0
+    models: list[str] = field(default_factory=list)
+    share: float = 0.0  # of the downloads of every model in scope
+    example_reason: str = ""
+
+    @property
+    def count(self) -> int:
+        return len(self.models)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["count"] = self.count
+        return data
+
+
+def blockers(runs: list[ModelRun]) -> list[Blocker]:
+    """One group per blocking verdict present (custom_code, load_failed), by downloads."""
+    total = sum(r.downloads for r in runs) or 1
+    groups: dict[str, Blocker] = {}
+    for r in sorted(runs, key=lambda r: (-r.downloads, r.model_id)):
+        if r.verdict not in BLOCKER_VERDICTS:
+            continue
+        group = groups.setdefault(r.verdict, Blocker(r.verdict))
+        group.downloads += r.downloads
+        group.models.append(r.model_id)
+        if not group.example_reason:
+            group.example_reason = r.reason.removeprefix("[structural] ")[:200]
+    for group in groups.values():
+        group.share = group.downloads / total
+    return sorted(groups.values(), key=lambda b: (-b.downloads, -b.count, b.verdict))
+
+
 def failures(
     engine: Engine, *, sweep_id: int | None = None, top: int | None = None
 ) -> list[FailureFingerprint]:
@@ -148,3 +211,12 @@ def failures(
     blocks (most downloaded first), their downloads, and one violation dict as evidence."""
     _, runs = scope_runs(engine, sweep_id)
     return census(runs, top)
+
+
+def failure_groups(
+    engine: Engine, *, sweep_id: int | None = None, top: int | None = None
+) -> tuple[list[FailureFingerprint], list[Blocker]]:
+    """The fingerprints (as ``failures``) and, beside them, the custom_code and load_failed
+    groups: what ``hfadapt failures`` shows, so the biggest blockers are never hidden."""
+    _, runs = scope_runs(engine, sweep_id)
+    return census(runs, top), blockers(runs)

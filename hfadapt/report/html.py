@@ -8,6 +8,13 @@ from typing import Any
 
 from hfadapt.report.charts import PALETTE, bars, cumulative_chart, fmt_count, plural
 from hfadapt.report.coverage import FAIL, IMPROVED, LABELS, PASS, XFAIL, Report
+from hfadapt.report.html_models import (
+    MODELS_CSS,
+    MODELS_SCRIPT,
+    blockers_section,
+    evidence_section,
+    models_section,
+)
 
 __all__ = ["render_html"]
 
@@ -47,6 +54,16 @@ document.addEventListener("DOMContentLoaded", function () {
   charts.forEach(function (svg) { var r = svg.getBoundingClientRect(); if (r.width > 50 && r.height > 20) drawn++; });
   document.body.setAttribute("data-charts", String(charts.length));
   document.body.setAttribute("data-charts-drawn", String(drawn));
+  // readability: tables wider than the page column, and svg text cut at the chart's edge
+  setTimeout(function () {
+    var wide = 0, clipped = 0, column = document.body.clientWidth;
+    document.querySelectorAll("table").forEach(function (t) { if (t.getBoundingClientRect().width > column + 1) wide++; });
+    document.querySelectorAll("svg.chart").forEach(function (svg) { var box = svg.getBoundingClientRect();
+      svg.querySelectorAll("text").forEach(function (t) { var r = t.getBoundingClientRect();
+        if (r.width && (r.left < box.left - 1 || r.right > box.right + 1)) clipped++; }); });
+    document.body.setAttribute("data-tables-overflowing", String(wide));
+    document.body.setAttribute("data-labels-clipped", String(clipped));
+  }, 0);
 });
 """
 
@@ -85,9 +102,10 @@ class _Raw(str):
 def _summary(r: Report) -> str:
     cards = [
         ("models", f"{r.models:,}"),
-        ("pass (count)", f"{_pct(r.passed, r.models)}"),
-        ("pass (downloads)", f"{_pct(r.passed_downloads, r.downloads)}"),
+        ("pass, own weights or config (count)", f"{_pct(r.passed, r.models)}"),
+        ("pass, own weights or config (downloads)", f"{_pct(r.passed_downloads, r.downloads)}"),
         ("downloads covered", fmt_count(r.passed_downloads)),
+        ("beside it: architecture passes", f"{r.passed_architecture:,}"),
     ]
     if r.sweep:
         cards.append(("structural signatures judged", f"{r.sweep.get('units') or 0:,}"))
@@ -120,6 +138,7 @@ def _types(r: Report, top: int = 20) -> str:
             t.model_type,
             t.models,
             t.passed,
+            t.passed_architecture,
             _pct(t.passed, t.models),
             fmt_count(t.downloads),
             _pct(t.passed_downloads, t.downloads),
@@ -128,15 +147,23 @@ def _types(r: Report, top: int = 20) -> str:
     ]
     rest = r.by_model_type[40:]
     if rest:
-        n, p, d, pd = (
+        n, p, pa, d, pd = (
             sum(getattr(t, a) for t in rest)
-            for a in ("models", "passed", "downloads", "passed_downloads")
+            for a in ("models", "passed", "passed_architecture", "downloads", "passed_downloads")
         )
-        rows.append([f"{len(rest)} other types", n, p, _pct(p, n), fmt_count(d), _pct(pd, d)])
+        rows.append([f"{len(rest)} other types", n, p, pa, _pct(p, n), fmt_count(d), _pct(pd, d)])
     return chart + _table(
-        ["model_type", "models", "pass", "pass rate", "downloads", "pass rate (downloads)"],
+        [
+            "model_type",
+            "models",
+            "pass",
+            "arch. pass",
+            "pass rate",
+            "downloads",
+            "pass rate (downloads)",
+        ],
         rows,
-        {1, 2, 3, 4, 5},
+        {1, 2, 3, 4, 5, 6},
         "types",
     )
 
@@ -251,19 +278,21 @@ def render_html(r: Report) -> str:
         else f"latest run of every model in {r.db}"
     )
     structural = (
-        "<p><b>Structural mode:</b> real configs where known, else the model_type's defaults; seeded random weights, layers truncated.</p>"
+        "<p><b>Structural mode:</b> real configs where known (config evidence), else the model_type's defaults (architecture evidence: the model's own shapes were not checked); seeded random weights, layers truncated.</p>"
         if s.get("mode") == "structural"
         else ""
     )
     body = [
         f"<h1>{escape(title)}</h1><p class='sub'>{escape(sub)}</p>{structural}",
         _summary(r),
+        evidence_section(r),
         "<h2>Verdicts</h2>",
         _verdicts(r),
         "<h2 id='cumulative'>Downloads covered against rank</h2>",
         cumulative_chart(r.cumulative, title="cumulative share of downloads against rank"),
         "<h2 id='types'>Pass rate by model_type</h2>",
         _types(r),
+        blockers_section(r),
         "<h2 id='fingerprints'>Top failure fingerprints</h2>",
         _fingerprints(r),
         _other(r),
@@ -272,9 +301,10 @@ def render_html(r: Report) -> str:
         "<h2 id='agreement'>Agreement with hf-adapters is_supported</h2>",
         _agreement(r),
         _diff(r),
+        models_section(r),
     ]
     return (
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
         f"<meta name='viewport' content='width=device-width, initial-scale=1'><title>{escape(title)}</title>"
-        f"<style>{CSS}</style><script>{SCRIPT}</script></head><body>{''.join(body)}</body></html>"
+        f"<style>{CSS}{MODELS_CSS}</style><script>{SCRIPT}{MODELS_SCRIPT}</script></head><body>{''.join(body)}</body></html>"
     )

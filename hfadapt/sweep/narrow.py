@@ -5,14 +5,15 @@ on *any* config that has it. The model_type defaults of decoder families are 409
 head_dim, the alignment of hidden and intermediate sizes modulo the stick, grouped-query
 attention, rope, norms, activations and every other signature field, and cuts the number of
 heads (hence hidden_size) and the intermediate size. The narrowed config is used only when
-its signature is verifiably the same; otherwise the real width is judged."""
+its lowering class (the signature without the sizes, ``lowering_signature``) is verifiably the
+same; otherwise the real width is judged. The unit keeps its own full signature and row."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from hfadapt.judge.structural import ALIGNMENT, config_from_dict, structural_signature
+from hfadapt.judge.structural import ALIGNMENT, config_from_dict, lowering_signature
 
 __all__ = ["NARROW_ABOVE", "Narrowed", "narrowed"]
 
@@ -29,7 +30,8 @@ _INTER = ("intermediate_size", "hidden_dim", "ffn_dim", "d_ff", "n_inner", "mlp_
 
 @dataclass
 class Narrowed:
-    """A narrower config with the same signature, and what changed (field -> (old, new))."""
+    """A narrower config of the same lowering class (hfadapt.judge.signature.lowering_signature:
+    the signature without its sizes, their alignment kept), and what changed (field -> (old, new))."""
 
     config: dict[str, Any]
     changes: dict[str, tuple[int, int]]
@@ -120,9 +122,9 @@ def narrowed(
         put(explicit[0], explicit[1], head_dim)
     if inter:
         put(inter[0], inter[1], _aligned(inter[1] % ALIGNMENT, 2 * new_hidden))
-    signature = structural_signature(raw)
+    signature = lowering_signature(raw)
     try:
-        same = structural_signature(out) == signature
+        same = lowering_signature(out) == signature
     except Exception:
         return None
     return Narrowed(out, changes, signature) if same else None

@@ -13,6 +13,7 @@ from typing import Any
 from hfadapt import verdicts
 from hfadapt.db.tables import HubModel
 from hfadapt.errors import HfadaptError
+from hfadapt.judge.evidence import level_of_source
 from hfadapt.sweep.narrow import Narrowed, narrowed
 
 __all__ = ["MODEL_KEY", "Plan", "Unit", "plan_sweep"]
@@ -46,6 +47,9 @@ class Plan:
     direct: list[dict[str, Any]] = field(default_factory=list)  # Run columns, no worker needed
     units: list[Unit] = field(default_factory=list)
     model_types: dict[str, str | None] = field(default_factory=dict)
+    # where each model's config came from (hfadapt.judge.evidence): structural:crawl, :cache,
+    # :bundled, :defaults...; None when no config could be had
+    sources: dict[str, str | None] = field(default_factory=dict)
     signing_seconds: float = 0.0
 
     @property
@@ -57,14 +61,18 @@ class Plan:
         return sum(len(u.members) for u in self.units)
 
 
-def _direct(model: HubModel, verdict: str, reason: str, mode: str, **extra: Any) -> dict[str, Any]:
+def _direct(
+    model: HubModel, verdict: str, reason: str, mode: str, source: str | None, **extra: Any
+) -> dict[str, Any]:
+    level = level_of_source(source)
     return {
         "model_id": model.id,
         "verdict": verdict,
         "reason": reason,
         "mode": mode,
         "model_type": model.model_type,
-        "evidence": {"sweep": {"role": "direct"}, **extra},
+        "evidence_level": level.value if level is not None else None,
+        "evidence": {"sweep": {"role": "direct"}, "config_source": source, **extra},
     }
 
 
@@ -135,34 +143,36 @@ def plan_sweep(
     structural = mode == "structural"
     signer = _Signer(STRUCTURAL_LAYERS if structural else None, narrow and structural and dedupe)
     units: dict[str, Unit] = {}
+    source: str | None
     with quiet_transformers():
         for model in models:
             plan.model_types[model.id] = model.model_type
-            if model.excluded_reason:
-                plan.direct.append(
-                    _direct(
-                        model,
-                        verdicts.SKIPPED,
-                        model.excluded_reason,
-                        mode,
-                        prefilter=model.excluded_reason,
-                    )
-                )
-                continue
             crawled = _crawled_config(model)
+            if model.excluded_reason:
+                # the prefilter read the listing: its model_type, or the crawled config
+                source = "structural:crawl" if crawled else "structural:defaults"
+                plan.sources[model.id] = source
+                plan.direct.append(
+                    _direct(model, verdicts.SKIPPED, model.excluded_reason, mode, source,
+                            prefilter=model.excluded_reason)
+                )  # fmt: skip
+                continue
             raw: dict[str, Any] | None = crawled
             error: str | None = None
+            source = "structural:crawl" if crawled else None
             if raw is None:
                 try:
-                    raw = find_config(model.id)[0]
+                    raw, where, _ = find_config(model.id)
+                    source = f"structural:{where}"
                 except HfadaptError as exc:
                     error = exc.one_line()
+            plan.sources[model.id] = source
             why = remote_code_reason(raw, model.id)
             if model.is_custom_code and not why:
                 why = "the Hub marks it custom_code"
             if why:
                 reason = f"{model.id} needs its own code: {why}; review it, then: hfadapt diagnose {model.id} --trust-remote-code"
-                plan.direct.append(_direct(model, verdicts.CUSTOM_CODE, reason, mode))
+                plan.direct.append(_direct(model, verdicts.CUSTOM_CODE, reason, mode, source))
                 continue
             signature: str | None = None
             cost = 1.0

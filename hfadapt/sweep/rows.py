@@ -8,6 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from hfadapt.db.tables import utcnow
+from hfadapt.judge.evidence import level_of_source
+from hfadapt.options import EvidenceLevel
 from hfadapt.sweep.plan import Unit
 from hfadapt.sweep.worker import Outcome
 
@@ -21,9 +23,28 @@ SHARED = (
 )  # fmt: skip
 
 
+def _member_level(template: dict[str, Any], source: str | None) -> str | None:
+    """A member's evidence level: its *own* config's (never ``weights``: its weights did not
+    run), once the representative's run got as far as loading (else unknown)."""
+    if template.get("evidence_level") is None:
+        return None
+    level = level_of_source(source)
+    if level is None:
+        return None
+    return EvidenceLevel.CONFIG.value if level == EvidenceLevel.WEIGHTS else level.value
+
+
 def member_rows(
-    unit: Unit, todo: list[str], template: dict[str, Any], rep: str, types: dict[str, Any]
+    unit: Unit,
+    todo: list[str],
+    template: dict[str, Any],
+    rep: str,
+    types: dict[str, Any],
+    sources: dict[str, str | None] | None = None,
 ) -> list[dict[str, Any]]:
+    """One row per member in ``todo``: the representative's verdict and metrics, the member's
+    own evidence level and config source (``sources``: model id -> config source)."""
+    sources = sources or {}
     shared = {k: template.get(k) for k in SHARED}
     sweep_ev: dict[str, Any] = {
         "role": "member",
@@ -44,7 +65,8 @@ def member_rows(
             "model_id": model_id,
             "model_type": types.get(model_id) or template.get("model_type"),
             "signature": unit.signature or template.get("signature"),
-            "evidence": {"sweep": dict(sweep_ev)},
+            "evidence_level": _member_level(template, sources.get(model_id)),
+            "evidence": {"sweep": dict(sweep_ev), "config_source": sources.get(model_id)},
             "started_at": now,
             "finished_at": now,
         }
@@ -53,7 +75,11 @@ def member_rows(
 
 
 def unit_rows(
-    unit: Unit, todo: list[str], out: Outcome, types: dict[str, Any]
+    unit: Unit,
+    todo: list[str],
+    out: Outcome,
+    types: dict[str, Any],
+    sources: dict[str, str | None] | None = None,
 ) -> list[dict[str, Any]]:
     """The rows of a freshly judged unit: the representative first (full evidence), then
     every other member pointing at it."""
@@ -66,6 +92,8 @@ def unit_rows(
     if unit.signature and not row.get("signature"):
         row["signature"] = unit.signature
     evidence = dict(row.get("evidence") or {})
+    if not evidence.get("config_source") and sources:
+        evidence["config_source"] = sources.get(rep)  # as planned, when the run did not say
     evidence["sweep"] = {
         "role": "representative",
         "representative": rep,
@@ -78,4 +106,5 @@ def unit_rows(
     if unit.signature and row.get("signature") and row["signature"] != unit.signature:
         evidence["sweep"]["planned_signature"] = unit.signature
     row["evidence"] = evidence
-    return [row, *member_rows(unit, [m for m in todo if m != rep], row, rep, types)]
+    members = [m for m in todo if m != rep]
+    return [row, *member_rows(unit, members, row, rep, types, sources)]

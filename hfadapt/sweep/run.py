@@ -310,7 +310,7 @@ def _drive(
             rep = (earlier.get("evidence") or {}).get("sweep", {}).get("representative") or earlier[
                 "model_id"
             ]
-            rows = member_rows(unit, todo, earlier, rep, types)
+            rows = member_rows(unit, todo, earlier, rep, types, plan.sources)
             write_rows(engine, sweep_id, rows)
             reused += 1
             report(rep, rows, unit)
@@ -321,6 +321,7 @@ def _drive(
             Task(
                 unit.key, unit.representative, config=unit.config, models=len(unit.members),
                 narrow=small.config if small else None, narrow_changes=small.changes if small else None,
+                config_source=plan.sources.get(unit.representative),
                 **task_options,
             )
         )  # fmt: skip
@@ -329,7 +330,9 @@ def _drive(
     with contextlib.closing(executor):
         for out in executor.run(tasks):
             unit = units[out.key]
-            rows = unit_rows(unit, [m for m in unit.members if m not in done], out, types)
+            rows = unit_rows(
+                unit, [m for m in unit.members if m not in done], out, types, plan.sources
+            )
             write_rows(engine, sweep_id, rows, judged=1)
             unit_seconds[unit.representative] = out.seconds
             report(unit.representative, rows, unit)

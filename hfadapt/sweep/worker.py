@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from hfadapt import verdicts
+from hfadapt.judge.evidence import level_of_source
 
 DEFAULT_WORKER = "hfadapt.sweep.worker:judge"
 # Text of the allocation failures torch, numpy and Python raise under RLIMIT_AS.
@@ -58,6 +59,9 @@ class Task:
     models: int = 1  # how many models share this unit (for messages)
     narrow: dict[str, Any] | None = None  # a narrower config with the same signature, tried first
     narrow_changes: dict[str, Any] | None = None  # field -> (real, narrowed)
+    # where the planned config came from (hfadapt.judge.evidence): a config written to a
+    # temporary folder for the worker keeps its real source, not "folder"
+    config_source: str | None = None
 
 
 @dataclass
@@ -208,8 +212,11 @@ def judge(task: Task) -> Outcome:
     else:
         verdict, reason, row = _diagnose(task, task.config, runner)
     evidence = dict(row.get("evidence") or {})
-    if task.config is not None:
-        evidence["config_source"] = "crawl"
+    wrote_folder = task.mode == "structural" and (task.config is not None or tried is not None)
+    if wrote_folder and task.config_source and row.get("evidence_level") is not None:
+        level = level_of_source(task.config_source)
+        evidence["config_source"] = task.config_source
+        row["evidence_level"] = level.value if level is not None else None
     if tried is not None:
         evidence["narrowed"] = tried
     row["evidence"] = evidence

@@ -1,0 +1,78 @@
+"""What a verdict rests on. Every run names its *config source* (where the model, or its
+config, came from) and the *evidence level* that source gives (hfadapt.options.EvidenceLevel):
+
+- ``weights``: the model's own weights were loaded and run (full mode);
+- ``config``: the model's own config.json, from a folder, the HF cache, the Hub, a crawl, or
+  the real configs bundled with hfadapt (structural mode: seeded weights, truncated layers);
+- ``architecture``: only the model type's default config, so this model's own shapes were
+  not checked (an architecture pass says the *type* lowers, not this model).
+
+No torch here: reports and ``hfadapt show`` read these labels without importing a model."""
+
+from __future__ import annotations
+
+from hfadapt.options import EvidenceLevel
+
+__all__ = [
+    "LEVELS",
+    "UNKNOWN",
+    "describe_source",
+    "level_label",
+    "level_of_source",
+    "pass_note",
+]
+
+# Strongest first: the order reports list them in.
+LEVELS: tuple[str, ...] = tuple(level.value for level in EvidenceLevel)
+UNKNOWN = "unknown"  # rows written before evidence levels, or a model that never loaded
+
+# Config source -> (evidence level, what a user reads).
+_SOURCES: dict[str, tuple[EvidenceLevel, str]] = {
+    "folder": (EvidenceLevel.WEIGHTS, "its own weights and config, from a local folder"),
+    "cache": (EvidenceLevel.WEIGHTS, "its own weights and config, from the HF cache"),
+    "hub": (EvidenceLevel.WEIGHTS, "its own weights and config, from the Hub"),
+    "structural:folder": (EvidenceLevel.CONFIG, "its own config.json, from a local folder"),
+    "structural:cache": (EvidenceLevel.CONFIG, "its own config.json, from the HF cache"),
+    "structural:hub": (EvidenceLevel.CONFIG, "its own config.json, from the Hub"),
+    "structural:crawl": (EvidenceLevel.CONFIG, "its own config.json, stored by the crawl"),
+    "structural:bundled": (
+        EvidenceLevel.CONFIG,
+        "its own config.json, from the real configs bundled with hfadapt",
+    ),
+    "structural:defaults": (
+        EvidenceLevel.ARCHITECTURE,
+        "the model_type's default config (transformers): this model's own shapes were not checked",
+    ),
+}
+
+
+def level_of_source(source: str | None) -> EvidenceLevel | None:
+    """The evidence level a config source gives; None when the source is unknown."""
+    if source is None:
+        return None
+    known = _SOURCES.get(source)
+    return known[0] if known else None
+
+
+def describe_source(source: str | None) -> str:
+    """One phrase: where the model's config came from (``unknown`` when not recorded)."""
+    if source is None:
+        return "not recorded"
+    known = _SOURCES.get(source)
+    return known[1] if known else source
+
+
+def level_label(level: str | None) -> str:
+    """The level as shown in tables: its value, or ``unknown`` for None / an old row."""
+    return level if level in LEVELS else UNKNOWN
+
+
+def pass_note(level: str | None) -> str:
+    """What a pass at this level means, in one phrase (rows and tables show it)."""
+    if level == EvidenceLevel.WEIGHTS:
+        return "passes with its own weights"
+    if level == EvidenceLevel.CONFIG:
+        return "passes on its own config (seeded weights)"
+    if level == EvidenceLevel.ARCHITECTURE:
+        return "architecture passes; this model's shapes were not checked"
+    return "passes; what it rests on was not recorded"

@@ -1,0 +1,105 @@
+"""One model at a glance: its latest recorded run as a plain dict (verdict, evidence level,
+where its config came from, adapters applied, violations with their source lines, metrics, the
+next step), read from runs.db without judging anything again. ``hfadapt show`` prints it. No
+torch, no transformers on this path: it answers in well under two seconds."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.engine import Engine
+
+from hfadapt import verdicts
+from hfadapt.db.engine import describe
+from hfadapt.errors import UsageError
+from hfadapt.judge.evidence import describe_source, level_label, pass_note
+from hfadapt.report.models import HUB_URL, latest_run
+
+__all__ = ["model_card"]
+
+_METRICS = ("min_token_cosine", "mean_token_cosine", "pooled_cosine", "max_abs_diff")
+
+
+def _next_step(model_id: str, verdict: str, level: str | None, recorded: str | None) -> str:
+    """The run's own next step when it recorded one; else one for its verdict and level."""
+    if recorded:
+        return recorded
+    if verdict == verdicts.PASS and level == "architecture":
+        return (
+            "architecture passes; this model's shapes were not checked: put its config.json in "
+            f"the HF cache (or crawl --online) and sweep again, or: hfadapt diagnose {model_id} --mode full"
+        )
+    if verdict == verdicts.PASS:
+        return f"confirm with real weights: hfadapt diagnose {model_id} --mode full"
+    if verdict == verdicts.CUSTOM_CODE:
+        return (
+            f"review the repository's code, then: hfadapt diagnose {model_id} --trust-remote-code"
+        )
+    if verdict == verdicts.SKIPPED:
+        return "none: the prefilter excluded it (not a text embedding model hfadapt judges)"
+    return f"see the full evidence: hfadapt diagnose {model_id} --mode structural"
+
+
+def _violation(v: dict[str, Any]) -> dict[str, Any]:
+    loc = v.get("location") if isinstance(v.get("location"), dict) else {}
+    site = ""
+    if loc and loc.get("file"):
+        parts = str(loc["file"]).replace("\\", "/").split("/")
+        anchor = next(
+            (i for i, p in enumerate(parts) if p in ("site-packages", "dist-packages")), None
+        )
+        path = "/".join(parts[anchor + 1 :]) if anchor is not None else str(loc["file"])
+        site = f"{path}:{loc.get('line', '?')} in {loc.get('function', '?')}"
+    return {
+        "rule_id": v.get("rule_id"),
+        "op": v.get("op"),
+        "message": v.get("message"),
+        "fingerprint": v.get("fingerprint"),
+        "site": site,
+        "code": (loc or {}).get("code"),
+    }
+
+
+def model_card(engine: Engine, model_id: str) -> dict[str, Any]:
+    """The latest run of ``model_id`` as a dict; UsageError naming ``model_id`` when the
+    database holds no run of it."""
+    if not model_id or not model_id.strip():
+        raise UsageError("model_id must name a model, e.g. sentence-transformers/all-MiniLM-L6-v2")
+    run, hub = latest_run(engine, model_id.strip())
+    if run is None:
+        raise UsageError(
+            f"no run of {model_id} in {describe(engine)}: run `hfadapt sweep` or "
+            f"`hfadapt diagnose {model_id}` first"
+        )
+    evidence = run.evidence or {}
+    sweep_ev = evidence.get("sweep") or {}
+    source = evidence.get("config_source")
+    level = run.evidence_level
+    shared = sweep_ev.get("role") == "member"
+    return {
+        "model_id": run.model_id,
+        "run_id": run.id,
+        "sweep_id": run.sweep_id,
+        "verdict": run.verdict,
+        "reason": run.reason or "",
+        "evidence_level": level_label(level),
+        "pass_means": pass_note(level) if run.verdict == verdicts.PASS else None,
+        "config_source": source,
+        "config_from": describe_source(source),
+        "model_type": run.model_type or (hub.model_type if hub else None),
+        "rank": hub.rank if hub else None,
+        "downloads": hub.downloads if hub else None,
+        "hub_url": HUB_URL + run.model_id,
+        "mode": run.mode,
+        "execution": run.execution,
+        "dtype": run.dtype,
+        "signature": run.signature,
+        "shared_with": sweep_ev.get("representative") if shared else None,
+        "representative_run": sweep_ev.get("representative_run") if shared else None,
+        "adapters": list(run.adapters or []),
+        "violations": [_violation(v) for v in (run.violations or []) if isinstance(v, dict)],
+        "fallbacks": dict(run.fallbacks or {}),
+        "metrics": {k: getattr(run, k) for k in _METRICS if getattr(run, k) is not None},
+        "next_step": _next_step(run.model_id, run.verdict, level, evidence.get("next_step")),
+        "finished_at": run.finished_at.isoformat() if run.finished_at else None,
+    }

@@ -1,0 +1,143 @@
+"""One row per model: what a sweep (or the latest runs) says of each model, with the evidence
+level its verdict rests on. The JSON report, ``hfadapt report --csv`` and the HTML per-model
+table carry these rows; ``by_evidence`` counts passes per level, so an ``architecture`` pass
+(the model type's defaults: this model's shapes were not checked) is never read as a pass of
+the model itself. ``latest_run`` is what ``hfadapt show`` prints. No torch on this path."""
+
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.engine import Engine
+from sqlmodel import col
+
+from hfadapt.db.engine import session
+from hfadapt.db.tables import HubModel, Run
+from hfadapt.judge.evidence import LEVELS, UNKNOWN, level_label, pass_note
+from hfadapt.report.failures import ModelRun
+
+__all__ = [
+    "HUB_URL",
+    "LevelRow",
+    "ModelRow",
+    "by_evidence",
+    "latest_run",
+    "latest_verdicts",
+    "model_rows",
+    "rows_csv",
+]
+
+HUB_URL = "https://huggingface.co/"
+
+
+@dataclass
+class LevelRow:
+    """Runs at one evidence level: how many, how many pass, and their downloads."""
+
+    level: str
+    models: int = 0
+    passed: int = 0
+    downloads: int = 0
+    passed_downloads: int = 0
+
+
+@dataclass
+class ModelRow:
+    """One model's verdict in a report's scope (the CSV columns, in this order)."""
+
+    rank: int | None
+    model_id: str
+    model_type: str
+    verdict: str
+    evidence_level: str
+    downloads: int
+    note: str  # what a pass means at this level, or the start of the failure's reason
+    hub_url: str
+    run_id: int | None
+
+
+def by_evidence(runs: list[ModelRun]) -> list[LevelRow]:
+    """Counts per evidence level, strongest first, ``unknown`` last (only when present)."""
+    rows = {level: LevelRow(level) for level in LEVELS}
+    for r in runs:
+        row = rows.setdefault(level_label(r.evidence_level), LevelRow(UNKNOWN))
+        row.models += 1
+        row.downloads += r.downloads
+        if r.passed:
+            row.passed += 1
+            row.passed_downloads += r.downloads
+    return [row for row in rows.values() if row.level in LEVELS or row.models]
+
+
+def model_rows(runs: list[ModelRun]) -> list[ModelRow]:
+    """Every model of the scope, best rank first (unranked last, by downloads)."""
+    ordered = sorted(runs, key=lambda r: (r.rank is None, r.rank or 0, -r.downloads, r.model_id))
+    return [
+        ModelRow(
+            rank=r.rank,
+            model_id=r.model_id,
+            model_type=r.model_type,
+            verdict=r.verdict,
+            evidence_level=level_label(r.evidence_level),
+            downloads=r.downloads,
+            note=pass_note(r.evidence_level)
+            if r.passed
+            else " ".join(r.reason.removeprefix("[structural] ").split())[:160],
+            hub_url=HUB_URL + r.model_id,
+            run_id=r.run_id,
+        )
+        for r in ordered
+    ]
+
+
+def rows_csv(rows: list[ModelRow]) -> str:
+    """The rows as CSV text with a header line (what ``hfadapt report --csv`` writes)."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow([f.name for f in fields(ModelRow)])
+    for row in rows:
+        writer.writerow(["" if v is None else v for v in asdict(row).values()])
+    return out.getvalue()
+
+
+def latest_run(engine: Engine, model_id: str) -> tuple[Run | None, HubModel | None]:
+    """The newest run of ``model_id`` (by id) and its crawled listing, either may be None.
+    The id is matched exactly, then case-insensitively (Hub ids are case-insensitive)."""
+    with session(engine, write=False) as sess:
+        for exact in (True, False):
+            cond = col(Run.model_id) == model_id if exact else col(Run.model_id).ilike(model_id)
+            stmt = select(Run).where(cond).order_by(col(Run.id).desc()).limit(1)
+            run = sess.execute(stmt).scalar_one_or_none()
+            if run is not None:
+                break
+        found = run.model_id if run is not None else model_id
+        hub = sess.get(HubModel, found)
+        for obj in (run, hub):
+            if obj is not None:
+                sess.expunge(obj)
+        return run, hub
+
+
+def latest_verdicts(engine: Engine, model_ids: list[str]) -> dict[str, tuple[str, str]]:
+    """model id -> (verdict, evidence level) of its newest run, for the ids that have one."""
+    out: dict[str, tuple[str, str]] = {}
+    if not model_ids:
+        return out
+    stmt = (
+        select(col(Run.model_id), col(Run.verdict), col(Run.evidence_level))
+        .where(col(Run.model_id).in_(model_ids))
+        .order_by(col(Run.id))
+    )
+    with session(engine, write=False) as sess:
+        for model_id, verdict, level in sess.execute(stmt):
+            out[model_id] = (verdict, level_label(level))
+    return out
+
+
+def describe_level(level: str | None) -> dict[str, Any]:
+    """The level and what a pass at it means (for ``show --json``)."""
+    return {"evidence_level": level_label(level), "pass_means": pass_note(level)}
