@@ -271,7 +271,7 @@ def test_failures_at_80_columns_keep_each_call_site_line_number(
 
     db = str(sqlite_path(report_engine.url))
     _, out, _ = run_cli(["failures", "--db", db, "--json"], monkeypatch, capsys)
-    sites = [f["site"] for f in json.loads(out) if f["site"]]
+    sites = [f["site"] for f in json.loads(out) if f.get("site")]
     assert sites, out
     code, out, _ = run_cli(["failures", "--db", db], monkeypatch, capsys, columns=80)
     widest = max(len(line) for line in out.splitlines())

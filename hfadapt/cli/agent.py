@@ -405,8 +405,13 @@ def agent_eval(
     if as_json:
         typer.echo(json.dumps(data, indent=2, default=str))
         return
-    table = Table("case", "outcome", "attempts", "tokens in", "tokens out", "seconds")
-    table.add_column("steps of the last attempt", overflow="fold")
+    # Numbers never wrap and names fold rather than end in an ellipsis (80-column terminals).
+    table = Table(pad_edge=False, collapse_padding=True)
+    table.add_column("case", overflow="fold", min_width=12)
+    table.add_column("outcome", overflow="fold")
+    for name in ("tries", "tokens in", "tokens out", "seconds"):
+        table.add_column(name, justify="right", no_wrap=True)
+    table.add_column("steps of the last attempt", overflow="fold", ratio=1)
     for r in report.rows:
         colour = "green" if r["outcome"] == "accepted" else "red"
         last = r["steps"][-1] if r["steps"] else {}
