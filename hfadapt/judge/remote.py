@@ -69,7 +69,7 @@ def translation_of(
     if row is not None:
         got = translate.translate_row(
             where, row.config_class, row.model_type, row.parameters,
-            approximate=row.parameters_from_name,
+            approximate=row.parameters_from_name, architectures=row.architectures,
         )  # fmt: skip
     else:
         got = translate.translate(raw)

@@ -273,10 +273,11 @@ def translate(raw: dict[str, Any], fam: Family | None = None) -> Translation | R
 
 def translate_row(
     model_id: str, config_class: str | None, model_type: str | None, parameters: int | None,
-    *, approximate: bool = False,
+    *, approximate: bool = False, architectures: tuple[str, ...] = (),
 ) -> Translation | Refusal:  # fmt: skip
     """Translate a snapshot row with no config.json: the family's published shape whose
-    parameter count equals the row's (within 2% when the count was read off the model's name)."""
+    parameter count equals the row's (within 2% when the count was read off the model's name;
+    plus a classification head of 1-16 labels when the row names a *Classification class)."""
     fam = family_for_row(config_class, model_type)
     if fam is None:
         name = config_class or model_type
@@ -290,12 +291,17 @@ def translate_row(
         )
     for variant in fam.variants:
         expected = int(variant["parameters"])
-        if parameters == expected or (
-            approximate and abs(parameters - expected) <= 0.02 * expected
+        head = _classification_head(variant, parameters - expected, architectures)
+        if (
+            parameters == expected
+            or head
+            or (approximate and abs(parameters - expected) <= 0.02 * expected)
         ):
             got = translate(variant["config"], fam)
             if isinstance(got, Translation):
                 got.source = f"snapshot shape {variant['name']} ({expected} parameters)"
+                if head:
+                    got.notes.append(head)
                 got.notes.append(
                     f"no config.json of {model_id}: judged as the published {variant['name']} shape, "
                     f"whose parameter count matches the snapshot's"
@@ -307,6 +313,18 @@ def translate_row(
         f"{parameters} matches no published {fam.name} shape ({shapes}): without its config.json the "
         "fields that differ cannot be checked",
     )
+
+
+def _classification_head(variant: dict[str, Any], extra: int, archs: tuple[str, ...]) -> str | None:
+    """A note when ``extra`` parameters are exactly a k-label linear head (hidden*k + k) of a
+    *Classification architecture the row lists; embeddings do not use it."""
+    hidden = int(variant["config"].get("hidden_size") or variant["config"].get("n_embd") or 0)
+    if extra <= 0 or not hidden or not any("Classification" in a for a in archs):
+        return None
+    labels, rest = divmod(extra, hidden + 1)
+    if rest or not 1 <= labels <= 16:
+        return None
+    return f"{extra} more parameters than {variant['name']}: a {labels}-label classification head, not used for embeddings"
 
 
 # ---- checkpoint keys -----------------------------------------------------------------------
