@@ -35,6 +35,7 @@ __all__ = [
     "rename_checkpoint",
     "translate",
     "translate_row",
+    "translated",
 ]
 
 
@@ -325,6 +326,22 @@ def _classification_head(variant: dict[str, Any], extra: int, archs: tuple[str, 
     if rest or not 1 <= labels <= 16:
         return None
     return f"{extra} more parameters than {variant['name']}: a {labels}-label classification head, not used for embeddings"
+
+
+def translated(model_id: str, raw: dict[str, Any] | None) -> Translation | Refusal:
+    """A remote-code model's translation: of its config.json when it has one (``auto_map``),
+    else of its bundled snapshot row (a published shape matched by parameter count)."""
+    if raw and raw.get("auto_map"):
+        return translate(raw)
+    from hfadapt.hub.resolve import snapshot_row
+
+    row = snapshot_row(model_id)
+    if row is None:
+        return Refusal("config.json", "none to read, and the bundled snapshot does not list it")
+    return translate_row(
+        model_id, row.config_class, row.model_type, row.parameters,
+        approximate=row.parameters_from_name, architectures=row.architectures,
+    )  # fmt: skip
 
 
 # ---- checkpoint keys -----------------------------------------------------------------------

@@ -34,6 +34,7 @@ class ModelRun:
     violations: list[dict[str, Any]]
     adapters: list[str]
     reference_supported: bool | None
+    translated_from: str | None = None  # the family of a remote-code model judged natively
 
     @property
     def passed(self) -> bool:
@@ -97,7 +98,7 @@ def scope_runs(engine: Engine, sweep_id: int | None = None) -> tuple[Sweep | Non
     hub: Table = HubModel.__table__  # type: ignore[attr-defined]
     cols = [run.c.model_id, run.c.verdict, run.c.reason, run.c.model_type, run.c.fingerprints]
     cols += [run.c.violations, run.c.adapters, hub.c.downloads, hub.c.rank, hub.c.model_type]
-    cols += [hub.c.reference_supported]
+    cols += [hub.c.reference_supported, run.c.evidence]
     stmt = select(*cols).select_from(run.outerjoin(hub, hub.c.id == run.c.model_id))
     if sweep is not None:
         stmt = stmt.where(run.c.sweep_id == sweep.id)
@@ -115,6 +116,7 @@ def scope_runs(engine: Engine, sweep_id: int | None = None) -> tuple[Sweep | Non
                 violations=[v for v in (r[5] or []) if isinstance(v, dict)],
                 adapters=[str(a) for a in (r[6] or [])],
                 reference_supported=r[10],
+                translated_from=((r[11] or {}).get("translated_from") or {}).get("family"),
             )
     return sweep, list(latest.values())
 
