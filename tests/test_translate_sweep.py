@@ -82,6 +82,10 @@ def test_translated_models_are_judged_tagged_and_counted(
         200,
     ), blockers
     assert [list(t) for t in report.to_dict()["translated"]] == [["nomic_bert", 2, 1300, passed]]
+    from hfadapt.report.html import render_html
+
+    page = render_html(report)
+    assert "id='translated'" in page and '<td class="">nomic_bert</td>' in page, page[-2000:]
 
 
 def test_structural_diagnose_records_translated_from(
