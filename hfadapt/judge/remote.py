@@ -52,8 +52,9 @@ def refuse_untranslatable(ref: str | os.PathLike[str], trust_remote_code: bool) 
         return
     if translate.family_for_row(row.config_class, row.model_type) is None:
         got = translate.translate_row(
-            os.fspath(ref), row.config_class, row.model_type, row.parameters
-        )
+            os.fspath(ref), row.config_class, row.model_type, row.parameters,
+            architectures=row.architectures,
+        )  # fmt: skip
         _refuse(
             os.fspath(ref),
             SNAPSHOT_REASON,

@@ -281,7 +281,7 @@ def translate_row(
     plus a classification head of 1-16 labels when the row names a *Classification class)."""
     fam = family_for_row(config_class, model_type)
     if fam is None:
-        name = config_class or model_type
+        name = config_class or (architectures[0] if architectures else None) or model_type
         return Refusal(
             "config_class",
             f"{name}: {not_mapped().get(str(name), 'no native family in hfadapt table')}",

@@ -198,10 +198,13 @@ def _other_failures(runs: list[ModelRun], top: int = 15) -> list[tuple[str, str,
             continue
         reason = r.reason.removeprefix("[structural] ")
         if r.verdict == verdicts.CUSTOM_CODE:
-            blocker = re.search(r"no native translation \(([^:]+):", reason)
-            reason = "needs the repository's own code" + (
-                f"; not translated: {blocker.group(1)}" if blocker else ""
-            )
+            blocker = re.search(r"no native translation \(([^:]+): ([^:\s]+)", reason)
+            what = ""
+            if blocker:  # the field; for an unmapped class, the class too
+                what = f"; not translated: {blocker.group(1)}"
+                if blocker.group(1) in ("config_class", "auto_map.AutoConfig"):
+                    what += f" {blocker.group(2)}"
+            reason = "needs the repository's own code" + what
         key = (r.verdict, reason[:90])
         groups[key][0] += 1
         groups[key][1] += r.downloads
