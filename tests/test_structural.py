@@ -121,10 +121,22 @@ def test_unknown_id_offline() -> None:
 
 def test_snapshot_custom_code_is_refused() -> None:
     from hfadapt.judge.load import snapshot_index
+    from hfadapt.judge.translate import family_for_row
 
-    row = next(r for r in snapshot_index().values() if r.is_custom_code and r.model_type)
-    with pytest.raises(CustomCodeError, match="custom_code"):
+    row = next(
+        r
+        for r in snapshot_index().values()
+        if r.is_custom_code
+        and r.model_type
+        and family_for_row(r.config_class, r.model_type) is None
+    )
+    with pytest.raises(CustomCodeError, match=r"custom_code.*no native translation"):
         structural.build(row.model_id)
+    moe = snapshot_index()["nomic-ai/nomic-embed-text-v2-moe"]  # a family, but not its shape
+    with pytest.raises(
+        CustomCodeError, match=rf"no native translation \(parameters: {moe.parameters}"
+    ):
+        structural.build(moe.model_id)
 
 
 # ---- the signature ---------------------------------------------------------------------------

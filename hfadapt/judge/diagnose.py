@@ -273,6 +273,8 @@ def _judge(
         notes=list(loaded.notes),
         pooling=loaded.pooling.describe(),
     )
+    if loaded.translated_from:
+        diag.evidence["translated_from"] = loaded.translated_from
     diag.set_signature(loaded)
     model, config = loaded.model, loaded.config
     if hasattr(config, "use_cache"):

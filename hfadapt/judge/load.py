@@ -32,6 +32,7 @@ from hfadapt.hub.resolve import (
 )
 from hfadapt.hub.resolve import download as _download
 from hfadapt.judge.metrics import PoolingSpec, pooling_from_folder
+from hfadapt.judge.remote import load_translated, refuse_untranslatable, translation_of
 from hfadapt.judge.signature import ENCODER_ONLY
 
 # Any one of these makes a folder's tokenizer loadable; tokenizer_config.json alone does not
@@ -83,6 +84,8 @@ class LoadedModel:
     structural: bool = False
     notes: list[str] = field(default_factory=list)
     raw_config: dict[str, Any] | None = None  # config.json as read: what the signature hashes
+    # A remote-code model judged as its native translation: hfadapt.judge.translate's evidence.
+    translated_from: dict[str, Any] | None = None
 
     @property
     def model_type(self) -> str | None:
@@ -196,18 +199,17 @@ def load(ref: str | os.PathLike[str], *, trust_remote_code: bool = False) -> Loa
     Raises ModelNotFoundError, ConfigError, WeightsError, TokenizerError (all InputError) and
     CustomCodeError when the model needs remote code that was not trusted.
     """
-    import torch
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    refuse_snapshot_custom_code(ref, trust_remote_code)
+    refuse_untranslatable(ref, trust_remote_code)
     source = resolve(ref)
     where = source.ref
     raw = read_config(source.folder, where)
     reason = remote_code_reason(raw, source.model_id if source.kind != "folder" else None)
+    translation = None
     if reason and not trust_remote_code:
-        raise CustomCodeError(
-            f"{where} needs its own code: {reason}; review it, then rerun with --trust-remote-code"
-        )
+        translation = translation_of(where, raw, reason)
+        raw, reason = translation.config, None
     check_model_type(raw, where, custom=bool(reason))
 
     online = source.kind == "hub" or (
@@ -226,34 +228,15 @@ def load(ref: str | os.PathLike[str], *, trust_remote_code: bool = False) -> Loa
         )
 
     name, kwargs = _load_kwargs(source, online)
+    if translation is not None and not any(any(source.folder.glob(g)) for g in WEIGHT_GLOBS):
+        _download(source.model_id, "model.safetensors")  # online: the cache has only the config
     with quiet_transformers():
-        try:
-            config = AutoConfig.from_pretrained(name, trust_remote_code=trust_remote_code, **kwargs)
-        except (OSError, ValueError, KeyError) as exc:
-            raise ConfigError(
-                f"config.json of {where} does not load: {' '.join(str(exc).split())[:200]}"
-            ) from exc
-        try:
-            model, info = model_class(config, trust_remote_code).from_pretrained(
-                name,
-                config=config,
-                dtype=torch.float32,
-                output_loading_info=True,
-                trust_remote_code=trust_remote_code,
-                **kwargs,
+        if translation is not None:
+            model, config, notes = load_translated(
+                check_weights(source.folder, where), translation, where, model_class
             )
-        except Exception as exc:
-            mapped = _weights_error(exc, where)
-            if mapped is None:
-                raise
-            raise mapped from exc
-        missing = sorted(
-            k for k in info.get("missing_keys", ()) if not k.startswith(_OPTIONAL_KEYS)
-        )
-        if missing:
-            raise WeightsError(
-                f"weights of {where} lack {len(missing)} tensor(s) the model needs, e.g. {missing[0]}"
-            )
+        else:
+            model, config, notes = _load_stock(name, kwargs, where, trust_remote_code)
         try:
             tokenizer = AutoTokenizer.from_pretrained(
                 name, trust_remote_code=trust_remote_code, **kwargs
@@ -274,11 +257,6 @@ def load(ref: str | os.PathLike[str], *, trust_remote_code: bool = False) -> Loa
     model.eval()
     if online and source.kind != "folder":
         _fetch_pooling_files(source)
-    notes = (
-        [f"unexpected checkpoint keys ignored: {len(info['unexpected_keys'])}"]
-        if info.get("unexpected_keys")
-        else []
-    )
     return LoadedModel(
         model_id=source.model_id if source.kind != "folder" else where,
         model=model,
@@ -290,6 +268,47 @@ def load(ref: str | os.PathLike[str], *, trust_remote_code: bool = False) -> Loa
         path=str(source.folder),
         notes=notes,
         raw_config=raw,
+        translated_from=translation.evidence() if translation is not None else None,
+    )
+
+
+def _load_stock(
+    name: str, kwargs: dict[str, Any], where: str, trust_remote_code: bool
+) -> tuple[Any, Any, list[str]]:
+    """(model, config, notes) with transformers' from_pretrained: the stock (or trusted) class."""
+    import torch
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(name, trust_remote_code=trust_remote_code, **kwargs)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ConfigError(
+            f"config.json of {where} does not load: {' '.join(str(exc).split())[:200]}"
+        ) from exc
+    try:
+        model, info = model_class(config, trust_remote_code).from_pretrained(
+            name,
+            config=config,
+            dtype=torch.float32,
+            output_loading_info=True,
+            trust_remote_code=trust_remote_code,
+            **kwargs,
+        )
+    except Exception as exc:
+        mapped = _weights_error(exc, where)
+        if mapped is None:
+            raise
+        raise mapped from exc
+    missing = sorted(k for k in info.get("missing_keys", ()) if not k.startswith(_OPTIONAL_KEYS))
+    if missing:
+        raise WeightsError(
+            f"weights of {where} lack {len(missing)} tensor(s) the model needs, e.g. {missing[0]}"
+        )
+    unexpected = info.get("unexpected_keys")
+    return (
+        model,
+        config,
+        ([f"unexpected checkpoint keys ignored: {len(unexpected)}"] if unexpected else []),
     )
 
 

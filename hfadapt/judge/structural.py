@@ -10,9 +10,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from hfadapt.errors import ConfigError, CustomCodeError, ModelNotFoundError
+from hfadapt.errors import ConfigError, ModelNotFoundError
 from hfadapt.hub import resolve as locate
 from hfadapt.judge import load as loading
+from hfadapt.judge import remote
 from hfadapt.judge.load import LoadedModel
 from hfadapt.judge.metrics import PoolingSpec, pooling_from_folder
 from hfadapt.judge.probes import SPECIAL_ID_FIELDS
@@ -210,13 +211,19 @@ def build(
     import torch
 
     text = os.fspath(ref)
-    locate.refuse_snapshot_custom_code(text, trust_remote_code)
-    raw, where, folder = find_config(text)
+    remote.refuse_untranslatable(text, trust_remote_code)
+    row = remote.snapshot_custom_row(text)
+    try:
+        raw, where, folder = find_config(text)
+    except ConfigError:
+        if trust_remote_code or row is None:
+            raise
+        raw, where, folder = {}, "defaults", None  # no model_type: the row's config_class decides
     reason = locate.remote_code_reason(raw, text if where != "folder" else None)
+    translation = None
     if reason and not trust_remote_code:
-        raise CustomCodeError(
-            f"{text} needs its own code: {reason}; review it, then rerun with --trust-remote-code"
-        )
+        translation = remote.translation_of(text, raw, reason, row if where == "defaults" else None)
+        raw, reason = translation.config, None
     loading.check_model_type(raw, text, custom=bool(reason))
 
     with loading.quiet_transformers():
@@ -229,6 +236,8 @@ def build(
         else:
             config = config_from_dict(raw)
     notes = [f"structural: config from {_WHERE[where]}, seeded random weights (seed {seed})"]
+    if translation is not None:
+        notes.append(remote.translation_note(translation))
     notes += [n for n in (truncate_layers(config, layers), shrink_vocab(config, vocab)) if n]
 
     tokenizer, why = _tokenizer(where, text, folder, trust_remote_code)
@@ -263,4 +272,5 @@ def build(
         structural=True,
         notes=notes,
         raw_config=raw,
+        translated_from=translation.evidence() if translation is not None else None,
     )

@@ -6,6 +6,7 @@ labels accuracy changes (PASS, XFAIL, FAIL, IMPROVED). ``hfadapt.report.html`` d
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -123,6 +124,8 @@ class Report:
     passed_unknown_downloads: int = 0
     blockers: list[Blocker] = field(default_factory=list)
     model_rows: list[ModelRow] = field(default_factory=list)
+    # remote-code models judged as their native translation: family, models, downloads, passed
+    translated: list[tuple[str, int, int, int]] = field(default_factory=list)
 
     @property
     def pass_rate(self) -> float:
@@ -217,12 +220,29 @@ def _other_failures(runs: list[ModelRun], top: int = 15) -> list[tuple[str, str,
             continue
         reason = r.reason.removeprefix("[structural] ")
         if r.verdict == verdicts.CUSTOM_CODE:
-            reason = "needs the repository's own code"
+            blocker = re.search(r"no native translation \(([^:]+): ([^:\s]+)", reason)
+            what = ""
+            if blocker:  # the field; for an unmapped class, the class too
+                what = f"; not translated: {blocker.group(1)}"
+                if blocker.group(1) in ("config_class", "auto_map.AutoConfig"):
+                    what += f" {blocker.group(2)}"
+            reason = "needs the repository's own code" + what
         key = (r.verdict, reason[:90])
         groups[key][0] += 1
         groups[key][1] += r.downloads
     ranked = sorted(groups.items(), key=lambda kv: (-kv[1][1], -kv[1][0], kv[0]))
     return [(v, reason, n, d) for (v, reason), (n, d) in ranked[:top]]
+
+
+def _translated(runs: list[ModelRun]) -> list[tuple[str, int, int, int]]:
+    """Per family: models judged as their native translation, their downloads, how many pass."""
+    fams: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
+    for r in runs:
+        if r.translated_from:
+            fams[r.translated_from][0] += 1
+            fams[r.translated_from][1] += r.downloads
+            fams[r.translated_from][2] += int(r.passed)
+    return sorted(((f, *v) for f, v in fams.items()), key=lambda t: (-t[2], t[0]))  # type: ignore[misc]
 
 
 def build_report(
@@ -276,6 +296,7 @@ def build_report(
         passed_unknown_downloads=sum(r.downloads for r in unknown),
         blockers=blockers(runs),
         model_rows=model_rows(runs),
+        translated=_translated(runs),
     )
 
 

@@ -52,6 +52,7 @@ class ModelRun:
     reference_supported: bool | None
     evidence_level: str | None = None  # weights | config | architecture; None = unknown
     run_id: int | None = None
+    translated_from: str | None = None  # the family of a remote-code model judged natively
 
     @property
     def passed(self) -> bool:
@@ -120,7 +121,7 @@ def scope_runs(engine: Engine, sweep_id: int | None = None) -> tuple[Sweep | Non
     hub: Table = HubModel.__table__  # type: ignore[attr-defined]
     cols = [run.c.model_id, run.c.verdict, run.c.reason, run.c.model_type, run.c.fingerprints]
     cols += [run.c.violations, run.c.adapters, hub.c.downloads, hub.c.rank, hub.c.model_type]
-    cols += [hub.c.reference_supported, run.c.evidence_level, run.c.id]
+    cols += [hub.c.reference_supported, run.c.evidence_level, run.c.id, run.c.evidence]
     stmt = select(*cols).select_from(run.outerjoin(hub, hub.c.id == run.c.model_id))
     if sweep is not None:
         stmt = stmt.where(run.c.sweep_id == sweep.id)
@@ -140,6 +141,7 @@ def scope_runs(engine: Engine, sweep_id: int | None = None) -> tuple[Sweep | Non
                 reference_supported=r[10],
                 evidence_level=r[11],
                 run_id=r[12],
+                translated_from=((r[13] or {}).get("translated_from") or {}).get("family"),
             )
     return sweep, list(latest.values())
 

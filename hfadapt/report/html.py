@@ -267,6 +267,17 @@ def _other(r: Report) -> str:
     )
 
 
+def _translated(r: Report) -> str:
+    if not r.translated:
+        return ""
+    rows = [[fam, n, fmt_count(d), p] for fam, n, d, p in r.translated]
+    return (
+        "<h2 id='translated'>Remote-code models judged as their native translation</h2>"
+        "<p>No repository code ran: see docs/remote-code.md.</p>"
+        + _table(["family", "models", "downloads", "pass"], rows, {1, 2, 3}, "translated")
+    )
+
+
 def render_html(r: Report) -> str:
     """The report as one self-contained HTML page."""
     s = r.sweep or {}
@@ -296,6 +307,7 @@ def render_html(r: Report) -> str:
         "<h2 id='fingerprints'>Top failure fingerprints</h2>",
         _fingerprints(r),
         _other(r),
+        _translated(r),
         "<h2 id='adapters'>Adapter impact</h2>",
         _adapters(r),
         "<h2 id='agreement'>Agreement with hf-adapters is_supported</h2>",

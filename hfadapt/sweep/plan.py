@@ -51,6 +51,8 @@ class Plan:
     # :bundled, :defaults...; None when no config could be had
     sources: dict[str, str | None] = field(default_factory=dict)
     signing_seconds: float = 0.0
+    # Remote-code models judged as their native translation: model id -> evidence.translated_from
+    translated: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def models(self) -> int:
@@ -137,6 +139,7 @@ def plan_sweep(
 
     from hfadapt.judge.load import quiet_transformers, remote_code_reason
     from hfadapt.judge.structural import STRUCTURAL_LAYERS, find_config
+    from hfadapt.judge.translate import Translation, translated
 
     start = time.perf_counter()
     plan = Plan()
@@ -171,9 +174,13 @@ def plan_sweep(
             if model.is_custom_code and not why:
                 why = "the Hub marks it custom_code"
             if why:
-                reason = f"{model.id} needs its own code: {why}; review it, then: hfadapt diagnose {model.id} --trust-remote-code"
-                plan.direct.append(_direct(model, verdicts.CUSTOM_CODE, reason, mode, source))
-                continue
+                native = translated(model.id, raw)
+                if not isinstance(native, Translation):
+                    reason = f"{model.id} needs its own code: {why}; {native.one_line()}; review it, then: hfadapt diagnose {model.id} --trust-remote-code"
+                    plan.direct.append(_direct(model, verdicts.CUSTOM_CODE, reason, mode, source))
+                    continue
+                plan.translated[model.id] = native.evidence()
+                raw, error = native.config, None
             signature: str | None = None
             cost = 1.0
             small: Narrowed | None = None

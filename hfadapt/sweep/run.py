@@ -80,6 +80,7 @@ class SweepResult:
     workers: int
     executor: str
     dedupe_factor: float  # judged models per unit
+    translated: int = 0  # remote-code models judged as their native translation
     worker_restarts: int = 0
     driver_peak_rss_mb: float = 0.0
     worker_peak_rss_mb: float = 0.0
@@ -280,6 +281,16 @@ def _drive(
         cost_total=sum(u.cost for u in plan.units) or 1.0,
     )  # fmt: skip
 
+    def tag(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Remote-code models judged as their native translation say so, members included."""
+        for row in rows:
+            if row["model_id"] in plan.translated:
+                row["evidence"] = {
+                    **(row.get("evidence") or {}),
+                    "translated_from": plan.translated[row["model_id"]],
+                }
+        return rows
+
     def report(last: str | None, added: list[dict[str, Any]], unit: Unit | None = None) -> None:
         counts.update(r["verdict"] for r in added)
         state.done += len(added)
@@ -311,7 +322,7 @@ def _drive(
                 "model_id"
             ]
             rows = member_rows(unit, todo, earlier, rep, types, plan.sources)
-            write_rows(engine, sweep_id, rows)
+            write_rows(engine, sweep_id, tag(rows))
             reused += 1
             report(rep, rows, unit)
             continue
@@ -333,7 +344,7 @@ def _drive(
             rows = unit_rows(
                 unit, [m for m in unit.members if m not in done], out, types, plan.sources
             )
-            write_rows(engine, sweep_id, rows, judged=1)
+            write_rows(engine, sweep_id, tag(rows), judged=1)
             unit_seconds[unit.representative] = out.seconds
             report(unit.representative, rows, unit)
 
@@ -354,6 +365,7 @@ def _drive(
         workers=getattr(executor, "workers", None) or 0,
         executor=executor.name,
         dedupe_factor=round(judged_models / len(plan.units), 2) if plan.units else 0.0,
+        translated=len(plan.translated),
         worker_restarts=getattr(executor, "restarts", 0),
         driver_peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         worker_peak_rss_mb=getattr(executor, "worker_peak_rss_mb", 0.0),

@@ -1,0 +1,374 @@
+"""Native translations of remote-code model families: judge a model whose config.json maps its
+classes to code in its repository (``auto_map``) with transformers' own implementation of the
+same architecture, without running anyone's code.
+
+The families are data (``hfadapt/data/remote_families.json``): which remote configs a family
+matches, the native model_type, field renames, the values the native class computes the same
+way, fields that do not change the computation, the rope rewrite, and checkpoint key renames.
+A translation applies only when every field of the remote config is understood: an unknown
+field, an unsupported value or a foreign architecture keeps the model ``custom_code``, with that
+field named. A snapshot row without a config.json is matched to one of the family's published
+shapes by its exact parameter count, or not at all.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hfadapt.errors import ConfigError
+
+FAMILIES_FILE = Path(__file__).resolve().parents[1] / "data" / "remote_families.json"
+
+__all__ = [
+    "Family",
+    "Refusal",
+    "Translation",
+    "families",
+    "family_for",
+    "family_for_row",
+    "not_mapped",
+    "rename_checkpoint",
+    "translate",
+    "translate_row",
+    "translated",
+]
+
+
+@dataclass(frozen=True)
+class Family:
+    """One remote-code family and how it maps onto a native transformers model_type."""
+
+    name: str
+    native: str
+    remote_classes: tuple[str, ...]
+    remote_model_types: tuple[str, ...]
+    architectures: tuple[str, ...]
+    renames: dict[str, str]
+    required: dict[str, tuple[Any, ...]]
+    ignored: frozenset[str]
+    set: dict[str, Any]
+    rope: str
+    checkpoint: dict[str, Any]
+    variants: tuple[dict[str, Any], ...]
+    note: str | None = None
+
+
+@dataclass
+class Translation:
+    """A remote config rewritten as a native one, with what was done to it."""
+
+    family: str
+    native_type: str
+    remote_class: str | None
+    config: dict[str, Any]  # a native config.json dict (model_type = the native type)
+    source: str  # "config.json" | "snapshot shape <variant>"
+    renamed: dict[str, str] = field(default_factory=dict)
+    ignored: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def evidence(self) -> dict[str, Any]:
+        """What a run records as ``evidence["translated_from"]``."""
+        return {
+            "family": self.family,
+            "remote_class": self.remote_class,
+            "native_model_type": self.native_type,
+            "source": self.source,
+            "renamed": dict(self.renamed),
+            "ignored": sorted(self.ignored),
+            "notes": list(self.notes),
+        }
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a remote config keeps ``custom_code``: the field (or row attribute) and the reason."""
+
+    field: str
+    reason: str
+
+    def one_line(self) -> str:
+        return f"no native translation ({self.field}: {self.reason})"
+
+
+# ---- the table -----------------------------------------------------------------------------
+
+
+@functools.cache
+def _table() -> dict[str, Any]:
+    try:
+        data = json.loads(FAMILIES_FILE.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{FAMILIES_FILE.name} is unreadable: {exc}") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("families"), list):
+        raise ConfigError(f"{FAMILIES_FILE.name} has no list of families")
+    return data
+
+
+@functools.cache
+def families() -> tuple[Family, ...]:
+    """Every family of the table, in file order."""
+    out = []
+    for entry in _table()["families"]:
+        out.append(
+            Family(
+                name=entry["name"],
+                native=entry["native"],
+                remote_classes=tuple(entry["remote_classes"]),
+                remote_model_types=tuple(entry["remote_model_types"]),
+                architectures=tuple(entry["architectures"]),
+                renames=dict(entry["renames"]),
+                required={k: tuple(v) for k, v in entry["required"].items()},
+                ignored=frozenset(entry["ignored"]) | frozenset(_table()["common_ignored"]),
+                set=dict(entry["set"]),
+                rope=entry["rope"],
+                checkpoint=dict(entry["checkpoint"]),
+                variants=tuple(entry["variants"]),
+                note=entry.get("lora_note"),
+            )
+        )
+    return tuple(out)
+
+
+def not_mapped() -> dict[str, str]:
+    """Remote config classes looked at and not mapped, with why."""
+    return dict(_table().get("not_mapped", {}))
+
+
+def _auto_config_class(raw: dict[str, Any]) -> str | None:
+    auto_map = raw.get("auto_map")
+    if not isinstance(auto_map, dict):
+        return None
+    target = auto_map.get("AutoConfig")
+    if isinstance(target, list):
+        target = target[0] if target else None
+    return str(target).split("--")[-1].split(".")[-1] if target else None
+
+
+def family_for(raw: dict[str, Any]) -> Family | None:
+    """The family a remote config belongs to: by its auto_map AutoConfig class, else its
+    model_type; None when no family claims it."""
+    cls = _auto_config_class(raw)
+    for fam in families():
+        if cls is not None and cls in fam.remote_classes:
+            return fam
+    if cls is None:
+        for fam in families():
+            if raw.get("model_type") in fam.remote_model_types:
+                return fam
+    return None
+
+
+def family_for_row(config_class: str | None, model_type: str | None) -> Family | None:
+    """The family of a snapshot row (no config.json): its config_class, else its model_type."""
+    for fam in families():
+        if config_class and config_class in fam.remote_classes:
+            return fam
+    if not config_class:
+        for fam in families():
+            if model_type and model_type in fam.remote_model_types:
+                return fam
+    return None
+
+
+# ---- config translation --------------------------------------------------------------------
+
+# Consumed by the family's rope rewrite (``_rope``), not copied.
+_ROPE_FIELDS = frozenset({"rope_theta", "rope_scaling", "rotary_emb_base"})
+
+
+def _same(value: Any, allowed: Any) -> bool:
+    """``value`` is ``allowed``: bools and None only match themselves, numbers by value."""
+    if isinstance(allowed, bool) or allowed is None or isinstance(value, bool) or value is None:
+        return value is allowed
+    if isinstance(allowed, (int, float)) and isinstance(value, (int, float)):
+        return float(value) == float(allowed)
+    return bool(value == allowed)
+
+
+def _rope(fam: Family, raw: dict[str, Any], head_dim: int) -> dict[str, Any] | Refusal:
+    """The native ``rope_parameters`` for the family's remote rope fields."""
+    if fam.rope in ("nomic", "jina"):
+        base = raw.get("rotary_emb_base")
+        if base is None:
+            return Refusal("rotary_emb_base", "missing: the rope base cannot be known")
+        return {"rope_type": "default", "rope_theta": float(base)}
+    if fam.rope == "llama":
+        return {"rope_type": "default", "rope_theta": float(raw.get("rope_theta", 10000.0))}
+    if fam.rope == "new":
+        theta = float(raw.get("rope_theta", 10000.0))
+        scaling = raw.get("rope_scaling")
+        if scaling is None:
+            return {"rope_type": "default", "rope_theta": theta}
+        if not isinstance(scaling, dict) or scaling.get("type") != "ntk":
+            return Refusal("rope_scaling", f"{scaling!r} is not the fixed NTK scaling")
+        if scaling.get("mixed_b") is not None:
+            return Refusal("rope_scaling.mixed_b", "mixed NTK has no native rope type")
+        extra = set(scaling) - {"type", "factor", "mixed_b"}
+        if extra:
+            return Refusal(f"rope_scaling.{sorted(extra)[0]}", "unknown rope scaling field")
+        factor = float(scaling.get("factor", 1.0))
+        # Fixed NTK (Alibaba new-impl): base * factor, then every inverse frequency divided by
+        # factor ** (2 / dim): native "linear" scaling divides them by its factor.
+        return {
+            "rope_type": "linear",
+            "rope_theta": theta * factor,
+            "factor": factor ** (2.0 / head_dim),
+        }
+    return Refusal("rope", f"family {fam.name} has an unknown rope rewrite {fam.rope!r}")
+
+
+def translate(raw: dict[str, Any], fam: Family | None = None) -> Translation | Refusal:
+    """Translate a remote config.json dict to the native config of its family, or say why not."""
+    fam = fam or family_for(raw)
+    if fam is None:
+        cls = _auto_config_class(raw) or raw.get("model_type")
+        why = not_mapped().get(str(cls), "no native family in hfadapt's table")
+        return Refusal("auto_map.AutoConfig", f"{cls}: {why}")
+    archs = raw.get("architectures") or []
+    foreign = [a for a in archs if a not in fam.architectures]
+    if foreign:
+        return Refusal("architectures", f"{foreign[0]} is not an architecture of {fam.name}")
+    native: dict[str, Any] = {"model_type": fam.native, **fam.set}
+    renamed: dict[str, str] = {}
+    ignored: list[str] = []
+    for key, value in raw.items():
+        if key in fam.required and not any(_same(value, a) for a in fam.required[key]):
+            return Refusal(
+                key,
+                f"{value!r} is not supported by native {fam.native} (it computes {fam.required[key][0]!r})",
+            )
+        if key in fam.renames:
+            native[fam.renames[key]] = value
+            if fam.renames[key] != key:
+                renamed[key] = fam.renames[key]
+        elif key in fam.ignored:
+            ignored.append(key)
+        elif key not in fam.required and key not in _ROPE_FIELDS:
+            return Refusal(
+                key,
+                f"unknown field of {fam.name} configs (value {value!r}): it may change the computation",
+            )
+    heads = int(native.get("num_attention_heads") or 1)
+    head_dim = int(native.get("head_dim") or int(native.get("hidden_size") or 0) // heads or 1)
+    rope = _rope(fam, raw, head_dim)
+    if isinstance(rope, Refusal):
+        return rope
+    native["rope_parameters"] = rope
+    notes = [fam.note] if fam.note else []
+    return Translation(
+        family=fam.name,
+        native_type=fam.native,
+        remote_class=_auto_config_class(raw),
+        config=native,
+        source="config.json",
+        renamed=renamed,
+        ignored=ignored,
+        notes=notes,
+    )
+
+
+def translate_row(
+    model_id: str, config_class: str | None, model_type: str | None, parameters: int | None,
+    *, approximate: bool = False, architectures: tuple[str, ...] = (),
+) -> Translation | Refusal:  # fmt: skip
+    """Translate a snapshot row with no config.json: the family's published shape whose
+    parameter count equals the row's (within 2% when the count was read off the model's name;
+    plus a classification head of 1-16 labels when the row names a *Classification class)."""
+    fam = family_for_row(config_class, model_type)
+    if fam is None:
+        name = config_class or (architectures[0] if architectures else None) or model_type
+        return Refusal(
+            "config_class",
+            f"{name}: {not_mapped().get(str(name), 'no native family in hfadapt table')}",
+        )
+    if parameters is None:
+        return Refusal(
+            "parameters", "no config.json and no parameter count to match a published shape"
+        )
+    for variant in fam.variants:
+        expected = int(variant["parameters"])
+        head = _classification_head(variant, parameters - expected, architectures)
+        if (
+            parameters == expected
+            or head
+            or (approximate and abs(parameters - expected) <= 0.02 * expected)
+        ):
+            got = translate(variant["config"], fam)
+            if isinstance(got, Translation):
+                got.source = f"snapshot shape {variant['name']} ({expected} parameters)"
+                if head:
+                    got.notes.append(head)
+                got.notes.append(
+                    f"no config.json of {model_id}: judged as the published {variant['name']} shape, "
+                    f"whose parameter count matches the snapshot's"
+                )
+            return got
+    shapes = ", ".join(f"{v['name']} {v['parameters']}" for v in fam.variants)
+    return Refusal(
+        "parameters",
+        f"{parameters} matches no published {fam.name} shape ({shapes}): without its config.json the "
+        "fields that differ cannot be checked",
+    )
+
+
+def _classification_head(variant: dict[str, Any], extra: int, archs: tuple[str, ...]) -> str | None:
+    """A note when ``extra`` parameters are exactly a k-label linear head (hidden*k + k) of a
+    *Classification architecture the row lists; embeddings do not use it."""
+    hidden = int(variant["config"].get("hidden_size") or variant["config"].get("n_embd") or 0)
+    if extra <= 0 or not hidden or not any("Classification" in a for a in archs):
+        return None
+    labels, rest = divmod(extra, hidden + 1)
+    if rest or not 1 <= labels <= 16:
+        return None
+    return f"{extra} more parameters than {variant['name']}: a {labels}-label classification head, not used for embeddings"
+
+
+def translated(model_id: str, raw: dict[str, Any] | None) -> Translation | Refusal:
+    """A remote-code model's translation: of its config.json when it has one (``auto_map``),
+    else of its bundled snapshot row (a published shape matched by parameter count)."""
+    if raw and raw.get("auto_map"):
+        return translate(raw)
+    from hfadapt.hub.resolve import snapshot_row
+
+    row = snapshot_row(model_id)
+    if row is None:
+        return Refusal("config.json", "none to read, and the bundled snapshot does not list it")
+    return translate_row(
+        model_id, row.config_class, row.model_type, row.parameters,
+        approximate=row.parameters_from_name, architectures=row.architectures,
+    )  # fmt: skip
+
+
+# ---- checkpoint keys -----------------------------------------------------------------------
+
+
+def rename_checkpoint(family: str, state: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """A remote-named state dict as the native model names it: (renamed tensors, dropped keys).
+    Renames apply in table order; a fused tensor (qkv, up+gate) is chunked along dim 0."""
+    fam = next((f for f in families() if f.name == family), None)
+    if fam is None:
+        raise ConfigError(f"family={family!r} is not in {FAMILIES_FILE.name}")
+    table = fam.checkpoint
+    out: dict[str, Any] = {}
+    dropped: list[str] = []
+    for key, tensor in state.items():
+        if any(re.search(p, key) for p in table.get("drop", [])):
+            dropped.append(key)
+            continue
+        name = key
+        for pattern, repl in table.get("rename", []):
+            name = re.sub(pattern, repl, name)
+        for pattern, parts in table.get("split", []):
+            if re.search(pattern, name):
+                chunks = tensor.chunk(len(parts), dim=0)
+                for part, chunk in zip(parts, chunks, strict=True):
+                    out[re.sub(pattern, part, name)] = chunk.contiguous()
+                break
+        else:
+            out[name] = tensor
+    return out, dropped
