@@ -163,7 +163,7 @@ def test_top_and_model_type_select_models(sweep_engine: Any, fake_worker: str) -
     [
         ({"mode": "fast"}, "^mode must be one of full, structural"),
         ({"workers": 0}, "^workers must be at least 1"),
-        ({"timeout": -1}, "^timeout must be positive"),
+        ({"timeout": -1}, "^timeout must be a finite number of seconds above 0"),
         ({"executor": "slurm"}, "^executor must be one of local, ray"),
         ({"dtype": "fp8"}, "^dtype must be one of fp16, bf16, fp32"),
     ],
