@@ -57,7 +57,9 @@ _WHERE = {
 # ---- the config ----------------------------------------------------------------------------
 
 
-def find_config(ref: str | os.PathLike[str]) -> tuple[dict[str, Any], str, Path | None]:
+def find_config(
+    ref: str | os.PathLike[str], hub: locate.HubOptions | None = None
+) -> tuple[dict[str, Any], str, Path | None]:
     """(config dict, where it came from, folder with its files) for a folder or a Hub id.
 
     Order: the folder itself; the HF cache; the Hub when reachable; hfadapt's bundled real
@@ -70,13 +72,13 @@ def find_config(ref: str | os.PathLike[str]) -> tuple[dict[str, Any], str, Path 
     if path.exists() or locate.looks_like_path(text):
         source = locate.resolve(text)
         return locate.read_config(source.folder, text), "folder", source.folder
-    cached = locate.cached_file(text, "config.json")
+    cached = locate.cached_file(text, "config.json", hub)
     if cached is not None:
         return locate.read_config(cached.parent, text), "cache", cached.parent
-    online, _ = locate.hub_status()
+    online = not (hub and hub.local_files_only) and locate.hub_status()[0]
     if online:
         try:
-            got = locate.download(text, "config.json")
+            got = locate.download(text, "config.json", hub)
             return locate.read_config(got.parent, text), "hub", got.parent
         except ModelNotFoundError:
             pass  # the snapshot may still know it
@@ -202,13 +204,15 @@ def build(
     vocab: int = STRUCTURAL_VOCAB,
     seed: int = STRUCTURAL_SEED,
     trust_remote_code: bool = False,
+    hub: locate.HubOptions | None = None,
 ) -> LoadedModel:
-    """A structural stand-in for ``ref``: its real (or default) config, truncated, random weights."""
+    """A structural stand-in for ``ref``: its real (or default) config, truncated, random weights
+    (``hub``: revision, token, cache_dir, local_files_only for finding the config)."""
     import torch
 
     text = os.fspath(ref)
     locate.refuse_snapshot_custom_code(text, trust_remote_code)
-    raw, where, folder = find_config(text)
+    raw, where, folder = find_config(text, hub)
     reason = locate.remote_code_reason(raw, text if where != "folder" else None)
     if reason and not trust_remote_code:
         raise CustomCodeError(
