@@ -330,11 +330,17 @@ class AppliedAdapters:
         # Masks are made by the function registered for the attention key; without one,
         # transformers would pass no mask at all. Use the original implementation's.
         AttentionMaskInterface.register(key, _mask_dispatch)
+        modules = list(owner.modules())
+        if config._attn_implementation == key:
+            # The same config seen again (T5EncoderModel and its T5Stack share one): switched
+            # already; recording the adapter's key as "original" would make masks recurse.
+            for m in modules:
+                m.__dict__["_hfadapt_attn_state"] = self.state
+            return
         original = config._attn_implementation or "eager"
         self.state.attn_original = original
         config.__dict__["_hfadapt_attn_original"] = original
         config._attn_implementation = key
-        modules = list(owner.modules())
         for m in modules:  # the attention function is handed the attention module, not the model
             m.__dict__["_hfadapt_attn_state"] = self.state
 

@@ -95,8 +95,14 @@ def find_config(
         raise ConfigError(
             f"{text} has no model_type in the bundled snapshot (no usable config on the Hub)"
         )
+    at = f" at revision {hub.revision}" if hub and hub.revision else ""
+    why = (
+        "only local files may be used"
+        if hub and hub.local_files_only
+        else "the Hub cannot be reached"
+    )
     raise ModelNotFoundError(
-        f"{text} is not a folder, not in the HF cache, not in hfadapt's snapshot, and the Hub cannot be reached"
+        f"{text}{at} is not a folder, not in the HF cache, not in hfadapt's snapshot, and {why}"
     )
 
 
@@ -173,18 +179,27 @@ def _special_values(config: Any) -> list[int]:
 
 
 def _tokenizer(
-    where: str, ref: str, folder: Path | None, trust_remote_code: bool
+    where: str,
+    ref: str,
+    folder: Path | None,
+    trust_remote_code: bool,
+    hub: locate.HubOptions | None = None,
 ) -> tuple[Any, str | None]:
     """The model's tokenizer when it can be had without weights, else (None, why not)."""
     from transformers import AutoTokenizer
 
+    hub = hub or locate.HubOptions()
     if where == "folder" and folder is not None and loading.has_tokenizer_files(folder):
         target, kwargs = str(folder), {}
     elif where in ("cache", "hub"):
         target = ref
+        offline = where == "cache" and (hub.local_files_only or locate.env_offline())
         kwargs = {
-            "cache_dir": str(locate.hf_cache_dir()),
-            "local_files_only": where == "cache" and locate.env_offline(),
+            "cache_dir": str(hub.cache()),
+            "local_files_only": offline,
+            # offline: the snapshot the config came from; a branch name needs the Hub
+            "revision": folder.name if offline and folder is not None else hub.revision,
+            "token": hub.token,
         }
     else:
         return None, f"no tokenizer for a config from {where}: random probe ids"
@@ -232,7 +247,7 @@ def build(
     notes = [f"structural: config from {_WHERE[where]}, seeded random weights (seed {seed})"]
     notes += [n for n in (truncate_layers(config, layers), shrink_vocab(config, vocab)) if n]
 
-    tokenizer, why = _tokenizer(where, text, folder, trust_remote_code)
+    tokenizer, why = _tokenizer(where, text, folder, trust_remote_code, hub)
     if why:
         notes.append(why)
     with loading.quiet_transformers(), torch.random.fork_rng(devices=[]):
