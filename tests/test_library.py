@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 from cli_runner import run_cli
+from test_loading import hub_with_tiny_bert  # noqa: F401  (a fixture)
 
 import hfadapt
 from hfadapt.errors import ModelNotFoundError
@@ -289,6 +290,45 @@ def test_cli_diagnose_takes_revision_cache_dir_and_local_files_only(
     code, out, err = run_cli([*args, "--revision", "v2"], monkeypatch, capsys)
     assert code == 2, (code, out[:2000], err[-2000:])
     assert "revision v2" in err and "only local files" in err, err
+
+
+def test_load_sends_the_token_and_asks_for_the_revision(
+    hub_with_tiny_bert: Any,  # noqa: F811  (the fixture imported above)
+    tmp_path: Path,
+) -> None:
+    loaded = hfadapt.load(
+        "acme/tiny-bert",
+        revision="v1",
+        token="hf_library_token",
+        cache_dir=tmp_path / "cache",
+        sentence_transformers=False,
+        device=None,
+    )
+    assert loaded.config.model_type == "bert"
+    resolved = [(p, a) for p, a in hub_with_tiny_bert.authorizations if "/resolve/" in p]
+    # v1 first; transformers then asks for the commit v1 resolved to
+    sha = hub_with_tiny_bert.models["acme/tiny-bert"].sha
+    assert resolved and "/resolve/v1/" in resolved[0][0], resolved
+    revisions = {p.split("/resolve/")[1].split("/")[0] for p, _ in resolved}
+    assert revisions <= {"v1", sha}, revisions
+    assert all(a == "Bearer hf_library_token" for _, a in resolved), resolved
+    assert (tmp_path / "cache" / "models--acme--tiny-bert" / "refs" / "v1").is_file()
+
+
+def test_cli_diagnose_sends_hf_token(
+    hub_with_tiny_bert: Any,  # noqa: F811  (the fixture imported above)
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_cli_token")
+    args = ["diagnose", "acme/tiny-bert", "--mode", "structural", "--json", "--revision", "v1"]
+    code, out, err = run_cli(args, monkeypatch, capsys)
+    assert '"model_type": "bert"' in out, (code, out[:2000], err[-2000:])
+    resolved = [(p, a) for p, a in hub_with_tiny_bert.authorizations if "/resolve/" in p]
+    assert resolved and all(a == "Bearer hf_cli_token" for _, a in resolved), resolved
+    sha = hub_with_tiny_bert.models["acme/tiny-bert"].sha
+    revisions = {p.split("/resolve/")[1].split("/")[0] for p, _ in resolved}
+    assert "v1" in revisions and revisions <= {"v1", sha}, revisions
 
 
 # ---- 13: the device runs the real sequence length ----------------------------------------------
