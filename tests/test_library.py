@@ -351,3 +351,19 @@ def test_device_encode_runs_the_real_length_not_64(device_minilm, stock_minilm) 
     ref = stock_minilm.encode(SENTENCES)
     cos = torch.nn.functional.cosine_similarity(torch.from_numpy(out), torch.from_numpy(ref))
     assert cos.min().item() >= 0.99, f"device vs CPU sentence cosine {cos.tolist()}"
+
+
+def test_load_a_sentence_transformer_from_the_hub(
+    hub_with_tiny_bert: Any,  # noqa: F811  (the fixture imported above)
+) -> None:
+    """The README's first example, against a loopback Hub: a Hub id with modules.json comes back
+    as a SentenceTransformer whose encode gives float32 vectors."""
+    from sentence_transformers import SentenceTransformer
+
+    model = hfadapt.load("acme/tiny-bert")
+    assert isinstance(model, SentenceTransformer), type(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = model.encode(SENTENCES)
+    assert out.dtype == np.float32 and out.shape == (2, 64), (out.dtype, out.shape)
+    assert np.isfinite(out).all()
