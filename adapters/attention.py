@@ -2,10 +2,13 @@
 
 Q @ K^T reduces over head_dim: a head_dim that is not a multiple of 64 puts the matmul's K off
 a stick boundary and the backend compiler aborts (rule layout.matmul_k; all-MiniLM-L6-v2 has
-head_dim 32). Zero-padding Q, K and V to the next multiple of 64 is exact: the padded columns add
-0 to every dot product and produce output columns that are sliced away (a prefix slice, offset
-0). The scale stays 1/sqrt(original head_dim). The math is written out (matmul, mul, add,
-softmax, matmul), the device's SDPA decomposition, with the mask added as given.
+head_dim 32). Zero-padding Q and K to the next multiple of 64 is exact: the padded columns add
+0 to every dot product (V keeps its head_dim: it is not reduced over). The scale stays
+1/sqrt(original head_dim). P @ V reduces over the key length, so K and V are zero-padded to
+whole sticks along the sequence, with those keys masked (additive
+``finfo.min / 2``: weight exactly 0): any sequence length works, and the rest of the model runs
+on the real length instead of a batch padded to 64 tokens. The math is written out (matmul,
+mul, add, softmax, matmul), the device's SDPA decomposition, with the mask added as given.
 """
 
 from __future__ import annotations
@@ -53,6 +56,14 @@ def _example(seed: int):
     return module, (q, k, v, mask), {"scaling": 32**-0.5, "dropout": 0.0}
 
 
+@torch.compiler.disable
+def _key_pad_mask(length: int, extra: int, neg: float, like: Tensor) -> Tensor:
+    """0 for the real keys, ``neg`` for the padding ones; built on the host, sent over."""
+    mask = torch.zeros(length + extra, dtype=like.dtype)
+    mask[length:] = neg
+    return mask.to(like.device)
+
+
 @adapter(
     name="attention-head-dim-pad",
     kind="attention",
@@ -80,21 +91,33 @@ def padded_attention(
     scale = scaling if scaling is not None else head_dim**-0.5
     groups = int(getattr(module, "num_key_value_groups", 1) or 1)
     key, value = _repeat_kv(key, groups), _repeat_kv(value, groups)
+    # Q K^T reduces over head_dim, P V over the key length: those (only) become whole sticks.
     pad = (-head_dim) % STICK
+    length = key.shape[-2]
+    extra = (-length) % STICK  # the padding keys are masked below
     if pad:
-        query, key, value = (F.pad(t, (0, pad)) for t in (query, key, value))
+        query = F.pad(query, (0, pad))
+    if pad or extra:
+        key = F.pad(key, (0, pad, 0, extra))
+    if extra:
+        value = F.pad(value, (0, 0, 0, extra))
     scores = torch.matmul(query, key.transpose(-1, -2)) * scale
+    neg = torch.finfo(scores.dtype).min / 2
     if attention_mask is not None:
         if attention_mask.dtype == torch.bool:
-            neg = torch.finfo(scores.dtype).min / 2
             attention_mask = torch.zeros_like(attention_mask, dtype=scores.dtype).masked_fill(
                 ~attention_mask, neg
             )
-        scores = scores + attention_mask[..., : key.shape[-2]]
+        attention_mask = attention_mask[..., :length]
+        if extra:
+            if attention_mask.shape[-1] != length:  # broadcast over keys: spell it out
+                attention_mask = attention_mask.expand(*attention_mask.shape[:-1], length)
+            attention_mask = F.pad(attention_mask, (0, extra), value=neg)
+        scores = scores + attention_mask
+    elif extra:
+        scores = scores + _key_pad_mask(length, extra, neg, scores)
     probs = torch.softmax(scores, dim=-1)
     if dropout and module.training:
         probs = F.dropout(probs, p=dropout, training=True)
     out = torch.matmul(probs, value)
-    if pad:
-        out = out[..., :head_dim]
     return out.transpose(1, 2).contiguous(), None

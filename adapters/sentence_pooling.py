@@ -62,6 +62,8 @@ def pooling_on_host(
 
 
 _PAD_KEYS = ("input_ids", "attention_mask", "token_type_ids")
+# Attention adapters (adapters/attention.py) that pad the key length to whole sticks themselves.
+_PADS_KEYS_ITSELF = frozenset({"hfadapt-attention-head-dim-pad"})
 
 
 @torch.compiler.disable
@@ -69,6 +71,9 @@ def _pad_features(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[s
     features = forward_arg(module, args, kwargs, "features")
     if not isinstance(features, Mapping) or "input_ids" not in features:
         return None
+    config = getattr(getattr(module, "auto_model", None), "config", None)
+    if getattr(config, "_attn_implementation", None) in _PADS_KEYS_ITSELF:
+        return None  # the attention pads the key length: run the real length
     length = features["input_ids"].shape[-1]
     pad = (-length) % STICK
     if not pad:

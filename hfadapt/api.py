@@ -2,35 +2,94 @@
 
 import hfadapt
 model = hfadapt.load("sentence-transformers/all-MiniLM-L6-v2")   # adapted, fp16, on spyre
-embeddings = model.encode(["hello world"])                       # sentence-transformers
+embeddings = model.encode(["hello world"])                       # float32, as stock
+
+The adapters of ``adapt`` are dormant in eager CPU runs (stock code, bit-identical results) and
+take over when a call runs for the device: inputs on ``spyre``, or traced by torch.compile.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import types
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from hfadapt.adapters.registry import AppliedAdapters, Registry, default_registry
-from hfadapt.errors import ModelNotFoundError, UsageError
+from hfadapt.adapters.registry import AppliedAdapters, Registry, default_registry, runs_for_device
+from hfadapt.errors import DeviceError, UsageError
 from hfadapt.options import DType
+
+
+def _register_device() -> None:
+    """The simulated ``spyre`` device and the ``backend="spyre"`` compiler, unless the real
+    torch-spyre is installed (then the card's own device is used)."""
+    from hfadapt.spyre.compile import backend
+    from hfadapt.spyre.eager import device as spyre_device
+
+    if spyre_device.real_torch_spyre() is None:
+        spyre_device.register()
+    backend.register()
+
+
+def _first_float_parameter(model: torch.nn.Module) -> torch.Tensor | None:
+    for p in model.parameters():
+        if p.is_floating_point():
+            return p
+    return None
+
+
+def _refuse_fp32(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """A forward pre-hook: fp32 weights on the device fail deep inside (``aten::addmm on
+    DataFormats.IEEE_FP32``); say what to do before the first op."""
+    if torch.compiler.is_compiling():
+        return
+    p = _first_float_parameter(model)
+    if p is None or p.dtype != torch.float32 or p.device.type != "spyre":
+        return
+    if runs_for_device(args, kwargs):
+        raise DeviceError(
+            "the model is float32 on spyre, which computes in float16/bfloat16: call "
+            "model.half() before model.to('spyre') (hfadapt.load does this by default)"
+        )
 
 
 def adapt(
     model: torch.nn.Module,
     *,
     device: str | None = "spyre",
+    always: bool = False,
     registry: Registry | None = None,
     only: list[str] | None = None,
     exclude: list[str] | tuple[str, ...] = (),
 ) -> AppliedAdapters:
     """Apply every matching adapter to this model instance (and its submodules, e.g. the
-    transformer inside a SentenceTransformer). ``device=None`` keeps the patches dormant on the
-    host, so a CPU run stays bit-identical to stock. Returns the handle (``.remove()``)."""
+    transformer inside a SentenceTransformer). Returns the handle (``.remove()``).
+
+    The adapters take over only when a call runs for the device (its inputs are on spyre, or
+    torch.compile traces it); an eager CPU run executes the stock code and stays bit-identical
+    to the unadapted model. ``always=True`` makes them take over on every run. ``device="spyre"``
+    registers the simulated device and the ``backend="spyre"`` compiler (so ``model.half()
+    .to("spyre")`` and ``torch.compile(model, backend="spyre")`` work right away) and refuses a
+    float32 model on the device with a one-line hint; ``device=None`` registers nothing."""
+    if device is not None and device.split(":")[0] != "spyre":
+        raise UsageError(f"device must be 'spyre' or None, not {device!r}")
     reg = registry or default_registry()
-    return reg.apply(model, device=device, only=only, exclude=exclude)
+    handle = reg.apply(model, device="spyre" if always else None, only=only, exclude=exclude)
+    if device is not None:
+        _register_device()
+        if "_hfadapt_fp32_guard" not in model.__dict__:
+            hook = model.register_forward_pre_hook(_refuse_fp32, with_kwargs=True)
+            model.__dict__["_hfadapt_fp32_guard"] = hook
+
+            def unhook() -> None:
+                hook.remove()
+                model.__dict__.pop("_hfadapt_fp32_guard", None)
+
+            handle.on_remove(unhook)
+    return handle
 
 
 def _dtype(dtype: torch.dtype | str) -> torch.dtype:
@@ -44,6 +103,66 @@ def _is_sentence_transformer(folder: Path | None) -> bool:
     return folder is not None and (folder / "modules.json").is_file()
 
 
+def _host_float32(value: Any) -> Any:
+    """What stock sentence-transformers on CPU returns: float32, on the host. Integer and
+    binary outputs (``precision="int8"``...) pass through unchanged."""
+    import numpy as np
+
+    if isinstance(value, torch.Tensor):
+        return value.cpu().float() if value.is_floating_point() else value.cpu()
+    if isinstance(value, np.ndarray):
+        return value.astype(np.float32) if np.issubdtype(value.dtype, np.floating) else value
+    if isinstance(value, dict):
+        return {k: _host_float32(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_host_float32(v) for v in value]
+    return value
+
+
+def _float32_encode(model: Any) -> None:
+    """Make ``model.encode`` return float32 on the host, as the stock model on CPU does, while
+    the device computes in its own precision."""
+    stock = type(model).encode
+
+    def encode(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return _host_float32(stock(self, *args, **kwargs))
+
+    encode.__doc__ = stock.__doc__
+    model.encode = types.MethodType(encode, model)
+
+
+def _sentence_transformer(
+    ref: str,
+    source: Any,
+    *,
+    trust_remote_code: bool,
+    revision: str | None,
+    token: str | bool | None,
+    cache_dir: str | None,
+    local_files_only: bool,
+) -> Any:
+    try:
+        from sentence_transformers import SentenceTransformer
+    except ImportError as exc:  # a core dependency: only a broken install gets here
+        raise UsageError(
+            "sentence-transformers is not importable; reinstall hfadapt "
+            f"(pip install hfadapt): {exc}"
+        ) from exc
+    if source.kind == "folder":
+        return SentenceTransformer(
+            str(source.folder), device="cpu", trust_remote_code=trust_remote_code
+        )
+    return SentenceTransformer(
+        source.model_id,
+        device="cpu",
+        trust_remote_code=trust_remote_code,
+        revision=revision,
+        token=token,
+        cache_folder=cache_dir,
+        local_files_only=local_files_only or source.kind == "cache",
+    )
+
+
 def load(
     model_id_or_path: str | os.PathLike[str],
     *,
@@ -53,47 +172,55 @@ def load(
     trust_remote_code: bool = False,
     sentence_transformers: bool | None = None,
     registry: Registry | None = None,
+    revision: str | None = None,
+    token: str | bool | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    local_files_only: bool = False,
 ) -> Any:
     """Load a Hub model (HF cache or download) or a local folder, apply the registry's adapters,
     convert to ``dtype`` and move it to ``device`` ("spyre" registers the simulated device
     unless the real torch-spyre is installed). A sentence-transformers model comes back as a
-    ``SentenceTransformer`` whose ``encode()`` then runs on the device (``sentence_transformers``
-    None: decide by the presence of modules.json). The applied adapters are at
-    ``model._hfadapt_applied``."""
+    ``SentenceTransformer`` whose ``encode()`` runs on the device and returns float32 on the
+    host, as the stock model does (``sentence_transformers`` None: decide by the presence of
+    modules.json). ``revision``, ``token``, ``cache_dir`` and ``local_files_only`` mean what
+    they mean to ``from_pretrained``. The applied adapters are at ``model._hfadapt_applied``."""
     from hfadapt.hub import resolve as locate
     from hfadapt.judge import load as loading
 
     ref = os.fspath(model_id_or_path)
-    source = locate.resolve(ref)
-    folder = Path(source.folder) if getattr(source, "folder", None) else None
-    want_st = (
-        _is_sentence_transformer(folder) if sentence_transformers is None else sentence_transformers
+    cache = os.fspath(cache_dir) if cache_dir is not None else None
+    hub = locate.HubOptions(
+        revision=revision, token=token, cache_dir=cache, local_files_only=local_files_only
     )
-    torch_dtype = _dtype(dtype)
-    if want_st:
-        try:
-            from sentence_transformers import SentenceTransformer
-        except ImportError as exc:
-            raise UsageError(
-                "this is a sentence-transformers model: pip install 'hfadapt[st]'"
-            ) from exc
-        if folder is None:
-            raise ModelNotFoundError(
-                f"{ref}: no local copy to load as a sentence-transformers model"
-            )
-        model: Any = SentenceTransformer(
-            str(folder), device="cpu", trust_remote_code=trust_remote_code
+    source = locate.resolve(ref, hub)
+    if sentence_transformers is None:
+        want_st = _is_sentence_transformer(source.folder) or (
+            source.kind != "folder" and locate.has_file(source, "modules.json", hub)
         )
     else:
-        model = loading.load(ref, trust_remote_code=trust_remote_code).model
+        want_st = sentence_transformers
+    torch_dtype = _dtype(dtype)
+    if want_st:
+        model: Any = _sentence_transformer(
+            ref,
+            source,
+            trust_remote_code=trust_remote_code,
+            revision=revision,
+            token=token,
+            cache_dir=cache,
+            local_files_only=local_files_only,
+        )
+        _float32_encode(model)
+    else:
+        model = loading.load(ref, trust_remote_code=trust_remote_code, hub=hub).model
     model.eval()
     if adapters:
-        adapt(model, device=device, registry=registry)
+        on_spyre = device is not None and device.split(":")[0] == "spyre"
+        adapt(model, device="spyre" if on_spyre else None, registry=registry)
     model.to(torch_dtype)
     if device is not None:
         if device.split(":")[0] == "spyre":
-            from hfadapt.spyre.eager import device as spyre_device
-
-            spyre_device.register()
+            with contextlib.suppress(DeviceError):  # the real torch-spyre: its own device
+                _register_device()
         model.to(device)
     return model

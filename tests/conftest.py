@@ -38,6 +38,16 @@ def isolated_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return hf_home
 
 
+@pytest.fixture(autouse=True)
+def fresh_device_warnings() -> None:
+    """Each test sees the device's warn-once warnings anew (they are once per process)."""
+    import sys
+
+    tracking = sys.modules.get("hfadapt.spyre.tracking")
+    if tracking is not None:
+        tracking.reset_warnings()
+
+
 @pytest.fixture
 def online(monkeypatch: pytest.MonkeyPatch) -> None:
     """Let huggingface_hub make requests (to loopback servers) even if the caller set HF_HUB_OFFLINE."""

@@ -210,6 +210,7 @@ class FakeHub:
         self.page_size = page_size
         self.scripted: list[Scripted] = []
         self.requests: list[tuple[str, str, dict[str, list[str]], int]] = []
+        self.authorizations: list[tuple[str, str]] = []  # (path, Authorization header or "")
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
         self._server.daemon_threads = True
@@ -300,6 +301,7 @@ def _handler_for(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
         def _dispatch(self, head: bool) -> None:
             parts = urlsplit(self.path)
             path = unquote(parts.path)
+            hub.authorizations.append((path, self.headers.get("Authorization") or ""))
             canned = hub._scripted_for(path, parts.query)
             if canned is not None:
                 ctype = (

@@ -158,7 +158,9 @@ def test_hub_id_offline_not_in_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     line = info.value.one_line()
     print(line)
     assert "is not in the HF cache" in line and "HF_HUB_OFFLINE is set" in line, line
-    assert "structural mode" in line and "--" not in line, line
+    assert "structural mode" in line and "--" not in line, (
+        f"a library error names no CLI flag: {line}"
+    )
 
 
 def test_not_a_hub_id(tmp_path: Path) -> None:

@@ -4,9 +4,11 @@ matching against a model instance, and scoped, reversible, idempotent, thread-sa
 A broken adapter file is recorded in ``Registry.errors`` and skipped; it never breaks an
 import or a model load, whatever it raises (SystemExit and KeyboardInterrupt included).
 Agent-origin files (the accepted-drafts folder, or the origin marker) must pass the allowlist
-of :mod:`hfadapt.adapters.policy` before they are imported; one that fails is never imported. Patches live on module *instances*, so two models in one process
-never see each other's adapters, and each patch is gated: it only takes over when the model
-runs for the device, so a CPU run of an adapted model is bit-identical to stock."""
+of :mod:`hfadapt.adapters.policy` before they are imported; one that fails is never imported.
+Patches live on module *instances*, so two models in one process never see each other's
+adapters, and each patch is gated: unless forced on (``apply(..., device="spyre")``, used when
+judging on CPU memory) it only takes over when the call runs for the device (inputs on spyre,
+or traced by torch.compile), so an eager CPU run of an adapted model is bit-identical to stock."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import os
 import sys
 import threading
 import types
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -251,7 +253,9 @@ class Registry:
         exclude: Iterable[str] = (),
     ) -> AppliedAdapters:
         """Patch every matching module of this model instance. ``device=None`` leaves the
-        patches dormant unless the inputs are on the spyre device (CPU runs stay stock)."""
+        patches dormant unless the call runs for the device (inputs on spyre, or traced by
+        torch.compile): eager CPU runs stay stock. A device name makes them take over on every
+        run (what judging on CPU memory needs)."""
         wanted = set(only) if only is not None else None
         skipped = set(exclude)
         with _LOCK:
@@ -277,17 +281,37 @@ class AdapterState:
         self.attn_original: str | None = None
 
 
-def _on_device(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    for v in (*args, *kwargs.values()):
+def _first_tensor(values: Iterable[Any], depth: int = 0) -> torch.Tensor | None:
+    """The first tensor among ``values``, looking one level into dicts, lists and tuples (a
+    sentence-transformers module is handed a features dict)."""
+    for v in values:
         if isinstance(v, torch.Tensor):
-            return v.device.type == "spyre"
-    return False
+            return v
+        if depth == 0 and isinstance(v, Mapping):
+            found = _first_tensor(v.values(), 1)
+        elif depth == 0 and isinstance(v, (list, tuple)):
+            found = _first_tensor(v, 1)
+        else:
+            continue
+        if found is not None:
+            return found
+    return None
+
+
+def runs_for_device(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether this call runs for the device: its (first) tensor input is on ``spyre``, or
+    torch.compile is tracing it (a compiled graph is what a device backend lowers). An eager
+    CPU call is not: there the patches stay dormant and the stock code runs."""
+    if torch.compiler.is_compiling():
+        return True
+    first = _first_tensor((*args, *kwargs.values()))
+    return first is not None and first.device.type == "spyre"
 
 
 def _method_dispatch(method: str) -> Any:
     def dispatch(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         stack: list[Adapter] = self._hfadapt_stack[method]  # type: ignore[index,assignment]
-        if stack and (self._hfadapt_state.enabled or _on_device(args, kwargs)):  # type: ignore[union-attr]
+        if stack and (self._hfadapt_state.enabled or runs_for_device(args, kwargs)):  # type: ignore[union-attr]
             return stack[-1].fn(self, *args, **kwargs)
         return getattr(type(self), method)(self, *args, **kwargs)
 
@@ -348,7 +372,7 @@ class AppliedAdapters:
         state = self.state
 
         def hook(mod: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-            if state.enabled or _on_device(args, kwargs):
+            if state.enabled or runs_for_device(args, kwargs):
                 return a.fn(mod, args, kwargs)
             return None
 
@@ -370,11 +394,17 @@ class AppliedAdapters:
         # Masks are made by the function registered for the attention key; without one,
         # transformers would pass no mask at all. Use the original implementation's.
         AttentionMaskInterface.register(key, _mask_dispatch)
+        modules = list(owner.modules())
+        if config._attn_implementation == key:
+            # The same config seen again (T5EncoderModel and its T5Stack share one): switched
+            # already; recording the adapter's key as "original" would make masks recurse.
+            for m in modules:
+                m.__dict__["_hfadapt_attn_state"] = self.state
+            return
         original = config._attn_implementation or "eager"
         self.state.attn_original = original
         config.__dict__["_hfadapt_attn_original"] = original
         config._attn_implementation = key
-        modules = list(owner.modules())
         for m in modules:  # the attention function is handed the attention module, not the model
             m.__dict__["_hfadapt_attn_state"] = self.state
 
@@ -384,6 +414,10 @@ class AppliedAdapters:
             for m in modules:
                 m.__dict__.pop("_hfadapt_attn_state", None)
 
+        self._undo.append(undo)
+
+    def on_remove(self, undo: Any) -> None:
+        """Run ``undo()`` when the adapters are removed (e.g. a hook the caller added)."""
         self._undo.append(undo)
 
     def remove(self) -> None:
@@ -407,7 +441,11 @@ class AppliedAdapters:
 def _attention_dispatch(a: Adapter) -> Any:
     def attention(module: torch.nn.Module, query: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         state = _find_state(module)
-        if (state is not None and state.enabled) or query.device.type == "spyre":
+        if (
+            (state is not None and state.enabled)
+            or query.device.type == "spyre"
+            or torch.compiler.is_compiling()
+        ):
             return a.fn(module, query, *args, **kwargs)
         return _stock_attention(module, state)(module, query, *args, **kwargs)
 

@@ -59,6 +59,24 @@ def diagnose(
             "--trust-remote-code", help="Run code from the model repository (review it first)."
         ),
     ] = False,
+    revision: Annotated[
+        str | None,
+        typer.Option("--revision", help="Hub branch, tag or commit to load (default: main)."),
+    ] = None,
+    cache_dir: Annotated[
+        str | None,
+        typer.Option("--cache-dir", help="Model cache folder instead of the HF cache."),
+    ] = None,
+    local_files_only: Annotated[
+        bool,
+        typer.Option("--local-files-only", help="Never ask the Hub: use cached files only."),
+    ] = False,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            "--token", envvar="HF_TOKEN", show_envvar=False, help="Hub token (default: HF_TOKEN)."
+        ),
+    ] = None,
     profile: ProfileOption = None,
     db: DbOption = None,
     as_json: JsonOption = False,
@@ -78,6 +96,10 @@ def diagnose(
         trust_remote_code=trust_remote_code,
         profile=profile,
         db=db,
+        revision=revision,
+        token=token,
+        cache_dir=cache_dir,
+        local_files_only=local_files_only,
     )
     if as_json:
         typer.echo(json.dumps(diag.to_dict(), indent=2, default=str))

@@ -20,10 +20,12 @@ _TRUE = {"1", "true", "yes", "on"}
 HUB_PROBE_TIMEOUT_S = 3.0
 
 __all__ = [
+    "HubOptions",
     "ModelSource",
     "cached_file",
     "download",
     "env_offline",
+    "has_file",
     "hf_cache_dir",
     "hub_endpoint",
     "hub_status",
@@ -45,6 +47,25 @@ class ModelSource:
     kind: str  # folder | cache | hub
     folder: Path  # holds config.json (a local folder or a cache snapshot)
     revision: str | None = None  # the commit sha of a cache snapshot
+
+
+@dataclass(frozen=True)
+class HubOptions:
+    """What ``from_pretrained`` users pass, with its meaning there: ``revision`` (a branch,
+    tag or commit), ``token`` (a string, True for the stored login, False for none; None:
+    HF_TOKEN or the stored login), ``cache_dir`` (instead of the HF cache) and
+    ``local_files_only`` (never ask the Hub)."""
+
+    revision: str | None = None
+    token: str | bool | None = None
+    cache_dir: str | None = None
+    local_files_only: bool = False
+
+    def cache(self) -> Path:
+        return Path(self.cache_dir).expanduser() if self.cache_dir else hf_cache_dir()
+
+
+_NO_OPTIONS = HubOptions()
 
 
 def env_offline() -> bool:
@@ -93,13 +114,15 @@ def looks_like_path(ref: str) -> bool:
     return ref.startswith((".", "/", "~")) or "\\" in ref or ref.count("/") > 1 or ref.endswith("/")
 
 
-def resolve(ref: str | os.PathLike[str]) -> ModelSource:
-    """Find ``ref``: an existing folder, else a Hub id in the HF cache, else on the Hub.
+def resolve(ref: str | os.PathLike[str], hub: HubOptions | None = None) -> ModelSource:
+    """Find ``ref``: an existing folder, else a Hub id in the HF cache, else on the Hub
+    (``hub``: revision, token, cache_dir, local_files_only as from_pretrained takes them).
 
     Raises ModelNotFoundError (an empty reference, a missing or empty folder, a folder with
-    neither config.json nor weights, not a Hub id, not cached offline, no such repo) and
-    ConfigError (a Hub repo without config.json).
+    neither config.json nor weights, not a Hub id, not cached offline, no such repo or
+    revision) and ConfigError (a Hub repo without config.json).
     """
+    hub = hub or _NO_OPTIONS
     text = os.fspath(ref)
     if not text.strip():
         raise ModelNotFoundError("the model reference is empty: pass a Hub id or a model folder")
@@ -129,42 +152,81 @@ def resolve(ref: str | os.PathLike[str]) -> ModelSource:
     except HFValidationError:
         raise ModelNotFoundError(f"{text} is neither a folder nor a Hub model id") from None
 
-    cached = cached_file(text, "config.json")
+    cached = cached_file(text, "config.json", hub)
     if cached is not None:
         return ModelSource(text, text, "cache", cached.parent, cached.parent.name)
+    at = f" at revision {hub.revision}" if hub.revision else ""
+    if hub.local_files_only:
+        raise ModelNotFoundError(
+            f"{text}{at} is not in the HF cache ({hub.cache()}) and local_files_only is set: "
+            "download it first or pass a local folder"
+        )
     online, why = hub_status()
     if not online:
         raise ModelNotFoundError(
-            f"{text} is not in the HF cache ({hf_cache_dir()}) and {why}: download it first, "
+            f"{text}{at} is not in the HF cache ({hub.cache()}) and {why}: download it first, "
             "pass a local folder, or judge it in structural mode (its config only)"
         )
-    downloaded = download(text, "config.json")
+    downloaded = download(text, "config.json", hub)
     return ModelSource(text, text, "hub", downloaded.parent, downloaded.parent.name)
 
 
-def cached_file(repo_id: str, filename: str) -> Path | None:
-    """A file of a Hub repo from the HF cache (newest cached revision), or None."""
+def cached_file(repo_id: str, filename: str, hub: HubOptions | None = None) -> Path | None:
+    """A file of a Hub repo from the HF cache (``hub.revision``, else the newest cached
+    revision), or None."""
     from huggingface_hub import try_to_load_from_cache
 
-    found = try_to_load_from_cache(repo_id, filename, cache_dir=hf_cache_dir())
+    hub = hub or _NO_OPTIONS
+    found = try_to_load_from_cache(repo_id, filename, cache_dir=hub.cache(), revision=hub.revision)
     return Path(found) if isinstance(found, str) else None
 
 
-def download(repo_id: str, filename: str) -> Path:
+def has_file(source: ModelSource, filename: str, hub: HubOptions | None = None) -> bool:
+    """Whether the model has ``filename`` (e.g. modules.json: a sentence-transformers model):
+    in its folder, its cache snapshot, or (online, not local_files_only) on the Hub."""
+    if (source.folder / filename).is_file():
+        return True
+    if source.kind != "hub":
+        return False
+    try:
+        download(source.model_id, filename, hub)
+    except ConfigError:
+        return False
+    return True
+
+
+def download(repo_id: str, filename: str, hub: HubOptions | None = None) -> Path:
     """One file of a Hub repo into the HF cache; ModelNotFoundError / ConfigError when it cannot."""
     from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import EntryNotFoundError, GatedRepoError, RepositoryNotFoundError
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        GatedRepoError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
+    hub = hub or _NO_OPTIONS
     try:
         return Path(
-            hf_hub_download(repo_id, filename, cache_dir=hf_cache_dir(), endpoint=hub_endpoint())
+            hf_hub_download(
+                repo_id,
+                filename,
+                revision=hub.revision,
+                cache_dir=hub.cache(),
+                endpoint=hub_endpoint(),
+                token=hub.token,
+            )
         )
     except GatedRepoError as exc:
         raise ModelNotFoundError(
-            f"{repo_id} is gated: accept its terms on the Hub and set HF_TOKEN"
+            f"{repo_id} is gated: accept its terms on the Hub and pass a token (HF_TOKEN)"
         ) from exc
     except RepositoryNotFoundError as exc:
         raise ModelNotFoundError(f"{repo_id} is not a model on {hub_endpoint()}") from exc
+    except RevisionNotFoundError as exc:
+        raise ModelNotFoundError(
+            f"{repo_id} has no revision {hub.revision!r} on {hub_endpoint()}"
+        ) from exc
     except EntryNotFoundError as exc:
         raise ConfigError(f"{repo_id} has no {filename} on {hub_endpoint()}") from exc
     except OSError as exc:  # connection dropped after the probe

@@ -23,6 +23,7 @@ from hfadapt.errors import (
     SpyreLoweringError,
     SpyreUnsupportedModelError,
 )
+from hfadapt.hub.resolve import HubOptions
 from hfadapt.judge.diagnosis import (
     Diagnosis,
     Phases,
@@ -85,16 +86,18 @@ def _check_options(mode: str, dtype: str, execution: str) -> None:
     Execution.parse(execution, "execution")
 
 
-def _load(model_ref: Any, mode: str, trust_remote_code: bool) -> LoadedModel:
+def _load(
+    model_ref: Any, mode: str, trust_remote_code: bool, hub: HubOptions | None = None
+) -> LoadedModel:
     if isinstance(model_ref, LoadedModel):
         return model_ref
     if mode == "structural":
         from hfadapt.judge import structural
 
-        return structural.build(model_ref, trust_remote_code=trust_remote_code)
+        return structural.build(model_ref, trust_remote_code=trust_remote_code, hub=hub)
     from hfadapt.judge import load as loading
 
-    return loading.load(model_ref, trust_remote_code=trust_remote_code)
+    return loading.load(model_ref, trust_remote_code=trust_remote_code, hub=hub)
 
 
 def _reference(
@@ -143,13 +146,18 @@ def diagnose(
     runner: Runner | None = None,
     record: bool = True,
     localize_failures: bool = True,
+    revision: str | None = None,
+    token: str | bool | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    local_files_only: bool = False,
 ) -> Diagnosis:
     """Judge one model on the simulated Spyre device and record the run (see module doc).
 
     ``model_ref``: a local folder, a Hub id (HF cache, or downloaded when the Hub is reachable),
     or an already loaded ``LoadedModel``. ``db``: a database URL/path or an Engine (default:
     ``$HFADAPT_DB`` or ./runs.db); ``record=False`` writes nothing. ``runner``: the device runner
-    (default ``hfadapt.spyre.runner.run_on_device``).
+    (default ``hfadapt.spyre.runner.run_on_device``). ``revision``, ``token``, ``cache_dir`` and
+    ``local_files_only`` mean what they mean to ``from_pretrained``.
 
     Raises UsageError for bad options, ModelNotFoundError when there is no model to judge, and
     ProfileError for an unknown profile; every other outcome is a verdict in the Diagnosis.
@@ -160,10 +168,16 @@ def diagnose(
     prof = load_profile(profile)
     # Open the database first: a read-only or corrupt --db fails before minutes of work.
     engine = _engine(db) if record else None
+    hub = HubOptions(
+        revision=revision,
+        token=token,
+        cache_dir=os.fspath(cache_dir) if cache_dir is not None else None,
+        local_files_only=local_files_only,
+    )
     try:
         return _diagnose(model_ref, prof, engine, mode=mode, dtype=dtype, execution=execution,
                          adapters=adapters, trust_remote_code=trust_remote_code, profile=profile,
-                         runner=runner, localize_failures=localize_failures)  # fmt: skip
+                         runner=runner, localize_failures=localize_failures, hub=hub)  # fmt: skip
     finally:
         if engine is not None and engine is not db:
             engine.dispose()
@@ -190,6 +204,7 @@ def _diagnose(
     profile: str | None,
     runner: Runner | None,
     localize_failures: bool,
+    hub: HubOptions | None = None,
 ) -> Diagnosis:
     phases = Phases()
     ref_name = model_ref.model_id if isinstance(model_ref, LoadedModel) else os.fspath(model_ref)
@@ -210,6 +225,7 @@ def _diagnose(
     verdict, reason, error = _judge(
         diag, phases, model_ref, mode=mode, dtype=dtype, execution=execution, adapters=adapters,
         trust_remote_code=trust_remote_code, profile=profile, runner=runner, localize_failures=localize_failures,
+        hub=hub,
     )  # fmt: skip
     diag.verdict = verdict
     diag.reason = ("[structural] " if diag.structural else "") + reason
@@ -246,11 +262,12 @@ def _judge(
     profile: str | None,
     runner: Runner | None,
     localize_failures: bool,
+    hub: HubOptions | None = None,
 ) -> Outcome:
     """The phases of a diagnosis, each timed; the first that decides the verdict returns it."""
     with phases("load"):
         try:
-            loaded = _load(model_ref, mode, trust_remote_code)
+            loaded = _load(model_ref, mode, trust_remote_code, hub)
         except ModelNotFoundError:
             raise
         except CustomCodeError as exc:

@@ -20,6 +20,7 @@ from hfadapt.errors import (
     WeightsError,
 )
 from hfadapt.hub.resolve import (
+    HubOptions,
     ModelSource,
     env_offline,
     hf_cache_dir,
@@ -52,6 +53,7 @@ _OPTIONAL_KEYS = ("pooler.",)
 
 # Re-exported: loading is where most callers look for them.
 __all__ = [
+    "HubOptions",
     "LoadedModel",
     "ModelSource",
     "check_model_type",
@@ -183,26 +185,35 @@ def _weights_error(exc: BaseException, where: str) -> WeightsError | None:
     return None
 
 
-def _load_kwargs(source: ModelSource, online: bool) -> tuple[str, dict[str, Any]]:
+def _load_kwargs(source: ModelSource, online: bool, hub: HubOptions) -> tuple[str, dict[str, Any]]:
     if source.kind == "folder":
         return str(source.folder), {}
     return source.model_id, {
-        "cache_dir": str(hf_cache_dir()),
+        "cache_dir": str(hub.cache()),
         "local_files_only": not online,
-        "revision": source.revision if not online else None,
+        # offline: the cached snapshot found (a branch name needs the Hub to be resolved)
+        "revision": (hub.revision if online else source.revision),
+        "token": hub.token,
     }
 
 
-def load(ref: str | os.PathLike[str], *, trust_remote_code: bool = False) -> LoadedModel:
-    """Load ``ref`` with its real weights and tokenizer, in fp32 on CPU, in eval mode.
+def load(
+    ref: str | os.PathLike[str],
+    *,
+    trust_remote_code: bool = False,
+    hub: HubOptions | None = None,
+) -> LoadedModel:
+    """Load ``ref`` with its real weights and tokenizer, in fp32 on CPU, in eval mode. ``hub``:
+    revision, token, cache_dir and local_files_only, as from_pretrained takes them.
 
     Raises ModelNotFoundError, ConfigError, WeightsError, TokenizerError (all InputError) and
     CustomCodeError when the model needs remote code that was not trusted.
     """
     from transformers import AutoTokenizer
 
+    hub = hub or HubOptions()
     refuse_untranslatable(ref, trust_remote_code)
-    source = resolve(ref)
+    source = resolve(ref, hub)
     where = source.ref
     raw = read_config(source.folder, where)
     reason = remote_code_reason(raw, source.model_id if source.kind != "folder" else None)
@@ -213,7 +224,10 @@ def load(ref: str | os.PathLike[str], *, trust_remote_code: bool = False) -> Loa
     check_model_type(raw, where, custom=bool(reason))
 
     online = source.kind == "hub" or (
-        source.kind == "cache" and not env_offline() and hub_status()[0]
+        source.kind == "cache"
+        and not hub.local_files_only
+        and not env_offline()
+        and hub_status()[0]
     )
     if source.kind == "folder":
         check_weights(source.folder, where)
@@ -224,10 +238,10 @@ def load(ref: str | os.PathLike[str], *, trust_remote_code: bool = False) -> Loa
     elif not online and not any(any(source.folder.glob(g)) for g in WEIGHT_GLOBS):
         raise ModelNotFoundError(
             f"only the config of {where} is in the HF cache, not its weights, and the Hub cannot be reached: "
-            "download it first, or use --mode structural"
+            "download it first (the config alone is enough for a structural diagnosis)"
         )
 
-    name, kwargs = _load_kwargs(source, online)
+    name, kwargs = _load_kwargs(source, online, hub)
     if translation is not None and not any(any(source.folder.glob(g)) for g in WEIGHT_GLOBS):
         _download(source.model_id, "model.safetensors")  # online: the cache has only the config
     with quiet_transformers():
@@ -256,7 +270,7 @@ def load(ref: str | os.PathLike[str], *, trust_remote_code: bool = False) -> Loa
 
     model.eval()
     if online and source.kind != "folder":
-        _fetch_pooling_files(source)
+        _fetch_pooling_files(source, hub)
     return LoadedModel(
         model_id=source.model_id if source.kind != "folder" else where,
         model=model,
@@ -312,8 +326,8 @@ def _load_stock(
     )
 
 
-def _fetch_pooling_files(source: ModelSource) -> None:
+def _fetch_pooling_files(source: ModelSource, hub: HubOptions) -> None:
     """Best effort: the sentence-transformers files that say how the model pools."""
     for filename in ("modules.json", "1_Pooling/config.json"):
         with contextlib.suppress(Exception):
-            _download(source.model_id, filename)
+            _download(source.model_id, filename, hub)

@@ -61,7 +61,9 @@ _WHERE = {
 # ---- the config ----------------------------------------------------------------------------
 
 
-def find_config(ref: str | os.PathLike[str]) -> tuple[dict[str, Any], str, Path | None]:
+def find_config(
+    ref: str | os.PathLike[str], hub: locate.HubOptions | None = None
+) -> tuple[dict[str, Any], str, Path | None]:
     """(config dict, where it came from, folder with its files) for a folder or a Hub id.
 
     Order: the folder itself; the HF cache; the Hub when reachable; hfadapt's bundled real
@@ -74,13 +76,13 @@ def find_config(ref: str | os.PathLike[str]) -> tuple[dict[str, Any], str, Path 
     if path.exists() or locate.looks_like_path(text):
         source = locate.resolve(text)
         return locate.read_config(source.folder, text), "folder", source.folder
-    cached = locate.cached_file(text, "config.json")
+    cached = locate.cached_file(text, "config.json", hub)
     if cached is not None:
         return locate.read_config(cached.parent, text), "cache", cached.parent
-    online, _ = locate.hub_status()
+    online = not (hub and hub.local_files_only) and locate.hub_status()[0]
     if online:
         try:
-            got = locate.download(text, "config.json")
+            got = locate.download(text, "config.json", hub)
             return locate.read_config(got.parent, text), "hub", got.parent
         except ModelNotFoundError:
             pass  # the snapshot may still know it
@@ -97,8 +99,14 @@ def find_config(ref: str | os.PathLike[str]) -> tuple[dict[str, Any], str, Path 
         raise ConfigError(
             f"{text} has no model_type in the bundled snapshot (no usable config on the Hub)"
         )
+    at = f" at revision {hub.revision}" if hub and hub.revision else ""
+    why = (
+        "only local files may be used"
+        if hub and hub.local_files_only
+        else "the Hub cannot be reached"
+    )
     raise ModelNotFoundError(
-        f"{text} is not a folder, not in the HF cache, not in hfadapt's snapshot, and the Hub cannot be reached"
+        f"{text}{at} is not a folder, not in the HF cache, not in hfadapt's snapshot, and {why}"
     )
 
 
@@ -175,18 +183,27 @@ def _special_values(config: Any) -> list[int]:
 
 
 def _tokenizer(
-    where: str, ref: str, folder: Path | None, trust_remote_code: bool
+    where: str,
+    ref: str,
+    folder: Path | None,
+    trust_remote_code: bool,
+    hub: locate.HubOptions | None = None,
 ) -> tuple[Any, str | None]:
     """The model's tokenizer when it can be had without weights, else (None, why not)."""
     from transformers import AutoTokenizer
 
+    hub = hub or locate.HubOptions()
     if where == "folder" and folder is not None and loading.has_tokenizer_files(folder):
         target, kwargs = str(folder), {}
     elif where in ("cache", "hub"):
         target = ref
+        offline = where == "cache" and (hub.local_files_only or locate.env_offline())
         kwargs = {
-            "cache_dir": str(locate.hf_cache_dir()),
-            "local_files_only": where == "cache" and locate.env_offline(),
+            "cache_dir": str(hub.cache()),
+            "local_files_only": offline,
+            # offline: the snapshot the config came from; a branch name needs the Hub
+            "revision": folder.name if offline and folder is not None else hub.revision,
+            "token": hub.token,
         }
     else:
         return None, f"no tokenizer for a config from {where}: random probe ids"
@@ -206,15 +223,17 @@ def build(
     vocab: int = STRUCTURAL_VOCAB,
     seed: int = STRUCTURAL_SEED,
     trust_remote_code: bool = False,
+    hub: locate.HubOptions | None = None,
 ) -> LoadedModel:
-    """A structural stand-in for ``ref``: its real (or default) config, truncated, random weights."""
+    """A structural stand-in for ``ref``: its real (or default) config, truncated, random weights
+    (``hub``: revision, token, cache_dir, local_files_only for finding the config)."""
     import torch
 
     text = os.fspath(ref)
     remote.refuse_untranslatable(text, trust_remote_code)
     row = remote.snapshot_custom_row(text)
     try:
-        raw, where, folder = find_config(text)
+        raw, where, folder = find_config(text, hub)
     except ConfigError:
         if trust_remote_code or row is None:
             raise
@@ -240,7 +259,7 @@ def build(
         notes.append(remote.translation_note(translation))
     notes += [n for n in (truncate_layers(config, layers), shrink_vocab(config, vocab)) if n]
 
-    tokenizer, why = _tokenizer(where, text, folder, trust_remote_code)
+    tokenizer, why = _tokenizer(where, text, folder, trust_remote_code, hub)
     if why:
         notes.append(why)
     with loading.quiet_transformers(), torch.random.fork_rng(devices=[]):

@@ -146,15 +146,56 @@ def model_location(depth: int = 1) -> SourceLocation | None:
     return None
 
 
+# (category, message, file, line) -> how often the device raised it in this process
+_warned: dict[tuple[type[Warning], str, str, int], int] = {}
+_warned_lock = threading.Lock()
+
+
 def warn_from_model(message: str, category: type[Warning]) -> None:
-    """warnings.warn attributed to the model line that issued the op (so the default filter
-    shows it once per call site, not once per process)."""
+    """warnings.warn attributed to the model line that issued the op, once per (message, call
+    site) per process: Python's own once-per-location registry is reset whenever anything
+    changes the warning filters (transformers and sentence-transformers do, on every call), so
+    every ``encode`` would print the same lines again. Every occurrence is counted
+    (``warning_counts``); the reports of ``tracking`` blocks count them per run."""
     frame = sys._getframe(1)
     level = 2
     while frame is not None and _skipped(frame.f_code.co_filename):
         frame = frame.f_back  # type: ignore[assignment]
         level += 1
-    warnings.warn(message, category, stacklevel=level if frame is not None else 2)
+    site = (frame.f_code.co_filename, frame.f_lineno) if frame is not None else ("", 0)
+    key = (category, message, *site)
+    with _warned_lock:
+        seen = _warned.get(key, 0)
+        _warned[key] = seen + 1
+    if not seen:
+        warnings.warn(message, category, stacklevel=level if frame is not None else 2)
+
+
+@dataclass(frozen=True)
+class WarningCount:
+    """One device warning of this process: where the model issued it and how often."""
+
+    category: str
+    message: str
+    file: str
+    line: int
+    count: int
+
+
+def warning_counts() -> list[WarningCount]:
+    """Every device warning raised in this process, shown or not, with its count."""
+    with _warned_lock:
+        items = list(_warned.items())
+    return [
+        WarningCount(cat.__name__, message, file, line, count)
+        for (cat, message, file, line), count in items
+    ]
+
+
+def reset_warnings() -> None:
+    """Forget which device warnings were shown (the next occurrence of each warns again)."""
+    with _warned_lock:
+        _warned.clear()
 
 
 def refuse(collector: Collector, found: Sequence[Violation]) -> None:
