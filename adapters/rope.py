@@ -45,6 +45,14 @@ ROPE_FORMS: dict[str, RopeForm] = {
     "qwen2": RopeForm("qwen2", "transformers.models.qwen2.modeling_qwen2", "Qwen2"),
     "mistral": RopeForm("mistral", "transformers.models.mistral.modeling_mistral", "Mistral"),
     "llama": RopeForm("llama", "transformers.models.llama.modeling_llama", "Llama"),
+    # native classes that remote-code families are translated to (hfadapt.judge.translate)
+    "gte": RopeForm("gte", "transformers.models.gte.modeling_gte", "Gte"),
+    "jina-v3": RopeForm(
+        "jina_embeddings_v3",
+        "transformers.models.jina_embeddings_v3.modeling_jina_embeddings_v3",
+        "JinaEmbeddingsV3",
+    ),
+    "eurobert": RopeForm("eurobert", "transformers.models.eurobert.modeling_eurobert", "EuroBert"),
 }
 _ROTATIONS: dict[tuple[int, torch.dtype, str], Tensor] = {}
 

@@ -116,6 +116,7 @@ FAST_PROOFS = {
     "rope.py": "rope-host-qwen3",
     "sentence_pooling.py": "sentence-pooling-host",
     "t5.py": "t5-position-bias-host",
+    "translated_families.py": "rms-norm-square-eurobert",
 }
 
 

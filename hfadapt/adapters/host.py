@@ -12,7 +12,7 @@ import these through ``hfadapt.adapters.api``."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -33,7 +33,7 @@ def to_device(value: Any, device: torch.device | str) -> Any:
         return tuple(to_device(v, device) for v in value)
     if isinstance(value, list):
         return [to_device(v, device) for v in value]
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):  # dicts, and UserDicts such as a tokenizer's BatchEncoding
         return {k: to_device(v, device) for k, v in value.items()}
     return value
 
