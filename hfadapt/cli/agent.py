@@ -267,19 +267,23 @@ def agent_eval(
     if as_json:
         typer.echo(json.dumps(data, indent=2, default=str))
         return
-    table = Table("case", "outcome", "attempts", "tokens in", "tokens out", "seconds")
-    table.add_column("steps of the last attempt", overflow="fold")
+    table = Table(pad_edge=False)
+    table.add_column("case", overflow="fold", ratio=2, min_width=12)
+    table.add_column("outcome", overflow="fold", min_width=8)
+    table.add_column("attempts", justify="right", no_wrap=True)
+    table.add_column("tokens in/out", justify="right", no_wrap=True)
+    table.add_column("seconds", justify="right", no_wrap=True)
+    table.add_column("last attempt", overflow="fold", ratio=2, min_width=12)
     for r in report.rows:
         colour = "green" if r["outcome"] == "accepted" else "red"
         last = r["steps"][-1] if r["steps"] else {}
         table.add_row(
             escape(r["case"]),
-            f"[{colour}]{r['outcome']}[/{colour}]",
+            f"[{colour}]{escape(r['outcome'])}[/{colour}]",
             str(r["attempts"]),
-            str(r["tokens_in"]),
-            str(r["tokens_out"]),
+            f"{r['tokens_in']}/{r['tokens_out']}",
             f"{r['seconds']:.1f}",
-            escape(" ".join(f"{k}:{v}" for k, v in last.items())),
+            escape(_steps_text(last)),
         )
     console.print(table)
     who = (
@@ -295,6 +299,14 @@ def agent_eval(
     )
     if output is not None:
         console.print(f"JSON report: {escape(str(output))}", highlight=False)
+
+
+def _steps_text(steps: dict[str, str]) -> str:
+    """A last attempt's steps in a few words: "all 5 steps pass", or the ones that did not."""
+    if not steps:
+        return ""
+    bad = [f"{step}: {status}" for step, status in steps.items() if status != "pass"]
+    return ", ".join(bad) if bad else f"all {len(steps)} steps pass"
 
 
 def _case_brief(case: Any) -> dict[str, str]:
