@@ -121,6 +121,7 @@ def test_bad_input_is_one_line_with_exit_code(
     assert code == 1 and err.count("\n") == 1 and err.startswith(f"error: cannot reach {down} ("), (
         err
     )
+    assert err.endswith("crawl the bundled snapshot (offline) with --offline\n"), err
     code, _, err = run(["crawl", "--limit", "0"], monkeypatch, capsys)
     assert (code, err) == (
         2,

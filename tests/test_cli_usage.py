@@ -227,3 +227,4 @@ def test_agent_eval_reference_says_what_ran(
     assert code == 0, err
     assert "the reference solutions (self-check, no endpoint): accepted 1/1 (100%)" in flat, out
     assert "reference reference" not in flat and "…" not in out, out
+    assert "gelu-new-cube" in out and "all 5 steps" in out, out

@@ -434,6 +434,6 @@ def test_asked_for_endpoint_with_hub_offline_set_says_so(
     with pytest.raises(HubUnreachableError) as exc:
         crawl(engine, endpoint=fake_hub.url)
     assert exc.value.one_line() == (
-        f"HF_HUB_OFFLINE is set, so {fake_hub.url} was not contacted: unset it, or use --offline"
+        f"HF_HUB_OFFLINE is set, so {fake_hub.url} was not contacted: unset it, or crawl the bundled snapshot (offline)"
     )
     assert fake_hub.requests == [], f"requests made while offline: {fake_hub.requests}"

@@ -161,16 +161,18 @@ def test_top_and_model_type_select_models(sweep_engine: Any, fake_worker: str) -
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"mode": "fast"}, "^mode must be one of full, structural"),
-        ({"workers": 0}, "^workers must be at least 1"),
-        ({"timeout": -1}, "^timeout must be a finite number of seconds above 0"),
-        ({"executor": "slurm"}, "^executor must be one of local, ray"),
-        ({"dtype": "fp8"}, "^dtype must be one of fp16, bf16, fp32"),
+        ({"mode": "fast"}, r"^mode must be one of full, structural, not 'fast'$"),
+        ({"workers": 0}, r"^workers must be at least 1 \(got 0\)$"),
+        ({"timeout": -1}, r"^timeout must be a finite number of seconds above 0 \(got -1\)$"),
+        ({"timeout": float("nan")}, r"^timeout must be a finite number of seconds above 0"),
+        ({"executor": "slurm"}, r"^executor must be one of local, ray, not 'slurm'$"),
+        ({"dtype": "fp8"}, r"^dtype must be one of fp16, bf16, fp32, not 'fp8'$"),
     ],
 )
 def test_bad_options_are_usage_errors(
     sweep_engine: Any, options: dict[str, Any], message: str
 ) -> None:
+    # The library names its parameters; only the CLI names flags.
     with pytest.raises(UsageError, match=message):
         run_sweep(sweep_engine, **options)
     with sweep_engine.connect() as conn:

@@ -6,7 +6,6 @@ and add their commands."""
 from __future__ import annotations
 
 import math
-import os
 from typing import Annotated, Any
 
 import typer
@@ -83,17 +82,3 @@ def existing_engine(db: str | None, *, hint: str) -> Any:
             f"no database at {describe(url)}: check --db / $HFADAPT_DB, or run {hint} first"
         )
     return get_engine(db)
-
-
-def worker_cap(memory_limit_mb: int | None) -> tuple[int, str]:
-    """How many sweep workers this machine can hold, and why: one per CPU, and no more than fit
-    in RAM at ``memory_limit_mb`` each (default 1 GB each)."""
-    cpus = os.cpu_count() or 1
-    try:
-        ram_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
-    except (ValueError, OSError, AttributeError):
-        return cpus, f"{cpus} CPUs"
-    per_worker = memory_limit_mb or 1024
-    by_memory = max(1, ram_mb // per_worker)
-    cap = min(cpus, by_memory)
-    return cap, f"{cpus} CPUs and {ram_mb:,} MB of RAM at {per_worker:,} MB per worker"

@@ -1,5 +1,5 @@
-"""``hfadapt draft``, ``hfadapt attempts`` and ``hfadapt agent-eval``: the adapter-drafting
-agent from the command line. Thin: parse, call hfadapt.agent, render."""
+"""``hfadapt draft`` and ``hfadapt agent-eval``: the adapter-drafting agent from the command
+line (``hfadapt attempts`` is in attempts.py). Thin: parse, call hfadapt.agent, render."""
 
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ from hfadapt.cli._app import (
     app,
     console,
     count_option,
-    existing_engine,
 )
 from hfadapt.errors import UsageError
 from hfadapt.options import Mode
@@ -222,118 +221,6 @@ def _print_top(entries: list[Any], as_json: bool) -> None:
     console.print(table)
 
 
-@app.command()
-def attempts(
-    attempt_id: Annotated[
-        int | None,
-        typer.Argument(
-            metavar="ID",
-            min=1,
-            help="Show this attempt in full (default: list them).",
-            show_default=False,
-        ),
-    ] = None,
-    limit: Annotated[int, count_option("--limit", "How many attempts to list.")] = 30,
-    db: DbOption = None,
-    as_json: JsonOption = False,
-) -> None:
-    """List the agent's attempts, or show one: prompt, response, each validation step."""
-    from hfadapt.agent import records
-
-    engine = existing_engine(db, hint="`hfadapt draft`")
-    if attempt_id is None:
-        rows = records.list_attempts(engine, limit)
-        if as_json:
-            typer.echo(json.dumps([_brief(a) for a in rows], indent=2, default=str))
-            return
-        if not rows:
-            console.print("no agent attempts recorded yet: run 'hfadapt draft MODEL'")
-            return
-        table = Table(
-            "id",
-            "session",
-            "#",
-            "when",
-            "fingerprint",
-            "endpoint model",
-            "tokens in/out",
-            "latency s",
-            "result",
-        )
-        for a in rows:
-            b = _brief(a)
-            table.add_row(
-                str(a.id),
-                str(a.session_id),
-                str(a.number),
-                str(a.created_at)[:19],
-                escape(a.fingerprint),
-                escape(a.endpoint_model),
-                f"{a.tokens_in}/{a.tokens_out}",
-                f"{a.latency_s:.2f}",
-                b["result"],
-            )
-        console.print(table)
-        return
-    attempt, sess = records.get_attempt(engine, attempt_id)
-    if attempt is None:
-        raise UsageError(f"no attempt {attempt_id}; see 'hfadapt attempts'")
-    if as_json:
-        data = attempt.model_dump()
-        data["session"] = sess.model_dump() if sess else None
-        typer.echo(json.dumps(data, indent=2, default=str))
-        return
-    b = _brief(attempt)
-    # A failed request's tries are in its error ("gave up after 5 tries"); the retries column
-    # counts those of the request that was answered.
-    retries = "" if attempt.error else f"; retried {attempt.retries} time(s) before the answer"
-    console.print(
-        escape(
-            f"attempt {attempt.id} (#{attempt.number} of session {attempt.session_id}, {sess.outcome if sess else '?'}) "
-            f"for {attempt.fingerprint}: {b['result']}\nendpoint {attempt.endpoint} model {attempt.endpoint_model}; "
-            f"tokens {attempt.tokens_in} in / {attempt.tokens_out} out; latency {attempt.latency_s:.2f} s{retries}"
-        ),
-        highlight=False,
-    )
-    if attempt.error:
-        console.print(f"[red]error:[/red] {escape(attempt.error)}", highlight=False)
-    table = Table("step", "verdict", "seconds", "summary")
-    for s in attempt.steps or []:
-        table.add_row(
-            escape(s["step"]), s["status"], f"{s.get('seconds', 0):.2f}", escape(s["summary"])
-        )
-    if attempt.steps:
-        console.print(table)
-    if attempt.feedback:
-        console.print(
-            "[bold]feedback sent back[/bold]\n" + attempt.feedback, highlight=False, markup=False
-        )
-    if attempt.code:
-        console.print("[bold]draft[/bold]")
-        console.print(attempt.code, highlight=False, markup=False)
-
-
-def _brief(a: Any) -> dict[str, Any]:
-    if a.accepted:
-        result = "accepted"
-    elif a.error:
-        result = "endpoint error"
-    else:
-        result = f"failed at {a.failed_step}" if a.failed_step else "not accepted"
-    return {
-        "id": a.id,
-        "session_id": a.session_id,
-        "number": a.number,
-        "fingerprint": a.fingerprint,
-        "endpoint_model": a.endpoint_model,
-        "tokens_in": a.tokens_in,
-        "tokens_out": a.tokens_out,
-        "latency_s": a.latency_s,
-        "steps": {s["step"]: s["status"] for s in a.steps or []},
-        "result": result,
-    }
-
-
 @app.command("agent-eval")
 def agent_eval(
     base_url: BaseUrlOption = None,
@@ -405,24 +292,23 @@ def agent_eval(
     if as_json:
         typer.echo(json.dumps(data, indent=2, default=str))
         return
-    # Numbers never wrap and names fold rather than end in an ellipsis (80-column terminals).
-    table = Table(pad_edge=False, collapse_padding=True)
-    table.add_column("case", overflow="fold", min_width=12)
-    table.add_column("outcome", overflow="fold")
-    for name in ("tries", "tokens in", "tokens out", "seconds"):
-        table.add_column(name, justify="right", no_wrap=True)
-    table.add_column("steps of the last attempt", overflow="fold", ratio=1)
+    table = Table(pad_edge=False)
+    table.add_column("case", overflow="fold", ratio=2, min_width=12)
+    table.add_column("outcome", overflow="fold", min_width=8)
+    table.add_column("attempts", justify="right", no_wrap=True)
+    table.add_column("tokens in/out", justify="right", no_wrap=True)
+    table.add_column("seconds", justify="right", no_wrap=True)
+    table.add_column("last attempt", overflow="fold", ratio=2, min_width=12)
     for r in report.rows:
         colour = "green" if r["outcome"] == "accepted" else "red"
         last = r["steps"][-1] if r["steps"] else {}
         table.add_row(
             escape(r["case"]),
-            f"[{colour}]{r['outcome']}[/{colour}]",
+            f"[{colour}]{escape(r['outcome'])}[/{colour}]",
             str(r["attempts"]),
-            str(r["tokens_in"]),
-            str(r["tokens_out"]),
+            f"{r['tokens_in']}/{r['tokens_out']}",
             f"{r['seconds']:.1f}",
-            escape(" ".join(f"{k}:{v}" for k, v in last.items())),
+            escape(_steps_text(last)),
         )
     console.print(table)
     who = (
@@ -438,6 +324,14 @@ def agent_eval(
     )
     if output is not None:
         console.print(f"JSON report: {escape(str(output))}", highlight=False)
+
+
+def _steps_text(steps: dict[str, str]) -> str:
+    """A last attempt's steps in a few words: "all 5 steps pass", or the ones that did not."""
+    if not steps:
+        return ""
+    bad = [f"{step}: {status}" for step, status in steps.items() if status != "pass"]
+    return ", ".join(bad) if bad else f"all {len(steps)} steps pass"
 
 
 def _case_brief(case: Any) -> dict[str, str]:

@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from hfadapt.cli._app import DbOption, JsonOption, app, console, count_option, existing_engine
-from hfadapt.errors import UsageError
+from hfadapt.errors import HubUnreachableError, UsageError
 
 # Below this terminal width `models` drops its likes, library and params columns.
 WIDE = 120
@@ -71,7 +71,10 @@ def crawl(
             "--offline reads the bundled snapshot; it cannot be combined with --endpoint"
         )
     engine = _engine(db)
-    result = run_crawl(engine, limit=limit, offline=offline, endpoint=endpoint)
+    try:
+        result = run_crawl(engine, limit=limit, offline=offline, endpoint=endpoint)
+    except HubUnreachableError as exc:  # the library names no flag; the CLI names its own
+        raise HubUnreachableError(f"{exc.one_line()} with --offline") from exc
     if as_json:
         _echo_json({**dataclasses.asdict(result), "db": describe(engine)})
         return

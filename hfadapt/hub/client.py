@@ -59,7 +59,7 @@ def hub_error(exc: BaseException, endpoint: str, what: str) -> HubError:
         return exc
     if isinstance(exc, OfflineModeIsEnabled):
         return HubUnreachableError(
-            f"HF_HUB_OFFLINE is set, so {endpoint} was not contacted: unset it, or use --offline"
+            f"HF_HUB_OFFLINE is set, so {endpoint} was not contacted: unset it, or crawl the bundled snapshot (offline)"
         )
     if isinstance(exc, HfHubHTTPError):
         status = exc.response.status_code if exc.response is not None else None
@@ -75,7 +75,7 @@ def hub_error(exc: BaseException, endpoint: str, what: str) -> HubError:
     if {cls.__name__ for cls in type(exc).__mro__} & _NETWORK_ERRORS:
         reason = " ".join(str(exc).split()) or type(exc).__name__
         return HubUnreachableError(
-            f"cannot reach {endpoint} ({reason}): check the endpoint and network, or crawl the bundled snapshot with --offline"
+            f"cannot reach {endpoint} ({reason}): check the endpoint and network, or crawl the bundled snapshot (offline)"
         )
     if isinstance(exc, json.JSONDecodeError):
         start = " ".join(exc.doc[:60].split())
@@ -102,7 +102,7 @@ def probe(
 
     if env_offline():  # checked here too: huggingface_hub reads it only once, at import
         raise HubUnreachableError(
-            f"HF_HUB_OFFLINE is set, so {endpoint} was not contacted: unset it, or use --offline"
+            f"HF_HUB_OFFLINE is set, so {endpoint} was not contacted: unset it, or crawl the bundled snapshot (offline)"
         )
     remembered = _unreachable.get(endpoint)
     if remembered is not None and time.monotonic() - remembered[0] < UNREACHABLE_MEMO_S:

@@ -186,7 +186,9 @@ def run_sweep(
     """
     from hfadapt.spyre.profile import load_profile
 
-    workers = workers if workers is not None else max(1, min(2, os.cpu_count() or 1))
+    if workers is None:  # the default never exceeds what this machine holds
+        cap = max_local_workers(memory_limit)[0] if executor == "local" else os.cpu_count() or 1
+        workers = max(1, min(2, cap))
     _check(mode, execution, dtype, workers, timeout, executor, memory_limit)
     prof = load_profile(profile)
     if memory_limit is None:
