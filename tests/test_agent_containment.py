@@ -329,3 +329,21 @@ def test_no_isolation_refuses_in_one_line_unless_unsafe(
     _, attempts = rows(engine)
     assert [a.unsafe_no_isolation for a in attempts] == [True]
     assert STEPS == ("load", "equivalence")
+
+
+def test_cli_refusals_are_one_line_with_exit_code_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    db = str(tmp_path / "runs.db")
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    args = ["draft", "some/model", "--model", "m", "--db", db]
+    code, out, err = run_cli(args, monkeypatch, capsys)
+    text = (out + err).strip()
+    assert code == 2 and "no endpoint: pass --base-url" in text, (code, text)
+    assert len(text.splitlines()) == 1, text
+    monkeypatch.setattr(isolation, "unavailable_reason", lambda: "bwrap missing (test)")
+    code, out, err = run_cli([*args, "--base-url", "http://127.0.0.1:9/v1"], monkeypatch, capsys)
+    text = (out + err).strip()
+    assert code == 2 and "bwrap missing (test)" in text and "--unsafe-no-isolation" in text, text
+    assert len(text.splitlines()) == 1, text

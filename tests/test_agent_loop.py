@@ -248,15 +248,15 @@ def test_runaway_drafts_are_killed_and_the_loop_goes_on(
 ) -> None:
     forever = draft("    while True:\n        pass", name="forever")
     hog = draft(
-        "    junk = []\n    while True:\n        junk.append(bytearray(1 << 24))", name="hog"
+        "    junk = []\n    while True:\n        junk.append(torch.ones(1 << 22))", name="hog"
     )
     openai_server.script = [forever, hog, GOOD]
-    outcome, _ = run(openai_server.url, tmp_path, limits=SandboxLimits(timeout_s=12, memory_mb=400))
+    outcome, _ = run(openai_server.url, tmp_path, limits=SandboxLimits(timeout_s=30, memory_mb=400))
     assert outcome.outcome == ACCEPTED, outcome.reason
     first, second, third = outcome.attempts
     killed = first.validation.steps[-1]  # type: ignore[union-attr]
     assert (killed.step, killed.status) == ("equivalence", "killed"), killed
-    assert "time limit of 12 s" in killed.summary, killed.summary
+    assert "time limit of 30 s" in killed.summary, killed.summary
     hogged = second.validation.steps[-1]  # type: ignore[union-attr]
     assert hogged.step == "equivalence" and hogged.status in ("fail", "killed"), hogged
     assert "memory" in hogged.summary.lower() or "MemoryError" in hogged.summary, hogged.summary
