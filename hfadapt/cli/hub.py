@@ -55,11 +55,22 @@ def crawl(
     as_json: JsonOption = False,
 ) -> None:
     """Rank the most-downloaded embedding models, prefilter them, and store them in the database."""
+    from rich.progress import Progress
+
     from hfadapt.db.engine import describe
     from hfadapt.hub.crawl import crawl as run_crawl
 
     engine = _engine(db)
-    result = run_crawl(engine, limit=limit, offline=offline, endpoint=endpoint)
+    # the config.json of every kept model (online only): a bar while they come in
+    with Progress(console=console, transient=True, disable=as_json) as bar:
+        task = bar.add_task("configs", total=None, visible=False)
+
+        def configs_done(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total, visible=True)
+
+        result = run_crawl(
+            engine, limit=limit, offline=offline, endpoint=endpoint, config_progress=configs_done
+        )
     if as_json:
         _echo_json({**dataclasses.asdict(result), "db": describe(engine)})
         return
