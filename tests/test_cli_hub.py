@@ -146,3 +146,6 @@ def test_crawl_online_through_the_cli(
         len(fake_hub.models),
         1,
     ), data
+    configs = data["configs"]  # every kept model's config.json was asked for: had, or why not
+    had = configs["fetched"] + sum(len(ids) for ids in configs["failed"].values())
+    assert had == data["kept"] and configs["fetched"] > 0, configs

@@ -157,3 +157,31 @@ def test_offline_sweep_judges_a_cached_config_on_its_shapes(
     seen = (row["verdict"], row["evidence_level"], evidence.get("config_source"))
     assert seen == (verdicts.UNSUPPORTED_MODEL, "config", "structural:cache"), (seen, row["reason"])
     assert "312" in row["reason"], row["reason"]
+
+
+def test_diagnose_header_says_where_the_config_came_from(capsys: Any) -> None:
+    """The structural header names the config source and the level; never "real config" for a
+    model type's defaults (bge-small judged as BERT-base was the bug)."""
+    from hfadapt.cli.diagnose import render
+    from hfadapt.judge.diagnosis import Diagnosis
+
+    shown = {}
+    for source, level in (
+        ("structural:defaults", "architecture"),
+        ("structural:bundled", "config"),
+    ):
+        diag = Diagnosis(model_id="BAAI/bge-small-en-v1.5", verdict="pass", reason="ok",
+                         mode="structural", execution="eager", dtype="fp16", structural=True,
+                         config_source=source, evidence_level=level)  # fmt: skip
+        render(diag)
+        shown[source] = " ".join(capsys.readouterr().out.split())
+    defaults, bundled = shown["structural:defaults"], shown["structural:bundled"]
+    assert (
+        "structural run (architecture evidence): config: the model_type's default config"
+        in defaults
+    ), defaults
+    assert "own shapes were not checked" in defaults and "real config" not in defaults, defaults
+    assert (
+        "structural run (config evidence): config: its own config.json, from the real configs bundled"
+        in bundled
+    ), bundled

@@ -166,7 +166,8 @@ def test_online_crawl_pages_merges_and_prefilters(
     assert (
         first.revision
         and first.tags
-        and first.config_json == {"model_type": "bert", "architectures": ["BertModel"]}
+        # the model's own config.json, fetched beside the listing (hfadapt.hub.config_fetch)
+        and first.config_json == {"model_type": "bert", "hidden_size": 384}
     )
     custom = next(r for r in rows if r.id == "acme/custom-embed")
     assert custom.is_custom_code and custom.excluded_reason is None
@@ -191,9 +192,13 @@ def test_online_then_offline_keeps_what_only_the_hub_gave(
     with session(engine, write=False) as sess:
         row = sess.get(HubModel, MINILM)
     assert row is not None and (row.rank, row.source, row.downloads) == (1, "snapshot", 167_480_843)
-    assert row.config_json == cfg and row.tags and row.revision, (
-        "the snapshot crawl erased Hub-only fields"
-    )
+    # its config.json is not on this Hub: the listing's summary is kept, with why
+    assert row.config_json == {
+        **cfg,
+        "_hfadapt_config_error": "missing",
+        "detail": row.config_json["detail"],
+    }
+    assert row.tags and row.revision, "the snapshot crawl erased Hub-only fields"
 
 
 @pytest.mark.parametrize("status", [429, 503])
@@ -203,7 +208,7 @@ def test_rate_limit_or_server_error_then_success(
     fake_hub.script(
         "/api/models", status=status, headers={"Retry-After": "0"}, query_has=f"pipeline_tag={FE}"
     )
-    result = crawl(engine, api=hub_api)
+    result = crawl(engine, api=hub_api, configs=False)  # the listing's retry alone
     assert result.seen == len(fake_hub.models), result
     statuses = [r[3] for r in fake_hub.listing_requests(FE)]
     assert statuses[:2] == [status, 200], f"listing statuses {statuses}"
@@ -271,9 +276,9 @@ def test_listing_entries_with_missing_fields_are_stored_with_defaults(
     assert no_dl is not None and (no_dl.downloads, no_dl.model_type) == (0, "bert")
     assert no_cfg is not None and (
         no_cfg.model_type,
-        no_cfg.config_json,
+        (no_cfg.config_json or {}).get("_hfadapt_config_error"),
         no_cfg.excluded_reason,
-    ) == (None, None, None)
+    ) == (None, "missing", None), no_cfg.config_json
 
 
 def test_listing_entry_without_id_is_one_line_and_loses_nothing(

@@ -63,6 +63,8 @@ def crawl(
     as_json: JsonOption = False,
 ) -> None:
     """Rank the most-downloaded embedding models, prefilter them, and store them in the database."""
+    from rich.progress import Progress
+
     from hfadapt.db.engine import describe
     from hfadapt.hub.crawl import crawl as run_crawl
 
@@ -71,10 +73,23 @@ def crawl(
             "--offline reads the bundled snapshot; it cannot be combined with --endpoint"
         )
     engine = _engine(db)
-    try:
-        result = run_crawl(engine, limit=limit, offline=offline, endpoint=endpoint)
-    except HubUnreachableError as exc:  # the library names no flag; the CLI names its own
-        raise HubUnreachableError(f"{exc.one_line()} with --offline") from exc
+    # the config.json of every kept model (online only): a bar while they come in
+    with Progress(console=console, transient=True, disable=as_json) as bar:
+        task = bar.add_task("configs", total=None, visible=False)
+
+        def configs_done(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total, visible=True)
+
+        try:
+            result = run_crawl(
+                engine,
+                limit=limit,
+                offline=offline,
+                endpoint=endpoint,
+                config_progress=configs_done,
+            )
+        except HubUnreachableError as exc:  # the library names no flag; the CLI names its own
+            raise HubUnreachableError(f"{exc.one_line()} with --offline") from exc
     if as_json:
         _echo_json({**dataclasses.asdict(result), "db": describe(engine)})
         return

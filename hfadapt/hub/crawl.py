@@ -23,7 +23,7 @@ import os
 import re
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +31,7 @@ from hfadapt.errors import HubError, UsageError
 from hfadapt.hub import catalog, prefilter
 from hfadapt.hub.catalog import HubRecord
 from hfadapt.hub.client import env_offline, hub_error, make_api, probe
+from hfadapt.hub.config_fetch import ConfigFetch, fetch_configs
 from hfadapt.hub.configs import fetch_config, known_model_types
 from hfadapt.hub.snapshot import SNAPSHOT_SOURCE, SnapshotModel, read_snapshot
 
@@ -72,6 +73,7 @@ class CrawlResult:
     seconds: float
     fallback: str | None = None  # why the snapshot was read instead of the Hub
     notes: list[str] = field(default_factory=list)
+    configs: ConfigFetch | None = None  # online: each kept model's config.json, or why not
 
 
 @functools.cache
@@ -225,8 +227,12 @@ def crawl(
     endpoint: str | None = None,
     api: HfApi | None = None,
     token: str | bool | None = None,
+    configs: bool = True,
+    config_progress: Callable[[int, int], None] | None = None,
 ) -> CrawlResult:
-    """Rank the top ``limit`` embedding models, prefilter them and store them (see module doc)."""
+    """Rank the top ``limit`` embedding models, prefilter them and store them (see module doc).
+    From the Hub, ``configs`` also fetches every kept model's config.json
+    (hfadapt.hub.config_fetch), stored with the listing; ``config_progress(done, total)``."""
     from hfadapt.db.engine import get_engine
 
     if limit < 1:
@@ -253,6 +259,7 @@ def crawl(
             use_snapshot, fallback = True, exc.one_line()
 
     missing: Counter[str] = Counter()
+    fetched: ConfigFetch | None = None
     source = SNAPSHOT if use_snapshot or api is None else api.endpoint
     crawl_id = catalog.start_crawl(engine, source=source, limit=limit)
     try:
@@ -261,6 +268,9 @@ def crawl(
         else:
             ranked = list_hub_models(api, limit=limit, missing=missing)
             prefilter.apply(ranked)
+            if configs:
+                fetched = fetch_configs(ranked, endpoint=api.endpoint, token=api.token,
+                                        progress=config_progress)  # fmt: skip
         stored = catalog.save_crawl(engine, crawl_id, ranked, source=source)
     except BaseException as exc:
         message = exc.one_line() if isinstance(exc, HubError) else f"{type(exc).__name__}: {exc}"
@@ -268,6 +278,8 @@ def crawl(
         raise
 
     notes = _notes(ranked, missing)
+    if fetched is not None:
+        notes.append(fetched.summary())
     if fallback:
         notes.insert(0, f"{fallback}; crawled the bundled snapshot ({SNAPSHOT_SOURCE}) instead")
     return CrawlResult(
@@ -281,4 +293,5 @@ def crawl(
         seconds=time.perf_counter() - started,
         fallback=fallback,
         notes=notes,
+        configs=fetched,
     )

@@ -117,7 +117,9 @@ def bars(
         y0 = top + i * (row_h + gap)
         length = max(0.0, room * value / full)
         colour = (colours or PALETTE)[i % len(colours or PALETTE)] if colours else PALETTE[4]
-        shown = text if len(text) <= 40 else text[:39] + "…"
+        # about 7 px a character at 12 px: a longer label would run past the label column
+        limit = max(8, (label_width - 16) // 7)
+        shown = text if len(text) <= limit else text[: limit - 1] + "…"
         parts.append(
             f'<text x="{label_width - 8}" y="{y0 + 14}" text-anchor="end" {FONT}><title>{escape(text)}</title>{escape(shown)}</text>'
         )

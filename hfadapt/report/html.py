@@ -39,7 +39,8 @@ h1 { margin-bottom: 0.2rem; } h2 { margin-top: 2.2rem; border-bottom: 1px solid 
 .cards { display: flex; flex-wrap: wrap; gap: 1rem; margin: 1rem 0; }
 .card { border: 1px solid #ddd; border-radius: 6px; padding: 0.7rem 1rem; min-width: 11rem; }
 .card b { display: block; font-size: 1.6rem; }
-table { border-collapse: collapse; margin: 0.6rem 0; font-size: 0.92rem; }
+table { border-collapse: collapse; margin: 0.6rem 0; font-size: 0.92rem; max-width: 100%; }
+td { overflow-wrap: anywhere; }
 th, td { border-bottom: 1px solid #eee; padding: 0.25rem 0.7rem; text-align: left; vertical-align: top; }
 td.n, th.n { text-align: right; font-variant-numeric: tabular-nums; }
 code { font-size: 0.85rem; }
@@ -57,10 +58,10 @@ document.addEventListener("DOMContentLoaded", function () {
   // readability: tables wider than the page column, and svg text cut at the chart's edge
   setTimeout(function () {
     var wide = 0, clipped = 0, column = document.body.clientWidth;
-    document.querySelectorAll("table").forEach(function (t) { if (t.getBoundingClientRect().width > column + 1) wide++; });
+    document.querySelectorAll("table").forEach(function (t) { if (t.getBoundingClientRect().width > column + 1) { wide++; t.setAttribute("data-overflow", "1"); } });
     document.querySelectorAll("svg.chart").forEach(function (svg) { var box = svg.getBoundingClientRect();
       svg.querySelectorAll("text").forEach(function (t) { var r = t.getBoundingClientRect();
-        if (r.width && (r.left < box.left - 1 || r.right > box.right + 1)) clipped++; }); });
+        if (r.width && (r.left < box.left - 1 || r.right > box.right + 1)) { clipped++; t.setAttribute("data-clipped", "1"); } }); });
     document.body.setAttribute("data-tables-overflowing", String(wide));
     document.body.setAttribute("data-labels-clipped", String(clipped));
   }, 0);

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import io
+import textwrap
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -86,7 +87,7 @@ def model_rows(runs: list[ModelRun]) -> list[ModelRow]:
             downloads=r.downloads,
             note=pass_note(r.evidence_level)
             if r.passed
-            else " ".join(r.reason.removeprefix("[structural] ").split())[:160],
+            else textwrap.shorten(r.reason.removeprefix("[structural] "), 160, placeholder=" …"),
             hub_url=HUB_URL + r.model_id,
             run_id=r.run_id,
         )

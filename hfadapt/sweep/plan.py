@@ -13,6 +13,7 @@ from typing import Any
 from hfadapt import verdicts
 from hfadapt.db.tables import HubModel
 from hfadapt.errors import HfadaptError
+from hfadapt.hub.config_fetch import has_shapes
 from hfadapt.judge.evidence import level_of_source
 from hfadapt.sweep.narrow import Narrowed, narrowed
 
@@ -79,8 +80,11 @@ def _direct(
 
 
 def _crawled_config(model: HubModel) -> dict[str, Any] | None:
+    """The model's own config.json as the crawl stored it; None for the listing's summary
+    (model_type and architectures only: no shapes, so not this model's config) or a config
+    that could not be had."""
     raw = model.config_json
-    return raw if isinstance(raw, dict) and raw.get("model_type") else None
+    return raw if isinstance(raw, dict) and raw.get("model_type") and has_shapes(raw) else None
 
 
 class _Signer:
