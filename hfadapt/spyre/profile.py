@@ -130,11 +130,14 @@ class Profile:
     @property
     def dl16(self) -> DL16Format:
         spec = self.numerics.get("dl16", {})
+        default = DL16Format()
         return DL16Format(
-            exponent_bits=int(spec.get("exponent_bits", 6)),
-            mantissa_bits=int(spec.get("mantissa_bits", 9)),
-            bias=int(spec.get("bias", 31)),
-            max_finite_bits=int(str(spec.get("max_finite_bits", "0x6FFF")), 16),
+            exponent_bits=int(spec.get("exponent_bits", default.exponent_bits)),
+            mantissa_bits=int(spec.get("mantissa_bits", default.mantissa_bits)),
+            bias=int(spec.get("bias", default.bias)),
+            max_finite_value=float(spec.get("max_finite", default.max_finite_value)),
+            min_normal_value=float(spec.get("min_normal", default.min_normal_value)),
+            host_inf_bits=int(str(spec.get("host_inf_bits", "0x6FFF")), 16),
         )
 
     def numerics_enabled(self, key: str) -> bool:
