@@ -112,10 +112,20 @@ def sweep(
     compile_: Annotated[
         bool,
         typer.Option(
-            "--compile/--eager", help="torch.compile with the spyre backend, or eager ops."
+            "--compile/--eager",
+            help="torch.compile with the spyre backend (the default, as hf-adapters judges on "
+            "the card), or eager ops (--eager).",
         ),
-    ] = False,
-    dtype: Annotated[str, typer.Option("--dtype", help="Device dtype: fp16 or bf16.")] = "fp16",
+    ] = True,
+    dtype: Annotated[
+        str | None,
+        typer.Option(
+            "--dtype",
+            help="Device dtype: fp16, bf16 or fp32 (default: the profile's dtype for the model's "
+            "family: bf16 for Gemma and T5, fp16 otherwise).",
+            show_default=False,
+        ),
+    ] = None,
     full_width: Annotated[
         bool,
         typer.Option(
