@@ -18,14 +18,19 @@ from hfadapt.spyre import kernels
 from hfadapt.spyre.dl16 import DEFAULT_FORMAT, round_dl16
 from hfadapt.spyre.profile import load_profile
 
-MAX = 33521664.0  # 0x6FFF: (2 - 2^-9) * 2^24
-MIN_NORMAL = 2.0**-30
+# Published numbers (torch-spyre _inductor/constants.py; the hardware-simulating Triton matmul's
+# clamp_acc_to_dl16; hf-adapters hf_common.py), written out here, not read from hfadapt.
+MAX = 8581545984.0  # 2^32 * (2 - 2^-9)
+MIN_NORMAL = 4.6657e-10  # 2^-31 * (1 + 2^-9), as published (4 digits)
+HOST_INF = 33521664.0  # 0xEFFF's magnitude: (2 - 2^-9) * 2^24, "about 3.35e7"
+MIN_NORMAL_EXACT = 2.0**-31 * (1 + 2.0**-9)
 
 
-def reference_dl16(x: float) -> float:
+def reference_dl16(x: float, transfer: bool = False) -> float:
     """DL16 rounding of one float32 on its bit pattern: keep 9 of the 23 mantissa bits,
-    round to nearest with ties to even, saturate past 0x6FFF (infinities too), flush results
-    below 2^-30 to zero, keep NaN. Independent of hfadapt's tensor implementation."""
+    round to nearest with ties to even, +-inf past MAX (device arithmetic overflows), flush
+    results below 2^-31 * (1 + 2^-9) to zero, keep NaN; with `transfer` (a host value moved
+    onto the device) +-inf lands on +-HOST_INF. Independent of hfadapt's implementation."""
     bits = struct.unpack("<I", struct.pack("<f", x))[0]
     negative = bool(bits >> 31)
     exponent = (bits >> 23) & 0xFF
@@ -33,7 +38,9 @@ def reference_dl16(x: float) -> float:
     if exponent == 0xFF:
         if mantissa:
             return math.nan
-        return -MAX if negative else MAX
+        if transfer:
+            return -HOST_INF if negative else HOST_INF
+        return -math.inf if negative else math.inf
     if exponent == 0:  # float32 subnormals: far below DL16's range
         return 0.0
     dropped = 23 - 9
@@ -42,8 +49,9 @@ def reference_dl16(x: float) -> float:
     if rest > half or (rest == half and kept & 1):
         kept += 1
     value = (1 + kept / 2**9) * 2.0 ** (exponent - 127)  # kept == 512 carries into the exponent
-    value = min(value, MAX)
-    if value < MIN_NORMAL:
+    if value > MAX:
+        value = math.inf
+    if value < MIN_NORMAL_EXACT:
         value = 0.0
     return -value if negative else value
 
@@ -52,8 +60,8 @@ def _f32(bits: int) -> float:
     return struct.unpack("<f", struct.pack("<I", bits))[0]
 
 
-def _rounded(values: list[float]) -> list[float]:
-    return round_dl16(torch.tensor(values, dtype=torch.float32)).tolist()
+def _rounded(values: list[float], transfer: bool = False) -> list[float]:
+    return round_dl16(torch.tensor(values, dtype=torch.float32), transfer=transfer).tolist()
 
 
 def _same(a: float, b: float) -> bool:
@@ -63,20 +71,38 @@ def _same(a: float, b: float) -> bool:
 float32s = st.floats(width=32, allow_nan=True, allow_infinity=True)
 bit_patterns = st.integers(min_value=0, max_value=2**32 - 1).map(_f32)
 finite_normals = st.floats(
-    min_value=MIN_NORMAL, max_value=MAX, width=32, allow_subnormal=False
+    min_value=MIN_NORMAL_EXACT, max_value=MAX, width=32, allow_subnormal=False
 ).flatmap(lambda v: st.sampled_from([v, -v]))
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.one_of(float32s, bit_patterns), min_size=1, max_size=64))
-@example(
-    [2.0**-30, 2.0**-30 * (1 - 2.0**-11), 2.0**-30 * (1 - 2.0**-10), 1 + 2.0**-10, 1 + 3 * 2.0**-10]
+@given(
+    st.lists(st.one_of(float32s, bit_patterns), min_size=1, max_size=64),
+    st.booleans(),
 )
-def test_agrees_with_the_bit_level_reference(values: list[float]) -> None:
-    got = _rounded(values)
+@example(
+    [
+        2.0**-31,
+        MIN_NORMAL_EXACT,
+        MIN_NORMAL_EXACT * (1 - 2.0**-12),
+        2.0**-31 * (1 + 2.0**-10),
+        MAX,
+        MAX + 2.0**21,
+        MAX + 2.0**22,
+        1 + 2.0**-10,
+        1 + 3 * 2.0**-10,
+        math.inf,
+        -math.inf,
+    ],
+    False,
+)
+def test_agrees_with_the_bit_level_reference(values: list[float], transfer: bool) -> None:
+    got = _rounded(values, transfer)
     for x, y in zip(values, got, strict=True):
-        expected = reference_dl16(x)
-        assert _same(y, expected), f"round_dl16({x!r}) = {y!r}, reference says {expected!r}"
+        expected = reference_dl16(x, transfer)
+        assert _same(y, expected), (
+            f"round_dl16({x!r}, transfer={transfer}) = {y!r}, reference says {expected!r}"
+        )
 
 
 @settings(max_examples=200, deadline=None)
@@ -105,12 +131,44 @@ def test_error_is_at_most_half_an_ulp(values: list[float]) -> None:
     assert worst <= 2.0**-10, f"relative error {worst:.3g} > 2^-10"
 
 
-def test_saturation_and_negative_infinity() -> None:
-    got = _rounded([math.inf, -math.inf, 1e30, -1e30, 3.4e38, MAX, 33554432.0])
-    assert got == [MAX, -MAX, MAX, -MAX, MAX, MAX, MAX], got
-    # -inf lands on 0xEFFF, a large finite number, not on -inf (hf-adapters
-    # hf_adapters/hf_common.py; docs/device-profile.md, "DL16 numerics")
-    assert DEFAULT_FORMAT.decode(0xEFFF) == -MAX and DEFAULT_FORMAT.decode(0x6FFF) == MAX
+def test_range_matches_the_published_constants() -> None:
+    fmt = DEFAULT_FORMAT
+    print(f"max finite: measured {fmt.max_finite!r}, published {MAX!r} (2^32 * (2 - 2^-9))")
+    print(f"min normal: measured {fmt.min_normal:.5g}, published {MIN_NORMAL} (2^-31 * (1 + 2^-9))")
+    print(f"host -inf lands on: measured {fmt.decode(0xEFFF)!r}, published about -3.35e7")
+    assert fmt.max_finite == MAX, f"max finite {fmt.max_finite!r} != {MAX!r}"
+    assert abs(fmt.min_normal - MIN_NORMAL) / MIN_NORMAL < 1e-4, f"min normal {fmt.min_normal!r}"
+    assert fmt.decode(0x0001) == fmt.min_normal, "exponent field 0 is a normal binade"
+    assert fmt.decode(0xEFFF) == -HOST_INF and round(fmt.decode(0xEFFF) / 1e7, 2) == -3.35
+    # both ends survive rounding; half an ulp past MAX overflows, and just below MIN flushes
+    got = _rounded([MAX, -MAX, MIN_NORMAL_EXACT, MAX + 2.0**22, 2.0**-31 * (1 + 2.0**-11)])
+    assert got == [MAX, -MAX, MIN_NORMAL_EXACT, math.inf, 0.0], got
+
+
+def test_device_arithmetic_overflows_to_infinity_not_saturation() -> None:
+    got = _rounded([math.inf, -math.inf, 1e30, -1e30, 3.4e38, 2.0**33])
+    print(f"overflowing results: {got}")
+    assert got == [math.inf, -math.inf, math.inf, -math.inf, math.inf, math.inf], got
+
+
+def test_host_infinity_lands_on_0xEFFF() -> None:
+    got = _rounded([math.inf, -math.inf, 65472.0, math.nan], transfer=True)
+    print(f"host [inf, -inf] on the device: measured {got[:2]}, published +-3.35e7 (0xEFFF)")
+    assert got[:3] == [HOST_INF, -HOST_INF, 65472.0] and math.isnan(got[3]), got
+
+
+def test_eager_device_overflow_and_host_infinity(spyre) -> None:  # type: ignore[no-untyped-def]
+    host = torch.tensor([-math.inf, math.inf, 49152.0], dtype=torch.float16)
+    on_device = host.to("spyre")
+    landed = on_device._held.tolist()  # what the card holds (DL16 values in float32)
+    print(f"eager: host fp16 [-inf, inf] moved to the device -> {landed[:2]}")
+    assert landed == [-HOST_INF, HOST_INF, 49152.0], landed
+    # 49152^2 = 2.4e9 fits DL16 (fp16 would overflow); * 49152 again (1.2e14) does not
+    x = torch.full((64,), 49152.0, dtype=torch.float16).to("spyre")
+    square = (x * x)._held[0].item()
+    cube = (x * x * x)._held[0].item()
+    print(f"eager: 49152^2 on the device = {square:.6g}, 49152^3 = {cube}")
+    assert square == 49152.0**2 and cube == math.inf, (square, cube)
 
 
 @given(st.floats(min_value=_f32(1), max_value=2.0**-31, width=32))
@@ -119,8 +177,9 @@ def test_flush_below_the_smallest_normal(x: float) -> None:
 
 
 def test_nan_is_kept_and_min_normal_survives() -> None:
-    got = _rounded([math.nan, -math.nan, MIN_NORMAL, -MIN_NORMAL])
-    assert math.isnan(got[0]) and math.isnan(got[1]) and got[2:] == [MIN_NORMAL, -MIN_NORMAL]
+    got = _rounded([math.nan, -math.nan, MIN_NORMAL_EXACT, -MIN_NORMAL_EXACT])
+    assert math.isnan(got[0]) and math.isnan(got[1]), got
+    assert got[2:] == [MIN_NORMAL_EXACT, -MIN_NORMAL_EXACT], got
 
 
 def test_moving_fp16_to_the_device_rounds_it(spyre) -> None:

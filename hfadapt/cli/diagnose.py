@@ -43,13 +43,23 @@ def diagnose(
             "--mode", help="full: real weights. structural: real config, random weights, 2 layers."
         ),
     ] = Mode.FULL,
-    dtype: Annotated[DType, typer.Option("--dtype", help="Device dtype.")] = DType.FP16,
+    dtype: Annotated[
+        DType | None,
+        typer.Option(
+            "--dtype",
+            help="Device dtype (default: the profile's dtype for the model's family: bf16 for "
+            "Gemma and T5, fp16 otherwise).",
+            show_default=False,
+        ),
+    ] = None,
     compile_: Annotated[
         bool,
         typer.Option(
-            "--compile/--eager", help="torch.compile with the spyre backend, or eager ops."
+            "--compile/--eager",
+            help="torch.compile with the spyre backend (the default, as hf-adapters judges on "
+            "the card), or eager ops (--eager).",
         ),
-    ] = False,
+    ] = True,
     no_adapters: Annotated[
         bool, typer.Option("--no-adapters", help="Run the stock model, without registry adapters.")
     ] = False,
@@ -90,7 +100,7 @@ def diagnose(
     diag = run_diagnose(
         model,
         mode=mode.value,
-        dtype=dtype.value,
+        dtype=dtype.value if dtype is not None else None,
         execution="compile" if compile_ else "eager",
         adapters=not no_adapters,
         trust_remote_code=trust_remote_code,

@@ -145,10 +145,20 @@ def sweep(
     compile_: Annotated[
         bool,
         typer.Option(
-            "--compile/--eager", help="torch.compile with the spyre backend, or eager ops."
+            "--compile/--eager",
+            help="torch.compile with the spyre backend (the default, as hf-adapters judges on "
+            "the card), or eager ops (--eager).",
         ),
-    ] = False,
-    dtype: Annotated[DType, typer.Option("--dtype", help="Device dtype.")] = DType.FP16,
+    ] = True,
+    dtype: Annotated[
+        DType | None,
+        typer.Option(
+            "--dtype",
+            help="Device dtype (default: the profile's dtype for the model's family: bf16 for "
+            "Gemma and T5, fp16 otherwise).",
+            show_default=False,
+        ),
+    ] = None,
     full_width: Annotated[
         bool,
         typer.Option(
@@ -225,7 +235,7 @@ def sweep(
             executor=executor.value,
             address=address,
             execution="compile" if compile_ else "eager",
-            dtype=dtype.value,
+            dtype=dtype.value if dtype is not None else None,
             profile=profile,
             narrow=not full_width,
             resume=not fresh,

@@ -39,6 +39,7 @@ from hfadapt.judge.localize import localize
 from hfadapt.judge.metrics import compare, last_hidden
 from hfadapt.judge.probes import build_probes, model_inputs
 from hfadapt.options import DType, Execution, Mode
+from hfadapt.spyre.profile import AUTO_DTYPE
 
 Runner = Callable[..., Any]
 
@@ -80,9 +81,24 @@ def apply_adapters(model: torch.nn.Module) -> tuple[list[str], list[str]]:
     return names, errors
 
 
-def _check_options(mode: str, dtype: str, execution: str) -> None:
+def _device_dtype(
+    diag: Diagnosis, dtype: str | None, model_type: str | None, profile: str | None
+) -> str:
+    """The dtype the device runs this model in: the one asked for, or the profile's dtype for
+    the model's family. Recorded on the diagnosis with the rule and source that chose it."""
+    from hfadapt.spyre.profile import load_profile
+
+    family, why = load_profile(profile).family_dtype(model_type)
+    chosen = family if dtype in (None, AUTO_DTYPE) else str(dtype)
+    diag.dtype = chosen
+    diag.evidence["dtype_policy"] = {**why, "dtype": chosen, "overridden": chosen != family}
+    return chosen
+
+
+def _check_options(mode: str, dtype: str | None, execution: str) -> None:
     Mode.parse(mode, "mode")
-    DType.parse(dtype, "dtype")
+    if dtype not in (None, AUTO_DTYPE):
+        DType.parse(dtype, "dtype")
     Execution.parse(execution, "execution")
 
 
@@ -137,8 +153,8 @@ def diagnose(
     model_ref: str | os.PathLike[str] | LoadedModel,
     *,
     mode: str = "full",
-    dtype: str = "fp16",
-    execution: str = "eager",
+    dtype: str | None = None,
+    execution: str = "compile",
     adapters: bool = True,
     trust_remote_code: bool = False,
     profile: str | None = None,
@@ -158,6 +174,11 @@ def diagnose(
     ``$HFADAPT_DB`` or ./runs.db); ``record=False`` writes nothing. ``runner``: the device runner
     (default ``hfadapt.spyre.runner.run_on_device``). ``revision``, ``token``, ``cache_dir`` and
     ``local_files_only`` mean what they mean to ``from_pretrained``.
+
+    ``execution``: "compile" (the default: hf-adapters judges on the card through
+    torch.compile) or "eager". ``dtype``: fp16, bf16 or fp32; None (or "auto") takes the
+    profile's dtype for the model's family (bf16 for Gemma and T5, fp16 otherwise), recorded
+    with its source in the evidence ("dtype_policy").
 
     Raises UsageError for bad options, ModelNotFoundError when there is no model to judge, and
     ProfileError for an unknown profile; every other outcome is a verdict in the Diagnosis.
@@ -197,7 +218,7 @@ def _diagnose(
     engine: Any,
     *,
     mode: str,
-    dtype: str,
+    dtype: str | None,
     execution: str,
     adapters: bool,
     trust_remote_code: bool,
@@ -214,7 +235,7 @@ def _diagnose(
         reason="",
         mode=mode,
         execution=execution,
-        dtype=dtype,
+        dtype=dtype if dtype not in (None, AUTO_DTYPE) else prof.family_dtype(None)[0],
         structural=mode == "structural",
         versions=versions_of(prof),
         profile_name=prof.name,
@@ -255,7 +276,7 @@ def _judge(
     model_ref: str | os.PathLike[str] | LoadedModel,
     *,
     mode: str,
-    dtype: str,
+    dtype: str | None,
     execution: str,
     adapters: bool,
     trust_remote_code: bool,
@@ -284,6 +305,7 @@ def _judge(
     diag.config_source = loaded.source
     level = level_of_source(loaded.source)
     diag.evidence_level = level.value if level is not None else None
+    dtype = _device_dtype(diag, dtype, loaded.model_type, profile)
     diag.evidence.update(
         source=loaded.source,
         path=loaded.path,

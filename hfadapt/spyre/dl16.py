@@ -1,10 +1,19 @@
 """DL16 ("dlfloat", IBM's 16-bit format) numerics: round float32 values to the set DL16 can
-hold. Parameters come from the device profile; the defaults are the shipped profile's (1 sign,
-6 exponent bits with bias 31, 9 mantissa bits, no subnormals, no infinity: past-range values
-saturate; docs/device-profile.md, "DL16 numerics")."""
+hold. Parameters come from the device profile; the defaults are the card's (1 sign, 6 exponent
+bits with bias 31, 9 mantissa bits; largest finite magnitude 2^32 * (2 - 2^-9) = 8581545984 and
+smallest 2^-31 * (1 + 2^-9) = 4.6657e-10, as torch-spyre's ``_inductor/constants.py`` and the
+hardware-simulating Triton matmul's ``clamp_acc_to_dl16`` have them; no subnormals: smaller
+results flush to zero).
+
+Two roundings, because the card has two behaviours past the range:
+- device arithmetic (``round_dl16``, ``round_dl16_``): a result that overflows becomes +-inf
+  (torch-spyre's tests: "overflows to NINF ... decoded as NaN"), never a saturated number;
+- a host value moved onto the device (``transfer=True``): fp16 +-inf lands on 0xEFFF's
+  magnitude, +-33521664 (hf-adapters ``hf_common.py``); finite values round as above."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -17,28 +26,38 @@ class DL16Format:
     exponent_bits: int = 6
     mantissa_bits: int = 9
     bias: int = 31
-    max_finite_bits: int = 0x6FFF
+    max_finite_value: float = 2.0**32 * (2 - 2.0**-9)
+    min_normal_value: float = 2.0**-31 * (1 + 2.0**-9)
+    host_inf_bits: int = 0x6FFF  # the magnitude where a host +-inf lands (0x6FFF / 0xEFFF)
 
     def decode(self, bits: int) -> float:
-        """The value of a DL16 bit pattern (sign, exponent, mantissa), computed exactly."""
+        """The value of a DL16 bit pattern (sign, exponent, mantissa), computed exactly. There
+        are no subnormals: exponent field 0 is a normal binade (only all-zero bits are zero)."""
         sign = -1.0 if bits >> (self.exponent_bits + self.mantissa_bits) & 1 else 1.0
         exponent = (bits >> self.mantissa_bits) & ((1 << self.exponent_bits) - 1)
         mantissa = bits & ((1 << self.mantissa_bits) - 1)
-        if exponent == 0:
-            return (
-                sign * 0.0
-                if mantissa == 0
-                else sign * 2.0 ** (1 - self.bias) * mantissa / 2**self.mantissa_bits
-            )
+        if exponent == 0 and mantissa == 0:
+            return sign * 0.0
         return sign * 2.0 ** (exponent - self.bias) * (1 + mantissa / 2**self.mantissa_bits)
 
     @property
     def max_finite(self) -> float:
-        return self.decode(self.max_finite_bits)
+        return self.max_finite_value
 
     @property
     def min_normal(self) -> float:
-        return 2.0 ** (1 - self.bias)
+        return self.min_normal_value
+
+    @property
+    def host_inf(self) -> float:
+        """Where a host +inf lands on the device (-inf lands on its negative)."""
+        return self.decode(self.host_inf_bits)
+
+    @property
+    def overflow_clamp(self) -> float:
+        """A float32 past every finite DL16 value that rounds to itself: results are clamped
+        to it before rounding (keeps the magic addend finite) and become +-inf after."""
+        return 2.0 ** (math.floor(math.log2(self.max_finite_value)) + 1)
 
     @property
     def dropped_bits(self) -> int:
@@ -49,40 +68,55 @@ class DL16Format:
 DEFAULT_FORMAT = DL16Format()
 
 
+@dataclass(frozen=True)
+class _Constants:
+    shift: int
+    max_finite: float
+    below_min_normal: float
+    clamp: float
+    host_inf: float
+
+
 @lru_cache(maxsize=8)
-def _constants(fmt: DL16Format) -> tuple[int, float, float]:
+def _constants(fmt: DL16Format) -> _Constants:
     # Adding 2^(e + dropped) to a value of binade e leaves a sum whose ulp is the DL16 ulp of
     # that value; in float32 bits that is the value's sign and exponent plus `shift`.
-    shift = fmt.dropped_bits << 23
-    return shift, fmt.max_finite, _below_min_normal(fmt)
+    return _Constants(
+        shift=fmt.dropped_bits << 23,
+        max_finite=fmt.max_finite,
+        below_min_normal=float(torch.nextafter(torch.tensor(fmt.min_normal), torch.tensor(0.0))),
+        clamp=fmt.overflow_clamp,
+        host_inf=fmt.host_inf,
+    )
 
 
-@lru_cache(maxsize=8)
-def _below_min_normal(fmt: DL16Format) -> float:
-    return float(torch.nextafter(torch.tensor(fmt.min_normal), torch.tensor(0.0)))
-
-
-def _round_inplace(y: torch.Tensor, fmt: DL16Format, saturated: bool = False) -> torch.Tensor:
-    shift, max_finite, below_min_normal = _constants(fmt)
-    if not saturated:
-        # Saturate first: it keeps the magic addend finite (x + inf - inf would be NaN).
-        y.clamp_(-max_finite, max_finite)
+def _round_inplace(y: torch.Tensor, fmt: DL16Format, transfer: bool = False) -> torch.Tensor:
+    c = _constants(fmt)
+    if transfer:  # host +-inf lands on 0xEFFF's magnitude; NaN stays NaN
+        y.nan_to_num_(nan=math.nan, posinf=c.host_inf, neginf=-c.host_inf)
+    # Clamp first: it keeps the magic addend finite (x + inf - inf would be NaN); the clamp
+    # value rounds to itself and is past the range, so it becomes +-inf below.
+    y.clamp_(-c.clamp, c.clamp)
     # A "magic" addend of the same sign whose ulp is the DL16 ulp of y: the FPU's own
     # round-to-nearest-even then drops exactly the bits DL16 does not keep. NaN stays NaN.
     magic = torch.bitwise_and(y.view(torch.int32), -0x800000)  # sign and exponent bits
-    magic.add_(shift)
+    magic.add_(c.shift)
     m = magic.view(torch.float32)
     y.add_(m).sub_(m)
     # No subnormals: a rounded result below the smallest normal flushes to zero
     # (hardshrink zeroes |y| <= lambd). Written into y: no extra allocation.
-    torch.ops.aten.hardshrink.out(y, below_min_normal, out=y)
+    torch.ops.aten.hardshrink.out(y, c.below_min_normal, out=y)
+    # Overflow in device arithmetic is +-inf, not a saturated value.
+    over = y.abs() > c.max_finite
+    if bool(over.any()):
+        y.masked_fill_(over & (y > 0), math.inf).masked_fill_(over & (y < 0), -math.inf)
     return y
 
 
 _native: Callable[..., None] | bool | None = False  # False: not looked up yet
 
 
-def _native_round(x: torch.Tensor, fmt: DL16Format) -> bool:
+def _native_round(x: torch.Tensor, fmt: DL16Format, transfer: bool = False) -> bool:
     """Round x in place with the C kernel of hfadapt.spyre.dl16_native (bit-identical to
     _round_inplace, one pass instead of six) when it is built and x is a plain contiguous CPU
     float32 tensor; False when the torch path must do it."""
@@ -102,8 +136,17 @@ def _native_round(x: torch.Tensor, fmt: DL16Format) -> bool:
         or not (x.is_contiguous() or _dense(x))
     ):
         return False
-    shift, max_finite, below_min_normal = _constants(fmt)
-    _native(x.data_ptr(), x.numel(), max_finite, below_min_normal, shift, torch.get_num_threads())  # type: ignore[operator]
+    c = _constants(fmt)
+    _native(  # type: ignore[operator]
+        x.data_ptr(),
+        x.numel(),
+        c.max_finite,
+        c.below_min_normal,
+        c.shift,
+        c.clamp,
+        c.host_inf if transfer else 0.0,
+        torch.get_num_threads(),
+    )
     return True
 
 
@@ -120,30 +163,34 @@ def _dense(x: torch.Tensor) -> bool:
     return True
 
 
-def round_dl16(x: torch.Tensor, fmt: DL16Format = DEFAULT_FORMAT) -> torch.Tensor:
-    """Round a float32 tensor to the nearest DL16 value, ties to even. Past the largest finite
-    value it saturates (+-inf become +-max); there are no subnormals: a result below the smallest
-    normal is flushed to zero. NaN stays NaN. Returns a new float32 tensor;
-    other floating dtypes are rounded through float32, non-floating tensors pass through."""
+def round_dl16(
+    x: torch.Tensor, fmt: DL16Format = DEFAULT_FORMAT, *, transfer: bool = False
+) -> torch.Tensor:
+    """Round a float32 tensor to the nearest DL16 value, ties to even. A result past the
+    largest finite value becomes +-inf (device arithmetic overflows); with ``transfer`` (a host
+    value moved onto the device) +-inf lands on +-33521664 (0xEFFF) instead. There are no
+    subnormals: a result below the smallest normal is flushed to zero. NaN stays NaN. Returns a
+    new float32 tensor; other floating dtypes are rounded through float32, non-floating
+    tensors pass through."""
     if x.dtype != torch.float32:
         if x.is_floating_point():
-            return round_dl16(x.float(), fmt).to(x.dtype)
+            return round_dl16(x.float(), fmt, transfer=transfer).to(x.dtype)
         return x
-    _, max_finite, _ = _constants(fmt)
-    # clamp allocates the result, so the remaining steps work in place (about 6 passes).
-    y = x.clamp(-max_finite, max_finite)
-    return y if _native_round(y, fmt) else _round_inplace(y, fmt, saturated=True)
+    y = x.clone()  # dense like x, so the in-place steps below (and the C kernel) apply
+    return y if _native_round(y, fmt, transfer) else _round_inplace(y, fmt, transfer)
 
 
-def round_dl16_(x: torch.Tensor, fmt: DL16Format = DEFAULT_FORMAT) -> torch.Tensor:
+def round_dl16_(
+    x: torch.Tensor, fmt: DL16Format = DEFAULT_FORMAT, *, transfer: bool = False
+) -> torch.Tensor:
     """In-place form of round_dl16 for float32 tensors (used on fresh op outputs)."""
     if x.dtype != torch.float32:
-        x.copy_(round_dl16(x, fmt))
+        x.copy_(round_dl16(x, fmt, transfer=transfer))
         return x
-    return x if _native_round(x, fmt) else _round_inplace(x, fmt)
+    return x if _native_round(x, fmt, transfer) else _round_inplace(x, fmt, transfer)
 
 
 def is_dl16_representable(x: torch.Tensor, fmt: DL16Format = DEFAULT_FORMAT) -> torch.Tensor:
-    """True where x already holds a DL16 value."""
+    """True where x already holds a DL16 value (+-inf and NaN included: the card's codes)."""
     xf = x.float()
     return (round_dl16(xf, fmt) == xf) | torch.isnan(xf)

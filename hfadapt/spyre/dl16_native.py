@@ -1,7 +1,7 @@
 """An optional C kernel for in-place DL16 rounding of float32 tensors, built with the system C
 compiler on first use and cached. It computes exactly what ``dl16.round_dl16_`` computes (same
-saturation, magic-addend rounding and flush to zero, bit for bit) in one pass over memory
-instead of six, which is what keeps the compiled device near CPU speed on a busy machine.
+overflow to +-inf, host-infinity mapping, magic-addend rounding and flush to zero, bit for
+bit) in one pass over memory instead of six, which is what keeps the compiled device near CPU speed on a busy machine.
 ``dl16.round_dl16_`` and ``round_dl16`` use it when it is built; without a C compiler (or with
 HFADAPT_NATIVE_DL16=0) they take the torch path."""
 
@@ -21,24 +21,29 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-# Same steps as dl16._round_inplace: clamp to +-max (NaN passes), add and subtract a magic
-# number of the value's sign and exponent shifted by the dropped mantissa bits (the FPU rounds
-# to nearest even), then zero |y| <= the largest float below the smallest normal.
+# Same steps as dl16._round_inplace: with a transfer, +-inf becomes +-host_inf; clamp to
+# +-big (NaN passes); add and subtract a magic number of the value's sign and exponent shifted
+# by the dropped mantissa bits (the FPU rounds to nearest even); zero |y| <= the largest float
+# below the smallest normal; a rounded |y| past the largest finite value becomes +-inf.
 _SOURCE = r"""
 #include <stdint.h>
 #include <string.h>
-void hfadapt_round_dl16(float* x, int64_t n, float maxf, float lam, int32_t shift, int nt) {
+void hfadapt_round_dl16(float* x, int64_t n, float maxf, float lam, int32_t shift, float big,
+                        float host_inf, int nt) {
+    const float inf = __builtin_inff();
     #pragma omp parallel for schedule(static) num_threads(nt) if(n > 32768)
     for (int64_t i = 0; i < n; i++) {
         float v = x[i];
-        v = v > maxf ? maxf : (v < -maxf ? -maxf : v);
+        if (host_inf > 0.0f && (v == inf || v == -inf)) v = v > 0.0f ? host_inf : -host_inf;
+        v = v > big ? big : (v < -big ? -big : v);
         int32_t b;
         memcpy(&b, &v, 4);
         uint32_t mb = ((uint32_t)b & 0xFF800000u) + (uint32_t)shift;
         float m;
         memcpy(&m, &mb, 4);
         float y = (v + m) - m;
-        x[i] = (y >= -lam && y <= lam) ? 0.0f : y;
+        y = (y >= -lam && y <= lam) ? 0.0f : y;
+        x[i] = y > maxf ? inf : (y < -maxf ? -inf : y);
     }
 }
 """
@@ -84,8 +89,8 @@ def _build(target: Path) -> None:
 
 @lru_cache(maxsize=1)
 def load() -> Callable[..., None] | None:
-    """The kernel ``f(ptr, n, max_finite, below_min_normal, shift, threads)``, built on first
-    use; None without a C compiler or with HFADAPT_NATIVE_DL16=0."""
+    """The kernel ``f(ptr, n, max_finite, below_min_normal, shift, clamp, host_inf, threads)``
+    (host_inf 0: device arithmetic, no transfer), built on first use; None without a C compiler or with HFADAPT_NATIVE_DL16=0."""
     if os.environ.get("HFADAPT_NATIVE_DL16", "1") == "0":
         return None
     key = hashlib.sha1("|".join([_SOURCE, *_FLAGS, platform.machine()]).encode()).hexdigest()
@@ -103,6 +108,8 @@ def load() -> Callable[..., None] | None:
         ctypes.c_float,
         ctypes.c_float,
         ctypes.c_int32,
+        ctypes.c_float,
+        ctypes.c_float,
         ctypes.c_int,
     ]
     fn.restype = None

@@ -73,10 +73,49 @@ def layer_norm(args: Sequence[Any], kwargs: dict[str, Any], fmt: DL16Format) -> 
     )[0]
 
 
+def _rms_norm_dl16(
+    x: torch.Tensor,
+    normalized_shape: Sequence[int],
+    weight: torch.Tensor | None,
+    eps: float | None,
+    fmt: DL16Format,
+) -> torch.Tensor:
+    """The card's native RMSNorm: the variance accumulated in DL16, one element at a time
+    (fp16-only variance and rsqrt, no fp32 upcast: hf-adapters' spyre-numerical-findings.md),
+    so small squares stagnate against a large running sum."""
+    dims = tuple(range(x.dim() - len(normalized_shape), x.dim()))
+    flat = x.flatten(dims[0]) if len(dims) > 1 else x
+    squares = round_dl16_(flat * flat, fmt)
+    acc = torch.zeros(squares.shape[:-1], dtype=torch.float32)
+    for i in range(squares.shape[-1]):
+        round_dl16_(acc.add_(squares[..., i]), fmt)
+    n = squares.shape[-1]
+    var = round_dl16_(acc / n, fmt)
+    eps_value = torch.finfo(torch.float16).eps if eps is None else eps
+    rstd = round_dl16_(torch.rsqrt(round_dl16_(var + eps_value, fmt)), fmt)
+    shape = rstd.shape + (1,) * len(dims)
+    out = round_dl16_(x * rstd.reshape(shape), fmt)
+    if weight is not None:
+        out = round_dl16_(out * weight, fmt)
+    return out
+
+
+def rms_norm(args: Sequence[Any], kwargs: dict[str, Any], fmt: DL16Format) -> Any:
+    """aten::rms_norm(input, normalized_shape, weight, eps) -> out."""
+    return _rms_norm_dl16(
+        args[0],
+        _arg(args, kwargs, 1, "normalized_shape", ()),
+        _arg(args, kwargs, 2, "weight", None),
+        _arg(args, kwargs, 3, "eps", None),
+        fmt,
+    )
+
+
 # op -> (kernel, the profile numerics entry that enables it)
 _KERNELS: dict[str, tuple[Kernel, str]] = {
     "aten::native_layer_norm": (native_layer_norm, "layer_norm_stats"),
     "aten::layer_norm": (layer_norm, "layer_norm_stats"),
+    "aten::rms_norm": (rms_norm, "rms_norm_stats"),
 }
 
 

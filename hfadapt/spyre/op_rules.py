@@ -12,7 +12,7 @@ import torch
 from hfadapt.spyre.lowering_report import SourceLocation, Violation
 from hfadapt.spyre.profile import FALLBACK, NATIVE, UNSUPPORTED, Profile, Rule, dtype_name
 
-CheckFn = Callable[[Profile, str, Sequence[Any], dict[str, Any]], "Violation | None"]
+CheckFn = Callable[..., "Violation | None"]  # (profile, op, args, kwargs[, mode])
 
 _FLOATS_DL16 = (torch.float16, torch.bfloat16)
 
@@ -172,7 +172,7 @@ def _stick_slice_offset(
 
 
 def _cast_allowed(
-    p: Profile, op: str, args: Sequence[Any], kwargs: dict[str, Any]
+    p: Profile, op: str, args: Sequence[Any], kwargs: dict[str, Any], mode: str = "compile"
 ) -> Violation | None:
     packet = op.split(".", 1)[0]
     if packet in ("aten::_to_copy", "aten::to"):
@@ -200,13 +200,18 @@ def _cast_allowed(
         return None
     src_dtype = p.device_dtype(src.dtype)
     dst_dtype = p.device_dtype(dst_dtype)
-    if p.cast_allowed(src_dtype, dst_dtype):
+    if p.cast_allowed_in(src_dtype, dst_dtype, mode):
         return None
     what = f"cast from {dtype_name(src_dtype)} to {dtype_name(dst_dtype)} on the device"
+    if mode == "eager" and p.cast_allowed(src_dtype, dst_dtype):
+        what += " (dtype casts are not yet supported in eager mode)"
     return _violation(
         p.cast_rule, op, p.message("compile_unsupported", what=what), "dtype", [src], None
     )
 
+
+# checks whose answer depends on the execution (eager casts, per profile version)
+_MODE_CHECKS = frozenset({"cast_allowed"})
 
 CHECKS: dict[str, CheckFn] = {
     "matmul_k_stick": _matmul_k_stick,
@@ -258,7 +263,8 @@ def judge(
         return (UNSUPPORTED if found else FALLBACK), rule, found
 
     for name in rule.checks:
-        v = CHECKS[name](p, op, args, kwargs)
+        check = CHECKS[name]
+        v = check(p, op, args, kwargs, mode) if name in _MODE_CHECKS else check(p, op, args, kwargs)
         if v is not None:
             message = v.message
             if mode == "eager" and v.kind == "op":

@@ -24,6 +24,7 @@ FALLBACK = "fallback"
 UNSUPPORTED = "unsupported"
 OUTCOMES = (NATIVE, FALLBACK, UNSUPPORTED)
 MODES = Execution.choices()  # a rule holds in these executions
+AUTO_DTYPE = "auto"  # a dtype option meaning "the profile's dtype for the model's family"
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,8 @@ class Profile:
     rules: dict[str, Rule]
     layout: dict[str, dict[str, Any]]
     numerics: dict[str, dict[str, Any]]
+    family_dtypes: dict[str, Any] = field(default_factory=dict)
+    eager_casts: bool = True
     path: str = ""
     inplace_lowers: bool = False
     _by_op: dict[str, Rule] = field(default_factory=dict, repr=False)
@@ -121,6 +124,30 @@ class Profile:
             return True
         return (dtype_name(src), dtype_name(dst)) in self.allowed_casts
 
+    def cast_allowed_in(self, src: torch.dtype, dst: torch.dtype, mode: str) -> bool:
+        """cast_allowed, and on-device casts exist in this execution (profile ``casts.modes``)."""
+        if src != dst and mode == "eager" and not self.eager_casts:
+            return False
+        return self.cast_allowed(src, dst)
+
+    def family_dtype(self, model_type: str | None) -> tuple[str, dict[str, Any]]:
+        """The dtype (fp16 | bf16 | fp32) a model of ``model_type`` runs in on the device when
+        no dtype is given, and why: {"rule", "dtype", "source", "note", "family"}."""
+        spec = self.family_dtypes
+        entry = (spec.get("families") or {}).get(model_type or "")
+        if entry is None:
+            dtype, source, note = spec.get("default", "fp16"), spec.get("default_source", ""), ""
+        else:
+            dtype, source, note = entry["dtype"], entry.get("source", ""), entry.get("note", "")
+        why = {
+            "rule": spec.get("rule", "dtype.family"),
+            "dtype": dtype,
+            "family": model_type if entry is not None else None,
+            "source": self.sources.get(source, source),
+            "note": note,
+        }
+        return dtype, why
+
     def message(self, key: str, **values: Any) -> str:
         return self.errors[key].format(**values)
 
@@ -130,11 +157,14 @@ class Profile:
     @property
     def dl16(self) -> DL16Format:
         spec = self.numerics.get("dl16", {})
+        default = DL16Format()
         return DL16Format(
-            exponent_bits=int(spec.get("exponent_bits", 6)),
-            mantissa_bits=int(spec.get("mantissa_bits", 9)),
-            bias=int(spec.get("bias", 31)),
-            max_finite_bits=int(str(spec.get("max_finite_bits", "0x6FFF")), 16),
+            exponent_bits=int(spec.get("exponent_bits", default.exponent_bits)),
+            mantissa_bits=int(spec.get("mantissa_bits", default.mantissa_bits)),
+            bias=int(spec.get("bias", default.bias)),
+            max_finite_value=float(spec.get("max_finite", default.max_finite_value)),
+            min_normal_value=float(spec.get("min_normal", default.min_normal_value)),
+            host_inf_bits=int(str(spec.get("host_inf_bits", "0x6FFF")), 16),
         )
 
     def numerics_enabled(self, key: str) -> bool:
@@ -237,6 +267,8 @@ def _build(data: dict[str, Any], path: str) -> Profile:
             rules=rules,
             layout=data["layout"],
             numerics=data["numerics"],
+            family_dtypes=data.get("family_dtypes", {}),
+            eager_casts="eager" in data["casts"].get("modes", MODES),
             path=path,
             inplace_lowers="inplace" in data,
         )

@@ -115,9 +115,12 @@ def _check(
     executor: str,
     memory_limit: int | None,
 ) -> None:
+    from hfadapt.spyre.profile import AUTO_DTYPE
+
     Mode.parse(mode, "mode")
     Execution.parse(execution, "execution")
-    DType.parse(dtype, "dtype")
+    if dtype != AUTO_DTYPE:  # "auto": the profile's dtype per family, chosen per model
+        DType.parse(dtype, "dtype")
     Executor.parse(executor, "executor")
     if workers < 1:
         raise UsageError(f"workers must be at least 1 (got {workers})")
@@ -159,8 +162,8 @@ def run_sweep(
     memory_limit: int | None = None,
     executor: str = "local",
     address: str | None = None,
-    execution: str = "eager",
-    dtype: str = "fp16",
+    execution: str = "compile",
+    dtype: str | None = None,
     profile: str | None = None,
     adapters: bool = True,
     dedupe: bool | None = None,
@@ -174,6 +177,9 @@ def run_sweep(
     """Sweep the crawled models (crawling the bundled snapshot first if the database has no
     crawl) and return what it did. See the module doc.
 
+    ``execution``: "compile" (default: hf-adapters judges through torch.compile) or "eager".
+    ``dtype``: fp16, bf16 or fp32 for every model; None ("auto"): the profile's dtype for each
+    model's family (bf16 for Gemma and T5), recorded on every run.
     ``workers``: parallel units (default: the CPUs, at most 2 locally). ``timeout``: seconds per
     unit. ``memory_limit``: MB of address space per worker (default: 85% of RAM shared; 0 for
     none). ``dedupe``: one run per structural signature (default: in structural mode only).
@@ -189,6 +195,7 @@ def run_sweep(
     if workers is None:  # the default never exceeds what this machine holds
         cap = max_local_workers(memory_limit)[0] if executor == "local" else os.cpu_count() or 1
         workers = max(1, min(2, cap))
+    dtype = dtype or "auto"  # hfadapt.spyre.profile.AUTO_DTYPE, without importing torch here
     _check(mode, execution, dtype, workers, timeout, executor, memory_limit)
     prof = load_profile(profile)
     if memory_limit is None:

@@ -49,8 +49,8 @@ class Task:
     key: str  # the structural signature, or "model:<id>" for a model judged alone
     model_id: str
     mode: str = "structural"
-    execution: str = "eager"
-    dtype: str = "fp16"
+    execution: str = "compile"
+    dtype: str = "auto"  # "auto": the profile's dtype for the model's family
     profile: str | None = None
     adapters: bool = True
     config: dict[str, Any] | None = None  # the crawled config.json, when the crawl had it

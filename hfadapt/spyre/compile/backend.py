@@ -39,6 +39,7 @@ from hfadapt.spyre.compile.reports import (
 )
 from hfadapt.spyre.decompositions import decomposition_table
 from hfadapt.spyre.lowering_report import LoweringReport, Violation
+from hfadapt.spyre.native_ops import keep_native
 from hfadapt.spyre.profile import Profile, load_profile
 
 BACKEND_NAME = "spyre"
@@ -148,6 +149,10 @@ class SpyreBackend:
         def compile_graph(aten_gm: torch.fx.GraphModule, _inputs: Sequence[Any]) -> Any:
             return self.compile_graph(aten_gm, top)
 
+        if not torch.is_grad_enabled():
+            # rms_norm, softmax(dtype=): judged whole, as the card lowers them (inference
+            # graphs only: the custom ops have no backward, the card runs inference)
+            keep_native(gm)
         return aot_autograd(
             fw_compiler=compile_graph,
             bw_compiler=compile_graph,

@@ -136,7 +136,7 @@ class Runtime:
     # -- transfers -------------------------------------------------------------------------
     def to_device(self, x: torch.Tensor) -> torch.Tensor:
         """Host fp16/bf16 -> device: float32 holding the DL16-rounded values."""
-        return round_dl16_(x.float(), self.fmt)
+        return round_dl16_(x.float(), self.fmt, transfer=True)
 
     def to_device_static(self, x: torch.Tensor, slot: int) -> torch.Tensor:
         """Like to_device, for parameters and buffers: converted once while they stay the same
@@ -169,14 +169,14 @@ class Runtime:
 
     def host_roundtrip(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """A device value sent to the host as ``dtype`` and back (inf past fp16's range)."""
-        return round_dl16_(x.to(dtype).float(), self.fmt)
+        return round_dl16_(x.to(dtype).float(), self.fmt, transfer=True)
 
     def from_host(self, values: Any, flags: Any) -> Any:
         """Host results -> device: DL16-logical tensors become held float32."""
         if isinstance(flags, bool):
-            return round_dl16_(values.float(), self.fmt) if flags else values
+            return round_dl16_(values.float(), self.fmt, transfer=True) if flags else values
         return type(values)(
-            round_dl16_(v.float(), self.fmt) if f and v is not None else v
+            round_dl16_(v.float(), self.fmt, transfer=True) if f and v is not None else v
             for v, f in zip(values, flags, strict=False)
         )
 
@@ -221,14 +221,16 @@ class _Builder:
 
     def _round_number(self, value: Any) -> Any:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(round_dl16(torch.tensor([float(value)]), self.profile.dl16)[0])
+            return float(
+                round_dl16(torch.tensor([float(value)]), self.profile.dl16, transfer=True)[0]
+            )
         return value
 
     def _round_scalars(
         self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """Numbers passed where the schema takes a Scalar or a Tensor (a wrapped number) are
-        device values: the device holds them as DL16 constants (-inf becomes -max). ints,
+        device values: the device holds them as DL16 constants (a host -inf lands on 0xEFFF). ints,
         floats and lists typed as sizes, dims, eps or probabilities are left alone."""
         positions, names = _value_arguments(target)
         args = tuple(self._round_number(a) if i in positions else a for i, a in enumerate(args))
@@ -249,7 +251,7 @@ class _Builder:
     def get_attr(self, node: fx.Node) -> None:
         value = getattr(self.gm, str(node.target))
         if isinstance(value, torch.Tensor) and value.dtype in DL16_DTYPES:
-            value = round_dl16(value.float(), self.profile.dl16)
+            value = round_dl16(value.float(), self.profile.dl16, transfer=True)
         name = str(node.target).replace(".", "_")
         setattr(self.root, name, value)
         self.env[node] = self.graph.get_attr(name)

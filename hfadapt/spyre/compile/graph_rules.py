@@ -13,6 +13,7 @@ import torch
 from torch import fx
 
 from hfadapt.spyre.lowering_report import LoweringReport, SourceLocation, Violation
+from hfadapt.spyre.native_ops import ALIASES
 from hfadapt.spyre.op_rules import judge
 from hfadapt.spyre.profile import FALLBACK, NATIVE, UNSUPPORTED, Profile
 
@@ -24,7 +25,8 @@ _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fun
 def op_name(target: Any) -> str:
     """The profile's name for an FX call target: ``aten::addmm``, ``aten::pow.Tensor_Scalar``."""
     if isinstance(target, torch._ops.OpOverload):
-        return target.name()
+        name = target.name()
+        return ALIASES.get(name, name)
     if isinstance(target, torch._ops.OpOverloadPacket):
         return target._qualified_op_name
     if isinstance(target, torch._ops.HigherOrderOperator):

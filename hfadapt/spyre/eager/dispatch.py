@@ -107,6 +107,7 @@ def _build_entry(profile: Profile, mode: str, func: torch._ops.OpOverload) -> Op
         name=name,
         outcome=outcome,
         decompose=func not in _SPECIAL_DECOMPOSITIONS
+        and func not in _KEPT_WHOLE
         and torch._C._dispatch_has_kernel_for_dispatch_key(name, "CompositeImplicitAutograd"),
         mutated=mutated,
         out_names=out_names,
@@ -413,6 +414,10 @@ def _sdpa_math() -> Callable[..., Any]:
 
     return sdpa_math
 
+
+# CompositeImplicit ops the card lowers whole in their input dtype (hfadapt.spyre.native_ops):
+# PyTorch's decomposition would upcast to fp32 first.
+_KEPT_WHOLE = frozenset({aten.rms_norm.default, aten.softmax.int})
 
 _SPECIAL_DECOMPOSITIONS: dict[Any, Callable[[], Callable[..., Any]]] = {
     aten.scaled_dot_product_attention.default: _sdpa_math,

@@ -119,6 +119,17 @@ def sdpa(*args: Any, **kwargs: Any) -> torch.Tensor:
     return dispatch(aten.scaled_dot_product_attention.default, args, kwargs)  # type: ignore[no-any-return]
 
 
+def rms_norm(*args: Any, **kwargs: Any) -> torch.Tensor:
+    # The card's rms_norm is native in the input's dtype: registered so that PyTorch does not
+    # decompose it into an fp32 upcast and pow first (hfadapt.spyre.native_ops).
+    return dispatch(aten.rms_norm.default, args, kwargs)  # type: ignore[no-any-return]
+
+
+def softmax_int(*args: Any, **kwargs: Any) -> torch.Tensor:
+    # softmax(x, dim, dtype=...) is one native softmax on the card, not a cast then _softmax.
+    return dispatch(aten.softmax.int, args, kwargs)  # type: ignore[no-any-return]
+
+
 def register_kernels() -> torch.library.Library:
     """Register the PrivateUse1 kernels; keep the returned Library alive."""
     lib = torch.library.Library("aten", "IMPL")
@@ -131,6 +142,8 @@ def register_kernels() -> torch.library.Library:
         ("arange.start", arange_start),
         ("arange.start_step", arange_start_step),
         ("scaled_dot_product_attention", sdpa),
+        ("rms_norm", rms_norm),
+        ("softmax.int", softmax_int),
     ):
         lib.impl(name, fn, "PrivateUse1")
     return lib

@@ -115,7 +115,8 @@ def _downcast_warning() -> None:
 def store(held: torch.Tensor, logical: torch.dtype, *, fresh: bool, transfer: bool) -> torch.Tensor:
     """Make a CPU result into what the card holds for `logical`: float32 rounded to DL16 for
     fp16/bf16 (in place when `fresh`), int32 for int64. `transfer` marks data arriving from the
-    host: an int64 downcast there warns and is counted, as torch-spyre does."""
+    host: an int64 downcast there warns and is counted, as torch-spyre does, and a host +-inf
+    lands on +-0xEFFF's magnitude; otherwise (device arithmetic) overflow is +-inf."""
     target = held_dtype(logical)
     if held.dtype != target:
         if transfer and logical == torch.int64:
@@ -125,7 +126,7 @@ def store(held: torch.Tensor, logical: torch.dtype, *, fresh: bool, transfer: bo
     if logical in _DL16:
         if not fresh:
             held = held.clone()
-        round_dl16_(held)
+        round_dl16_(held, transfer=transfer)
     return held
 
 
@@ -140,4 +141,4 @@ def copy_into(
     held.copy_(src)
     # Device DL16 data is already on the grid; host fp16 data (10 mantissa bits) is not.
     if dst.dtype in _DL16 and (transfer or src_logical not in _DL16):
-        round_dl16_(held)
+        round_dl16_(held, transfer=transfer)

@@ -1,0 +1,129 @@
+"""Ops the card lowers whole that PyTorch would decompose first (item 0 of issue 12).
+
+``torch.nn.functional.rms_norm`` and ``softmax(x, dim, dtype=...)`` are CompositeImplicit in
+ATen: before any backend sees them, PyTorch rewrites them into fp32 upcasts, ``pow`` and
+``_softmax`` on fp32, which the profile then refuses (``aten::pow.Tensor_Scalar on
+DataFormats.IEEE_FP32``). The card has native rms_norm and softmax kernels that run in the
+input's dtype, so the simulator judges the op before decomposition:
+
+- compiled: ``keep_native`` rewrites Dynamo's graph before the ATen capture so that these
+  calls go to the custom ops below (``hfadapt_spyre::rms_norm``, ``hfadapt_spyre::softmax``),
+  which stay whole in the ATen graph; ``ALIASES`` gives the profile's name for them
+  (``aten::rms_norm``, ``aten::softmax.int``);
+- eager: the device registers PrivateUse1 kernels for ``aten::rms_norm`` and
+  ``aten::softmax.int`` (which hides the CompositeImplicit kernel) and does not decompose them.
+
+Model code that itself upcasts to fp32 and calls ``pow`` (HF's RMSNorm modules) is unchanged:
+that is the model's upcast, not PyTorch's, and still needs its adapter."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+NAMESPACE = "hfadapt_spyre"
+_lib = torch.library.Library(NAMESPACE, "DEF")
+_lib.define("rms_norm(Tensor input, int[] normalized_shape, Tensor? weight, float? eps) -> Tensor")
+_lib.define("softmax(Tensor input, int dim, ScalarType? dtype) -> Tensor")
+
+# the profile's name for each custom op
+ALIASES = {
+    f"{NAMESPACE}::rms_norm": "aten::rms_norm",
+    f"{NAMESPACE}::softmax": "aten::softmax.int",
+}
+
+
+def _rms_norm(
+    input: torch.Tensor,
+    normalized_shape: Sequence[int],
+    weight: torch.Tensor | None,
+    eps: float | None,
+) -> torch.Tensor:
+    return torch.ops.aten.rms_norm.default(input, list(normalized_shape), weight, eps)
+
+
+def _softmax(input: torch.Tensor, dim: int, dtype: torch.dtype | None) -> torch.Tensor:
+    return torch.ops.aten.softmax.int(input, dim, dtype)
+
+
+def _rms_norm_fake(
+    input: torch.Tensor,
+    normalized_shape: Sequence[int],
+    weight: torch.Tensor | None,
+    eps: float | None,
+) -> torch.Tensor:
+    return torch.empty_like(input)
+
+
+def _softmax_fake(input: torch.Tensor, dim: int, dtype: torch.dtype | None) -> torch.Tensor:
+    return torch.empty_like(input, dtype=dtype or input.dtype)
+
+
+_lib.impl("rms_norm", _rms_norm, "CompositeExplicitAutograd")
+_lib.impl("softmax", _softmax, "CompositeExplicitAutograd")
+_lib.impl("rms_norm", _rms_norm_fake, "Meta")
+_lib.impl("softmax", _softmax_fake, "Meta")
+
+
+def rms_norm(
+    input: torch.Tensor,
+    normalized_shape: Sequence[int],
+    weight: torch.Tensor | None = None,
+    eps: float | None = None,
+) -> torch.Tensor:
+    """aten::rms_norm kept whole (a decomposition-table entry for the compile capture)."""
+    return torch.ops.hfadapt_spyre.rms_norm(input, list(normalized_shape), weight, eps)  # type: ignore[no-any-return]
+
+
+def softmax(input: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """aten::softmax.int kept whole (a decomposition-table entry for the compile capture)."""
+    return torch.ops.hfadapt_spyre.softmax(input, dim, dtype)  # type: ignore[no-any-return]
+
+
+_RMS_NORM = (torch.nn.functional.rms_norm, torch.rms_norm)
+_SOFTMAX = (torch.softmax, torch.nn.functional.softmax)
+
+
+def _softmax_call(node: torch.fx.Node) -> tuple[Any, Any, Any] | None:
+    """(input, dim, dtype) of a softmax call that names a dtype, else None."""
+    if node.op == "call_function" and node.target in _SOFTMAX:
+        args = list(node.args)
+        dim = node.kwargs.get("dim", args[1] if len(args) > 1 else None)
+        dtype = node.kwargs.get("dtype", args[3] if len(args) > 3 else None)
+    elif node.op == "call_method" and node.target == "softmax":
+        args = list(node.args)
+        dim = node.kwargs.get("dim", args[1] if len(args) > 1 else None)
+        dtype = node.kwargs.get("dtype", args[2] if len(args) > 2 else None)
+    else:
+        return None
+    if dtype is None or dim is None or not args:
+        return None
+    return args[0], dim, dtype
+
+
+def keep_native(gm: torch.fx.GraphModule) -> int:
+    """Rewrite a Dynamo graph in place so that ``F.rms_norm`` and ``softmax(..., dtype=)``
+    reach the ATen capture whole (as the custom ops above). Returns how many calls moved."""
+    moved = 0
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in _RMS_NORM:
+            args = list(node.args)
+            names = ("input", "normalized_shape", "weight", "eps")
+            values = [
+                node.kwargs.get(n, args[i] if len(args) > i else None) for i, n in enumerate(names)
+            ]
+            node.target = rms_norm
+            node.args, node.kwargs = tuple(values), {}
+            moved += 1
+            continue
+        call = _softmax_call(node)
+        if call is not None:
+            node.op, node.target = "call_function", softmax
+            node.args, node.kwargs = call, {}
+            moved += 1
+    if moved:
+        gm.graph.lint()
+        gm.recompile()
+    return moved
