@@ -38,6 +38,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 # Siblings in one layer are separate parts: they may not import each other.
 SIBLINGS_ISOLATED = True
 
+# A package's ``__init__`` is the front of its package: it may reach any module inside it (as
+# ``hfadapt.spyre.register`` reaches the eager device), never outside its own layer's rules.
+PACKAGE_FRONTS_REACH_INSIDE = True
+
 
 def layer_of(module: str) -> tuple[int, str]:
     """(layer index, the prefix that placed it) for a module of the package."""

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from types import ModuleType
+
 from hfadapt.spyre.lowering_report import LoweringReport, SourceLocation, Violation
 from hfadapt.spyre.profile import DEFAULT_PROFILE, Profile, available_profiles, load_profile
 
@@ -14,4 +16,16 @@ __all__ = [
     "Violation",
     "available_profiles",
     "load_profile",
+    "register",
 ]
+
+
+def register(force: bool = False) -> ModuleType:
+    """Register the simulated ``spyre`` device in this process (idempotent) and return the
+    ``torch.spyre`` module. ``import torch`` already does this through the ``torch.backends``
+    entry point unless ``HFADAPT_SPYRE_AUTOLOAD=0``; call it explicitly after opting out, or in a
+    process that imported torch before hfadapt was installed. Raises DeviceError when the real
+    torch-spyre is installed (``force=True`` simulates anyway)."""
+    from hfadapt.spyre.eager.device import register as register_device
+
+    return register_device(force=force)
