@@ -95,3 +95,21 @@ def test_import_torch_registers_the_simulator_unless_told_not_to(tmp_path: Path)
     assert outs["default"] == "DEVICE spyre:0", outs
     for name in ("hfadapt opt-out", "torch opt-out", "real torch_spyre"):
         assert outs[name].startswith("NO DEVICE"), (name, outs[name])
+
+
+def test_hfadapt_importing_torch_first_keeps_torch_importable(tmp_path: Path) -> None:
+    """When hfadapt's own device modules are the first to import torch, the entry point meets
+    them half-initialized: it must leave torch importable and registration to register()."""
+    meta = _dist_info(tmp_path / "meta", _declared())
+    env = {k: v for k, v in os.environ.items() if k not in (autoload.ENV,)}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(meta)])
+    code = (
+        "import hfadapt.spyre as s, torch\n"
+        "s.register()\n"
+        "print('DEVICE', torch.ones(2, dtype=torch.float16).to('spyre').device)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().endswith("DEVICE spyre:0"), (out.stdout, out.stderr[-500:])

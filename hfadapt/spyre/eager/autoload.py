@@ -39,8 +39,13 @@ def _autoload() -> None:
     a device that cannot be registered here is reported by an explicit ``register()``."""
     if not enabled():
         return
-    from hfadapt.spyre.eager.device import real_torch_spyre, register
-
+    try:
+        from hfadapt.spyre.eager.device import real_torch_spyre, register
+    except ImportError:
+        # hfadapt's own device modules are what is importing torch right now (a process whose
+        # first torch import came from inside hfadapt.spyre): they are half-initialized, so
+        # registration waits for the explicit register() hfadapt's device paths call.
+        return
     if real_torch_spyre() is not None:
         return
     try:
