@@ -116,9 +116,18 @@ def test_plan_orders_units_longest_first_and_narrows_only_when_asked() -> None:
                 "intermediate_size": 512,
             },
         ),
-        HubModel(id="a/qwen3", rank=2, model_type="qwen3", config_json={"model_type": "qwen3"}),
+        # a crawled config counts only with its shapes (the listing's summary has none)
         HubModel(
-            id="a/xlmr", rank=3, model_type="xlm-roberta", config_json={"model_type": "xlm-roberta"}
+            id="a/qwen3",
+            rank=2,
+            model_type="qwen3",
+            config_json={"model_type": "qwen3", "hidden_size": 4096},
+        ),
+        HubModel(
+            id="a/xlmr",
+            rank=3,
+            model_type="xlm-roberta",
+            config_json={"model_type": "xlm-roberta", "hidden_size": 768},
         ),
     ]
     plan = plan_sweep(models)
