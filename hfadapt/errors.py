@@ -148,7 +148,11 @@ class AgentError(HfadaptError):
 
 
 class EndpointError(AgentError):
-    pass
+    """The agent endpoint failed; ``retries`` is how many retries were spent before it did."""
+
+    def __init__(self, message: str, *, retries: int = 0) -> None:
+        super().__init__(message)
+        self.retries = retries
 
 
 class DraftError(AgentError):

@@ -44,7 +44,8 @@ def reply(
 
 class ScriptedOpenAI:
     """``script`` is consumed one entry per request: a string is an answer's content; a dict
-    may set ``status``, ``headers``, ``body`` (raw JSON), ``delay`` (seconds) or ``content``."""
+    may set ``status``, ``headers``, ``body`` (raw JSON), ``delay`` (seconds) or ``content``.
+    Each request's headers are kept, so a test can read the SDK's ``x-stainless-retry-count``."""
 
     def __init__(self) -> None:
         self.script: list[Answer] = []
@@ -72,7 +73,8 @@ class ScriptedOpenAI:
                     entry = entry(body)
                 if isinstance(entry, str):
                     entry = {"content": entry}
-                time.sleep(float(entry.get("delay", 0)))
+                if float(entry.get("delay", 0)) > 0:
+                    time.sleep(float(entry["delay"]))
                 status = int(entry.get("status", 200))
                 payload = entry.get("body") or reply(entry.get("content", ""))
                 data = json.dumps(payload).encode()
@@ -113,6 +115,16 @@ def openai_server_fixture() -> Iterator[ScriptedOpenAI]:
         yield server
     finally:
         server.stop()
+
+
+def busy(status: int, message: str = "busy", **headers: str) -> dict[str, Any]:
+    """An error answer the SDK retries at once: ``retry-after-ms: 1`` (the SDK honours a
+    Retry-After only when it is above 0, so 0 would fall back to its 0.5 s backoff)."""
+    return {
+        "status": status,
+        "headers": {"retry-after-ms": "1", **headers},
+        "body": {"error": {"message": message}},
+    }
 
 
 def dead_url() -> str:

@@ -62,6 +62,10 @@ def test_gelu_new_draft_is_accepted_and_the_model_then_passes(
     e2e = steps["end_to_end"].output
     assert e2e["cpu_vs_stock_min_token_cosine"] >= 0.999, e2e
     assert e2e["device_vs_cpu_min_token_cosine"] >= 0.99, e2e
+    # The parent judged the sandbox's outputs again against its own stock run.
+    parent = e2e["parent_check"]
+    assert parent["cpu_vs_stock_min_token_cosine"] >= 0.999, parent
+    assert parent["device_vs_stock_min_token_cosine"] >= 0.99, parent
 
     # The model now passes on the device with the accepted adapter (and fails without it).
     model, inputs = gelu_model(0)

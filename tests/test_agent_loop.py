@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from openai_server import (
     ScriptedOpenAI,
+    busy,
     dead_url,
     openai_server_fixture,  # noqa: F401
 )
@@ -57,7 +58,6 @@ def client_for(
         base_url=url,
         api_key=key,
         max_attempts=attempts,
-        backoff_s=0.01,
         max_retries=2,
         timeout_s=10,
         **kw,  # type: ignore[arg-type]
@@ -198,14 +198,7 @@ def test_no_code_then_conflicting_blocks_then_a_good_draft(
 
 
 def test_429_then_success(openai_server: ScriptedOpenAI, tmp_path: Path) -> None:
-    openai_server.script = [
-        {
-            "status": 429,
-            "headers": {"retry-after": "0"},
-            "body": {"error": {"message": "slow down"}},
-        },
-        GOOD,
-    ]
+    openai_server.script = [busy(429, "slow down"), GOOD]
     outcome, engine = run(openai_server.url, tmp_path)
     assert outcome.outcome == ACCEPTED, outcome.reason
     assert len(openai_server.requests) == 2
@@ -231,14 +224,17 @@ def test_endpoint_down_is_a_clear_outcome_and_nothing_is_lost(tmp_path: Path) ->
 def test_server_errors_after_a_rejected_draft_keep_the_first_attempt(
     openai_server: ScriptedOpenAI, tmp_path: Path
 ) -> None:
-    err = {"status": 503, "body": {"error": {"message": "overloaded"}}}
-    openai_server.script = [WRONG, err, err, err]
+    openai_server.script = [WRONG] + [busy(503, "overloaded")] * 4
     outcome, engine = run(openai_server.url, tmp_path)
-    assert outcome.outcome == ENDPOINT_ERROR and "server error (503)" in outcome.reason, (
-        outcome.reason
-    )
+    assert outcome.outcome == ENDPOINT_ERROR, outcome.reason
+    assert "server error (503); gave up after 3 tries" in outcome.reason, outcome.reason
+    assert len(openai_server.requests) == 4, len(
+        openai_server.requests
+    )  # the draft, then 1 try + 2 retries
     _, attempts = rows(engine)
     assert [(a.number, a.failed_step) for a in attempts] == [(1, "equivalence"), (2, None)]
+    # The failed request's retries (max_retries=2, all spent) are on its attempt row.
+    assert [a.retries for a in attempts] == [0, 2], [a.retries for a in attempts]
     assert attempts[0].code and "x * x" in attempts[0].code
 
 

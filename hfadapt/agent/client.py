@@ -1,6 +1,7 @@
 """The agent's side of an OpenAI-compatible endpoint: settings (flags or OPENAI_BASE_URL,
 OPENAI_API_KEY, HFADAPT_AGENT_MODEL), the ``openai`` client, chat completions with a timeout,
-retries with backoff on 429 and 5xx (honouring Retry-After), and the limits of one draft.
+the SDK's own retries (``max_retries``; backoff, Retry-After) with the retries that happened
+counted, a refused connection not retried, and the limits of one draft.
 
 The API key lives only in the client object: it is never part of a repr, an error message, a
 log line or anything written to runs.db (``redact`` scrubs text that might echo it)."""
@@ -9,12 +10,13 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+import httpx2
 import openai
 
 from hfadapt.errors import EndpointError, UsageError
@@ -36,9 +38,9 @@ class AgentSettings:
     base_url: str | None = None
     api_key: str | None = field(default=None, repr=False)
     timeout_s: float = 120.0
-    max_retries: int = 4  # per request, on 429 / 5xx / connection errors
-    backoff_s: float = 1.0  # first wait; doubles per retry
-    backoff_max_s: float = 30.0
+    # per request, by the openai SDK (429, 408, 409, 5xx, timeouts, connection errors other
+    # than a refused one), with its backoff (0.5 s doubling to 8 s, jitter) or Retry-After
+    max_retries: int = 4
     max_attempts: int = 4  # drafts per failure
     max_tokens: int = 100_000  # prompt + completion tokens per failure
     max_seconds: float = 1800.0  # wall time per failure
@@ -110,76 +112,113 @@ class Completion:
     finish_reason: str = ""
 
 
-def _retry_after(exc: openai.APIStatusError) -> float | None:
-    try:
-        value = exc.response.headers.get("retry-after")
-        return float(value) if value is not None else None
-    except (AttributeError, TypeError, ValueError):
-        return None
+class _CountingTransport(httpx2.BaseTransport):
+    """The client's transport, wrapped: it notes, per thread, the SDK's own retry count of the
+    last request sent (the ``x-stainless-retry-count`` header the SDK sets on every try) and
+    how many requests went out, and turns a refused connection into an ``openai`` error, which
+    the SDK raises as it is instead of retrying (nothing listens there: retrying only costs
+    time)."""
+
+    def __init__(self, inner: httpx2.BaseTransport) -> None:
+        self._inner = inner
+        self._local = threading.local()
+
+    def begin(self) -> None:
+        self._local.sent, self._local.retry_header = 0, None
+
+    def retries(self) -> int:
+        """Retries of the current call so far (the SDK's count; else requests sent - 1)."""
+        header = getattr(self._local, "retry_header", None)
+        if header is not None:
+            return header
+        return max(getattr(self._local, "sent", 0) - 1, 0)
+
+    def handle_request(self, request: httpx2.Request) -> httpx2.Response:
+        self._local.sent = getattr(self._local, "sent", 0) + 1
+        try:
+            self._local.retry_header = int(request.headers.get("x-stainless-retry-count", ""))
+        except ValueError:
+            self._local.retry_header = None
+        try:
+            return self._inner.handle_request(request)
+        except httpx2.ConnectError as exc:
+            if _refused(exc):
+                raise _Refused(request=request) from exc
+            raise
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+class _Refused(openai.APIConnectionError):
+    """A refused connection (raised by the transport so that the SDK does not retry it)."""
 
 
 class AgentClient:
-    """Chat completions against one endpoint, with the retry policy above."""
+    """Chat completions against one endpoint. Retries are the ``openai`` SDK's own
+    (``max_retries``: 429, 408, 409, 5xx, timeouts and connection errors, exponential backoff
+    with jitter, ``Retry-After`` / ``retry-after-ms`` honoured); the retries that happened are
+    counted and reported on the answer or the error."""
 
-    def __init__(
-        self,
-        settings: AgentSettings,
-        client: openai.OpenAI | None = None,
-        sleep: Callable[[float], None] = time.sleep,
-    ) -> None:
+    def __init__(self, settings: AgentSettings) -> None:
         self.settings = settings
-        self._sleep = sleep
-        # Retries are ours (to count them and keep them bounded), so the SDK's are off.
-        self._client = client or openai.OpenAI(
+        self._transport = _CountingTransport(httpx2.HTTPTransport())
+        self._client = openai.OpenAI(
             api_key=settings.api_key or NO_KEY,
             base_url=settings.base_url,
             timeout=settings.timeout_s,
-            max_retries=0,
+            max_retries=settings.max_retries,
+            http_client=openai.DefaultHttpxClient(transport=self._transport),
         )
 
     def __repr__(self) -> str:
         return f"AgentClient(model={self.settings.model!r}, endpoint={self.settings.endpoint!r})"
 
-    def _fail(self, what: str) -> EndpointError:
+    def _fail(self, what: str, retries: int = 0) -> EndpointError:
         return EndpointError(
-            redact(f"endpoint {self.settings.endpoint}: {what}", self.settings.secrets())
+            redact(f"endpoint {self.settings.endpoint}: {what}", self.settings.secrets()),
+            retries=retries,
         )
 
     def complete(self, messages: list[dict[str, str]]) -> Completion:
-        """One chat completion. Raises EndpointError once retries are spent or on a 4xx."""
+        """One chat completion. Raises EndpointError (with ``.retries``) once the SDK's retries
+        are spent, on a 4xx it does not retry, or at once on a refused connection."""
         s = self.settings
-        retries = 0
-        while True:
-            start = time.monotonic()
-            try:
-                resp = self._client.chat.completions.create(
-                    model=s.model,
-                    messages=messages,  # type: ignore[arg-type]
-                    temperature=s.temperature,
-                    max_tokens=s.max_output_tokens,
-                )
-                break
-            except openai.RateLimitError as exc:
-                wait, why = _retry_after(exc), "rate limited (429)"
-            except openai.APIStatusError as exc:
-                if exc.status_code < 500:
-                    raise self._fail(self._client_error(exc)) from None
-                wait, why = _retry_after(exc), f"server error ({exc.status_code})"
-            except openai.APITimeoutError:
-                wait, why = None, f"no answer within {s.timeout_s:g} s"
-            except openai.APIConnectionError as exc:
-                if _refused(exc):  # nothing listens there: retrying only costs time
-                    raise self._fail(f"connection refused ({_cause(exc)}); not retried") from None
-                wait, why = None, f"unreachable ({_cause(exc)})"
-            if retries >= s.max_retries:
-                raise self._fail(f"{why}; gave up after {retries + 1} tries")
-            delay = min(wait if wait is not None else s.backoff_s * 2**retries, s.backoff_max_s)
-            log.info("agent endpoint %s: %s; retry in %.1f s", s.endpoint, why, delay)
-            retries += 1
-            self._sleep(delay)
+        self._transport.begin()
+        start = time.monotonic()
+        try:
+            raw = self._client.chat.completions.with_raw_response.create(
+                model=s.model,
+                messages=messages,  # type: ignore[arg-type]
+                temperature=s.temperature,
+                max_tokens=s.max_output_tokens,
+            )
+            resp = raw.parse()
+        except _Refused as exc:
+            raise self._fail(f"connection refused ({_cause(exc)}); not retried") from None
+        except openai.APIStatusError as exc:
+            retries = self._transport.retries()
+            if exc.status_code == 429:
+                why = "rate limited (429)"
+            elif exc.status_code >= 500:
+                why = f"server error ({exc.status_code})"
+            else:
+                why = self._client_error(exc)
+            raise self._fail(_gave_up(why, retries), retries) from None
+        except openai.APITimeoutError:
+            retries = self._transport.retries()
+            why = f"no answer within {s.timeout_s:g} s"
+            raise self._fail(_gave_up(why, retries), retries) from None
+        except openai.APIConnectionError as exc:
+            retries = self._transport.retries()
+            why = f"unreachable ({_cause(exc)})"
+            raise self._fail(_gave_up(why, retries), retries) from None
         latency = time.monotonic() - start
+        retries = int(raw.retries_taken)
+        if retries:
+            log.info("agent endpoint %s answered after %d retries", s.endpoint, retries)
         if not getattr(resp, "choices", None):
-            raise self._fail("the answer holds no choices")
+            raise self._fail("the answer holds no choices", retries)
         choice = resp.choices[0]
         text = (choice.message.content or "") if choice.message else ""
         usage = getattr(resp, "usage", None)
@@ -203,6 +242,10 @@ class AgentClient:
             return "not found (404): check --base-url and --model"
         message = getattr(exc, "message", "") or str(exc)
         return f"request refused ({exc.status_code}): {' '.join(message.split())[:300]}"
+
+
+def _gave_up(why: str, retries: int) -> str:
+    return f"{why}; gave up after {retries + 1} tries" if retries else why
 
 
 def _refused(exc: BaseException) -> bool:

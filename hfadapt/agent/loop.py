@@ -40,6 +40,7 @@ class Attempt:
     feedback: str = ""
     failed_step: str | None = None
     error: str = ""
+    retries: int = 0  # of a failed request (an answered one has them on its completion)
     attempt_id: int | None = None
 
     @property
@@ -147,7 +148,7 @@ def draft_adapter(
         try:
             completion = client.complete(messages)
         except EndpointError as exc:
-            attempt.error = exc.one_line()
+            attempt.error, attempt.retries = exc.one_line(), exc.retries
             _record(recorder, row, attempt, case, settings, messages, unsafe)
             result.outcome, result.reason = ENDPOINT_ERROR, attempt.error
             break
@@ -265,7 +266,7 @@ def _record(
         tokens_in=c.tokens_in if c else 0,
         tokens_out=c.tokens_out if c else 0,
         latency_s=round(c.latency_s, 4) if c else 0.0,
-        retries=c.retries if c else 0,
+        retries=c.retries if c else attempt.retries,
         steps=[s.to_dict() for s in attempt.validation.steps] if attempt.validation else None,
         failed_step=attempt.failed_step,
         feedback=attempt.feedback or None,

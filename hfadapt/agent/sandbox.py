@@ -235,7 +235,7 @@ def run_sandbox(
             )
         files = {
             name: data
-            for name in ("tensors.safetensors",)
+            for name in ("tensors.safetensors", "end_to_end.safetensors")
             if (data := isolation.read_result(outputs, name)) is not None
         }
         if keep is not None:

@@ -14,11 +14,15 @@ import torch
 from hfadapt.adapters.api import Adapter
 from hfadapt.adapters.equivalence import DEFAULT_SEEDS, prove_equivalent
 from hfadapt.agent.cases import FailureCase, captured_example, resolve_ref
+from hfadapt.agent.end_to_end import (
+    CPU_COSINE_MIN,
+    DEVICE_COSINE_MIN,
+    main_tensor,
+    run_forward,
+    token_cosine,
+)
 
 StepResult = tuple[str, str, dict[str, Any]]
-# End-to-end thresholds (docs/design.md, "Validating an adapter").
-CPU_COSINE_MIN = 0.999
-DEVICE_COSINE_MIN = 0.99
 
 
 class Context:
@@ -172,11 +176,6 @@ def _registry(ctx: Context, with_draft: bool) -> Any:
     return Registry(adapters=adapters)
 
 
-def _forward(model: Any, inputs: Any) -> Any:
-    with torch.no_grad():
-        return model(**inputs) if isinstance(inputs, dict) else model(*inputs)
-
-
 def _as_dtype(inputs: Any, dtype: torch.dtype) -> Any:
     """Float inputs in the run's dtype (the runner moves inputs to the device as they are)."""
     if isinstance(inputs, dict):
@@ -245,43 +244,16 @@ def step_device(ctx: Context) -> StepResult:
     return "pass", f"fingerprint {fp} gone; no new violation ({after.report.summary()})", output
 
 
-def _main_tensor(out: Any) -> torch.Tensor:
-    if isinstance(out, torch.Tensor):
-        return out
-    if hasattr(out, "last_hidden_state") and out.last_hidden_state is not None:
-        return out.last_hidden_state
-    values = out.values() if isinstance(out, dict) else out
-    for v in values:
-        if isinstance(v, torch.Tensor):
-            return v
-    raise TypeError(f"no tensor in the model output ({type(out).__name__})")
-
-
-def token_cosine(ref: Any, cand: Any, mask: torch.Tensor | None) -> float:
-    """Minimum cosine over tokens (rows of the last dimension), pads excluded; two all-zero
-    rows count as identical."""
-    a, b = _main_tensor(ref).detach().cpu().double(), _main_tensor(cand).detach().cpu().double()
-    if a.shape != b.shape:
-        return float("nan")
-    if mask is not None and a.dim() == 3 and tuple(mask.shape) == tuple(a.shape[:2]):
-        a, b = a[mask.bool()], b[mask.bool()]
-    a, b = a.reshape(-1, a.shape[-1]), b.reshape(-1, b.shape[-1])
-    na, nb = a.norm(dim=-1), b.norm(dim=-1)
-    cos = (a * b).sum(-1) / (na * nb).clamp(min=1e-300)
-    cos = torch.where((na == 0) & (nb == 0), torch.ones_like(cos), cos)
-    return float(cos.min()) if cos.numel() else float("nan")
-
-
 def step_end_to_end(ctx: Context) -> StepResult:
     if not ctx.case.model:
         return "skip", "this case names no model to judge end to end", {}
     _build_model(ctx)
     from hfadapt.adapters.registry import Registry
 
-    stock = _forward(ctx.model, ctx.inputs)
+    stock = run_forward(ctx.model, ctx.inputs)
     adapted = copy.deepcopy(ctx.model)
     Registry(adapters=[ctx.draft]).apply(adapted)  # enabled: the draft runs on the CPU too
-    cpu = _forward(adapted, ctx.inputs)
+    cpu = run_forward(adapted, ctx.inputs)
     cpu_cos = token_cosine(stock, cpu, ctx.mask)
     output: dict[str, Any] = {
         "cpu_vs_stock_min_token_cosine": cpu_cos,
@@ -295,6 +267,13 @@ def step_end_to_end(ctx: Context) -> StepResult:
         )
     if ctx.device_outputs is None:
         return "fail", "no device output to compare (the device step did not run)", output
+    if ctx.job.get("output_dir"):  # handed back as data: the parent judges them again
+        from safetensors.torch import save_file
+
+        from hfadapt.agent import end_to_end
+
+        tensors = end_to_end.pack(main_tensor(cpu), main_tensor(ctx.device_outputs))
+        save_file(tensors, str(Path(ctx.job["output_dir"]) / end_to_end.FILE))
     dev_cos = token_cosine(stock, ctx.device_outputs, ctx.mask)
     output.update(
         {"device_vs_cpu_min_token_cosine": dev_cos, "device_threshold": DEVICE_COSINE_MIN}

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from hfadapt.agent import outputs
+from hfadapt.agent import end_to_end, outputs
 from hfadapt.agent.cases import FailureCase
 from hfadapt.agent.policy import check_policy
 from hfadapt.agent.sandbox import SandboxLimits, SandboxRun, StepReport, run_sandbox
@@ -104,6 +104,24 @@ def _judge_outputs(
         eq.summary = f"{eq.summary}; parent proof: {summary}"
 
 
+def _judge_end_to_end(steps: list[StepReport], case: FailureCase, run: SandboxRun) -> None:
+    """The parent's own end-to-end cosines on the sandbox's outputs (``parent_check`` in the
+    step's output): a passed ``end_to_end`` step stands only if these pass too."""
+    e2e = next((s for s in steps if s.step == "end_to_end" and s.status == "pass"), None)
+    if e2e is None:
+        return
+    data = run.files.get(end_to_end.FILE)
+    if not data:
+        e2e.status, e2e.summary = "fail", "the sandbox passed end to end but wrote no outputs"
+        return
+    status, summary, numbers = end_to_end.judge(case.model or {}, data)
+    e2e.output["parent_check"] = numbers or summary
+    if status == "fail":
+        e2e.status, e2e.summary = "fail", f"parent check: {summary}"
+    elif status == "pass":
+        e2e.summary = f"{e2e.summary}; parent check: {summary}"
+
+
 def trusted_example(case: FailureCase) -> Any:
     """The case's example builder (captured calls or a named builder), never the draft's."""
     from hfadapt.agent.cases import captured_example, resolve_ref
@@ -171,6 +189,7 @@ def validate(
     run = run_sandbox(source, job, limits, secrets=secrets, unsafe_no_isolation=unsafe_no_isolation)
     result.steps.extend(run.steps)
     _judge_outputs(result.steps, case, run, job)
+    _judge_end_to_end(result.steps, case, run)
     reported = {s.step for s in run.steps}
     if not any(s.status not in ("pass", "skip") for s in run.steps) and reported != set(wanted):
         # The worker died between steps (or before the first): say so, with its last words.

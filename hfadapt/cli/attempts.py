@@ -76,8 +76,8 @@ def attempts(
         typer.echo(json.dumps(data, indent=2, default=str))
         return
     b = _brief(attempt)
-    # A failed request's tries are in its error ("gave up after 5 tries"); the retries column
-    # counts those of the request that was answered.
+    # A failed request's tries are in its error ("gave up after 5 tries"), so the retries
+    # column (recorded for answered and failed requests alike) is shown for an answer only.
     retries = "" if attempt.error else f"; retried {attempt.retries} time(s) before the answer"
     console.print(
         escape(
