@@ -264,3 +264,49 @@ def test_the_worker_result_is_validated(change: dict[str, object], message: str 
         return
     with pytest.raises((ValueError, TypeError), match=message):
         from_data({**good, **change})
+
+
+@needs_bwrap
+def test_missing_model_is_the_same_input_error_through_the_sandbox(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = _cli(
+        [
+            "diagnose",
+            "org/not-cached-anywhere",
+            "--trust-remote-code",
+            "--db",
+            str(tmp_path / "r.db"),
+        ],
+        capsys,
+    )
+    assert code == 2 and "org/not-cached-anywhere" in err, (code, err)
+    assert len(err.strip().splitlines()) == 1, err
+
+
+@needs_bwrap
+def test_sweep_judges_custom_code_models_in_the_sandbox(
+    sweep_engine: object, fake_worker: str
+) -> None:
+    from hfadapt.sweep.run import run_sweep
+    from hfadapt.sweep.store import done_rows
+
+    plain = run_sweep(sweep_engine, worker=fake_worker, workers=1, resume=False)
+    before = done_rows(sweep_engine, plain.sweep_id)["org/custom"]
+    assert before["verdict"] == verdicts.CUSTOM_CODE, before
+    trusted = run_sweep(
+        sweep_engine, worker=fake_worker, workers=1, resume=False, trust_remote_code=True
+    )
+    row = done_rows(sweep_engine, trusted.sweep_id)["org/custom"]
+    # Not in any HF cache and no network inside: judged in the sandbox, where it cannot load.
+    assert row["verdict"] == verdicts.LOAD_FAILED, (row["verdict"], row["reason"])
+    assert "sandbox" in row["reason"] and "org/custom" in row["reason"], row["reason"]
+    assert row["evidence"]["sweep"] == {"role": "direct", "judged_in": "sandbox"}, row["evidence"]
+    assert trusted.models == plain.models, (trusted.models, plain.models)
+
+
+def test_sweep_refuses_unsafe_without_trust(sweep_engine: object, fake_worker: str) -> None:
+    from hfadapt.sweep.run import run_sweep
+
+    with pytest.raises(UsageError, match="unsafe_no_isolation"):
+        run_sweep(sweep_engine, worker=fake_worker, unsafe_no_isolation=True, resume=False)

@@ -44,7 +44,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Read the job, judge with the model's own code, write diagnosis.json atomically."""
     args = list(sys.argv[1:] if argv is None else argv)
     job = json.loads(Path(args[0]).read_text(encoding="utf-8"))
-    data = _work(job)
+    from hfadapt.errors import InputError
+
+    try:
+        data = _work(job)
+    except InputError as exc:  # no model to judge, a bad option: the parent raises it again
+        data = {"input_error": {"class": type(exc).__name__, "message": exc.one_line()}}
     out = Path(job["output_dir"])
     part = out / (RESULT + ".part")
     part.write_text(json.dumps(data, default=str), encoding="utf-8")

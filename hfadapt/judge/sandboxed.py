@@ -191,7 +191,9 @@ def judge(
                 model_ref, mode, execution, dtype, timed_out, timeout_s, sandbox, tail
             )
         try:
-            diag = from_data(json.loads(_scrub(raw.decode("utf-8", errors="replace"))))
+            data = json.loads(_scrub(raw.decode("utf-8", errors="replace")))
+            _raise_input_error(data)
+            diag = from_data(data)
         except (ValueError, TypeError, KeyError) as exc:
             why = f"the sandboxed judge left an invalid result: {' '.join(str(exc).split())[:200]}"
             return _no_result(model_ref, mode, execution, dtype, False, timeout_s, sandbox, why)
@@ -199,6 +201,21 @@ def judge(
         return diag
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def _raise_input_error(data: Any) -> None:
+    """The worker found bad input (no such model, a bad option): raised here as the same
+    kind of error an unsandboxed diagnose raises, with the worker's (scrubbed) message."""
+    from hfadapt import errors
+
+    if not isinstance(data, dict) or not isinstance(data.get("input_error"), dict):
+        return
+    name, message = data["input_error"].get("class"), data["input_error"].get("message")
+    kind = getattr(errors, name, None) if isinstance(name, str) else None
+    if not (isinstance(kind, type) and issubclass(kind, errors.InputError)):
+        kind = errors.InputError
+    text = str(message)[:500] if message else "bad input"
+    raise kind(text.split(": ", 1)[1] if text.startswith(f"{name}: ") else text)
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
