@@ -230,6 +230,20 @@ def test_a_custom_runner_cannot_cross_into_the_sandbox(tiny_bert: Path) -> None:
         diagnose(tiny_bert, trust_remote_code=True, runner=lambda *a, **k: None, record=False)
 
 
+LOW_METRICS = {
+    "min_token_cosine": 0.5,
+    "mean_token_cosine": 0.7,
+    "pooled_cosine": 0.8,
+    "max_abs_diff": 1.5,
+    "has_nan": False,
+    "has_inf": False,
+    "tokens": 3,
+    "nonfinite_tokens": 0,
+    "worst_token": [0, 1],
+    "passed": False,
+}
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
@@ -238,7 +252,10 @@ def test_a_custom_runner_cannot_cross_into_the_sandbox(tiny_bert: Path) -> None:
         ({"reason": 3}, "reason is int"),
         ({"adapters": [1]}, "adapters"),
         ({"evidence": "x"}, "evidence is str"),
-        ({"verdict": "pass", "metrics": None}, None),
+        ({"verdict": "pass", "metrics": None}, "pass without metrics"),
+        ({"verdict": "pass", "metrics": LOW_METRICS}, "disagrees"),
+        ({"metrics": {"tokens": 3}}, "missing"),
+        ({"metrics": LOW_METRICS}, None),
     ],
 )
 def test_the_worker_result_is_validated(change: dict[str, object], message: str | None) -> None:
@@ -260,7 +277,8 @@ def test_the_worker_result_is_validated(change: dict[str, object], message: str 
     }
     if message is None:
         diag = from_data({**good, **change})
-        assert diag.verdict == "pass" and diag.timings == {"load": 0.5}, diag
+        assert diag.metrics is not None and diag.metrics.min_token_cosine == 0.5, diag.metrics
+        assert (diag.verdict, diag.timings, diag.adapters) == ("load_failed", {"load": 0.5}, ["a"])
         return
     with pytest.raises((ValueError, TypeError), match=message):
         from_data({**good, **change})

@@ -332,6 +332,8 @@ def from_data(data: Any) -> Diagnosis:
     diag.divergence = _known(Divergence, data.get("divergence"))
     report = data.get("report")
     diag.report = LoweringReport.from_dict(_obj(report, "report")) if report else None
+    if verdict == verdicts.PASS and diag.metrics is None:
+        raise ValueError("verdict pass without metrics")
     if diag.metrics is not None and diag.metrics.passed != (verdict == verdicts.PASS):
         raise ValueError(f"verdict {verdict} disagrees with its metrics")
     return diag
