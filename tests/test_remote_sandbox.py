@@ -131,7 +131,13 @@ def test_trusted_remote_code_is_judged_in_the_sandbox(
     assert data["verdict"] in (verdicts.PASS, verdicts.LOWERING_FAILED), data["reason"]
     assert data["metrics"] or data["report"]["violations"], data
     assert "gelu-exact-host" in data["adapters"], data["adapters"]
-    assert data["timings"]["load"] > 0 and "device" in data["timings"], data["timings"]
+    timings = data["timings"]
+    assert timings["load"] > 0 and "device" in timings, timings
+    # total is the parent's wall time: at least what the worker spent, start-up included
+    assert timings["total"] >= data["evidence"]["sandbox"]["seconds"] >= timings["in_sandbox"], (
+        timings,
+        data["evidence"]["sandbox"],
+    )
     assert code == data["exit_code"], (code, data["exit_code"])
     assert data["run_id"] is not None
 
@@ -256,6 +262,7 @@ LOW_METRICS = {
         ({"verdict": "pass", "metrics": LOW_METRICS}, "disagrees"),
         ({"metrics": {"tokens": 3}}, "missing"),
         ({"metrics": LOW_METRICS}, None),
+        ({"divergence": {"module": "x", "rows": {"a": 1}}}, "Divergence.rows is an object"),
     ],
 )
 def test_the_worker_result_is_validated(change: dict[str, object], message: str | None) -> None:
@@ -278,6 +285,7 @@ def test_the_worker_result_is_validated(change: dict[str, object], message: str 
     if message is None:
         diag = from_data({**good, **change})
         assert diag.metrics is not None and diag.metrics.min_token_cosine == 0.5, diag.metrics
+        assert diag.metrics.worst_token == (0, 1) and not diag.metrics.passed, diag.metrics
         assert (diag.verdict, diag.timings, diag.adapters) == ("load_failed", {"load": 0.5}, ["a"])
         return
     with pytest.raises((ValueError, TypeError), match=message):
@@ -328,3 +336,18 @@ def test_sweep_refuses_unsafe_without_trust(sweep_engine: object, fake_worker: s
 
     with pytest.raises(UsageError, match="unsafe_no_isolation"):
         run_sweep(sweep_engine, worker=fake_worker, unsafe_no_isolation=True, resume=False)
+
+
+def test_load_runs_remote_code_in_process_only_when_asked(
+    tiny_bert: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import transformers.dynamic_module_utils as dmu
+
+    import hfadapt.api
+
+    monkeypatch.setattr(dmu, "HF_MODULES_CACHE", str(tmp_path / "modules"))
+    folder = _remote(tiny_bert, MODEL_CODE)
+    model = hfadapt.api.load(
+        folder, trust_remote_code=True, run_remote_code_in_process=True, device=None
+    )
+    assert type(model).__name__ == "XModel", type(model).__name__

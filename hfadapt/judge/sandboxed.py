@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from hfadapt import isolation, verdicts
+from hfadapt.db.tables import utcnow
 from hfadapt.errors import SandboxError, UsageError
 from hfadapt.hub.resolve import HubOptions
 from hfadapt.judge.diagnosis import Diagnosis, next_step, write_run
@@ -108,8 +109,7 @@ def judge_and_record(
     diag = judge(os.fspath(model_ref), **job)
     if not diag.next_step:
         diag.next_step = next_step(diag)
-    if diag.finished_at is None:
-        diag.finished()
+    diag.finished()  # total: the parent's wall time, sandbox start-up included
     if engine is not None:
         diag.run_id = write_run(diag, engine)
     return diag
@@ -158,7 +158,7 @@ def judge(
         (inputs / "job.json").write_text(json.dumps(job), encoding="utf-8")
         env = _env(isolated, outputs)
         command = [sys.executable, "-m", "hfadapt.judge.sandbox_worker", str(seen_in / "job.json")]
-        start = time.monotonic()
+        start, started_at = time.monotonic(), utcnow()
         with (base / "stderr.txt").open("wb") as err:
             try:
                 proc = isolation.spawn(
@@ -196,8 +196,13 @@ def judge(
             diag = from_data(data)
         except (ValueError, TypeError, KeyError) as exc:
             why = f"the sandboxed judge left an invalid result: {' '.join(str(exc).split())[:200]}"
-            return _no_result(model_ref, mode, execution, dtype, False, timeout_s, sandbox, why)
+            diag = _no_result(model_ref, mode, execution, dtype, False, timeout_s, sandbox, why)
+            diag.started_at = started_at
+            return diag
         diag.evidence["sandbox"] = sandbox
+        diag.started_at = started_at
+        if "total" in diag.timings:  # the worker's own total; "total" becomes the parent's
+            diag.timings["in_sandbox"] = diag.timings.pop("total")
         return diag
     finally:
         shutil.rmtree(base, ignore_errors=True)
@@ -284,8 +289,8 @@ def _known(cls: Any, data: Any) -> Any:
     for key, value in kept.items():
         if isinstance(value, dict):
             raise TypeError(f"{cls.__name__}.{key} is an object")
-        if isinstance(value, list):
-            kept[key] = tuple(value)
+    if isinstance(kept.get("worst_token"), list):
+        kept["worst_token"] = tuple(kept["worst_token"])
     return cls(**kept)
 
 

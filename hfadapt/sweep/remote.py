@@ -63,7 +63,6 @@ def judge_custom_code(
                         "evidence": {**row["evidence"], "sweep": {"role": "direct",
                                      "judged_in": "sandbox"}}})  # fmt: skip
             continue
-        if diag.finished_at is None:
-            diag.finished()
+        diag.finished()
         out.append(row_of(diag, model_id))
     return out
