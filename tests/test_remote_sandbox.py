@@ -161,6 +161,7 @@ def test_hostile_remote_code_cannot_write_read_secrets_or_connect(
         capsys,
     )
     data = json.loads(out)
+    print(f"\nhostile module, as recorded: {data['reason']}")
     # The code did run (its message is the reason), inside the sandbox:
     assert data["verdict"] == verdicts.LOAD_FAILED and "HOSTILE" in data["reason"], data["reason"]
     assert "openai=None" in data["reason"] and "hf=None" in data["reason"], data["reason"]

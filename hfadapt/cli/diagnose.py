@@ -171,6 +171,10 @@ def render(diag: Any) -> None:
     elif diag.config_source is not None:
         _say(f"[green]{level} evidence:[/green] ", where)
     _say("  ", diag.reason)
+    sandbox = diag.evidence.get("sandbox")
+    if isinstance(sandbox, dict):
+        how = "in the OS sandbox" if sandbox.get("isolated") else "WITHOUT OS isolation (unsafe)"
+        _say("  ", f"judged with the model's own code {how}, {sandbox.get('seconds', 0):.1f} s")
     v = diag.versions
     revision = f"; revision {diag.revision}" if diag.revision else ""
     _say(
