@@ -176,6 +176,7 @@ def load(
     token: str | bool | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     local_files_only: bool = False,
+    run_remote_code_in_process: bool = False,
 ) -> Any:
     """Load a Hub model (HF cache or download) or a local folder, apply the registry's adapters,
     convert to ``dtype`` and move it to ``device`` ("spyre" registers the simulated device
@@ -183,7 +184,19 @@ def load(
     ``SentenceTransformer`` whose ``encode()`` runs on the device and returns float32 on the
     host, as the stock model does (``sentence_transformers`` None: decide by the presence of
     modules.json). ``revision``, ``token``, ``cache_dir`` and ``local_files_only`` mean what
-    they mean to ``from_pretrained``. The applied adapters are at ``model._hfadapt_applied``."""
+    they mean to ``from_pretrained``. The applied adapters are at ``model._hfadapt_applied``.
+
+    ``trust_remote_code=True`` returns a model whose repository code runs in THIS process, so
+    it is refused (UsageError) unless ``run_remote_code_in_process=True`` says so explicitly;
+    to judge such a model safely use ``diagnose(..., trust_remote_code=True)``, which runs it
+    only in the OS sandbox (docs/remote-code.md)."""
+    if trust_remote_code and not run_remote_code_in_process:
+        raise UsageError(
+            "trust_remote_code: hfadapt.load would run the model repository's code in your own "
+            "process, outside any sandbox; judge it sandboxed with hfadapt.judge.diagnose.diagnose(..., "
+            "trust_remote_code=True) (CLI: hfadapt diagnose MODEL --trust-remote-code), or "
+            "pass run_remote_code_in_process=True to load it here anyway"
+        )
     from hfadapt.hub import resolve as locate
     from hfadapt.judge import load as loading
 

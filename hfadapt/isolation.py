@@ -70,16 +70,17 @@ def unavailable_reason() -> str | None:
     return None
 
 
-def require_isolation(*, unsafe: bool) -> bool:
+def require_isolation(*, unsafe: bool, what: str = "drafted code") -> bool:
     """True when untrusted code will run isolated. Without isolation, raise unless ``unsafe``
-    (the caller's explicit ``unsafe_no_isolation=True``), then return False."""
+    (the caller's explicit ``unsafe_no_isolation=True``), then return False. ``what`` names
+    the code refused ("drafted code", "the model's own code")."""
     why = unavailable_reason()
     if why is None:
         return True
     if unsafe:
         return False
     raise IsolationUnavailableError(
-        f"refusing to run drafted code without OS isolation: {why} "
+        f"refusing to run {what} without OS isolation: {why} "
         f"(or pass {UNSAFE_FLAG} to run it unisolated, recorded as such)"
     )
 

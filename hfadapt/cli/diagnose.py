@@ -66,7 +66,17 @@ def diagnose(
     trust_remote_code: Annotated[
         bool,
         typer.Option(
-            "--trust-remote-code", help="Run code from the model repository (review it first)."
+            "--trust-remote-code",
+            help="Run code from the model repository (review it first): only inside the OS "
+            "sandbox (bubblewrap: no network, no secrets, read-only root).",
+        ),
+    ] = False,
+    unsafe_no_isolation: Annotated[
+        bool,
+        typer.Option(
+            "--unsafe-no-isolation",
+            help="With --trust-remote-code where bubblewrap is unavailable: run the model's "
+            "code without OS isolation (recorded as such).",
         ),
     ] = False,
     revision: Annotated[
@@ -97,6 +107,8 @@ def diagnose(
 
     if not model.strip():
         raise UsageError("MODEL is empty: pass a Hub id or a model folder")
+    if unsafe_no_isolation and not trust_remote_code:
+        raise UsageError("--unsafe-no-isolation applies only with --trust-remote-code")
     diag = run_diagnose(
         model,
         mode=mode.value,
@@ -110,6 +122,7 @@ def diagnose(
         token=token,
         cache_dir=cache_dir,
         local_files_only=local_files_only,
+        unsafe_no_isolation=unsafe_no_isolation,
     )
     if as_json:
         typer.echo(json.dumps(diag.to_dict(), indent=2, default=str))
@@ -158,6 +171,10 @@ def render(diag: Any) -> None:
     elif diag.config_source is not None:
         _say(f"[green]{level} evidence:[/green] ", where)
     _say("  ", diag.reason)
+    sandbox = diag.evidence.get("sandbox")
+    if isinstance(sandbox, dict):
+        how = "in the OS sandbox" if sandbox.get("isolated") else "WITHOUT OS isolation (unsafe)"
+        _say("  ", f"judged with the model's own code {how}, {sandbox.get('seconds', 0):.1f} s")
     v = diag.versions
     revision = f"; revision {diag.revision}" if diag.revision else ""
     _say(

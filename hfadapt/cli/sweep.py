@@ -173,6 +173,22 @@ def sweep(
             help="Start a new sweep instead of resuming an unfinished one with the same options.",
         ),
     ] = False,
+    trust_remote_code: Annotated[
+        bool,
+        typer.Option(
+            "--trust-remote-code",
+            help="Judge models that need their own code (no native translation) with it, each "
+            "only inside the OS sandbox (no network: their code must be in the HF cache).",
+        ),
+    ] = False,
+    unsafe_no_isolation: Annotated[
+        bool,
+        typer.Option(
+            "--unsafe-no-isolation",
+            help="With --trust-remote-code where bubblewrap is unavailable: run that code "
+            "without OS isolation (recorded as such).",
+        ),
+    ] = False,
     profile: ProfileOption = None,
     db: DbOption = None,
     as_json: JsonOption = False,
@@ -182,6 +198,8 @@ def sweep(
     from hfadapt.sweep.limits import max_local_workers
     from hfadapt.sweep.run import run_sweep
 
+    if unsafe_no_isolation and not trust_remote_code:
+        raise UsageError("--unsafe-no-isolation applies only with --trust-remote-code")
     if executor == Executor.LOCAL and workers is not None:
         cap, why = max_local_workers(memory_limit)
         if workers > cap:
@@ -240,6 +258,8 @@ def sweep(
             narrow=not full_width,
             resume=not fresh,
             progress=update,
+            trust_remote_code=trust_remote_code,
+            unsafe_no_isolation=unsafe_no_isolation,
         )
     if as_json:
         typer.echo(json.dumps({**vars(result), "db": describe(engine)}, indent=2, default=str))

@@ -166,6 +166,7 @@ def diagnose(
     token: str | bool | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     local_files_only: bool = False,
+    unsafe_no_isolation: bool = False,
 ) -> Diagnosis:
     """Judge one model on the simulated Spyre device and record the run (see module doc).
 
@@ -179,6 +180,11 @@ def diagnose(
     torch.compile) or "eager". ``dtype``: fp16, bf16 or fp32; None (or "auto") takes the
     profile's dtype for the model's family (bf16 for Gemma and T5, fp16 otherwise), recorded
     with its source in the evidence ("dtype_policy").
+
+    ``trust_remote_code=True``: the model's own code runs only in the OS sandbox: the whole
+    judging happens in a sandboxed worker (:mod:`hfadapt.judge.sandboxed`) and comes back as
+    validated data; IsolationUnavailableError (exit 2) where bubblewrap cannot isolate it,
+    unless ``unsafe_no_isolation=True``. A custom ``runner`` cannot cross into the sandbox.
 
     Raises UsageError for bad options, ModelNotFoundError when there is no model to judge, and
     ProfileError for an unknown profile; every other outcome is a verdict in the Diagnosis.
@@ -196,12 +202,28 @@ def diagnose(
         local_files_only=local_files_only,
     )
     try:
+        if trust_remote_code and not isinstance(model_ref, LoadedModel):
+            from hfadapt.judge import sandboxed
+
+            return sandboxed.judge_and_record(model_ref, engine, mode=mode, dtype=dtype, execution=execution,
+                              adapters=adapters, profile=profile, runner=runner, hub=hub,
+                              localize_failures=localize_failures,
+                              unsafe_no_isolation=unsafe_no_isolation)  # fmt: skip
         return _diagnose(model_ref, prof, engine, mode=mode, dtype=dtype, execution=execution,
                          adapters=adapters, trust_remote_code=trust_remote_code, profile=profile,
                          runner=runner, localize_failures=localize_failures, hub=hub)  # fmt: skip
     finally:
         if engine is not None and engine is not db:
             engine.dispose()
+
+
+def judge_here(
+    model_ref: str, prof: Any, *, profile: str | None, hub: HubOptions, **options: Any
+) -> Diagnosis:
+    """Judge with the model's own code in THIS process, unrecorded: only the sandboxed worker
+    (:mod:`hfadapt.judge.sandboxed`) calls it, inside the sandbox."""
+    return _diagnose(model_ref, prof, None, trust_remote_code=True, profile=profile,
+                     runner=None, hub=hub, **options)  # fmt: skip
 
 
 def _engine(db: Any) -> Any:

@@ -173,6 +173,8 @@ def run_sweep(
     progress: Callable[[SweepProgress], None] | None = None,
     worker: str | Callable[..., Any] = DEFAULT_WORKER,
     runner: str | None = None,
+    trust_remote_code: bool = False,
+    unsafe_no_isolation: bool = False,
 ) -> SweepResult:
     """Sweep the crawled models (crawling the bundled snapshot first if the database has no
     crawl) and return what it did. See the module doc.
@@ -188,7 +190,10 @@ def run_sweep(
     ``resume``: continue the newest unfinished sweep with the same options (an int: that
     sweep; False: a new one). ``offline``: no Hub requests (default: when the crawl is the
     bundled snapshot). ``worker``/``runner``: the worker function and device runner as
-    ``module:function`` (tests inject stand-ins).
+    ``module:function`` (tests inject stand-ins). ``trust_remote_code``: models that need
+    their own code (and have no native translation) are judged in the OS sandbox
+    (hfadapt.sweep.remote), never in this process or a worker; IsolationUnavailableError
+    before any work where bubblewrap cannot isolate them, unless ``unsafe_no_isolation``.
     """
     from hfadapt.spyre.profile import load_profile
 
@@ -197,6 +202,14 @@ def run_sweep(
         workers = max(1, min(2, cap))
     dtype = dtype or "auto"  # hfadapt.spyre.profile.AUTO_DTYPE, without importing torch here
     _check(mode, execution, dtype, workers, timeout, executor, memory_limit)
+    if unsafe_no_isolation and not trust_remote_code:
+        raise UsageError("unsafe_no_isolation applies only with trust_remote_code=True")
+    if trust_remote_code:
+        from hfadapt.isolation import require_isolation
+
+        require_isolation(
+            unsafe=unsafe_no_isolation, what="the model's own code (--trust-remote-code)"
+        )
     prof = load_profile(profile)
     if memory_limit is None:
         memory_limit = default_memory_limit_mb(workers)
@@ -233,6 +246,8 @@ def run_sweep(
         "adapters": adapters,
         "crawl_id": crawl.id if crawl else None,
     }
+    if trust_remote_code:  # only then: sweeps started before this option resume as before
+        options["trust_remote_code"] = True
     sweep, resumed = open_sweep(
         engine,
         options,
@@ -253,6 +268,14 @@ def run_sweep(
     )
     assert sweep.id is not None
     try:
+        if trust_remote_code:
+            from hfadapt.sweep.remote import judge_custom_code
+
+            plan.direct = judge_custom_code(
+                plan.direct, done_rows(engine, sweep.id), mode=mode, execution=execution,
+                dtype=dtype, profile=profile, adapters=adapters,
+                unsafe_no_isolation=unsafe_no_isolation,
+            )  # fmt: skip
         return _drive(
             engine, sweep.id, resumed, plan, started, progress,
             executor=pool,

@@ -1,0 +1,61 @@
+"""The sandboxed judge's worker: ``python -m hfadapt.judge.sandbox_worker JOB.json``, started
+only by :mod:`hfadapt.judge.sandboxed` inside the OS sandbox. It judges one model with its own
+code (``trust_remote_code=True``), offline, unrecorded, and writes the Diagnosis as JSON into
+the result folder named by the job."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hfadapt.hub.resolve import HubOptions
+
+RESULT = "diagnosis.json"  # the name hfadapt.judge.sandboxed reads
+
+
+def _work(job: dict[str, Any]) -> dict[str, Any]:
+    from hfadapt.judge import diagnose as judging
+    from hfadapt.spyre.profile import load_profile
+
+    hub = HubOptions(
+        revision=job.get("revision"),
+        token=False,
+        cache_dir=job.get("cache_dir"),
+        local_files_only=True,
+    )
+    diag = judging.judge_here(
+        job["model"],
+        load_profile(job.get("profile")),
+        mode=job["mode"],
+        dtype=job.get("dtype"),
+        execution=job["execution"],
+        adapters=bool(job["adapters"]),
+        profile=job.get("profile"),
+        localize_failures=bool(job["localize_failures"]),
+        hub=hub,
+    )
+    return diag.to_dict()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Read the job, judge with the model's own code, write diagnosis.json atomically."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    job = json.loads(Path(args[0]).read_text(encoding="utf-8"))
+    from hfadapt.errors import InputError
+
+    try:
+        data = _work(job)
+    except InputError as exc:  # no model to judge, a bad option: the parent raises it again
+        data = {"input_error": {"class": type(exc).__name__, "message": exc.one_line()}}
+    out = Path(job["output_dir"])
+    part = out / (RESULT + ".part")
+    part.write_text(json.dumps(data, default=str), encoding="utf-8")
+    part.replace(out / RESULT)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,358 @@
+"""Judging a model whose own code must run (``trust_remote_code=True``) only inside the OS
+sandbox of :mod:`hfadapt.isolation`: no network, no secrets, the root read-only, a private
+tmpfs. The parent never imports the model's code. It writes a job, starts
+``python -m hfadapt.judge.sandbox_worker JOB.json`` through ``isolation.spawn``, and the worker does
+the whole judging there (load with ``trust_remote_code=True``, CPU reference, device run,
+metrics, localization) and leaves the Diagnosis as JSON in its result folder. The parent reads
+that file as untrusted data, validates every field it keeps (types, known verdict strings),
+and returns a :class:`~hfadapt.judge.diagnosis.Diagnosis` that ``diagnose`` records.
+
+Without bubblewrap the parent refuses (:class:`~hfadapt.errors.IsolationUnavailableError`,
+exit 2) unless the caller passed ``unsafe_no_isolation=True``; such a run is recorded with
+``evidence.sandbox.isolated == False``. See docs/remote-code.md."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from hfadapt import isolation, verdicts
+from hfadapt.db.tables import utcnow
+from hfadapt.errors import SandboxError, UsageError
+from hfadapt.hub.resolve import HubOptions
+from hfadapt.judge.diagnosis import Diagnosis, next_step, write_run
+from hfadapt.judge.localize import Divergence
+from hfadapt.judge.metrics import Metrics
+from hfadapt.spyre.lowering_report import LoweringReport
+
+RESULT = "diagnosis.json"
+DEFAULT_TIMEOUT_S = 900.0
+MAX_RESULT_BYTES = 32 * 1024 * 1024
+_STR_FIELDS = ("model_id", "reason", "execution", "dtype", "next_step")
+_OPTIONAL_STR = ("revision", "signature", "model_type", "config_source", "evidence_level", "error")
+
+
+def _package_root() -> Path:
+    return Path(__file__).resolve().parents[2]
+
+
+def _env(isolated: bool, scratch: Path) -> dict[str, str]:
+    """The worker's whole environment: the allowlist of :func:`isolation.sandbox_env`, offline
+    Hub settings, and scratch places for the model's copied code and compile caches."""
+    tmp = "/tmp" if isolated else str(scratch)
+    extra = {
+        "PYTHONPATH": os.pathsep.join(
+            p for p in (str(_package_root()), os.environ.get("PYTHONPATH")) if p
+        ),
+        "HFADAPT_SANDBOX": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+        # transformers copies remote code here before importing it: never the user's cache
+        "HF_MODULES_CACHE": f"{tmp}/hf_modules",
+        "TORCHINDUCTOR_CACHE_DIR": f"{tmp}/inductor",
+    }
+    for name in ("HF_HOME", "HF_HUB_CACHE", "HFADAPT_HOME", "HFADAPT_ADAPTERS_PATH"):
+        if os.environ.get(name):
+            extra[name] = os.environ[name]
+    try:
+        from huggingface_hub import constants
+
+        extra.setdefault("HF_HOME", str(constants.HF_HOME))
+        extra.setdefault("HF_HUB_CACHE", str(constants.HF_HUB_CACHE))
+    except ImportError:  # pragma: no cover - a dependency
+        pass
+    env = isolation.sandbox_env(extra)
+    if not isolated:
+        env.update(HOME=f"{tmp}/home", TMPDIR=tmp)
+    return env
+
+
+def _readable(env: dict[str, str], model: str, cache_dir: str | None) -> list[Path]:
+    """What the worker reads that the sandbox's tmpfs or hidden home would cover."""
+    from hfadapt.adapters.registry import user_adapters_dir
+
+    paths = [Path(env[k]) for k in ("HF_HOME", "HF_HUB_CACHE", "HFADAPT_HOME") if env.get(k)]
+    paths += [Path(p) for p in env.get("HFADAPT_ADAPTERS_PATH", "").split(os.pathsep) if p]
+    paths += [Path(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    paths += [Path(sys.base_prefix), Path(sys.prefix), Path(sys.executable).resolve().parent]
+    paths += [Path(p) for p in sys.path if p and os.path.isdir(p)]
+    paths.append(user_adapters_dir())
+    if cache_dir:
+        paths.append(Path(cache_dir))
+    if os.path.isabs(model):
+        paths.append(Path(model))
+    return [p.resolve() for p in paths]
+
+
+def judge_and_record(
+    model_ref: str | os.PathLike[str], engine: Any, *, runner: Any, **job: Any
+) -> Diagnosis:
+    """What ``diagnose(..., trust_remote_code=True)`` does: judge in the sandbox (:func:`judge`),
+    then record the validated Diagnosis as one Run row (``engine`` None: not recorded)."""
+    if runner is not None:
+        raise UsageError(
+            "runner: a custom device runner cannot run inside the sandbox that "
+            "trust_remote_code=True judges in; pass runner=None"
+        )
+    diag = judge(os.fspath(model_ref), **job)
+    if not diag.next_step:
+        diag.next_step = next_step(diag)
+    diag.finished()  # total: the parent's wall time, sandbox start-up included
+    if engine is not None:
+        diag.run_id = write_run(diag, engine)
+    return diag
+
+
+def judge(
+    model_ref: str,
+    *,
+    mode: str,
+    dtype: str | None,
+    execution: str,
+    adapters: bool,
+    profile: str | None,
+    localize_failures: bool,
+    hub: HubOptions,
+    unsafe_no_isolation: bool = False,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> Diagnosis:
+    """Judge ``model_ref`` with its own code, in a sandboxed worker; the Diagnosis it returns
+    is rebuilt from validated data (not yet recorded). Raises IsolationUnavailableError when
+    bubblewrap cannot isolate it and ``unsafe_no_isolation`` is False."""
+    isolated = isolation.require_isolation(
+        unsafe=unsafe_no_isolation, what="the model's own code (--trust-remote-code)"
+    )
+    local = Path(model_ref).expanduser()
+    model = str(local.resolve()) if local.exists() else model_ref
+    base = Path(tempfile.mkdtemp(prefix="hfadapt-remote-"))
+    inputs, outputs = base / "in", base / "out"
+    inputs.mkdir()
+    outputs.mkdir()
+    seen_in = Path(isolation.INPUT_DIR) if isolated else inputs
+    seen_out = Path(isolation.OUTPUT_DIR) if isolated else outputs
+    job = {
+        "model": model,
+        "mode": mode,
+        "dtype": dtype,
+        "execution": execution,
+        "adapters": adapters,
+        "profile": profile,
+        "localize_failures": localize_failures,
+        "revision": hub.revision,
+        "cache_dir": hub.cache_dir,
+        "output_dir": str(seen_out),
+    }  # no token: the sandbox has no network and gets no secret
+    try:
+        (inputs / "job.json").write_text(json.dumps(job), encoding="utf-8")
+        env = _env(isolated, outputs)
+        command = [sys.executable, "-m", "hfadapt.judge.sandbox_worker", str(seen_in / "job.json")]
+        start, started_at = time.monotonic(), utcnow()
+        with (base / "stderr.txt").open("wb") as err:
+            try:
+                proc = isolation.spawn(
+                    command,
+                    inputs=inputs,
+                    outputs=outputs,
+                    env=env,
+                    limits=isolation.Limits(cpu_seconds=int(timeout_s) + 5),
+                    stdout=err,
+                    stderr=err,
+                    isolate=isolated,
+                    readable=_readable(env, model, hub.cache_dir),
+                )
+            except OSError as exc:
+                raise SandboxError(f"cannot start the sandboxed judge: {exc}") from exc
+            timed_out = False
+            try:
+                code = proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                _kill_group(proc)
+                code = proc.wait()
+        seconds = round(time.monotonic() - start, 3)
+        stderr = (base / "stderr.txt").read_text(encoding="utf-8", errors="replace")
+        tail = _scrub("\n".join(stderr.strip().splitlines()[-15:]))
+        raw = isolation.read_result(outputs, RESULT, MAX_RESULT_BYTES)
+        sandbox = {"isolated": isolated, "exit_code": code, "seconds": seconds}
+        if raw is None or timed_out:
+            return _no_result(
+                model_ref, mode, execution, dtype, timed_out, timeout_s, sandbox, tail
+            )
+        try:
+            data = json.loads(_scrub(raw.decode("utf-8", errors="replace")))
+            _raise_input_error(data)
+            diag = from_data(data)
+        except (ValueError, TypeError, KeyError) as exc:
+            why = f"the sandboxed judge left an invalid result: {' '.join(str(exc).split())[:200]}"
+            diag = _no_result(model_ref, mode, execution, dtype, False, timeout_s, sandbox, why)
+            diag.started_at = started_at
+            return diag
+        diag.evidence["sandbox"] = sandbox
+        diag.started_at = started_at
+        if "total" in diag.timings:  # the worker's own total; "total" becomes the parent's
+            diag.timings["in_sandbox"] = diag.timings.pop("total")
+        return diag
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _raise_input_error(data: Any) -> None:
+    """The worker found bad input (no such model, a bad option): raised here as the same
+    kind of error an unsandboxed diagnose raises, with the worker's (scrubbed) message."""
+    from hfadapt import errors
+
+    if not isinstance(data, dict) or not isinstance(data.get("input_error"), dict):
+        return
+    name, message = data["input_error"].get("class"), data["input_error"].get("message")
+    kind = getattr(errors, name, None) if isinstance(name, str) else None
+    if not (isinstance(kind, type) and issubclass(kind, errors.InputError)):
+        kind = errors.InputError
+    text = str(message)[:500] if message else "bad input"
+    raise kind(text.split(": ", 1)[1] if text.startswith(f"{name}: ") else text)
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()
+
+
+def _scrub(text: str) -> str:
+    """A second fence: any value of a credential-named variable of this process is cut out
+    of what the worker returned (the worker never had them; this makes sure)."""
+    for key, value in os.environ.items():
+        if isolation.SECRET_NAME.search(key) and len(value) >= 6:
+            text = text.replace(value, "[redacted]")
+    return text
+
+
+def _no_result(
+    model: str,
+    mode: str,
+    execution: str,
+    dtype: str | None,
+    timed_out: bool,
+    timeout_s: float,
+    sandbox: dict[str, Any],
+    why: str,
+) -> Diagnosis:
+    verdict = verdicts.WORKER_TIMEOUT if timed_out else verdicts.WORKER_CRASHED
+    reason = (
+        f"the sandboxed judge exceeded {timeout_s:g} s and was killed"
+        if timed_out
+        else f"the sandboxed judge ended without a result (exit {sandbox['exit_code']})"
+    )
+    last = why.strip().splitlines()[-1] if why.strip() else ""
+    diag = Diagnosis(
+        model_id=model,
+        verdict=verdict,
+        reason=f"{reason}: {last[:300]}" if last else reason,
+        mode=mode,
+        execution=execution,
+        dtype=dtype or "auto",
+        structural=mode == "structural",
+    )
+    diag.evidence["sandbox"] = {**sandbox, "stderr_tail": why[-4000:]}
+    return diag
+
+
+def _str(data: dict[str, Any], key: str, *, optional: bool = False) -> str | None:
+    value = data.get(key)
+    if value is None and optional:
+        return None
+    if not isinstance(value, str):
+        raise TypeError(f"{key} is {type(value).__name__}, not a string")
+    return value
+
+
+def _known(cls: Any, data: Any) -> Any:
+    """A dataclass rebuilt from a dict: only its own fields, each a JSON scalar or list."""
+    if data is None:
+        return None
+    if not isinstance(data, dict):
+        raise TypeError(f"{cls.__name__} is {type(data).__name__}, not an object")
+    names = {f.name for f in fields(cls)}
+    kept = {k: v for k, v in data.items() if k in names}
+    for key, value in kept.items():
+        if isinstance(value, dict):
+            raise TypeError(f"{cls.__name__}.{key} is an object")
+    if isinstance(kept.get("worst_token"), list):
+        kept["worst_token"] = tuple(kept["worst_token"])
+    return cls(**kept)
+
+
+def from_data(data: Any) -> Diagnosis:
+    """The Diagnosis the sandboxed worker wrote, checked field by field (ValueError/TypeError on
+    anything out of shape: an unknown verdict, a wrong type, a missing field)."""
+    if not isinstance(data, dict):
+        raise TypeError("the result is not a JSON object")
+    verdict = _str(data, "verdict")
+    if verdict not in verdicts.ALL:
+        raise ValueError(f"unknown verdict {verdict!r}")
+    mode = _str(data, "mode")
+    if mode not in ("full", "structural"):
+        raise ValueError(f"unknown mode {mode!r}")
+    exit_code = data.get("exit_code")
+    if exit_code not in (0, 1, 2) or isinstance(exit_code, bool):
+        raise ValueError(f"exit_code {exit_code!r} is not 0, 1 or 2")
+    if not isinstance(data.get("structural"), bool):
+        raise TypeError("structural is not a boolean")
+    diag = Diagnosis(
+        verdict=verdict,
+        mode=mode,
+        structural=data["structural"],
+        exit_code=exit_code,
+        **{k: _str(data, k) for k in _STR_FIELDS},  # type: ignore[arg-type]
+    )
+    for key in _OPTIONAL_STR:
+        setattr(diag, key, _str(data, key, optional=True))
+    diag.adapters = _strings(data.get("adapters", []), "adapters")
+    diag.versions = {k: str(v) for k, v in _obj(data.get("versions"), "versions").items()}
+    diag.timings = {
+        k: float(v)
+        for k, v in _obj(data.get("timings"), "timings").items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
+    diag.signature_fields = data.get("signature_fields")
+    if diag.signature_fields is not None:
+        _obj(diag.signature_fields, "signature_fields")
+    diag.evidence = _obj(data.get("evidence"), "evidence")
+    metrics = data.get("metrics")
+    if isinstance(metrics, dict):
+        metrics = {k: v for k, v in metrics.items() if k != "passed"}
+    diag.metrics = _known(Metrics, metrics)
+    diag.divergence = _known(Divergence, data.get("divergence"))
+    report = data.get("report")
+    diag.report = LoweringReport.from_dict(_obj(report, "report")) if report else None
+    if verdict == verdicts.PASS and diag.metrics is None:
+        raise ValueError("verdict pass without metrics")
+    if diag.metrics is not None and diag.metrics.passed != (verdict == verdicts.PASS):
+        raise ValueError(f"verdict {verdict} disagrees with its metrics")
+    return diag
+
+
+def _obj(value: Any, name: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise TypeError(f"{name} is {type(value).__name__}, not an object")
+    return value
+
+
+def _strings(value: Any, name: str) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise TypeError(f"{name} is not a list of strings")
+    return list(value)
