@@ -3,6 +3,7 @@ module, transfers both ways, model.to("spyre"), views that alias, and the real-c
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -109,8 +110,11 @@ _FRESH_PROCESS = textwrap.dedent(
 
 
 def test_import_is_lazy_and_the_real_torch_spyre_wins() -> None:
+    # With the torch.backends entry point opted out (test_device_autoload covers it), importing
+    # hfadapt registers nothing by itself.
+    env = {**os.environ, "HFADAPT_SPYRE_AUTOLOAD": "0"}
     done = subprocess.run(
-        [sys.executable, "-c", _FRESH_PROCESS], capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", _FRESH_PROCESS], capture_output=True, text=True, timeout=120, env=env
     )
     assert done.returncode == 0, done.stderr[-2000:]
     out = done.stdout

@@ -455,7 +455,7 @@ def test_real_device_fault_is_localized(tiny_model_dirs: dict[str, Path]) -> Non
         target.forward = forward
         return run_on_device(model, inputs, **kwargs)
 
-    diag = diagnose(tiny_model_dirs["bert"], runner=faulty)
+    diag = diagnose(tiny_model_dirs["bert"], runner=faulty, execution="eager")
     d = diag.divergence
     print(f"\n{diag.verdict}: {diag.reason}\n  {d.summary() if d else diag.evidence}")
     assert diag.verdict == verdicts.VERIFICATION_FAILED, diag.reason
