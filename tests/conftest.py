@@ -3,11 +3,31 @@ tmp_path, so nothing a test does touches the user's files or sends the user's to
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from hub_server import FakeHub
+
+
+@pytest.fixture(autouse=True)
+def no_state_between_tests() -> Iterator[None]:
+    """After each test: Dynamo's compiled frames dropped (a registry loads adapter files as new
+    module objects, and a frame compiled against another test's module globals must not be
+    reused), and transformers' dynamic ``transformers_modules`` packages forgotten (each test
+    has its own HF modules cache)."""
+    yield
+    if "torch" in sys.modules:
+        import torch
+
+        torch._dynamo.reset()
+    for name in [
+        m
+        for m in sys.modules
+        if m == "transformers_modules" or m.startswith("transformers_modules.")
+    ]:
+        del sys.modules[name]
 
 
 @pytest.fixture(autouse=True)

@@ -157,7 +157,12 @@ def test_a_sandbox_that_cannot_start_is_a_sandbox_error(monkeypatch: pytest.Monk
     from hfadapt.agent.sandbox import run_sandbox
 
     missing = "/nonexistent/hfadapt-python"
-    monkeypatch.setattr(sys, "executable", missing)
+
+    def cannot_exec(*args: object, **kwargs: object) -> None:
+        raise FileNotFoundError(2, "No such file or directory", missing)
+
+    # the launcher (bubblewrap, or the plain process after an opt-out) cannot exec
+    monkeypatch.setattr("hfadapt.isolation.spawn", cannot_exec)
     with pytest.raises(
         SandboxError, match=r"^cannot start the sandbox process: .*hfadapt-python"
     ) as info:
@@ -172,8 +177,11 @@ def test_a_sandbox_that_cannot_start_is_a_sandbox_error(monkeypatch: pytest.Monk
     ("kwargs", "match"),
     [
         ({"name": "bad name!"}, r"^adapter name 'bad name!' must be letters, digits, '-' or '_'$"),
-        ({"kind": "decorator"}, r"^adapter ok-name: unknown kind 'decorator'$"),
-        ({"proof": "vibes"}, r"^adapter ok-name: proof must be 'call' or 'model', not 'vibes'$"),
+        (
+            {"kind": "decorator"},
+            r"^adapter ok-name: kind must be one of method, pre_hook, attention, not 'decorator'$",
+        ),
+        ({"proof": "vibes"}, r"^adapter ok-name: proof must be one of call, model, not 'vibes'$"),
     ],
 )
 def test_adapter_decorator_refuses_bad_metadata(kwargs: dict[str, Any], match: str) -> None:

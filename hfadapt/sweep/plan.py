@@ -174,11 +174,15 @@ def plan_sweep(
                 except HfadaptError as exc:
                     error = exc.one_line()
             plan.sources[model.id] = source
-            why = remote_code_reason(raw, model.id)
+            # remote code shows in the listing's summary too (auto_map, the remote config
+            # class), even when it holds no shapes to judge
+            listing = model.config_json if isinstance(model.config_json, dict) else None
+            seen = raw if raw is not None else listing
+            why = remote_code_reason(seen, model.id)
             if model.is_custom_code and not why:
                 why = "the Hub marks it custom_code"
             if why:
-                native = translated(model.id, raw)
+                native = translated(model.id, seen)
                 if not isinstance(native, Translation):
                     reason = f"{model.id} needs its own code: {why}; {native.one_line()}; review it, then: hfadapt diagnose {model.id} --trust-remote-code"
                     plan.direct.append(_direct(model, verdicts.CUSTOM_CODE, reason, mode, source))
