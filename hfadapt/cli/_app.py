@@ -12,6 +12,8 @@ import typer
 from rich.console import Console
 
 from hfadapt.errors import UsageError
+from hfadapt.options import DType
+from hfadapt.options import DType
 
 app = typer.Typer(
     name="hfadapt",
@@ -39,6 +41,15 @@ DbOption = Annotated[
     ),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+DTypeOption = Annotated[
+    DType | None,
+    typer.Option(
+        "--dtype",
+        help="Device dtype (default: the profile's dtype for the model's family: bf16 for "
+        "Gemma and T5, fp16 otherwise).",
+        show_default=False,
+    ),
+]
 ProfileOption = Annotated[
     str | None,
     typer.Option(

@@ -10,10 +10,18 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from hfadapt.cli._app import DbOption, JsonOption, ProfileOption, app, console, err_console
+from hfadapt.cli._app import (
+    DbOption,
+    DTypeOption,
+    JsonOption,
+    ProfileOption,
+    app,
+    console,
+    err_console,
+)
 from hfadapt.errors import UsageError
 from hfadapt.judge.evidence import describe_source
-from hfadapt.options import DType, Mode
+from hfadapt.options import Mode
 
 _COLOURS = {
     "pass": "green",
@@ -43,15 +51,7 @@ def diagnose(
             "--mode", help="full: real weights. structural: real config, random weights, 2 layers."
         ),
     ] = Mode.FULL,
-    dtype: Annotated[
-        DType | None,
-        typer.Option(
-            "--dtype",
-            help="Device dtype (default: the profile's dtype for the model's family: bf16 for "
-            "Gemma and T5, fp16 otherwise).",
-            show_default=False,
-        ),
-    ] = None,
+    dtype: DTypeOption = None,
     compile_: Annotated[
         bool,
         typer.Option(

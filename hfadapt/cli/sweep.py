@@ -16,6 +16,7 @@ from rich.text import Text
 
 from hfadapt.cli._app import (
     DbOption,
+    DTypeOption,
     JsonOption,
     ProfileOption,
     app,
@@ -26,7 +27,7 @@ from hfadapt.cli._app import (
 )
 from hfadapt.cli.progress_log import ProgressLog
 from hfadapt.errors import UsageError
-from hfadapt.options import DType, Executor, Mode
+from hfadapt.options import Executor, Mode
 
 
 def _log_line(text: str) -> None:
@@ -150,15 +151,7 @@ def sweep(
             "the card), or eager ops (--eager).",
         ),
     ] = True,
-    dtype: Annotated[
-        DType | None,
-        typer.Option(
-            "--dtype",
-            help="Device dtype (default: the profile's dtype for the model's family: bf16 for "
-            "Gemma and T5, fp16 otherwise).",
-            show_default=False,
-        ),
-    ] = None,
+    dtype: DTypeOption = None,
     full_width: Annotated[
         bool,
         typer.Option(
