@@ -13,7 +13,6 @@ from rich.console import Console
 
 from hfadapt.errors import UsageError
 from hfadapt.options import DType
-from hfadapt.options import DType
 
 app = typer.Typer(
     name="hfadapt",
