@@ -106,15 +106,9 @@ def _cache_env() -> dict[str, str]:
 def readable_paths(job: dict[str, Any], env: dict[str, str]) -> list[Path]:
     """What the worker must read that the sandbox's tmpfs or hidden home would cover: the model
     cache, hfadapt's home and adapter folders, the package, a local model folder, captured calls."""
-    paths = [Path(env[k]) for k in ("HF_HOME", "HF_HUB_CACHE", "HFADAPT_HOME") if env.get(k)]
-    paths += [Path(p) for p in env.get("HFADAPT_ADAPTERS_PATH", "").split(os.pathsep) if p]
-    paths += [Path(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    # The interpreter and its packages (pyenv keeps them in the home the sandbox hides).
-    paths += [Path(sys.base_prefix), Path(sys.prefix), Path(sys.executable).resolve().parent]
-    paths += [Path(p) for p in sys.path if p and os.path.isdir(p)]
-    from hfadapt.adapters.registry import user_adapters_dir
+    from hfadapt.judge.sandboxed import worker_readable_paths
 
-    paths.append(user_adapters_dir())
+    paths = worker_readable_paths(env)
     case = job.get("case") or {}
     if case.get("example_file"):
         paths.append(Path(case["example_file"]))

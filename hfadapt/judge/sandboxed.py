@@ -79,8 +79,10 @@ def _env(isolated: bool, scratch: Path) -> dict[str, str]:
     return env
 
 
-def _readable(env: dict[str, str], model: str, cache_dir: str | None) -> list[Path]:
-    """What the worker reads that the sandbox's tmpfs or hidden home would cover."""
+def worker_readable_paths(env: dict[str, str]) -> list[Path]:
+    """What any sandboxed hfadapt worker reads that the sandbox's tmpfs or hidden home would
+    cover: the model caches, hfadapt's home and adapter folders, the package and the interpreter
+    (pyenv keeps them in the home the sandbox hides). Callers add their own inputs."""
     from hfadapt.adapters.registry import user_adapters_dir
 
     paths = [Path(env[k]) for k in ("HF_HOME", "HF_HUB_CACHE", "HFADAPT_HOME") if env.get(k)]
@@ -89,6 +91,12 @@ def _readable(env: dict[str, str], model: str, cache_dir: str | None) -> list[Pa
     paths += [Path(sys.base_prefix), Path(sys.prefix), Path(sys.executable).resolve().parent]
     paths += [Path(p) for p in sys.path if p and os.path.isdir(p)]
     paths.append(user_adapters_dir())
+    return paths
+
+
+def _readable(env: dict[str, str], model: str, cache_dir: str | None) -> list[Path]:
+    """The worker's common reads, plus the model's cache folder and local folder."""
+    paths = worker_readable_paths(env)
     if cache_dir:
         paths.append(Path(cache_dir))
     if os.path.isabs(model):
