@@ -16,8 +16,11 @@ def no_state_between_tests() -> Iterator[None]:
     """After each test: Dynamo's compiled frames dropped (a registry loads adapter files as new
     module objects, and a frame compiled against another test's module globals must not be
     reused), and transformers' dynamic ``transformers_modules`` packages forgotten (each test
-    has its own HF modules cache)."""
+    has its own HF modules cache, which transformers appends to ``sys.path``: a stale entry
+    earlier on the path would shadow the next test's ``transformers_modules`` package)."""
+    saved_path = list(sys.path)
     yield
+    sys.path[:] = saved_path
     if "torch" in sys.modules:
         import torch
 
