@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from hfadapt.adapters.api import adapter, host_copy, on_host
+from hfadapt.adapters.api import adapter, host_constant, host_copy, on_host
 from hfadapt.adapters.rebind import rebind, stock_method
 
 
@@ -54,14 +54,10 @@ ROPE_FORMS: dict[str, RopeForm] = {
     ),
     "eurobert": RopeForm("eurobert", "transformers.models.eurobert.modeling_eurobert", "EuroBert"),
 }
-_ROTATIONS: dict[tuple[int, torch.dtype, str], Tensor] = {}
-
-
 def rotation_matrix(dim: int, dtype: torch.dtype, device: torch.device) -> Tensor:
     """R with x @ R == rotate_half(x) == cat(-x[..., d/2:], x[..., :d/2]). Built on the host
     once per (size, dtype, device); a compiled graph then sees it as a constant."""
-    found = _ROTATIONS.get((dim, dtype, str(device)))
-    return found if found is not None else _build_rotation(dim, dtype, device)
+    return host_constant("rope.rotate_half", _rotation, dim, dtype, back_to=device)
 
 
 def _rotation(dim: int, dtype: torch.dtype) -> Tensor:
@@ -71,12 +67,6 @@ def _rotation(dim: int, dtype: torch.dtype) -> Tensor:
     r[idx + half, idx] = -1
     r[idx, idx + half] = 1
     return r
-
-
-@torch.compiler.disable
-def _build_rotation(dim: int, dtype: torch.dtype, device: torch.device) -> Tensor:
-    found = _ROTATIONS[(dim, dtype, str(device))] = on_host(_rotation, dim, dtype, back_to=device)
-    return found
 
 
 def rotate_half_matmul(x: Tensor) -> Tensor:

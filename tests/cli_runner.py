@@ -19,8 +19,14 @@ def run_cli(
     columns: int = 220,
 ) -> tuple[int, str, str]:
     """(exit code, stdout, stderr) of ``hfadapt *args`` in a terminal ``columns`` wide."""
+    from hfadapt.cli._app import console, err_console
+
     monkeypatch.setattr(sys, "argv", ["hfadapt", *args])
     monkeypatch.setenv("COLUMNS", str(columns))  # rich wraps tables at the terminal width
+    # The consoles read COLUMNS once, when hfadapt.cli is first imported (in some test, in a
+    # terminal of some width): each run sets the width it asks for.
+    for c in (console, err_console):
+        monkeypatch.setattr(c, "_width", columns)  # rich's own field: undo restores "unset"
     code = 0
     try:
         main()

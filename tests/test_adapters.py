@@ -208,3 +208,29 @@ def test_architecture_fails_without_adapters(arch_folders: Path, model_type: str
         f"{model_type} without adapters: {d.verdict} ({d.reason})"
     )
     assert rules, f"{model_type}: lowering failed with no violation listed"
+
+
+def test_rope_rewrite_compiled_against_one_registry_runs_with_another() -> None:
+    """A registry executes its adapter files as new modules; a frame Dynamo compiled for one
+    registry's rope rewrite must keep working for another's (their caches once differed and
+    the guard raised KeyError inside Dynamo)."""
+    import torch
+    import transformers.models.qwen3.modeling_qwen3 as qwen3
+
+    from hfadapt.adapters.rebind import rebind
+
+    torch._dynamo.reset()
+    applies = []
+    for _ in range(2):
+        fn = discover(paths=[], entry_points=False).get("rope-rotate-matmul-qwen3").fn
+        applies.append(
+            rebind(qwen3.apply_rotary_pos_emb, rotate_half=fn.__globals__["rotate_half_matmul"])
+        )
+    gen = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(1, 2, 8, 64, generator=gen, dtype=torch.float16) for _ in range(2))
+    cos, sin = (torch.randn(1, 8, 64, generator=gen, dtype=torch.float16) for _ in range(2))
+    expected = qwen3.apply_rotary_pos_emb(q, k, cos, sin)
+    for apply in applies:
+        got = torch.compile(apply, backend="eager")(q, k, cos, sin)
+        err = max((g - e).abs().max().item() for g, e in zip(got, expected, strict=True))
+        assert err == 0.0, f"compiled rope rewrite differs from stock by {err}"

@@ -4,8 +4,9 @@ it applies, which device rule it works around, and where it came from.
 
 Everything an adapter file needs comes from here: the decorator, ``STICK`` (the device's
 64-element stick), ``forward_arg`` / ``replace_forward_arg`` (read and replace one argument of a
-forward, for ``pre_hook`` adapters), and the host helpers ``on_host`` and ``host_copy`` (run
-stock code on the host, result back on the device; see ``hfadapt.adapters.host``). How to write
+forward, for ``pre_hook`` adapters), and the host helpers ``on_host``, ``host_copy`` and
+``host_constant`` (run stock code on the host, result back on the device; build a constant once;
+see ``hfadapt.adapters.host``). How to write
 and prove one: docs/adapters.md."""
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
-from hfadapt.adapters.host import host_copy, on_host, to_device, to_host
+from hfadapt.adapters.host import host_constant, host_copy, on_host, to_device, to_host
 from hfadapt.errors import AdapterError
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "Provenance",
     "adapter",
     "forward_arg",
+    "host_constant",
     "host_copy",
     "on_host",
     "replace_forward_arg",

@@ -6,8 +6,10 @@ moves the result back to the device, as the card's runtime does with work the de
 CPU (also inside tuples, lists and dicts), calls ``fn`` there, and moves every tensor of the
 result to ``back_to``. It runs outside compiled graphs (``torch.compiler.disable``), so a
 compiled model sees one opaque host call, not host ops in its graph. ``host_copy`` gives ``fn``
-a module whose weights live on the host, so stock methods can run unchanged. Adapter files
-import these through ``hfadapt.adapters.api``."""
+a module whose weights live on the host, so stock methods can run unchanged.
+``host_constant(key, fn, *args, back_to=device)`` builds a constant tensor on the host once per
+key and device and hands the cached copy to later calls. Adapter files import these through
+``hfadapt.adapters.api``."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import torch
 
 from hfadapt.errors import AdapterError
 
-__all__ = ["host_copy", "on_host", "to_device", "to_host"]
+__all__ = ["host_constant", "host_copy", "on_host", "to_device", "to_host"]
 
 HOST = torch.device("cpu")
 
@@ -53,6 +55,32 @@ def on_host(
     :func:`host_copy` when it needs their weights). Casts belong inside ``fn``: a cast after
     the move back would be a device op."""
     return to_device(fn(*to_host(args), **to_host(kwargs)), back_to)
+
+
+# Host-built constants, by (key, args, device). The cache lives here, in a module imported once,
+# and not in the adapter files: a registry executes its files as new module objects, and a
+# compiled frame guards on the cache it read (a frame compiled against one file's dict and
+# checked against another's raised KeyError inside Dynamo).
+_CONSTANTS: dict[tuple[Any, ...], torch.Tensor] = {}
+
+
+def host_constant(
+    key: str, fn: Callable[..., torch.Tensor], /, *args: Any, back_to: torch.device | str
+) -> torch.Tensor:
+    """``fn(*args)`` built on the host once per ``(key, args, back_to)`` and moved to
+    ``back_to``; later calls return the cached tensor (a compiled graph sees it as a constant).
+    ``args`` must be hashable and decide the result together with ``key``."""
+    found = _CONSTANTS.get((key, *args, str(back_to)))
+    return found if found is not None else _build_constant(key, fn, args, back_to)
+
+
+@torch.compiler.disable
+def _build_constant(
+    key: str, fn: Callable[..., torch.Tensor], args: tuple[Any, ...], back_to: torch.device | str
+) -> torch.Tensor:
+    built: torch.Tensor = on_host(fn, *args, back_to=back_to)
+    _CONSTANTS[(key, *args, str(back_to))] = built
+    return built
 
 
 def host_copy(
