@@ -54,6 +54,8 @@ ROPE_FORMS: dict[str, RopeForm] = {
     ),
     "eurobert": RopeForm("eurobert", "transformers.models.eurobert.modeling_eurobert", "EuroBert"),
 }
+
+
 def rotation_matrix(dim: int, dtype: torch.dtype, device: torch.device) -> Tensor:
     """R with x @ R == rotate_half(x) == cat(-x[..., d/2:], x[..., :d/2]). Built on the host
     once per (size, dtype, device); a compiled graph then sees it as a constant."""
