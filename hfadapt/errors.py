@@ -35,7 +35,22 @@ one-line messages and exit codes (2 for bad input, 1 for everything else).
 
 from __future__ import annotations
 
+import re
 from typing import Any
+
+# A parameter named in a message: ``{option:db}``. The library shows the parameter's name
+# (`db`); the CLI shows its flag (--db). No flag text is written into library messages.
+_OPTION = re.compile(r"\{option:([a-z_]+)\}")
+
+
+def option(name: str) -> str:
+    """The marker for parameter ``name`` inside an error message."""
+    return "{option:" + name + "}"
+
+
+def as_flag(name: str) -> str:
+    """The CLI flag of a library parameter: ``trust_remote_code`` -> ``--trust-remote-code``."""
+    return "--" + name.replace("_", "-")
 
 
 class HfadaptError(Exception):
@@ -43,9 +58,14 @@ class HfadaptError(Exception):
 
     exit_code = 1
 
-    def one_line(self) -> str:
-        """The message a user sees: a single line, no traceback."""
-        text = str(self) or self.__class__.__name__
+    def __str__(self) -> str:
+        return _OPTION.sub(lambda m: f"`{m.group(1)}`", super().__str__())
+
+    def one_line(self, *, flags: bool = False) -> str:
+        """The message a user sees: a single line, no traceback. ``flags``: parameters named
+        as the CLI's flags (``--db``) instead of the library's names (`db`)."""
+        text = super().__str__() or self.__class__.__name__
+        text = _OPTION.sub(lambda m: as_flag(m.group(1)) if flags else f"`{m.group(1)}`", text)
         return " ".join(text.split())
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from hfadapt.errors import IsolationUnavailableError
+from hfadapt.errors import IsolationUnavailableError, option
 
 # Where the input and result folders appear inside the sandbox.
 INPUT_DIR = "/tmp/hfadapt-in"
@@ -34,7 +34,7 @@ ENV_ALLOWLIST = ("PATH", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_NUMERIC",
 SECRET_NAME = re.compile(
     r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|SESSION|PRIVATE", re.IGNORECASE
 )
-UNSAFE_FLAG = "--unsafe-no-isolation"
+UNSAFE_OPTION = option("unsafe_no_isolation")
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ def require_isolation(*, unsafe: bool, what: str = "drafted code") -> bool:
         return False
     raise IsolationUnavailableError(
         f"refusing to run {what} without OS isolation: {why} "
-        f"(or pass {UNSAFE_FLAG} to run it unisolated, recorded as such)"
+        f"(or pass {UNSAFE_OPTION} to run it unisolated, recorded as such)"
     )
 
 

@@ -69,14 +69,16 @@ def test_settings_flags_win_over_environment(monkeypatch: pytest.MonkeyPatch) ->
         7,
     )
     monkeypatch.delenv("HFADAPT_AGENT_MODEL")
-    with pytest.raises(UsageError, match="--model"):
+    with pytest.raises(UsageError, match="`model`"):
         AgentSettings.from_env()
     # No key and no base URL: refused in one line, never a silent default endpoint.
     monkeypatch.delenv("OPENAI_BASE_URL")
     monkeypatch.delenv("OPENAI_API_KEY")
     with pytest.raises(UsageError) as err:
         AgentSettings.from_env(model="m")
-    assert "no endpoint: pass --base-url" in err.value.one_line() and err.value.exit_code == 2
+    assert "no endpoint: pass `base_url`" in err.value.one_line() and err.value.exit_code == 2
+    # the CLI names the flag
+    assert "no endpoint: pass --base-url" in err.value.one_line(flags=True)
 
 
 def test_public_url_and_redact() -> None:

@@ -319,7 +319,7 @@ def test_no_isolation_refuses_in_one_line_unless_unsafe(
     monkeypatch.setattr(isolation, "unavailable_reason", lambda: "bwrap missing (test)")
     with pytest.raises(IsolationUnavailableError) as err:
         run(openai_server.url, tmp_path, attempts=1)
-    assert "bwrap missing (test)" in err.value.one_line() and "--unsafe-no-isolation" in str(
+    assert "bwrap missing (test)" in err.value.one_line() and "`unsafe_no_isolation`" in str(
         err.value
     )
     assert openai_server.requests == [], "the endpoint was asked before the refusal"

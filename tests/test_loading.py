@@ -215,7 +215,9 @@ def test_remote_code_is_refused_and_never_run(custom_code_model: tuple[Path, Pat
         loading.load(folder)
     line = info.value.one_line()
     assert "auto_map: configuration_tiny.TinyConfig, modeling_tiny.TinyModel" in line, line
-    assert "--trust-remote-code" in line
+    assert "`trust_remote_code`" in line and "--trust-remote-code" in info.value.one_line(
+        flags=True
+    )
     assert not marker.exists(), "the model's own code ran although it was not trusted"
 
 

@@ -101,13 +101,13 @@ def test_ray_records_a_crash_and_a_hang_and_goes_on(local_ray: Any, fake_worker:
 def test_ray_timeout_counts_from_the_start_of_a_task_not_its_submission(
     local_ray: Any, fake_worker: str
 ) -> None:
-    # Four slots on two CPUs: tasks c and d wait in Ray's queue for 4 s or more behind a and b,
-    # then run 4 s. Counted from submission they pass the 7 s limit (8 s or more); counted from
-    # their start they keep 3 s of margin for a loaded machine.
+    # Four slots on two CPUs: tasks c and d wait in Ray's queue for 6 s or more behind a and b,
+    # then run 6 s. Counted from submission they pass the 10.5 s limit (12 s or more); counted
+    # from their start they keep 4.5 s of margin for a loaded machine.
     from hfadapt.sweep.ray_pool import RayExecutor
     from hfadapt.sweep.worker import Task
 
-    pool = RayExecutor(4, timeout=7.0, worker=fake_worker, env={"HFADAPT_FAKE_SLEEP": "4"})
+    pool = RayExecutor(4, timeout=10.5, worker=fake_worker, env={"HFADAPT_FAKE_SLEEP": "6"})
     tasks = [Task(k, f"org/m-{k}") for k in "abcd"]
     outcomes = {o.model_id: o for o in pool.run(tasks)}
     got = {m: (o.verdict, o.seconds) for m, o in outcomes.items()}

@@ -173,7 +173,7 @@ def test_structural_build_names_the_unknown_field(tmp_path: Path) -> None:
     raw = _variant("nomic_bert", "nomic-embed-text-v1.5")["config"]
     raw["flux_capacitor"] = 3
     (tmp_path / "config.json").write_text(json.dumps(raw))
-    with pytest.raises(CustomCodeError, match=r"flux_capacitor.*--trust-remote-code"):
+    with pytest.raises(CustomCodeError, match=r"flux_capacitor.*`trust_remote_code`"):
         structural.build(tmp_path)
 
 

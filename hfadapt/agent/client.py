@@ -19,7 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx2
 import openai
 
-from hfadapt.errors import EndpointError, UsageError
+from hfadapt.errors import EndpointError, UsageError, option
 
 log = logging.getLogger(__name__)
 
@@ -59,13 +59,13 @@ class AgentSettings:
         """Flags win over the environment; a model name is required (endpoints differ)."""
         model = model or os.environ.get(ENV_MODEL)
         if not model:
-            raise UsageError(f"no agent model: pass --model or set {ENV_MODEL}")
+            raise UsageError(f"no agent model: pass {option('model')} or set {ENV_MODEL}")
         base_url = base_url or os.environ.get(ENV_BASE_URL) or None
         api_key = api_key or os.environ.get(ENV_API_KEY) or None
         if not base_url and not api_key:  # never a silent default endpoint
             raise UsageError(
-                f"no endpoint: pass --base-url (or set {ENV_BASE_URL}) for an OpenAI-compatible "
-                f"server, or --api-key (or {ENV_API_KEY}) for api.openai.com"
+                f"no endpoint: pass {option('base_url')} (or set {ENV_BASE_URL}) for an OpenAI-compatible "
+                f"server, or {option('api_key')} (or {ENV_API_KEY}) for api.openai.com"
             )
         return cls(
             model=model,
@@ -237,9 +237,9 @@ class AgentClient:
     @staticmethod
     def _client_error(exc: openai.APIStatusError) -> str:
         if exc.status_code == 401:
-            return "the API key was refused (401): check --api-key / OPENAI_API_KEY"
+            return f"the API key was refused (401): check {option('api_key')} / {ENV_API_KEY}"
         if exc.status_code == 404:
-            return "not found (404): check --base-url and --model"
+            return f"not found (404): check {option('base_url')} and {option('model')}"
         message = getattr(exc, "message", "") or str(exc)
         return f"request refused ({exc.status_code}): {' '.join(message.split())[:300]}"
 

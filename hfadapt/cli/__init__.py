@@ -49,7 +49,7 @@ def main() -> None:
         if isinstance(rc, int) and rc:
             sys.exit(rc)
     except HfadaptError as exc:
-        _fail(exc.one_line(), exc.exit_code)
+        _fail(exc.one_line(flags=True), exc.exit_code)
     except SystemExit:
         raise
     except KeyboardInterrupt:

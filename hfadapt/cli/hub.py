@@ -89,7 +89,7 @@ def crawl(
                 config_progress=configs_done,
             )
         except HubUnreachableError as exc:  # the library names no flag; the CLI names its own
-            raise HubUnreachableError(f"{exc.one_line()} with --offline") from exc
+            raise HubUnreachableError(f"{exc.one_line(flags=True)} with --offline") from exc
     if as_json:
         _echo_json({**dataclasses.asdict(result), "db": describe(engine)})
         return

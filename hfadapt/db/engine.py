@@ -25,7 +25,9 @@ from sqlalchemy.pool import StaticPool
 from sqlmodel import Session, create_engine
 
 from hfadapt.db.urls import DEFAULT_URL, ENV_VAR, describe, resolve_url, sqlite_path
-from hfadapt.errors import DatabaseUnavailableError, StoreError
+from hfadapt.errors import DatabaseUnavailableError, StoreError, option
+
+DB_OPTION = option("db")  # the parameter, shown as its flag by the CLI
 
 # A sweep worker may wait this long for another process's write to finish before giving up.
 BUSY_TIMEOUT_S = 60.0
@@ -120,20 +122,20 @@ def _check_sqlite_file(path: Path) -> None:
     where = str(path)
     if path.is_dir():
         raise DatabaseUnavailableError(
-            f"database {where} is a directory: pass --db with a file path"
+            f"database {where} is a directory: pass {DB_OPTION} with a file path"
         )
     if path.exists():
         # Root may write to a file with no write bits; we still treat it as read-only: its owner said so.
         if not os.access(path, os.W_OK) or not path.stat().st_mode & 0o222:
             raise DatabaseUnavailableError(
-                f"database {where} is read-only: make it writable (chmod u+w) or pass --db / set {ENV_VAR} to another file"
+                f"database {where} is read-only: make it writable (chmod u+w) or pass {DB_OPTION} / set {ENV_VAR} to another file"
             )
         with path.open("rb") as fh:
             head = fh.read(len(_SQLITE_HEADER))
         if head and head != _SQLITE_HEADER:
             raise DatabaseUnavailableError(
                 f"{where} is not an SQLite database (corrupt or another kind of file); it was left untouched: "
-                f"move it aside or pass --db / set {ENV_VAR} to another file"
+                f"move it aside or pass {DB_OPTION} / set {ENV_VAR} to another file"
             )
     parent = path.parent if str(path.parent) else Path(".")
     try:
@@ -145,7 +147,7 @@ def _check_sqlite_file(path: Path) -> None:
     if not os.access(parent, os.W_OK | os.X_OK):
         raise DatabaseUnavailableError(
             f"the folder of database {where} is read-only (SQLite needs to write its journal beside the file): "
-            f"pass --db / set {ENV_VAR} to a writable place"
+            f"pass {DB_OPTION} / set {ENV_VAR} to a writable place"
         )
 
 
@@ -205,7 +207,7 @@ def translate_db_error(exc: BaseException, engine: Engine | str) -> StoreError |
     """The one-line StoreError for a database failure a user can act on, or None for a bug."""
     text = " ".join(str(getattr(exc, "orig", None) or exc).split()).lower()
     where = describe(engine)
-    hint = f"pass --db / set {ENV_VAR} to another file"
+    hint = f"pass {DB_OPTION} / set {ENV_VAR} to another file"
     if "file is not a database" in text or "malformed" in text or "not a database" in text:
         return DatabaseUnavailableError(
             f"{where} is not a usable SQLite database ({text}); it was left untouched: move it aside or {hint}"

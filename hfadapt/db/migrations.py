@@ -35,7 +35,9 @@ from sqlalchemy import Column, MetaData, String, Table, inspect, select
 from sqlalchemy.engine import Connection, Engine
 from sqlmodel import SQLModel
 
-from hfadapt.errors import MigrationImpossible, SchemaVersionError
+from hfadapt.errors import MigrationImpossible, SchemaVersionError, option
+
+DB_OPTION = option("db")  # the parameter, shown as its flag by the CLI
 
 Migration = Callable[[Connection], None]
 
@@ -165,7 +167,7 @@ def migrate(engine: Engine) -> list[str]:
             raise SchemaVersionError(
                 f"database {where} was written by a newer hfadapt (schema version {len(applied)}, "
                 f"this hfadapt knows {len(known)}; unknown migration {unknown[0]}): upgrade hfadapt "
-                "(pip install -U hfadapt) or pass --db to use another database"
+                f"(pip install -U hfadapt) or pass {DB_OPTION} to use another database"
             )
         pending = [fn for fn in MIGRATIONS if fn.__name__ not in applied]
         if not pending:
@@ -180,7 +182,7 @@ def migrate(engine: Engine) -> list[str]:
                 reason = " ".join(str(exc).split())
                 raise SchemaVersionError(
                     f"database {where} cannot be migrated to schema version {len(known)} "
-                    f"({fn.__name__}: {reason}); it was left unchanged: move it aside or pass --db "
+                    f"({fn.__name__}: {reason}); it was left unchanged: move it aside or pass {DB_OPTION} "
                     "to start a new database"
                 ) from exc
             conn.execute(
@@ -199,7 +201,7 @@ def _refuse_foreign(conn: Connection, where: str) -> None:
         shown = ", ".join(sorted(names)[:5])
         raise SchemaVersionError(
             f"database {where} holds tables hfadapt did not write ({shown}); it was left unchanged: "
-            "pass --db to use another database"
+            f"pass {DB_OPTION} to use another database"
         )
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hfadapt.errors import ConfigError, CustomCodeError, HubError, ModelNotFoundError
+from hfadapt.errors import ConfigError, CustomCodeError, HubError, ModelNotFoundError, option
 from hfadapt.hub.client import probe
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -292,5 +292,5 @@ def refuse_snapshot_custom_code(ref: str | os.PathLike[str], trust_remote_code: 
     if row is not None and row.is_custom_code:
         raise CustomCodeError(
             f"{text} needs its own code: the Hub marks it custom_code (bundled snapshot); "
-            "review it, then rerun with --trust-remote-code"
+            f"review it, then rerun with {option('trust_remote_code')}"
         )

@@ -18,6 +18,7 @@ from hfadapt.errors import (
     ModelNotFoundError,
     TokenizerError,
     WeightsError,
+    option,
 )
 from hfadapt.hub.resolve import (
     HubOptions,
@@ -258,7 +259,7 @@ def load(
         except ValueError as exc:
             if "trust_remote_code" in str(exc):
                 raise CustomCodeError(
-                    f"the tokenizer of {where} needs its own code; rerun with --trust-remote-code"
+                    f"the tokenizer of {where} needs its own code; rerun with {option('trust_remote_code')}"
                 ) from exc
             raise TokenizerError(
                 f"the tokenizer of {where} does not load: {' '.join(str(exc).split())[:200]}"

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
-from hfadapt.errors import CustomCodeError, WeightsError
+from hfadapt.errors import CustomCodeError, WeightsError, option
 from hfadapt.hub.resolve import snapshot_row
 from hfadapt.judge import translate
 from hfadapt.judge.signature import config_from_dict
@@ -31,7 +31,7 @@ __all__ = [
 def _refuse(where: str, reason: str, why: str | None) -> NoReturn:
     extra = f"; {why}" if why else ""
     raise CustomCodeError(
-        f"{where} needs its own code: {reason}{extra}; review it, then rerun with --trust-remote-code"
+        f"{where} needs its own code: {reason}{extra}; review it, then rerun with {option('trust_remote_code')}"
     )
 
 

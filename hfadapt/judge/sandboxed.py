@@ -27,7 +27,7 @@ from typing import Any
 
 from hfadapt import isolation, verdicts
 from hfadapt.db.tables import utcnow
-from hfadapt.errors import SandboxError, UsageError
+from hfadapt.errors import SandboxError, UsageError, option
 from hfadapt.hub.resolve import HubOptions
 from hfadapt.judge.diagnosis import Diagnosis, next_step, write_run
 from hfadapt.judge.localize import Divergence
@@ -140,7 +140,7 @@ def judge(
     is rebuilt from validated data (not yet recorded). Raises IsolationUnavailableError when
     bubblewrap cannot isolate it and ``unsafe_no_isolation`` is False."""
     isolated = isolation.require_isolation(
-        unsafe=unsafe_no_isolation, what="the model's own code (--trust-remote-code)"
+        unsafe=unsafe_no_isolation, what=f"the model's own code ({option('trust_remote_code')})"
     )
     local = Path(model_ref).expanduser()
     model = str(local.resolve()) if local.exists() else model_ref

@@ -19,7 +19,7 @@ from typing import Any
 
 from sqlalchemy.engine import Engine
 
-from hfadapt.errors import SweepError, UsageError
+from hfadapt.errors import SweepError, UsageError, option
 from hfadapt.options import DType, Execution, Executor, Mode
 from hfadapt.sweep.executor import make_executor
 from hfadapt.sweep.limits import default_memory_limit_mb, max_local_workers
@@ -208,7 +208,7 @@ def run_sweep(
         from hfadapt.isolation import require_isolation
 
         require_isolation(
-            unsafe=unsafe_no_isolation, what="the model's own code (--trust-remote-code)"
+            unsafe=unsafe_no_isolation, what=f"the model's own code ({option('trust_remote_code')})"
         )
     prof = load_profile(profile)
     if memory_limit is None:
