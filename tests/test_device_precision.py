@@ -58,3 +58,52 @@ def test_an_fp32_island_avoids_the_error() -> None:
     rel = float(((island - ref).abs() / ref.abs().clamp_min(1e-12)).mean())
     print(f"fp32 island: mean relative error {rel:.4%} (DL16 half-ulp bound {2**-10:.4%})")
     assert rel <= 2**-10, rel
+
+
+# ---- softmax: probability left on masked positions -----------------------------------------
+# Published (hf-adapters docs/spyre-numerical-findings.md): about 2e-5 of probability on each
+# -inf-masked position, masked-region max 4.9e-5, where the CPU gives exactly 0.
+
+
+def _masked_attention(spread: float, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention logits (8 heads x 16 queries x 64 keys, the last 40 keys masked with -inf as
+    a padded batch has them) whose unmasked part has standard deviation ``spread``: large for
+    the peaked attention of trained models, small for diffuse attention."""
+    g = torch.Generator().manual_seed(seed)
+    logits = spread * torch.randn(8, 16, 64, generator=g)
+    masked = torch.zeros(64, dtype=torch.bool)
+    masked[24:] = True
+    return logits.masked_fill(masked, float("-inf")), masked
+
+
+@pytest.mark.parametrize("op", ["aten::_softmax", "aten::softmax.int"])
+def test_softmax_leaves_the_published_probability_on_masked_positions(op: str) -> None:
+    kernel = native_kernel(op, load_profile())
+    assert kernel is not None, f"the profile enables the softmax kernel for {op}"
+    logits, masked = _masked_attention(spread=3.0)
+    # on the device the -inf fill is held as -0xEFFF (the transfer rule), finite
+    held = round_dl16(logits, transfer=True)
+    probs = kernel([held, -1, False if op == "aten::_softmax" else None], {}, DEFAULT_FORMAT)
+    cpu = torch.softmax(logits, -1)
+    leak = probs[..., masked]
+    each, top = float(leak.mean()), float(leak.max())
+    print(f"{op}: masked probability mean {each:.2e} (published about 2e-5), max {top:.2e} "
+          f"(published 4.9e-5); CPU {float(cpu[..., masked].max()):.1e}")  # fmt: skip
+    assert float(cpu[..., masked].max()) == 0.0
+    assert 1e-5 <= each <= 4e-5, f"mean masked probability {each:.2e}, band [1e-5, 4e-5]"
+    assert 3.5e-5 <= top <= 4.9e-5 * 1.01, f"masked max {top:.2e}, band [3.5e-5, 4.95e-5]"
+    rows = probs.sum(-1)
+    assert float((rows - 1).abs().max()) <= 2**-8, f"rows sum to {rows.min()}..{rows.max()}"
+
+
+def test_softmax_without_masks_keeps_the_cpu_result() -> None:
+    """The floor only shows on keys far below the row's maximum: diffuse attention with no
+    mask is the CPU's softmax up to DL16 rounding."""
+    kernel = native_kernel("aten::_softmax", load_profile())
+    assert kernel is not None
+    g = torch.Generator().manual_seed(2)
+    logits = round_dl16(torch.randn(8, 16, 64, generator=g))
+    got = kernel([logits, -1, False], {}, DEFAULT_FORMAT)
+    rel = float(((got - torch.softmax(logits, -1)).abs() / torch.softmax(logits, -1)).max())
+    print(f"unmasked softmax: max relative difference {rel:.2e} (DL16 ulp {2**-9:.2e})")
+    assert rel <= 2**-9, rel

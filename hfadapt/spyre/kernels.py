@@ -111,19 +111,55 @@ def rms_norm(args: Sequence[Any], kwargs: dict[str, Any], fmt: DL16Format) -> An
     )
 
 
+def _softmax_floor(x: torch.Tensor, dim: int, floor: float) -> torch.Tensor:
+    """softmax whose exp never returns less than ``floor`` (the card's masked-position leak):
+    a key masked with -inf (the device holds it as -0xEFFF) keeps floor / sum(exp) of the
+    probability instead of 0. A row with every key masked stays uniform, as on the CPU."""
+    e = torch.exp(x - x.amax(dim, keepdim=True)).clamp_min_(floor)
+    return e.div_(e.sum(dim, keepdim=True))
+
+
+def _dl16_result(dtype: Any) -> bool:
+    return dtype is None or dtype in (torch.float16, torch.bfloat16)
+
+
+def softmax_kernel(floor: float) -> tuple[Kernel, Kernel]:
+    """Kernels for aten::_softmax(self, dim, half_to_float) and aten::softmax.int(self, dim,
+    dtype) with the exp floor; the result is rounded to DL16 unless it is fp32."""
+
+    def _softmax(args: Sequence[Any], kwargs: dict[str, Any], fmt: DL16Format) -> Any:
+        out = _softmax_floor(args[0], int(_arg(args, kwargs, 1, "dim", -1)), floor)
+        return out if _arg(args, kwargs, 2, "half_to_float", False) else round_dl16_(out, fmt)
+
+    def softmax(args: Sequence[Any], kwargs: dict[str, Any], fmt: DL16Format) -> Any:
+        out = _softmax_floor(args[0], int(_arg(args, kwargs, 1, "dim", -1)), floor)
+        return round_dl16_(out, fmt) if _dl16_result(_arg(args, kwargs, 2, "dtype", None)) else out
+
+    return _softmax, softmax
+
+
 # op -> (kernel, the profile numerics entry that enables it)
 _KERNELS: dict[str, tuple[Kernel, str]] = {
     "aten::native_layer_norm": (native_layer_norm, "layer_norm_stats"),
     "aten::layer_norm": (layer_norm, "layer_norm_stats"),
     "aten::rms_norm": (rms_norm, "rms_norm_stats"),
 }
+# softmax ops (their kernels take the exp floor from the profile's "softmax_exp_floor"): op ->
+# its place in softmax_kernel's pair
+_SOFTMAX_OPS = {"aten::_softmax": 0, "aten::softmax.int": 1}
 
 
 def native_kernel(op_name: str, profile: Profile | None = None) -> Kernel | None:
     """The device-numerics kernel for an ATen op ("aten::native_layer_norm", with or without
     ".default"), or None when the device computes it as "fp32, then round the output". With a
     profile, a kernel whose numerics rule the profile disables is None too."""
-    entry = _KERNELS.get(op_name.removesuffix(".default"))
+    name = op_name.removesuffix(".default")
+    if name in _SOFTMAX_OPS:
+        spec = profile.numerics.get("softmax_exp_floor", {}) if profile is not None else {}
+        if not spec.get("enabled", False):
+            return None
+        return softmax_kernel(float(spec["exp_floor"]))[_SOFTMAX_OPS[name]]
+    entry = _KERNELS.get(name)
     if entry is None:
         return None
     kernel, numerics_key = entry
