@@ -183,9 +183,7 @@ class SpyreBackend:
         corruptions = find_defects(gm, self.profile)
         for corruption in corruptions:
             report.add_defect(corruption.firing)
-        program, _runtime = build_executable(
-            gm, check, self.profile, _static_inputs(), corruptions
-        )
+        program, _runtime = build_executable(gm, check, self.profile, _static_inputs(), corruptions)
         report.compile_seconds = time.perf_counter() - start
         note(entry)
         return DeviceGraph(program, entry)
