@@ -83,7 +83,7 @@ def test_a_newer_profile_marks_a_defect_fixed(tmp_path: Path) -> None:
 
     bad = dict(child, fix_defects=[{"id": "defect.nope", "fixed_in": "2027.01"}])
     path.write_text(json.dumps(bad))
-    with pytest.raises(ProfileError, match="unknown defect defect.nope"):
+    with pytest.raises(ProfileError, match=r"unknown defect defect\.nope"):
         load_profile.__wrapped__(str(path))
 
 
@@ -205,7 +205,9 @@ def test_the_corrupted_program_costs_what_the_correct_one_does() -> None:
             best = min(best, time.perf_counter() - start)
         timings[contiguous] = best
     ratio = timings[False] / timings[True]
-    assert ratio < 1.5, f"corrupted {timings[False] * 1e3:.2f} ms vs correct {timings[True] * 1e3:.2f} ms"
+    assert ratio < 1.5, (
+        f"corrupted {timings[False] * 1e3:.2f} ms vs correct {timings[True] * 1e3:.2f} ms"
+    )
 
 
 # -- defect.rms_norm_noncontiguous --------------------------------------------------------------

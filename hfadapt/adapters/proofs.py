@@ -192,6 +192,8 @@ def _compiled_check(
     rules met, and the error against float64 is measured for both."""
     from hfadapt.spyre.compile.backend import lower
 
+    if a.example is None:
+        return DeviceCheck(error="no example to run")
     module, args, kwargs = a.example(seed)
     reference = _first_float(
         stock_call(
