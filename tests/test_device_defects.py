@@ -22,6 +22,7 @@ from hfadapt.spyre.profile import available_profiles, load_profile
 
 SDPA_DEFECT = "defect.transpose_sdpa_noncontiguous"
 RMS_DEFECT = "defect.rms_norm_noncontiguous"
+INF_DEFECT = "defect.minus_inf_amax"
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -46,7 +47,7 @@ def _compiled(module: torch.nn.Module, *inputs: torch.Tensor):  # type: ignore[n
 def test_every_profile_defect_is_complete(name: str) -> None:
     p = load_profile(name)
     ids = [d.id for d in p.defects]
-    assert {SDPA_DEFECT, RMS_DEFECT} <= set(ids), ids
+    assert {SDPA_DEFECT, RMS_DEFECT, INF_DEFECT} <= set(ids), ids
     for d in p.defects:
         assert d.trigger in TRIGGERS, f"{d.id}: trigger {d.trigger} has no matcher"
         assert d.effect and d.modes == ("compile",), d
@@ -246,6 +247,64 @@ def test_rms_norm_on_a_transposed_view_is_wrong_and_contiguous_fixes_it() -> Non
     out_fixed, report_fixed = _compiled(_NormOfHeads(contiguous=True).half(), x.half())
     err_fixed = float((out_fixed.float() - ref).abs().max())
     assert report_fixed.defects == [] and err_fixed < 0.05, f"contiguous: max |error| {err_fixed}"
+
+
+# -- defect.minus_inf_amax -----------------------------------------------------------------------
+
+
+class _TwoAttentions(torch.nn.Module):
+    """Two self-attentions over a padded batch; the mask keeps real query x real key pairs, so
+    padded query rows are fully masked. ``additive=False``: SDPA gets the boolean mask (its
+    math fills -inf); True: an additive mask from the host with finfo.min / 2 (what the
+    attention-mask-host adapter sends)."""
+
+    def __init__(self, additive: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.additive = additive
+        self.proj = torch.nn.Linear(128, 128)
+
+    def forward(self, x: torch.Tensor, keep: torch.Tensor, additive: torch.Tensor) -> torch.Tensor:
+        b, s, h = x.shape
+        mask = additive if self.additive else keep
+        for _ in range(2):
+            heads = self.proj(x).view(b, s, 2, 64).transpose(1, 2).contiguous()
+            x = F.scaled_dot_product_attention(heads, heads, heads, attn_mask=mask)
+            x = x.transpose(1, 2).reshape(b, s, h)
+        return x
+
+
+def test_a_minus_inf_fill_at_sdpa_amax_poisons_the_batch_and_additive_masks_avoid_it() -> None:
+    x = torch.randn(2, 64, 128)
+    real = torch.ones(2, 64, dtype=torch.bool)
+    real[1, 40:] = False
+    keep = real[:, None, :, None] & real[:, None, None, :]
+    additive = torch.zeros(keep.shape).masked_fill(~keep, torch.finfo(torch.float16).min / 2)
+    inputs = (x.half(), keep, additive.half())
+    results = {}
+    for form in (False, True):
+        module = _TwoAttentions(additive=form)
+        with torch.no_grad():
+            ref = module(x, keep, additive)
+        out, report = _compiled(module.half(), *inputs)
+        out = out.float()
+        results[form] = (report, out[real], ref[real])
+    report, out, ref = results[False]
+    fired = [f for f in report.defects if f.defect_id == INF_DEFECT]
+    assert len(fired) == 2 and fired[0].op.startswith("aten::_softmax"), [str(f) for f in fired]
+    assert "0xEFFF" in fired[0].source
+    assert bool(torch.isfinite(ref).all())
+    # the padded sentence's padded rows become NaN in the first attention; the second carries
+    # it into all of its 40 real rows; the unpadded sentence (64 rows) stays finite
+    nan_rows = out.isnan().any(-1)
+    assert int(nan_rows[64:].sum()) == 40 and not bool(nan_rows[:64].any()), (
+        f"real rows with NaN: padded sentence {int(nan_rows[64:].sum())} of 40, "
+        f"unpadded {int(nan_rows[:64].sum())} of 64"
+    )
+
+    report, out, ref = results[True]
+    err = float((out - ref).abs().max())
+    assert report.defects == [] and err < 0.01, f"additive mask: {report.defects}, max err {err}"
 
 
 # -- the judge: verification_failed, localized, evidence, adapter ------------------------------

@@ -98,8 +98,8 @@ class DefectFiring:
     dtype: str = ""
     location: SourceLocation | None = None
 
-    def key(self) -> tuple[str, str, str, tuple[int, ...], tuple[int, ...]]:
-        return (self.defect_id, self.module, self.op, self.shape, self.stride)
+    def key(self) -> tuple[str, str, str, str, tuple[int, ...], tuple[int, ...]]:
+        return (self.defect_id, self.module, self.op, self.node, self.shape, self.stride)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -12,6 +12,12 @@ Triggers (by name, as the profile's ``defects[].trigger``):
   (hfadapt.spyre.decompositions), so the SDPA call is the group of nodes whose
   ``source_fn_stack`` names it; its inputs from outside the group are Q, K, V and the mask.
 - ``rms_norm_noncontiguous_view``: the native rms_norm reading a non-contiguous 4-D view.
+- ``minus_inf_fill_into_sdpa_softmax``: a ``-inf`` fill made in the graph (full, full_like,
+  masked_fill, where, constant_pad_nd with a -inf scalar; SDPA's own fill for a boolean mask or
+  ``is_causal``) reaching the softmax of an SDPA call. The card's amax takes the fill's code
+  (0xEFFF, -3.35e7) for +3.35e7: a row with nothing but fill (a fully masked, padded query row)
+  has exp(x - 3.35e7) = 0 everywhere and becomes 0/0 = NaN, which the next layer's P @ V
+  carries into every row (0 * NaN). A -inf arriving from the host as data is not seen here.
 
 The misread: a permuted view's storage holds its data in memory order; the kernel walks that
 storage as if it were contiguous in the view's logical shape (``x.permute(memory order)
@@ -47,13 +53,29 @@ class Match:
 
 @dataclass(frozen=True)
 class Corruption:
-    """One firing in the generated program: the consumers read ``misread_layout(value)``."""
+    """One firing in the generated program: the consumers read ``misread_layout(value)``, or
+    (``replace`` set) the anchor node runs ``replace`` instead of its op."""
 
     firing: DefectFiring
     value: fx.Node
     consumers: frozenset[fx.Node]
     order: tuple[int, ...]
     shape: tuple[int, ...]
+    anchor: fx.Node | None = None
+    replace: Callable[..., torch.Tensor] | None = None
+
+
+# the magnitude of 0xEFFF, the code a -inf fill has on the device (hf-adapters hf_common.py)
+FILL_CODE = 33521664.0
+
+
+def softmax_amax_misread(x: torch.Tensor, dim: int, half_to_float: bool = False) -> torch.Tensor:
+    """softmax whose row max reads the -inf fill's code as +3.35e7 (rows holding only fill:
+    every exp underflows to 0, the row becomes 0/0 = NaN)."""
+    m = x.amax(dim, keepdim=True)
+    m = torch.where(m <= -FILL_CODE, -m, m)
+    e = torch.exp(x - m)
+    return e / e.sum(dim, keepdim=True)
 
 
 def misread_layout(x: torch.Tensor, order: tuple[int, ...], shape: tuple[int, ...]) -> torch.Tensor:
@@ -139,6 +161,54 @@ def rms_norm_noncontiguous_view(gm: fx.GraphModule) -> list[Match]:
     return found
 
 
+_FILLS = frozenset(
+    {
+        "aten::full",
+        "aten::full_like",
+        "aten::new_full",
+        "aten::scalar_tensor",
+        "aten::fill",
+        "aten::masked_fill",
+        "aten::where",
+        "aten::constant_pad_nd",
+    }
+)
+# ops past which a fill's value no longer stands as is
+_STOPS = frozenset(
+    {"aten::mm", "aten::bmm", "aten::addmm", "aten::sum", "aten::mean", "aten::amax", "aten::exp"}
+)
+
+
+def _is_minus_inf(value: object) -> bool:
+    return isinstance(value, float) and value == float("-inf")
+
+
+def minus_inf_fill_into_sdpa_softmax(gm: fx.GraphModule) -> list[Match]:
+    fills = [
+        n
+        for n in gm.graph.nodes
+        if n.op == "call_function"
+        and op_name(n.target).split(".", 1)[0] in _FILLS
+        and any(_is_minus_inf(a) for a in (*n.args, *n.kwargs.values()))
+    ]
+    found: dict[fx.Node, fx.Node] = {}
+    for fill in fills:
+        seen, todo = {fill}, [fill]
+        while todo:
+            node = todo.pop()
+            for user in node.users:
+                if user in seen or user.op != "call_function":
+                    continue
+                seen.add(user)
+                packet = op_name(user.target).split(".", 1)[0]
+                if packet in ("aten::_softmax", "aten::softmax"):
+                    if _sdpa_group(user) is not None:
+                        found.setdefault(user, fill)
+                elif packet not in _STOPS:
+                    todo.append(user)
+    return [Match(fill, frozenset({softmax}), softmax) for softmax, fill in found.items()]
+
+
 def _position(gm: fx.GraphModule) -> Callable[[fx.Node], int]:
     index = {n: i for i, n in enumerate(gm.graph.nodes)}
     return lambda n: index[n]
@@ -147,6 +217,11 @@ def _position(gm: fx.GraphModule) -> Callable[[fx.Node], int]:
 TRIGGERS: dict[str, Callable[[fx.GraphModule], list[Match]]] = {
     "sdpa_noncontiguous_qkv": sdpa_noncontiguous_qkv,
     "rms_norm_noncontiguous_view": rms_norm_noncontiguous_view,
+    "minus_inf_fill_into_sdpa_softmax": minus_inf_fill_into_sdpa_softmax,
+}
+# triggers whose anchor op computes wrongly (the op is replaced), not a misread input
+REPLACEMENTS: dict[str, Callable[..., torch.Tensor]] = {
+    "minus_inf_fill_into_sdpa_softmax": softmax_amax_misread,
 }
 
 
@@ -184,9 +259,11 @@ def find_defects(gm: fx.GraphModule, profile: Profile) -> list[Corruption]:
 
 
 def _corruption(defect: Defect, match: Match, profile: Profile) -> Corruption:
-    t = _val(match.value)
+    replace = REPLACEMENTS.get(defect.trigger)
+    # the value read wrongly, or (an op computing wrongly) the op's own result
+    t = _val(match.value if replace is None else match.anchor)
     assert t is not None
-    order = memory_order(t)
+    order = memory_order(t) if replace is None else ()
     assert order is not None
     module, cls = module_path(match.anchor)
     firing = DefectFiring(
@@ -202,4 +279,8 @@ def _corruption(defect: Defect, match: Match, profile: Profile) -> Corruption:
         dtype=str(t.dtype).removeprefix("torch."),
         location=source_location(match.anchor),
     )
+    if replace is not None:
+        return Corruption(
+            firing, match.value, frozenset(), (), tuple(t.shape), match.anchor, replace
+        )
     return Corruption(firing, match.value, match.consumers, order, tuple(int(s) for s in t.shape))

@@ -221,11 +221,18 @@ class _Builder:
         self.env: dict[fx.Node, fx.Node] = {}
         self.root = torch.nn.Module()
         self.kernels_used: list[str] = []
+        corruptions = list(corruptions)
         # (consumer, value) -> the corruption it reads; the misread node is made once per value
         self.misreads: dict[tuple[fx.Node, fx.Node], Corruption] = {
             (c, k.value): k for k in corruptions for c in k.consumers
         }
         self._misread_nodes: dict[int, fx.Node] = {}
+        # nodes a device defect makes compute something else (the op replaced)
+        self.replaced: dict[fx.Node, Callable[..., Any]] = {
+            k.anchor: k.replace
+            for k in corruptions
+            if k.anchor is not None and k.replace is not None
+        }
 
     def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> fx.Node:
         return self.graph.call_function(fn, args, kwargs)
@@ -289,6 +296,11 @@ class _Builder:
         args, kwargs = _retype(args), _retype(kwargs)
         if _packet(op) in ("aten::_softmax", "aten::_log_softmax"):
             args = (*args[:2], False)  # half_to_float: the held input already is float32
+        replaced = self.replaced.get(node)
+        if replaced is not None:  # a device defect: the card computes this op wrongly
+            out = self.graph.call_function(replaced, tuple(args), dict(kwargs))
+            self.env[node] = self._round_output(node, op, out, value)
+            return
         kernel = _native_kernel(op, self.profile) if inputs_dl16 else None
         if kernel is not None:
             # device numerics of their own (e.g. LayerNorm statistics kept in DL16)
