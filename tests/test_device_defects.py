@@ -248,6 +248,22 @@ def test_rms_norm_on_a_transposed_view_is_wrong_and_contiguous_fixes_it() -> Non
     err_fixed = float((out_fixed.float() - ref).abs().max())
     assert report_fixed.defects == [] and err_fixed < 0.05, f"contiguous: max |error| {err_fixed}"
 
+    # the bundled adapter (torch.nn.RMSNorm on contiguous input) on the stock module
+    from hfadapt.adapters.registry import discover
+
+    registry = discover(paths=[], entry_points=False)
+    stock = _NormOfHeads().half()
+    with registry.apply(stock, device="spyre", only=["rms-norm-contiguous"]) as handle:
+        assert handle.names == ["rms-norm-contiguous"], handle.names
+        out_adapted, report_adapted = _compiled(stock, x.half())
+    err_adapted = float((out_adapted.float() - ref).abs().max())
+    assert report_adapted.defects == [] and err_adapted < 0.05, (
+        f"adapted: {[str(f) for f in report_adapted.defects]}, max |error| {err_adapted}"
+    )
+    print(
+        f"rms_norm on a [B, H, S, D] view: max |error| stock {err:.3f}, adapted {err_adapted:.4f}"
+    )
+
 
 # -- defect.minus_inf_amax -----------------------------------------------------------------------
 
