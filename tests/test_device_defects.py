@@ -377,6 +377,7 @@ def test_diagnose_localizes_the_sdpa_defect_and_the_adapter_fixes_it(
     assert d.module == "encoder.layer.0.attention.self", d.summary()
     assert d.cosine is not None and d.cosine < 0.5 and (d.input_cosine or 0) > 0.99, d.summary()
     assert {x["defect_id"] for x in d.defects} == {SDPA_DEFECT}, d.defects
+    assert stock.evidence["localize_execution"] == "compile"
     evidence = stock.evidence["defects"]
     assert [e["defect_id"] for e in evidence] == [SDPA_DEFECT]
     assert "hf_common.py" in evidence[0]["source"]

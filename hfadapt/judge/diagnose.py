@@ -444,6 +444,9 @@ def _judge(
         return verdicts.PASS, f"{metrics.summary()} (>= {metrics.threshold})", None
 
     if localize_failures:
+        # a device defect exists only in compiled graphs: replay compiled to see it
+        replay = execution if diag.evidence.get("defects") else "eager"
+        diag.evidence["localize_execution"] = replay
         with phases("localize"), device_warnings_recorded(diag):
             try:
                 diag.divergence = localize(
@@ -454,7 +457,7 @@ def _judge(
                     profile=profile,
                     rows=_worst_rows(metrics, mask),
                     prepare=apply_adapters if adapters else None,
-                    execution=execution,
+                    execution=replay,
                 )
                 if diag.divergence is not None and run.report is not None:
                     diag.divergence.defects = defects_in(run.report, diag.divergence.module)
