@@ -175,6 +175,7 @@ def test_sdpa_on_transposed_views_returns_garbage_and_contiguous_fixes_it() -> N
     assert "hf_common.py" in fired[0].source
     # hf_common.py: "garbage"; SPYRE.md: per-token cosine near 0
     assert float(cos.mean()) < 0.5, f"defect fired, mean per-token cosine {float(cos.mean()):.4f}"
+    print(f"sdpa on transposed views: per-token cosine mean {float(cos.mean()):.4f}")
 
     fixed = _Attention(heads=2, contiguous=True).half()
     out_fixed, report_fixed = _compiled(fixed, x.half())
@@ -206,6 +207,7 @@ def test_the_corrupted_program_costs_what_the_correct_one_does() -> None:
             best = min(best, time.perf_counter() - start)
         timings[contiguous] = best
     ratio = timings[False] / timings[True]
+    print(f"corrupted {timings[False] * 1e3:.2f} ms, correct {timings[True] * 1e3:.2f} ms")
     assert ratio < 1.5, (
         f"corrupted {timings[False] * 1e3:.2f} ms vs correct {timings[True] * 1e3:.2f} ms"
     )
