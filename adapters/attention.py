@@ -1,4 +1,12 @@
-"""Attention with head_dim zero-padded to a whole stick.
+"""Attention the device computes right: Q, K and V contiguous before SDPA, and head_dim
+zero-padded to a whole stick.
+
+``attention-sdpa-contiguous``: transformers' attention modules hand SDPA ``.view(...)
+.transpose(1, 2)`` views; compiled, the card reads such a view as if it were contiguous and
+returns garbage (defect.transpose_sdpa_noncontiguous, hf-adapters ``hf_common.py``, REQUIRED).
+The stock SDPA call with ``.contiguous()`` copies of Q, K and V is the same function.
+
+``attention-head-dim-pad``:
 
 Q @ K^T reduces over head_dim: a head_dim that is not a multiple of 64 puts the matmul's K off
 a stick boundary and the backend compiler aborts (rule layout.matmul_k; all-MiniLM-L6-v2 has
@@ -54,6 +62,52 @@ def _example(seed: int):
     mask = torch.zeros(2, 1, 64, 64, dtype=torch.float64)
     mask[1, :, :, 40:] = -1e4
     return module, (q, k, v, mask), {"scaling": 32**-0.5, "dropout": 0.0}
+
+
+def _example_transposed(seed: int):
+    """Q, K, V as transformers' attention modules make them: [B, S, H, D] views transposed to
+    [B, H, S, D] (head_dim 64, so the padding adapter does not apply)."""
+    from transformers import BertConfig
+    from transformers.models.bert.modeling_bert import BertSelfAttention
+
+    g = torch.Generator().manual_seed(seed)
+    cfg = BertConfig(hidden_size=128, num_attention_heads=2, attention_probs_dropout_prob=0.0)
+    module = BertSelfAttention(cfg).double().eval()
+    q, k, v = (
+        torch.randn(2, 64, 2, 64, generator=g, dtype=torch.float64).transpose(1, 2)
+        for _ in range(3)
+    )
+    mask = torch.zeros(2, 1, 64, 64, dtype=torch.float64)
+    mask[1, :, :, 40:] = -1e4
+    return module, (q, k, v, mask), {"scaling": 64**-0.5, "dropout": 0.0}
+
+
+@adapter(
+    name="attention-sdpa-contiguous",
+    kind="attention",
+    target="transformers.modeling_utils:PreTrainedModel",
+    rule="defect.transpose_sdpa_noncontiguous",
+    applies=lambda module, config: (
+        config is not None
+        and getattr(config, "_attn_implementation", None) == "sdpa"
+        and (_head_dim(config) or STICK) % STICK == 0
+    ),
+    example=_example_transposed,
+)
+def contiguous_sdpa(
+    module: torch.nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    **kwargs: Any,
+) -> tuple[Tensor, None]:
+    """transformers' SDPA attention with Q, K and V made contiguous first."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    return sdpa_attention_forward(
+        module, query.contiguous(), key.contiguous(), value.contiguous(), attention_mask, **kwargs
+    )
 
 
 @torch.compiler.disable

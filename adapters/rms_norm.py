@@ -1,4 +1,4 @@
-"""RMSNorm with the square written as ``x*x``.
+"""RMSNorm with the square written as ``x*x``, and torch.nn.RMSNorm on contiguous input.
 
 The stock RMSNorms upcast to fp32 and call ``pow(2)``: pow is not among the ops the device
 runs in fp32 (rule dtype.fp32.ops). ``(x*x).mean()`` is the same function
@@ -105,3 +105,27 @@ def _register_gemma_style(family: str, module_path: str, cls_name: str) -> None:
 
 _register_gemma_style("gemma3", "transformers.models.gemma3.modeling_gemma3", "Gemma3RMSNorm")
 _register_gemma_style("gemma2", "transformers.models.gemma2.modeling_gemma2", "Gemma2RMSNorm")
+
+
+def _example_heads(seed: int):
+    """torch.nn.RMSNorm over head_dim of a [B, H, S, D] view (torch-spyre#1781's shape)."""
+    g = torch.Generator().manual_seed(seed)
+    norm = torch.nn.RMSNorm(64, eps=1e-6).to(torch.float64)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(64, generator=g, dtype=torch.float64))
+    x = torch.randn(2, 64, 2, 64, generator=g, dtype=torch.float64).transpose(1, 2) * 3
+    return norm, (x,), {}
+
+
+@adapter(
+    name="rms-norm-contiguous",
+    target="torch.nn.modules.normalization:RMSNorm.forward",
+    rule="defect.rms_norm_noncontiguous",
+    example=_example_heads,
+)
+def contiguous_rms_norm(self, x: Tensor) -> Tensor:
+    """torch.nn.RMSNorm on ``x.contiguous()``: the card's native RMSNorm misreads a
+    non-contiguous view (torch-spyre#1781); on a contiguous input it is the same call."""
+    return torch.nn.functional.rms_norm(
+        x.contiguous(), self.normalized_shape, self.weight, self.eps
+    )

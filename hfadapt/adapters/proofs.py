@@ -36,6 +36,15 @@ class DeviceCheck:
         if self.error:
             return False
         new = set(self.adapted_rules) - set(self.stock_rules)
+        if rule.startswith("defect."):
+            # the defect fires on the stock code, not on the adapted code, which is accurate
+            return (
+                rule in self.stock_rules
+                and rule not in self.adapted_rules
+                and not new
+                and self.adapted_error is not None
+                and (self.stock_error is None or self.adapted_error < self.stock_error)
+            )
         if rule.startswith("numerics."):
             return (
                 not new
@@ -72,8 +81,16 @@ class VerifyResult:
             return "n/a"
         if d.error:
             return f"error: {d.error}"
-        if self.rule.startswith("numerics."):
-            return f"err stock {d.stock_error:.2e} -> adapted {d.adapted_error:.2e}"
+        if self.rule.startswith("numerics.") or self.rule.startswith("defect."):
+            fired = (
+                ""
+                if self.rule.startswith("numerics.")
+                else (
+                    f"stock: {'fires' if self.rule in d.stock_rules else 'does not fire'}; "
+                    f"adapted: {sorted(set(d.adapted_rules)) or 'clean'}; "
+                )
+            )
+            return f"{fired}err stock {_num(d.stock_error)} -> adapted {_num(d.adapted_error)}"
         fired = "fires" if self.rule in d.stock_rules else "does not fire"
         return f"stock: {fired}; adapted: {sorted(set(d.adapted_rules)) or 'clean'}"
 
@@ -86,6 +103,10 @@ class VerifyResult:
             "equivalence": self.equivalence.to_dict() if self.equivalence else None,
             "device": asdict(self.device) if self.device else None,
         }
+
+
+def _num(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.2e}"
 
 
 def _on_device(value: Any, dev: torch.device) -> Any:
@@ -163,13 +184,66 @@ def model_calls(a: Adapter, registry: Registry | None = None) -> tuple[Call, Cal
     return run(False), run(True)
 
 
+def _compiled_check(
+    a: Adapter, stock_call: Call, adapted_call: Call, seed: int, profile: str | None
+) -> DeviceCheck:
+    """A device defect fires only in compiled graphs: run the stock and the adapted code of the
+    example through the spyre compile backend in fp16; the defect ids that fired count as the
+    rules met, and the error against float64 is measured for both."""
+    from hfadapt.spyre.compile.backend import lower
+
+    if a.example is None:
+        return DeviceCheck(error="no example to run")
+    module, args, kwargs = a.example(seed)
+    reference = _first_float(
+        stock_call(
+            copy.deepcopy(module).double(),
+            _map_floats(args, torch.Tensor.double),
+            _map_floats(kwargs, torch.Tensor.double),
+        )
+    )
+    check = DeviceCheck()
+    for label, call in (("stock", stock_call), ("adapted", adapted_call)):
+        m = copy.deepcopy(module).half() if isinstance(module, torch.nn.Module) else module
+        half_args = _map_floats(args, torch.Tensor.half)
+        half_kwargs = _map_floats(kwargs, torch.Tensor.half)
+
+        def run(*xs: Any, m: Any = m, call: Call = call, kw: Any = half_kwargs) -> Any:
+            return call(m, xs, kw)
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                lowered, report = lower(run, tuple(half_args), profile, check_config=False)
+                out = lowered(*half_args) if report.ok else None
+            except Exception as exc:
+                check.error = (
+                    f"{label} compiled run raised {type(exc).__name__}: "
+                    f"{' '.join(str(exc).split())[:200]}"
+                )
+                return check
+        rules = [v.rule_id for v in report.violations] + report.defect_ids()
+        err = _rel_err(out, reference) if reference is not None and out is not None else None
+        if label == "stock":
+            check.stock_rules, check.stock_error = rules, err
+        else:
+            check.adapted_rules, check.adapted_error = rules, err
+    return check
+
+
 def device_check(a: Adapter, seed: int = 0, profile: str | None = None) -> DeviceCheck:
-    """Run the stock and the adapted code of ``a.example(seed)`` on the eager device in fp16."""
+    """Run the stock and the adapted code of ``a.example(seed)`` on the eager device in fp16;
+    an adapter for a device defect (rule ``defect.*``, compiled graphs only) through the
+    compile backend."""
     from hfadapt.spyre.eager import device as spyre_device
     from hfadapt.spyre.tracking import tracking
 
     if a.example is None:
         return DeviceCheck(error="no example to run")
+    if a.rule.startswith("defect."):
+        module0 = a.example(seed)[0]
+        stock, adapted = model_calls(a) if _whole_model(a, module0) else _calls(a, None, None)
+        return _compiled_check(a, stock, adapted, seed, profile)
     spyre_device.register()
     dev = torch.device("spyre")
     module0 = a.example(seed)[0]

@@ -204,6 +204,16 @@ def render(diag: Any) -> None:
         _say(
             "  CPU fallbacks: ", ", ".join(f"{op} x{n}" for op, n in report.fallbacks.most_common())
         )
+    for defect in diag.evidence.get("defects", []):
+        # silent device failures: the graph lowered, the card computes these wrongly
+        modules = sorted({f.get("module") or "<model>" for f in defect.get("firings", [])})
+        shown = ", ".join(modules[:4]) + (
+            f" (+{len(modules) - 4} more)" if len(modules) > 4 else ""
+        )
+        tag = escape(f"[{defect['defect_id']}]")
+        _say(f"  [red]device defect {tag}[/red] ", f"fired in {shown}")
+        _say("    ", str(defect.get("effect", "")), style="dim")
+        _say("    source: ", str(defect.get("source", "")), style="dim")
     if diag.adapters:
         _say("  adapters applied: ", ", ".join(diag.adapters))
     m = diag.metrics

@@ -142,6 +142,39 @@ def _not_deterministic(first: torch.Tensor, second: torch.Tensor) -> str | None:
     )
 
 
+def defect_evidence(report: Any) -> list[dict[str, Any]]:
+    """The device defects that fired, one entry per defect: its id, source, effect, and the
+    modules (with the ATen ops) where it fired."""
+    out: dict[str, dict[str, Any]] = {}
+    for f in report.defects:
+        entry = out.setdefault(
+            f.defect_id,
+            {"defect_id": f.defect_id, "source": f.source, "effect": f.effect, "firings": []},
+        )
+        entry["firings"].append(
+            {
+                "module": f.module,
+                "module_class": f.module_class,
+                "op": f.op,
+                "node": f.node,
+                "shape": list(f.shape),
+                "stride": list(f.stride),
+                "dtype": f.dtype,
+                "location": str(f.location) if f.location else None,
+            }
+        )
+    return list(out.values())
+
+
+def defects_in(report: Any, module: str) -> list[dict[str, Any]]:
+    """The firings inside ``module`` (or below it; "" is the whole model)."""
+    return [
+        {"defect_id": f.defect_id, "source": f.source, "module": f.module, "op": f.op}
+        for f in report.defects
+        if not module or f.module == module or f.module.startswith(module + ".")
+    ]
+
+
 def _worst_rows(metrics: Any, mask: torch.Tensor) -> list[int]:
     """The probe rows to replay when localizing: the worst sentence, and the most padded one."""
     rows = [int(metrics.worst_token[0])] if metrics.worst_token else []
@@ -398,6 +431,8 @@ def _judge(
         finally:
             del device_model
     diag.report = run.report
+    if run.report is not None and run.report.defects:
+        diag.evidence["defects"] = defect_evidence(run.report)
     diag.evidence["device_seconds"] = round(float(getattr(run, "seconds", 0.0) or 0.0), 4)
     if run.report is not None and not run.report.ok:
         return verdicts.LOWERING_FAILED, run.report.summary(), None
@@ -409,6 +444,9 @@ def _judge(
         return verdicts.PASS, f"{metrics.summary()} (>= {metrics.threshold})", None
 
     if localize_failures:
+        # a device defect exists only in compiled graphs: replay compiled to see it
+        replay = execution if diag.evidence.get("defects") else "eager"
+        diag.evidence["localize_execution"] = replay
         with phases("localize"), device_warnings_recorded(diag):
             try:
                 diag.divergence = localize(
@@ -419,7 +457,10 @@ def _judge(
                     profile=profile,
                     rows=_worst_rows(metrics, mask),
                     prepare=apply_adapters if adapters else None,
+                    execution=replay,
                 )
+                if diag.divergence is not None and run.report is not None:
+                    diag.divergence.defects = defects_in(run.report, diag.divergence.module)
             except Exception as exc:  # localizing is evidence, never a reason to lose the verdict
                 diag.evidence["localize_error"] = _one_line(exc)
     return verdicts.VERIFICATION_FAILED, metrics.failure(), None

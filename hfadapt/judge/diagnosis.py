@@ -171,9 +171,18 @@ def next_step(diag: Diagnosis) -> str:
         if m is not None and (m.has_nan or m.has_inf) and diag.dtype == "fp16":
             tail = f" (first diverges in {d.display_name})" if d else ""
             return f"fp16 overflows{tail}: rerun with --dtype bf16, or adapt that module to keep fp32 where it overflows"
+        if d is not None and d.defects:
+            ids = ", ".join(sorted({x["defect_id"] for x in d.defects}))
+            return (
+                f"look at {d.display_name} ({d.module_class}): the device defect {ids} fires there; "
+                "an adapter that avoids its trigger fixes it (docs/device-profile-rules.md, Defects)"
+            )
         if d is not None:
             return f"look at {d.display_name} ({d.module_class}): an adapter that keeps its arithmetic in fp32 may fix it"
-        return "compare module outputs by hand: the divergence could not be localized in eager mode"
+        fired = [e["defect_id"] for e in diag.evidence.get("defects", [])]
+        if fired:
+            return f"device defect(s) fired: {', '.join(fired)}; write an adapter that avoids the trigger"
+        return f"compare module outputs by hand: the divergence could not be localized in {diag.execution} mode"
     return ""
 
 

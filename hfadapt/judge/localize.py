@@ -71,6 +71,9 @@ class Divergence:
     inputs_drifted: bool = False  # no module with clean inputs diverged: it starts between modules
     rows: list[int] = field(default_factory=list)  # the probe rows replayed
     threshold: float = MODULE_COSINE_MIN
+    # device defects (profile ``defects``) that fired inside this module in the compiled run:
+    # {"defect_id", "source", "module", "op"}, set by the diagnosis
+    defects: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def display_name(self) -> str:
@@ -91,9 +94,11 @@ class Divergence:
             if self.inputs_drifted
             else ""
         )
+        fired = sorted({d["defect_id"] for d in self.defects})
+        defects = f"; device defect(s) fired here: {', '.join(fired)}" if fired else ""
         return (
             f"{self.display_name} ({self.module_class}): {what}, input cosine {inp}, max |diff| {diff}, "
-            f"|max| ref {self.reference_absmax:.4g} vs device {self.device_absmax:.4g}{where}"
+            f"|max| ref {self.reference_absmax:.4g} vs device {self.device_absmax:.4g}{where}{defects}"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -323,9 +328,12 @@ def localize(
     rows: list[int] | None = None,
     threshold: float = MODULE_COSINE_MIN,
     prepare: Callable[[torch.nn.Module], Any] | None = None,
+    execution: str = "eager",
 ) -> Divergence | None:
     """Replay ``rows`` of the probe batch (all rows when None, or when those rows do not show the
-    divergence) on CPU fp32 and on the device in eager mode, and find the first divergent module.
+    divergence) on CPU fp32 and on the device (``execution``: eager, or compile, where the
+    module hooks split the compiled graphs at module boundaries, so what a compiled graph
+    computes wrongly shows at the module that holds it), and find the first divergent module.
 
     ``model`` is the stock CPU fp32 model; it is not modified (each run gets a deep copy).
     ``runner`` is ``hfadapt.spyre.runner.run_on_device`` or a stand-in with its signature.
@@ -345,7 +353,7 @@ def localize(
                 return m(**sub)
 
         def device(m: torch.nn.Module, sub: dict[str, torch.Tensor] = sub) -> Any:
-            return runner(m, sub, execution="eager", dtype=dtype, profile=profile, collect=True)
+            return runner(m, sub, execution=execution, dtype=dtype, profile=profile, collect=True)
 
         reference = record_modules(ref_model, cpu)
         del ref_model

@@ -81,6 +81,53 @@ class Violation:
         return f"[{self.rule_id}] {self.op}: {self.message}{where}"
 
 
+@dataclass(frozen=True)
+class DefectFiring:
+    """A device defect that fired silently: the graph lowered, the card computes these numbers
+    wrong (profile ``defects``). Not a violation: the model runs, its numbers fail."""
+
+    defect_id: str  # e.g. defect.transpose_sdpa_noncontiguous
+    source: str  # the public source that documents it
+    effect: str
+    op: str  # the ATen op that misreads, e.g. aten::mul.Tensor (SDPA's first op)
+    node: str  # its node name in the ATen graph
+    module: str = ""  # module path (nn_module_stack), e.g. encoder.layer.0.attention.self
+    module_class: str = ""
+    shape: tuple[int, ...] = ()  # the value read wrongly
+    stride: tuple[int, ...] = ()
+    dtype: str = ""
+    location: SourceLocation | None = None
+
+    def key(self) -> tuple[str, str, str, str, tuple[int, ...], tuple[int, ...]]:
+        return (self.defect_id, self.module, self.op, self.node, self.shape, self.stride)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["location"] = asdict(self.location) if self.location else None
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DefectFiring:
+        loc = data.get("location")
+        return cls(
+            defect_id=data["defect_id"],
+            source=data.get("source", ""),
+            effect=data.get("effect", ""),
+            op=data.get("op", ""),
+            node=data.get("node", ""),
+            module=data.get("module", ""),
+            module_class=data.get("module_class", ""),
+            shape=tuple(data.get("shape", ())),
+            stride=tuple(data.get("stride", ())),
+            dtype=data.get("dtype", ""),
+            location=SourceLocation(**loc) if loc else None,
+        )
+
+    def __str__(self) -> str:
+        where = self.module or "<model>"
+        return f"[{self.defect_id}] {self.op} in {where} ({self.dtype}{list(self.shape)}, stride {list(self.stride)}): {self.source}"
+
+
 @dataclass
 class LoweringReport:
     """What one model met on the device: violations (deduplicated by fingerprint and shape),
@@ -95,6 +142,7 @@ class LoweringReport:
     ops_seen: Counter[str] = field(default_factory=Counter)
     graph_count: int = 0
     compile_seconds: float = 0.0
+    defects: list[DefectFiring] = field(default_factory=list)  # silent device failures that fired
     _seen_keys: set[tuple[str, tuple[tuple[int, ...], ...]]] = field(
         default_factory=set, repr=False
     )
@@ -109,9 +157,18 @@ class LoweringReport:
             self._seen_keys.add(key)
             self.violations.append(violation)
 
+    def add_defect(self, firing: DefectFiring) -> None:
+        if all(f.key() != firing.key() for f in self.defects):
+            self.defects.append(firing)
+
+    def defect_ids(self) -> list[str]:
+        return sorted({f.defect_id for f in self.defects})
+
     def merge(self, other: LoweringReport) -> None:
         for v in other.violations:
             self.add(v)
+        for f in other.defects:
+            self.add_defect(f)
         self.fallbacks.update(other.fallbacks)
         self.ops_seen.update(other.ops_seen)
         self.downcasts += other.downcasts
@@ -124,7 +181,10 @@ class LoweringReport:
     def summary(self) -> str:
         if self.ok:
             fb = sum(self.fallbacks.values())
-            return f"lowers ({self.mode}, profile {self.profile_name}); {fb} CPU fallback calls"
+            text = f"lowers ({self.mode}, profile {self.profile_name}); {fb} CPU fallback calls"
+            if self.defects:
+                text += f"; device defects fired: {', '.join(self.defect_ids())}"
+            return text
         rules = Counter(v.rule_id for v in self.violations)
         parts = ", ".join(f"{r} x{n}" for r, n in rules.most_common())
         return f"{len(self.violations)} violation(s) ({self.mode}, profile {self.profile_name}): {parts}"
@@ -141,6 +201,7 @@ class LoweringReport:
             "ops_seen": dict(self.ops_seen),
             "graph_count": self.graph_count,
             "compile_seconds": self.compile_seconds,
+            "defects": [f.to_dict() for f in self.defects],
         }
 
     def to_json(self, **kwargs: Any) -> str:
@@ -160,6 +221,8 @@ class LoweringReport:
         )
         for v in data.get("violations", []):
             report.add(Violation.from_dict(v))
+        for f in data.get("defects", []):
+            report.add_defect(DefectFiring.from_dict(f))
         return report
 
     @classmethod

@@ -40,6 +40,25 @@ class Rule:
     note: str = ""
 
 
+@dataclass(frozen=True)
+class Defect:
+    """A device-only silent failure: the graph lowers, the card returns wrong numbers.
+    ``trigger`` names a matcher in hfadapt.spyre.compile.defects; ``fixed_in`` is the first
+    profile version where a source says it is fixed (None: present in every version)."""
+
+    id: str
+    source: str  # a key of the profile's sources, or the citation itself
+    trigger: str
+    effect: str
+    modes: tuple[str, ...] = ("compile",)
+    fixed_in: str | None = None
+    adapter: str = ""
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split(".") if part.isdigit())
+
+
 # Ops no rule names: what the device says about them.
 UNLISTED = Rule(
     id="op.unsupported",
@@ -67,6 +86,7 @@ class Profile:
     layout: dict[str, dict[str, Any]]
     numerics: dict[str, dict[str, Any]]
     family_dtypes: dict[str, Any] = field(default_factory=dict)
+    defects: tuple[Defect, ...] = ()
     eager_casts: bool = True
     path: str = ""
     inplace_lowers: bool = False
@@ -184,6 +204,18 @@ class Profile:
                 return self.sources.get(spec.get("source", ""), "")
         return ""
 
+    def active_defects(self, mode: str = "compile") -> tuple[Defect, ...]:
+        """The defects this profile version has in ``mode`` (not fixed at or before it)."""
+        here = _version_key(self.version)
+        return tuple(
+            d
+            for d in self.defects
+            if mode in d.modes and (d.fixed_in is None or here < _version_key(d.fixed_in))
+        )
+
+    def defect_source(self, defect: Defect) -> str:
+        return self.sources.get(defect.source, defect.source)
+
     def describe(self) -> str:
         return f"{self.name} ({self.version})"
 
@@ -217,8 +249,24 @@ def _read(name_or_path: str) -> tuple[dict[str, Any], str]:
 def _merge(base: dict[str, Any], child: dict[str, Any]) -> dict[str, Any]:
     merged = {
         **base,
-        **{k: v for k, v in child.items() if k not in ("move_ops", "add_rules", "extends")},
+        **{
+            k: v
+            for k, v in child.items()
+            if k not in ("move_ops", "add_rules", "extends", "add_defects", "fix_defects")
+        },
     }
+    defects = [dict(d) for d in base.get("defects", [])] + [
+        dict(d) for d in child.get("add_defects", [])
+    ]
+    for fix in child.get("fix_defects", []):  # {"id", "fixed_in", "source"}: a source says so
+        found = [d for d in defects if d["id"] == fix["id"]]
+        if not found:
+            raise ProfileError(
+                f"profile {child.get('name')}: fix_defects names unknown defect {fix['id']}"
+            )
+        found[0]["fixed_in"] = fix["fixed_in"]
+        found[0]["fixed_source"] = fix.get("source", "")
+    merged["defects"] = defects
     rules = [dict(r, ops=list(r["ops"])) for r in base["rules"]] + [
         dict(r, ops=list(r["ops"])) for r in child.get("add_rules", [])
     ]
@@ -271,9 +319,30 @@ def _build(data: dict[str, Any], path: str) -> Profile:
             eager_casts="eager" in data["casts"].get("modes", MODES),
             path=path,
             inplace_lowers="inplace" in data,
+            defects=_defects(data.get("defects", [])),
         )
     except KeyError as exc:
         raise ProfileError(f"device profile {path} lacks the field {exc}") from exc
+
+
+def _defects(entries: list[dict[str, Any]]) -> tuple[Defect, ...]:
+    out = []
+    for d in entries:
+        modes = tuple(d.get("modes", ("compile",)))
+        if unknown := set(modes) - set(MODES):
+            raise ProfileError(f"defect {d['id']}: unknown modes {sorted(unknown)}")
+        out.append(
+            Defect(
+                id=d["id"],
+                source=d["source"],
+                trigger=d["trigger"],
+                effect=d["effect"],
+                modes=modes,
+                fixed_in=d.get("fixed_in"),
+                adapter=d.get("adapter", ""),
+            )
+        )
+    return tuple(out)
 
 
 def _resolve(name_or_path: str, chain: tuple[str, ...] = ()) -> tuple[dict[str, Any], str]:

@@ -26,6 +26,7 @@ import torch
 from torch._inductor.exc import InductorError
 
 from hfadapt.errors import DeviceError, SpyreLoweringError
+from hfadapt.spyre.compile.defects import find_defects
 from hfadapt.spyre.compile.graph_exec import build_executable
 from hfadapt.spyre.compile.graph_rules import check_graph
 from hfadapt.spyre.compile.reports import (
@@ -178,7 +179,11 @@ class SpyreBackend:
                 raise SpyreCompileError(error_message(report, self.profile), report)
             return _HostGraph(gm, entry)
         _warn_fallbacks(report, self.profile)
-        program, _runtime = build_executable(gm, check, self.profile, _static_inputs())
+        # the card's silent failures: matched once here, computed wrongly by the program
+        corruptions = find_defects(gm, self.profile)
+        for corruption in corruptions:
+            report.add_defect(corruption.firing)
+        program, _runtime = build_executable(gm, check, self.profile, _static_inputs(), corruptions)
         report.compile_seconds = time.perf_counter() - start
         note(entry)
         return DeviceGraph(program, entry)

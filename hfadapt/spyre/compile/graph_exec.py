@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from hfadapt.spyre.compile.defects import Corruption, misread_layout
 from hfadapt.spyre.compile.graph_rules import GraphCheck, op_name
 from hfadapt.spyre.dl16 import DL16Format, round_dl16, round_dl16_
 from hfadapt.spyre.profile import FALLBACK, Profile
@@ -204,7 +205,12 @@ def _kernel_target(kernel: Callable[..., Any], fmt: DL16Format) -> Callable[...,
 
 class _Builder:
     def __init__(
-        self, gm: fx.GraphModule, check: GraphCheck, profile: Profile, static: Iterable[int]
+        self,
+        gm: fx.GraphModule,
+        check: GraphCheck,
+        profile: Profile,
+        static: Iterable[int],
+        corruptions: Iterable[Corruption] = (),
     ) -> None:
         self.gm = gm
         self.check = check
@@ -215,6 +221,18 @@ class _Builder:
         self.env: dict[fx.Node, fx.Node] = {}
         self.root = torch.nn.Module()
         self.kernels_used: list[str] = []
+        corruptions = list(corruptions)
+        # (consumer, value) -> the corruption it reads; the misread node is made once per value
+        self.misreads: dict[tuple[fx.Node, fx.Node], Corruption] = {
+            (c, k.value): k for k in corruptions for c in k.consumers
+        }
+        self._misread_nodes: dict[int, fx.Node] = {}
+        # nodes a device defect makes compute something else (the op replaced)
+        self.replaced: dict[fx.Node, Callable[..., Any]] = {
+            k.anchor: k.replace
+            for k in corruptions
+            if k.anchor is not None and k.replace is not None
+        }
 
     def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> fx.Node:
         return self.graph.call_function(fn, args, kwargs)
@@ -268,8 +286,9 @@ class _Builder:
         if self.check.outcomes.get(node) == FALLBACK or op == "aten::view.dtype":
             self.env[node] = self._host(node, op, value)
             return
-        args = fx.node.map_arg(node.args, self.env.__getitem__)
-        kwargs = fx.node.map_arg(node.kwargs, self.env.__getitem__)
+        read = self._reader(node)
+        args = fx.node.map_arg(node.args, read)
+        kwargs = fx.node.map_arg(node.kwargs, read)
         inputs_dl16 = any(_dl16_dtype(n.meta.get("val")) for n in node.all_input_nodes)
         # the op computes in DL16: a DL16 result, or a comparison of DL16 values
         if _dl16_dtype(value) or (inputs_dl16 and getattr(value, "dtype", None) == torch.bool):
@@ -277,6 +296,11 @@ class _Builder:
         args, kwargs = _retype(args), _retype(kwargs)
         if _packet(op) in ("aten::_softmax", "aten::_log_softmax"):
             args = (*args[:2], False)  # half_to_float: the held input already is float32
+        replaced = self.replaced.get(node)
+        if replaced is not None:  # a device defect: the card computes this op wrongly
+            out = self.graph.call_function(replaced, tuple(args), dict(kwargs))
+            self.env[node] = self._round_output(node, op, out, value)
+            return
         kernel = _native_kernel(op, self.profile) if inputs_dl16 else None
         if kernel is not None:
             # device numerics of their own (e.g. LayerNorm statistics kept in DL16)
@@ -286,6 +310,24 @@ class _Builder:
             return
         out = self.graph.call_function(target, tuple(args), dict(kwargs))  # type: ignore[arg-type]
         self.env[node] = self._round_output(node, op, out, value)
+
+    def _reader(self, node: fx.Node) -> Callable[[fx.Node], fx.Node]:
+        """How ``node`` reads its inputs: their values, except an input a device defect makes
+        it misread (hfadapt.spyre.compile.defects)."""
+        if not self.misreads:
+            return self.env.__getitem__
+
+        def read(n: fx.Node) -> fx.Node:
+            corruption = self.misreads.get((node, n))
+            if corruption is None:
+                return self.env[n]
+            made = self._misread_nodes.get(id(corruption))
+            if made is None:
+                made = self.call(misread_layout, self.env[n], corruption.order, corruption.shape)
+                self._misread_nodes[id(corruption)] = made
+            return made
+
+        return read
 
     def _preserves(self, node: fx.Node, op: str) -> bool:
         if getattr(node.target, "is_view", False) or _packet(op) in VALUE_PRESERVING:
@@ -360,14 +402,19 @@ def _as_tuple(flags: Any) -> tuple[bool, ...]:
 
 
 def build_executable(
-    gm: fx.GraphModule, check: GraphCheck, profile: Profile, static_inputs: Iterable[int] = ()
+    gm: fx.GraphModule,
+    check: GraphCheck,
+    profile: Profile,
+    static_inputs: Iterable[int] = (),
+    corruptions: Iterable[Corruption] = (),
 ) -> tuple[fx.GraphModule, Runtime]:
     """The DL16 program for a checked graph: a GraphModule taking the same inputs and returning
     the same outputs (logical dtypes) as ``gm``. ``static_inputs``: indices of parameters and
-    buffers, whose conversion is cached."""
+    buffers, whose conversion is cached. ``corruptions``: the device defects that fire in this
+    graph (hfadapt.spyre.compile.defects.find_defects); their consumers read the misread value."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-    builder = _Builder(gm, check, profile, static_inputs)
+    builder = _Builder(gm, check, profile, static_inputs, corruptions)
     # aot_autograd calls its compilers with its FakeTensorMode active; constants and scalars
     # are converted here for real.
     with unset_fake_temporarily():

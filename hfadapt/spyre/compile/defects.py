@@ -1,0 +1,286 @@
+"""The card's silent failures (profile ``defects``) in compiled graphs: the graph lowers, the
+numbers come out wrong. Each defect of the profile names a trigger, a matcher here that looks at
+the checked ATen graph once, at build time; a match becomes a ``Corruption``: the value a node
+reads is replaced, in the generated program, by what the card reads instead (the same data
+taken with the wrong layout). Each firing is recorded in the lowering report with the defect id,
+its source, the ATen node and the module path Dynamo recorded for it.
+
+Triggers (by name, as the profile's ``defects[].trigger``):
+
+- ``sdpa_noncontiguous_qkv``: a query, key or value reaching scaled_dot_product_attention as a
+  transposed (permuted, non-contiguous) view. The attention math is captured decomposed
+  (hfadapt.spyre.decompositions), so the SDPA call is the group of nodes whose
+  ``source_fn_stack`` names it; its inputs from outside the group are Q, K, V and the mask.
+- ``rms_norm_noncontiguous_view``: the native rms_norm reading a non-contiguous 4-D view.
+- ``minus_inf_fill_into_sdpa_softmax``: a ``-inf`` fill made in the graph (full, full_like,
+  masked_fill, where, constant_pad_nd with a -inf scalar; SDPA's own fill for a boolean mask or
+  ``is_causal``) reaching the softmax of an SDPA call. The card's amax takes the fill's code
+  (0xEFFF, -3.35e7) for +3.35e7: a row with nothing but fill (a fully masked, padded query row)
+  has exp(x - 3.35e7) = 0 everywhere and becomes 0/0 = NaN, which the next layer's P @ V
+  carries into every row (0 * NaN). A -inf arriving from the host as data is not seen here.
+
+The misread: a permuted view's storage holds its data in memory order; the kernel walks that
+storage as if it were contiguous in the view's logical shape (``x.permute(memory order)
+.reshape(shape)``), which costs one copy, what ``.contiguous()`` would have cost.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import fx
+
+from hfadapt.errors import ProfileError
+from hfadapt.spyre.compile.graph_rules import op_name, source_location
+from hfadapt.spyre.lowering_report import DefectFiring
+from hfadapt.spyre.profile import Defect, Profile
+
+__all__ = ["TRIGGERS", "Corruption", "find_defects", "misread_layout", "module_path"]
+
+
+@dataclass(frozen=True)
+class Match:
+    """What a trigger found: ``value`` is read wrongly by ``consumers``; ``anchor`` is the node
+    reported (the op that misreads)."""
+
+    value: fx.Node
+    consumers: frozenset[fx.Node]
+    anchor: fx.Node
+
+
+@dataclass(frozen=True)
+class Corruption:
+    """One firing in the generated program: the consumers read ``misread_layout(value)``, or
+    (``replace`` set) the anchor node runs ``replace`` instead of its op."""
+
+    firing: DefectFiring
+    value: fx.Node
+    consumers: frozenset[fx.Node]
+    order: tuple[int, ...]
+    shape: tuple[int, ...]
+    anchor: fx.Node | None = None
+    replace: Callable[..., torch.Tensor] | None = None
+
+
+# the magnitude of 0xEFFF, the code a -inf fill has on the device (hf-adapters hf_common.py)
+FILL_CODE = 33521664.0
+
+
+def softmax_amax_misread(x: torch.Tensor, dim: int, half_to_float: bool = False) -> torch.Tensor:
+    """softmax whose row max reads the -inf fill's code as +3.35e7 (rows holding only fill:
+    every exp underflows to 0, the row becomes 0/0 = NaN)."""
+    m = x.amax(dim, keepdim=True)
+    m = torch.where(m <= -FILL_CODE, -m, m)
+    e = torch.exp(x - m)
+    return e / e.sum(dim, keepdim=True)
+
+
+def misread_layout(x: torch.Tensor, order: tuple[int, ...], shape: tuple[int, ...]) -> torch.Tensor:
+    """``x`` as a kernel that ignores its strides sees it: its data in memory order, read as a
+    contiguous tensor of its own logical shape."""
+    return x.permute(order).reshape(shape)
+
+
+def _val(node: fx.Node) -> torch.Tensor | None:
+    value = node.meta.get("val")
+    return value if isinstance(value, torch.Tensor) else None
+
+
+def memory_order(t: torch.Tensor) -> tuple[int, ...] | None:
+    """The dimension order of ``t``'s storage when ``t`` is a permutation of a dense tensor that
+    is not contiguous; None when it is contiguous, broadcast (zero strides) or has gaps."""
+    if t.is_contiguous() or t.numel() == 0:
+        return None
+    sizes, strides = list(t.shape), list(t.stride())
+    if any(s == 0 for s, n in zip(strides, sizes, strict=True) if n > 1):
+        return None
+    order = tuple(sorted(range(t.dim()), key=lambda d: (-strides[d], -sizes[d])))
+    expected = 1
+    for d in reversed(order):
+        if sizes[d] > 1 and strides[d] != expected:
+            return None
+        expected *= sizes[d]
+    return order if order != tuple(range(t.dim())) else None
+
+
+def _float4d(node: fx.Node) -> torch.Tensor | None:
+    t = _val(node)
+    return t if t is not None and t.dim() == 4 and t.is_floating_point() else None
+
+
+# -- triggers --------------------------------------------------------------------------------
+
+_MASK_CONSUMERS = frozenset({"aten::add", "aten::where", "aten::masked_fill", "aten::sub"})
+
+
+def _sdpa_group(node: fx.Node) -> str | None:
+    stack = node.meta.get("source_fn_stack") or []
+    if not stack:
+        return None
+    name, fn = stack[-1][0], stack[-1][1]
+    fn_name = getattr(fn, "__name__", str(fn))
+    return str(name) if "scaled_dot_product_attention" in fn_name else None
+
+
+def sdpa_noncontiguous_qkv(gm: fx.GraphModule) -> list[Match]:
+    groups: dict[str, list[fx.Node]] = {}
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and (group := _sdpa_group(node)) is not None:
+            groups.setdefault(group, []).append(node)
+    found = []
+    for nodes in groups.values():
+        members = set(nodes)
+        readers: dict[fx.Node, set[fx.Node]] = {}
+        for node in nodes:
+            for inp in node.all_input_nodes:
+                if inp not in members:
+                    readers.setdefault(inp, set()).add(node)
+        for inp, consumers in readers.items():
+            t = _float4d(inp)
+            if t is None or memory_order(t) is None:
+                continue
+            if any(op_name(c.target).split(".", 1)[0] in _MASK_CONSUMERS for c in consumers):
+                continue  # the attention mask, not Q, K or V
+            found.append(Match(inp, frozenset(consumers), min(consumers, key=_position(gm))))
+    return found
+
+
+def rms_norm_noncontiguous_view(gm: fx.GraphModule) -> list[Match]:
+    found = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or not node.args:
+            continue
+        if op_name(node.target).split(".", 1)[0] not in ("aten::rms_norm", "aten::_fused_rms_norm"):
+            continue
+        inp = node.args[0]
+        if isinstance(inp, fx.Node) and (t := _float4d(inp)) is not None and memory_order(t):
+            found.append(Match(inp, frozenset({node}), node))
+    return found
+
+
+_FILLS = frozenset(
+    {
+        "aten::full",
+        "aten::full_like",
+        "aten::new_full",
+        "aten::scalar_tensor",
+        "aten::fill",
+        "aten::masked_fill",
+        "aten::where",
+        "aten::constant_pad_nd",
+    }
+)
+# ops past which a fill's value no longer stands as is
+_STOPS = frozenset(
+    {"aten::mm", "aten::bmm", "aten::addmm", "aten::sum", "aten::mean", "aten::amax", "aten::exp"}
+)
+
+
+def _is_minus_inf(value: object) -> bool:
+    return isinstance(value, float) and value == float("-inf")
+
+
+def minus_inf_fill_into_sdpa_softmax(gm: fx.GraphModule) -> list[Match]:
+    fills = [
+        n
+        for n in gm.graph.nodes
+        if n.op == "call_function"
+        and op_name(n.target).split(".", 1)[0] in _FILLS
+        and any(_is_minus_inf(a) for a in (*n.args, *n.kwargs.values()))
+    ]
+    found: dict[fx.Node, fx.Node] = {}
+    for fill in fills:
+        seen, todo = {fill}, [fill]
+        while todo:
+            node = todo.pop()
+            for user in node.users:
+                if user in seen or user.op != "call_function":
+                    continue
+                seen.add(user)
+                packet = op_name(user.target).split(".", 1)[0]
+                if packet in ("aten::_softmax", "aten::softmax"):
+                    if _sdpa_group(user) is not None:
+                        found.setdefault(user, fill)
+                elif packet not in _STOPS:
+                    todo.append(user)
+    return [Match(fill, frozenset({softmax}), softmax) for softmax, fill in found.items()]
+
+
+def _position(gm: fx.GraphModule) -> Callable[[fx.Node], int]:
+    index = {n: i for i, n in enumerate(gm.graph.nodes)}
+    return lambda n: index[n]
+
+
+TRIGGERS: dict[str, Callable[[fx.GraphModule], list[Match]]] = {
+    "sdpa_noncontiguous_qkv": sdpa_noncontiguous_qkv,
+    "rms_norm_noncontiguous_view": rms_norm_noncontiguous_view,
+    "minus_inf_fill_into_sdpa_softmax": minus_inf_fill_into_sdpa_softmax,
+}
+# triggers whose anchor op computes wrongly (the op is replaced), not a misread input
+REPLACEMENTS: dict[str, Callable[..., torch.Tensor]] = {
+    "minus_inf_fill_into_sdpa_softmax": softmax_amax_misread,
+}
+
+
+# -- firing ----------------------------------------------------------------------------------
+
+_ROOT = re.compile(r"^L\['[^']+'\]\.?")
+_INDEX = re.compile(r"\[(?:'([^']*)'|(\d+))\]")
+
+
+def module_path(node: fx.Node) -> tuple[str, str]:
+    """(module path below the compiled model, module class) of the innermost module Dynamo
+    recorded for ``node`` (``encoder.layer.0.attention.self``); ("", "") without one."""
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return "", ""
+    path, cls = list(stack.values())[-1][:2]
+    path = _INDEX.sub(lambda m: "." + (m.group(1) or m.group(2)), _ROOT.sub("", str(path)))
+    name = getattr(cls, "__name__", None) or str(cls).rsplit(".", 1)[-1].strip("'>")
+    return path.strip("."), name
+
+
+def find_defects(gm: fx.GraphModule, profile: Profile) -> list[Corruption]:
+    """Every firing of the profile's compile-mode defects in this graph."""
+    out = []
+    for defect in profile.active_defects("compile"):
+        trigger = TRIGGERS.get(defect.trigger)
+        if trigger is None:
+            raise ProfileError(
+                f"profile {profile.name}: defect {defect.id} names unknown trigger "
+                f"{defect.trigger!r} (known: {', '.join(sorted(TRIGGERS))})"
+            )
+        for match in trigger(gm):
+            out.append(_corruption(defect, match, profile))
+    return out
+
+
+def _corruption(defect: Defect, match: Match, profile: Profile) -> Corruption:
+    replace = REPLACEMENTS.get(defect.trigger)
+    # the value read wrongly, or (an op computing wrongly) the op's own result
+    t = _val(match.value if replace is None else match.anchor)
+    assert t is not None
+    order = memory_order(t) if replace is None else ()
+    assert order is not None
+    module, cls = module_path(match.anchor)
+    firing = DefectFiring(
+        defect_id=defect.id,
+        source=profile.defect_source(defect),
+        effect=defect.effect,
+        op=op_name(match.anchor.target),
+        node=match.anchor.name,
+        module=module,
+        module_class=cls,
+        shape=tuple(int(s) for s in t.shape),
+        stride=tuple(int(s) for s in t.stride()),
+        dtype=str(t.dtype).removeprefix("torch."),
+        location=source_location(match.anchor),
+    )
+    if replace is not None:
+        return Corruption(
+            firing, match.value, frozenset(), (), tuple(t.shape), match.anchor, replace
+        )
+    return Corruption(firing, match.value, match.consumers, order, tuple(int(s) for s in t.shape))
