@@ -52,6 +52,19 @@ def test_one_bad_real_token_fails_with_its_position_and_value() -> None:
     assert "min per-token cosine -1.000000 < 0.99 at sentence 1, token 3" in m.failure()
 
 
+def test_one_vector_per_sequence_is_judged_per_sequence() -> None:
+    """DPR's encoders return only a pooled [batch, hidden] output: each sequence is one token
+    (the worker once crashed indexing it with the [batch, seq] mask)."""
+    ref, mask = _batch()
+    pooled = ref[:, 0]
+    dev = pooled.clone()
+    dev[2] = -dev[2]
+    m = compare(pooled, dev, mask)
+    assert (m.tokens, m.worst_token) == (3, (2, 0)), (m.tokens, m.worst_token)
+    assert m.min_token_cosine == pytest.approx(-1.0, abs=1e-9), m.min_token_cosine
+    assert compare(pooled, pooled.clone(), mask).passed
+
+
 def test_threshold_is_inclusive_at_0_99() -> None:
     ref = torch.tensor([[[1.0, 0.0]]])
     mask = torch.ones(1, 1)

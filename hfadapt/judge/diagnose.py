@@ -36,7 +36,7 @@ from hfadapt.judge.diagnosis import (
 from hfadapt.judge.evidence import level_of_source
 from hfadapt.judge.load import LoadedModel
 from hfadapt.judge.localize import localize
-from hfadapt.judge.metrics import compare, last_hidden
+from hfadapt.judge.metrics import compare, last_hidden, token_mask
 from hfadapt.judge.probes import build_probes, model_inputs
 from hfadapt.options import DType, Execution, Mode
 from hfadapt.spyre.profile import AUTO_DTYPE
@@ -394,6 +394,7 @@ def _judge(
                 None,
             )
     problem = _not_deterministic(reference, again)
+    mask = token_mask(reference, mask)  # one vector per sequence (DPR): one "token" each
     if problem is None and not bool(torch.isfinite(reference[mask]).all()):
         problem = "the CPU fp32 reference itself holds NaN or inf on real tokens"
     if problem:

@@ -183,7 +183,12 @@ def compare(
     *,
     threshold: float = TOKEN_COSINE_MIN,
 ) -> Metrics:
-    """Judge ``candidate`` (device) against ``reference`` (CPU fp32), both [batch, seq, hidden]."""
+    """Judge ``candidate`` (device) against ``reference`` (CPU fp32), both [batch, seq, hidden],
+    or both [batch, hidden] for models whose output is one vector per sequence (DPR's encoders
+    return only their pooler output): judged as sequences of one token."""
+    if reference.dim() == 2 and candidate.dim() == 2 and reference.shape == candidate.shape:
+        reference, candidate = reference.unsqueeze(1), candidate.unsqueeze(1)
+        attention_mask = torch.ones(reference.shape[:2], dtype=torch.bool)
     if reference.shape != candidate.shape:
         raise ValueError(
             f"shape mismatch: reference {tuple(reference.shape)} vs device {tuple(candidate.shape)}"
@@ -230,7 +235,8 @@ def compare(
 
 
 def last_hidden(outputs: Any) -> torch.Tensor:
-    """The last hidden state of a transformers output (ModelOutput, tuple or tensor)."""
+    """The last hidden state of a transformers output (ModelOutput, tuple or tensor); a model
+    that returns one vector per sequence (DPR) gives [batch, 1, hidden]."""
     if isinstance(outputs, torch.Tensor):
         return outputs
     value = getattr(outputs, "last_hidden_state", None)
@@ -240,4 +246,12 @@ def last_hidden(outputs: Any) -> torch.Tensor:
         value = outputs[0]
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"model output {type(outputs).__name__} holds no last hidden state")
-    return value
+    return value.unsqueeze(1) if value.dim() == 2 else value
+
+
+def token_mask(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """The mask of ``hidden``'s real tokens: the attention mask, or all true when the model
+    gives one vector per sequence (``last_hidden`` made it [batch, 1, hidden])."""
+    if hidden.dim() == 3 and hidden.shape[1] == 1 and attention_mask.shape[1] != 1:
+        return torch.ones(hidden.shape[:2], dtype=torch.bool)
+    return attention_mask.bool()
