@@ -184,6 +184,17 @@ def model_calls(a: Adapter, registry: Registry | None = None) -> tuple[Call, Cal
     return run(False), run(True)
 
 
+def _float64_reference(call: Call, module: Any, args: Any, kwargs: Any) -> torch.Tensor | None:
+    """The stock code's first float output on a float64 copy of the example."""
+    return _first_float(
+        call(
+            copy.deepcopy(module).double(),
+            _map_floats(args, torch.Tensor.double),
+            _map_floats(kwargs, torch.Tensor.double),
+        )
+    )
+
+
 def _compiled_check(
     a: Adapter, stock_call: Call, adapted_call: Call, seed: int, profile: str | None
 ) -> DeviceCheck:
@@ -195,13 +206,7 @@ def _compiled_check(
     if a.example is None:
         return DeviceCheck(error="no example to run")
     module, args, kwargs = a.example(seed)
-    reference = _first_float(
-        stock_call(
-            copy.deepcopy(module).double(),
-            _map_floats(args, torch.Tensor.double),
-            _map_floats(kwargs, torch.Tensor.double),
-        )
-    )
+    reference = _float64_reference(stock_call, module, args, kwargs)
     check = DeviceCheck()
     for label, call in (("stock", stock_call), ("adapted", adapted_call)):
         m = copy.deepcopy(module).half() if isinstance(module, torch.nn.Module) else module
@@ -240,22 +245,14 @@ def device_check(a: Adapter, seed: int = 0, profile: str | None = None) -> Devic
 
     if a.example is None:
         return DeviceCheck(error="no example to run")
-    if a.rule.startswith("defect."):
-        module0 = a.example(seed)[0]
-        stock, adapted = model_calls(a) if _whole_model(a, module0) else _calls(a, None, None)
-        return _compiled_check(a, stock, adapted, seed, profile)
-    spyre_device.register()
-    dev = torch.device("spyre")
     module0 = a.example(seed)[0]
     stock_call, adapted_call = model_calls(a) if _whole_model(a, module0) else _calls(a, None, None)
+    if a.rule.startswith("defect."):
+        return _compiled_check(a, stock_call, adapted_call, seed, profile)
+    spyre_device.register()
+    dev = torch.device("spyre")
     module, args, kwargs = a.example(seed)
-    reference = _first_float(
-        stock_call(
-            copy.deepcopy(module).double(),
-            _map_floats(args, torch.Tensor.double),
-            _map_floats(kwargs, torch.Tensor.double),
-        )
-    )
+    reference = _float64_reference(stock_call, module, args, kwargs)
     check = DeviceCheck()
     for label, call in (("stock", stock_call), ("adapted", adapted_call)):
         m = copy.deepcopy(module).half().to(dev) if isinstance(module, torch.nn.Module) else module
