@@ -14,7 +14,7 @@ head_dim 32). Zero-padding Q and K to the next multiple of 64 is exact: the padd
 0 to every dot product (V keeps its head_dim: it is not reduced over). The scale stays
 1/sqrt(original head_dim). P @ V reduces over the key length, so K and V are zero-padded to
 whole sticks along the sequence, with those keys masked (additive
-``finfo.min / 2``: weight exactly 0): any sequence length works, and the rest of the model runs
+``MASKED``, fp16's ``finfo.min / 2``: weight exactly 0): any sequence length works, and the rest of the model runs
 on the real length instead of a batch padded to 64 tokens. The math is written out (matmul,
 mul, add, softmax, matmul), the device's SDPA decomposition, with the mask added as given.
 """
@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from hfadapt.adapters.api import STICK, adapter
+from hfadapt.adapters.api import MASKED, STICK, adapter
 
 
 def _head_dim(config: Any) -> int | None:
@@ -156,7 +156,7 @@ def padded_attention(
     if extra:
         value = F.pad(value, (0, 0, 0, extra))
     scores = torch.matmul(query, key.transpose(-1, -2)) * scale
-    neg = torch.finfo(scores.dtype).min / 2
+    neg = MASKED
     if attention_mask is not None:
         if attention_mask.dtype == torch.bool:
             attention_mask = torch.zeros_like(attention_mask, dtype=scores.dtype).masked_fill(

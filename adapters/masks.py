@@ -5,7 +5,8 @@ bool cast the device refuses, rule dtype.cast), index with tensors (aten::index,
 and reduce with aten::all (unsupported); causal masks need tril (falls back). This adapter runs
 the model's forward with each ``create_*_mask`` function replaced by one that calls the stock
 function on the host (sdpa form: a boolean 4-D mask), turns it into an additive mask with
-``finfo(dtype).min / 2`` (the device has no -inf; hf-adapters' value) and sends it over.
+``MASKED`` (fp16's ``finfo.min / 2``, hf-adapters' value, for every dtype: the device has no
+-inf, and bf16's own finfo.min / 2 is past DL16's range) and sends it over.
 Sliding windows, causal and bidirectional variants all come from the stock code, so every
 architecture gets exactly the mask it would have had. A masked position gets weight
 exp(min/2 - max) = 0, as with -inf.
@@ -20,7 +21,7 @@ from typing import Any
 
 import torch
 
-from hfadapt.adapters.api import adapter, on_host
+from hfadapt.adapters.api import MASKED, adapter, on_host
 from hfadapt.adapters.examples import tiny_model
 from hfadapt.adapters.rebind import rebind, stock_method
 
@@ -65,13 +66,13 @@ def _shape_only(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _additive_mask(stock: Callable[..., Any], dtype: torch.dtype, **kwargs: Any) -> Any:
-    """The stock builder's mask as an additive ``dtype`` mask (masked: ``finfo.min / 2``)."""
+    """The stock builder's mask as an additive ``dtype`` mask (masked: ``MASKED``, -32752)."""
     mask = stock(**kwargs)
     if mask is None:
         return None
     if mask.dtype == torch.bool:
-        return torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, torch.finfo(dtype).min / 2)
-    return mask.to(dtype).clamp(min=torch.finfo(dtype).min / 2)
+        return torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, MASKED)
+    return mask.to(dtype).clamp(min=MASKED)
 
 
 def _builders_of(module: torch.nn.Module) -> dict[str, Callable[..., Any]]:
@@ -80,6 +81,15 @@ def _builders_of(module: torch.nn.Module) -> dict[str, Callable[..., Any]]:
     return {
         name: _host_builder(getattr(home, name)) for name in MASK_BUILDERS if hasattr(home, name)
     }
+
+
+@torch.compiler.disable
+def _with_host_masks(module: torch.nn.Module, method: str) -> Callable[..., Any]:
+    """The stock ``method`` of the module's class with its mask builders swapped for their host
+    versions. Resolved outside compiled graphs: the first call builds closures and fills this
+    file's cache, which Dynamo must not trace (it raised KeyError taking the id of a closure it
+    had made itself, depending on which test compiled first)."""
+    return rebind(stock_method(type(module), method), **_builders_of(module))
 
 
 def _example(seed: int):
@@ -109,8 +119,7 @@ def _example_direct(seed: int):
 )
 def masks_on_host(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
     """The model's own forward, with its mask builders running on the host."""
-    forward = rebind(stock_method(type(self), "forward"), **_builders_of(self))
-    return forward(self, *args, **kwargs)
+    return _with_host_masks(self, "forward")(self, *args, **kwargs)
 
 
 @adapter(
@@ -125,5 +134,4 @@ def masks_on_host(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
 )
 def mask_helper_on_host(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
     """BERT-family models build masks in a helper method: the same swap there."""
-    helper = rebind(stock_method(type(self), "_create_attention_masks"), **_builders_of(self))
-    return helper(self, *args, **kwargs)
+    return _with_host_masks(self, "_create_attention_masks")(self, *args, **kwargs)

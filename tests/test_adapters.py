@@ -234,3 +234,22 @@ def test_rope_rewrite_compiled_against_one_registry_runs_with_another() -> None:
         got = torch.compile(apply, backend="eager")(q, k, cos, sin)
         err = max((g - e).abs().max().item() for g, e in zip(got, expected, strict=True))
         assert err == 0.0, f"compiled rope rewrite differs from stock by {err}"
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_host_masks_stay_inside_the_device_range(dtype: str) -> None:
+    """The additive mask the host builds must survive the move onto the device: bf16's own
+    finfo.min / 2 (-1.7e38) became -inf there and EmbeddingGemma's attention turned to NaN."""
+    import torch
+
+    from hfadapt.spyre.dl16 import round_dl16
+
+    fn = REGISTRY.get("attention-mask-host").fn
+    keep = torch.tensor([[True, True, False]])
+    additive = fn.__globals__["_additive_mask"](lambda: keep, getattr(torch, dtype))
+    held = round_dl16(additive.float(), transfer=True)
+    host, low = float(additive.min()), float(held.min())
+    print(f"{dtype}: masked value {host:.6g} on the host, {low:.6g} on the device (DL16)")
+    # -32752 (fp16), -32768 (bf16 rounds it)
+    assert -32768.0 <= host <= -32752.0 and -1e5 < low < -3e4, (host, low)
+    assert bool(torch.isfinite(held).all()), held

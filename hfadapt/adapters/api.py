@@ -3,7 +3,7 @@ replaces (a module class's method, a model's forward inputs, or the attention fu
 it applies, which device rule it works around, and where it came from.
 
 Everything an adapter file needs comes from here: the decorator, ``STICK`` (the device's
-64-element stick), ``forward_arg`` / ``replace_forward_arg`` (read and replace one argument of a
+64-element stick), ``MASKED`` (the additive value of a masked attention position), ``forward_arg`` / ``replace_forward_arg`` (read and replace one argument of a
 forward, for ``pre_hook`` adapters), and the host helpers ``on_host``, ``host_copy`` and
 ``host_constant`` (run stock code on the host, result back on the device; build a constant once;
 see ``hfadapt.adapters.host``). How to write
@@ -17,10 +17,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
+import torch
+
 from hfadapt.adapters.host import host_constant, host_copy, on_host, to_device, to_host
 from hfadapt.errors import AdapterError
 
 __all__ = [
+    "MASKED",
     "STICK",
     "Adapter",
     "Provenance",
@@ -44,6 +47,12 @@ ExampleFn = Callable[[int], tuple[Any, tuple[Any, ...], dict[str, Any]]]
 # reduction sizes and sequence lengths must be whole sticks (the profile's ``layout`` section;
 # docs/device-profile.md).
 STICK = 64
+
+# The additive value of a masked attention position: fp16's finfo.min / 2 (-32752, hf-adapters'
+# value), for every dtype. exp(MASKED - max) is 0 as with -inf, and the value stays inside DL16's
+# range; bf16's own finfo.min / 2 (-1.7e38) does not: moved onto the device it becomes -inf and a
+# bf16 model's attention turns to NaN (EmbeddingGemma did).
+MASKED = float(torch.finfo(torch.float16).min) / 2
 
 
 @dataclass(frozen=True)
