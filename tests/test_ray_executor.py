@@ -76,7 +76,8 @@ def test_ray_records_a_crash_and_a_hang_and_goes_on(local_ray: Any, fake_worker:
     from hfadapt.sweep.worker import Task
 
     env = {"HFADAPT_FAKE_CRASH": "org/bert-relu", "HFADAPT_FAKE_HANG": "org/minilm"}
-    pool = RayExecutor(2, timeout=5.0, worker=fake_worker, env=env)
+    # 20 s: a crashing worker must crash (not time out) even while the machine is loaded
+    pool = RayExecutor(2, timeout=20.0, worker=fake_worker, env=env)
     tasks = [
         Task("a", "org/bert-a0"),
         Task("b", "org/bert-relu"),
@@ -90,7 +91,7 @@ def test_ray_records_a_crash_and_a_hang_and_goes_on(local_ray: Any, fake_worker:
     ].reason
     assert (
         outcomes["org/minilm"].verdict == verdicts.WORKER_TIMEOUT
-        and "5 s" in outcomes["org/minilm"].reason
+        and "20 s" in outcomes["org/minilm"].reason
     )
     for task in (tasks[0], tasks[3]):  # the fake's verdict is a function of the unit key
         got = outcomes[task.model_id].verdict
@@ -101,13 +102,13 @@ def test_ray_records_a_crash_and_a_hang_and_goes_on(local_ray: Any, fake_worker:
 def test_ray_timeout_counts_from_the_start_of_a_task_not_its_submission(
     local_ray: Any, fake_worker: str
 ) -> None:
-    # Four slots on two CPUs: tasks c and d wait in Ray's queue for 6 s or more behind a and b,
-    # then run 6 s. Counted from submission they pass the 10.5 s limit (12 s or more); counted
-    # from their start they keep 4.5 s of margin for a loaded machine.
+    # Four slots on two CPUs: tasks c and d wait in Ray's queue for 8 s or more behind a and b,
+    # then run 8 s. Counted from submission they pass the 15 s limit (16 s or more); counted
+    # from their start they keep 7 s of margin for a loaded machine.
     from hfadapt.sweep.ray_pool import RayExecutor
     from hfadapt.sweep.worker import Task
 
-    pool = RayExecutor(4, timeout=10.5, worker=fake_worker, env={"HFADAPT_FAKE_SLEEP": "6"})
+    pool = RayExecutor(4, timeout=15.0, worker=fake_worker, env={"HFADAPT_FAKE_SLEEP": "8"})
     tasks = [Task(k, f"org/m-{k}") for k in "abcd"]
     outcomes = {o.model_id: o for o in pool.run(tasks)}
     got = {m: (o.verdict, o.seconds) for m, o in outcomes.items()}
