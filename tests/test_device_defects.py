@@ -378,3 +378,43 @@ def test_diagnose_localizes_the_sdpa_defect_and_the_adapter_fixes_it(
         f"stock min token cosine {m.min_token_cosine:.4f}, "
         f"adapted {adapted.metrics.min_token_cosine:.6f}"
     )
+
+
+# -- defect.bf16_minus_inf_sum ----------------------------------------------------------------
+
+
+class _TwoMasks(torch.nn.Module):
+    """Scores plus a padding mask plus a window mask, both made in the graph with -inf fills
+    (two masks combined, as some models build them), or with one finite masked value."""
+
+    def __init__(self, finite: bool = False) -> None:
+        super().__init__()
+        self.fill = -32752.0 if finite else float("-inf")
+
+    def forward(
+        self, scores: torch.Tensor, padded: torch.Tensor, far: torch.Tensor
+    ) -> torch.Tensor:
+        zeros, fill = torch.zeros_like(scores), torch.full_like(scores, self.fill)
+        pad = torch.where(padded[:, None, :], fill, zeros)
+        window = torch.where(far, fill, zeros)
+        return scores + (pad + window)
+
+
+def test_bf16_minus_inf_plus_minus_inf_is_nan_and_a_finite_mask_avoids_it() -> None:
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randn(2, 8, 8, generator=g).to(torch.bfloat16)
+    padded = torch.zeros(2, 8, dtype=torch.bool)
+    padded[1, 5:] = True
+    pos = torch.arange(8)
+    far = (pos[:, None] - pos[None, :]).abs() > 2  # a window of 2 around each query
+    results = {}
+    for finite in (False, True):
+        out, report = _compiled(_TwoMasks(finite), scores, padded, far)
+        fired = [f.defect_id for f in report.defects]
+        results[finite] = (int(torch.isnan(out.float()).sum()), fired)
+    print(f"-inf fills: NaN {results[False][0]}, fired {results[False][1]}; "
+          f"finite fills: NaN {results[True][0]}, fired {results[True][1]}")  # fmt: skip
+    nans, fired = results[False]
+    # positions both masks cover: row 1's 3 padded keys outside each query's window: 12
+    assert nans == 12 and "defect.bf16_minus_inf_sum" in fired, results
+    assert results[True] == (0, []), results

@@ -19,6 +19,10 @@ Triggers (by name, as the profile's ``defects[].trigger``):
   has exp(x - 3.35e7) = 0 everywhere and becomes 0/0 = NaN, which the next layer's P @ V
   carries into every row (0 * NaN). A -inf arriving from the host as data is not seen here.
 
+- ``bf16_add_of_minus_infs``: an add (or sub of a negated fill) in bf16 whose two operands
+  both carry a ``-inf`` fill made in the graph (two masks combined). The card's bf16 add gives
+  NaN for ``-inf + -inf`` where IEEE gives ``-inf``: the masked positions turn to NaN.
+
 The misread: a permuted view's storage holds its data in memory order; the kernel walks that
 storage as if it were contiguous in the view's logical shape (``x.permute(memory order)
 .reshape(shape)``), which costs one copy, what ``.contiguous()`` would have cost.
@@ -209,6 +213,53 @@ def minus_inf_fill_into_sdpa_softmax(gm: fx.GraphModule) -> list[Match]:
     return [Match(fill, frozenset({softmax}), softmax) for softmax, fill in found.items()]
 
 
+def _carries_minus_inf_fill(gm: fx.GraphModule) -> set[fx.Node]:
+    """Nodes whose value still holds a ``-inf`` fill made in the graph (followed from each fill
+    through ops that keep values, up to the ops in ``_STOPS``)."""
+    carried: set[fx.Node] = set()
+    todo = [
+        n
+        for n in gm.graph.nodes
+        if n.op == "call_function"
+        and op_name(n.target).split(".", 1)[0] in _FILLS
+        and any(_is_minus_inf(a) for a in (*n.args, *n.kwargs.values()))
+    ]
+    while todo:
+        node = todo.pop()
+        if node in carried:
+            continue
+        carried.add(node)
+        todo += [
+            u
+            for u in node.users
+            if u.op == "call_function" and op_name(u.target).split(".", 1)[0] not in _STOPS
+        ]
+    return carried
+
+
+def bf16_add_of_minus_infs(gm: fx.GraphModule) -> list[Match]:
+    carried = _carries_minus_inf_fill(gm)
+    found = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or op_name(node.target).split(".", 1)[0] != "aten::add":
+            continue
+        out = _val(node)
+        operands = [a for a in node.args[:2] if isinstance(a, fx.Node)]
+        if out is None or out.dtype != torch.bfloat16 or len(operands) != 2:
+            continue
+        if all(a in carried for a in operands):
+            found.append(Match(node, frozenset({node}), node))
+    return found
+
+
+def add_minus_infs_nan(a: torch.Tensor, b: torch.Tensor, *, alpha: float = 1) -> torch.Tensor:
+    """a + alpha * b as the card's bf16 add computes it: -inf + -inf is NaN. A -inf fill is
+    held on the device as its code, -0xEFFF (-3.35e7): any value at or below it counts."""
+    out = torch.add(a, b, alpha=alpha)
+    both = (a <= -FILL_CODE) & ((b if alpha > 0 else -b) <= -FILL_CODE)
+    return out.masked_fill(both, float("nan"))
+
+
 def _position(gm: fx.GraphModule) -> Callable[[fx.Node], int]:
     index = {n: i for i, n in enumerate(gm.graph.nodes)}
     return lambda n: index[n]
@@ -218,10 +269,12 @@ TRIGGERS: dict[str, Callable[[fx.GraphModule], list[Match]]] = {
     "sdpa_noncontiguous_qkv": sdpa_noncontiguous_qkv,
     "rms_norm_noncontiguous_view": rms_norm_noncontiguous_view,
     "minus_inf_fill_into_sdpa_softmax": minus_inf_fill_into_sdpa_softmax,
+    "bf16_add_of_minus_infs": bf16_add_of_minus_infs,
 }
 # triggers whose anchor op computes wrongly (the op is replaced), not a misread input
 REPLACEMENTS: dict[str, Callable[..., torch.Tensor]] = {
     "minus_inf_fill_into_sdpa_softmax": softmax_amax_misread,
+    "bf16_add_of_minus_infs": add_minus_infs_nan,
 }
 
 
