@@ -16,6 +16,7 @@ import os
 import re
 import resource
 import shutil
+import signal
 import stat
 import subprocess
 from collections.abc import Iterable, Mapping
@@ -171,7 +172,7 @@ def spawn(
     readable: Iterable[Path] = (),
 ) -> subprocess.Popen[bytes]:
     """Start ``command`` in the sandbox (``isolate=False``: the same limits and environment,
-    without namespaces; only after the user's explicit opt-out). The caller waits and kills."""
+    without namespaces; only after the user's explicit opt-out). Wait for it with ``wait``."""
     nproc = (0 if os.getuid() == 0 else _user_tasks()) + limits.processes
     if isolate:
         argv = bwrap_argv(command, inputs=inputs, outputs=outputs, readable=readable)
@@ -189,6 +190,19 @@ def spawn(
         preexec_fn=_limiter(limits, nproc),  # setrlimit runs in the child, before bwrap
         close_fds=True,
     )
+
+
+def wait(proc: subprocess.Popen[bytes], timeout_s: float) -> tuple[int, bool]:
+    """(exit code, timed out) of a process ``spawn`` started; past ``timeout_s`` its whole
+    process group (the sandbox and every child it made) is killed."""
+    try:
+        return proc.wait(timeout=timeout_s), False
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            proc.kill()
+        return proc.wait(), True
 
 
 def read_result(outputs: Path, name: str, max_bytes: int = 256 * 1024 * 1024) -> bytes | None:

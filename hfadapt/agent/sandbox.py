@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -203,13 +202,8 @@ def run_sandbox(
                 )
             except OSError as exc:
                 raise SandboxError(f"cannot start the sandbox process: {exc}") from exc
-            killed = ""
-            try:
-                code: int | None = proc.wait(timeout=limits.timeout_s)
-            except subprocess.TimeoutExpired:
-                killed = f"exceeded the time limit of {limits.timeout_s:g} s"
-                _kill_group(proc)
-                code = proc.wait()
+            code, timed_out = isolation.wait(proc, limits.timeout_s)
+            killed = f"exceeded the time limit of {limits.timeout_s:g} s" if timed_out else ""
         seconds = time.monotonic() - start
         raw = isolation.read_result(outputs, "results.jsonl") or b""
         steps, running = _read_steps(raw.decode("utf-8", errors="replace"))
@@ -237,13 +231,6 @@ def run_sandbox(
         return SandboxRun(steps, code, killed, seconds, tail, isolated, files)
     finally:
         shutil.rmtree(base, ignore_errors=True)
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        proc.kill()
 
 
 def _exit_reason(code: int, stderr: str, limits: SandboxLimits) -> str:

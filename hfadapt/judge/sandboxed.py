@@ -16,8 +16,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -182,13 +180,7 @@ def judge(
                 )
             except OSError as exc:
                 raise SandboxError(f"cannot start the sandboxed judge: {exc}") from exc
-            timed_out = False
-            try:
-                code = proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                _kill_group(proc)
-                code = proc.wait()
+            code, timed_out = isolation.wait(proc, timeout_s)
         seconds = round(time.monotonic() - start, 3)
         stderr = (base / "stderr.txt").read_text(encoding="utf-8", errors="replace")
         tail = _scrub("\n".join(stderr.strip().splitlines()[-15:]))
@@ -229,13 +221,6 @@ def _raise_input_error(data: Any) -> None:
         kind = errors.InputError
     text = str(message)[:500] if message else "bad input"
     raise kind(text.split(": ", 1)[1] if text.startswith(f"{name}: ") else text)
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        proc.kill()
 
 
 def _scrub(text: str) -> str:
