@@ -172,7 +172,7 @@ def test_sdpa_on_transposed_views_returns_garbage_and_contiguous_fixes_it() -> N
     assert len(fired) == 3, [str(f) for f in report.defects]  # query, key and value
     assert {f.shape for f in fired} == {(2, 2, 64, 64)} and fired[0].stride == (8192, 64, 128, 1)
     assert "hf_common.py" in fired[0].source
-    # hf_common.py: "garbage"; SPYRE.md: per-token cosine near 0
+    # hf_common.py: "garbage"; docs/device-profile-rules.md (Defects): per-token cosine near 0
     assert float(cos.mean()) < 0.5, f"defect fired, mean per-token cosine {float(cos.mean()):.4f}"
     print(f"sdpa on transposed views: per-token cosine mean {float(cos.mean()):.4f}")
 
