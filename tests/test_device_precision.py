@@ -1,14 +1,14 @@
 """The card's reduced-precision RMSNorm (issue 12, item 2), against hf-adapters' published
 figures (docs/spyre-numerical-findings.md): mean relative error of the card's DL16 RMSNorm
-against fp32, on inputs scaled 1/sqrt(hidden) like real activations.
+against fp32 on real weights: 1.73% at hidden 1024 (Qwen3-0.6B) up to about 5% at 3584-4096.
 
-Band: the hidden-1024 figure (Qwen3-0.6B, 1.73%) is reproduced within +-50% ([0.87%, 2.6%]).
-At larger hidden sizes the sequential-accumulation model overshoots (printed, measured vs
-published); the test holds it to "grows with hidden and stays below 3x the published figure"."""
+Inputs scaled like real activations: the hidden states that reach a norm have channels whose
+magnitudes differ by orders of magnitude, modelled here as N(0, 1) times a per-channel scale
+exp(N(0, 1)) (log-normal, sigma 1), over sqrt(hidden). Band: every width within 0.6x-1.4x of
+its published figure (measured over seeds 0-3: 0.80x-1.32x). For comparison, the same kernel on
+plain N(0, 1/hidden) inputs overshoots about 2x at 3-4k (printed by the last test)."""
 
 from __future__ import annotations
-
-import itertools
 
 import pytest
 import torch
@@ -19,11 +19,13 @@ from hfadapt.spyre.kernels import native_kernel
 from hfadapt.spyre.profile import load_profile
 
 PUBLISHED = {1024: 0.0173, 2048: 0.0251, 3072: 0.0378, 3584: 0.0507, 4096: 0.0499}
+BAND = (0.6, 1.4)
 
 
-def _mean_rel_error(hidden: int, rows: int = 64, seed: int = 0) -> float:
+def _mean_rel_error(hidden: int, *, rows: int = 64, seed: int = 0, spread: float = 1.0) -> float:
     g = torch.Generator().manual_seed(seed)
-    x = round_dl16(torch.randn(rows, hidden, generator=g) / hidden**0.5)
+    scale = torch.exp(spread * torch.randn(hidden, generator=g))
+    x = round_dl16(torch.randn(rows, hidden, generator=g) * scale / hidden**0.5)
     w = round_dl16(1 + 0.1 * torch.randn(hidden, generator=g))
     kernel = native_kernel("aten::rms_norm", load_profile())
     assert kernel is not None, "the profile enables the DL16 rms_norm kernel"
@@ -32,20 +34,32 @@ def _mean_rel_error(hidden: int, rows: int = 64, seed: int = 0) -> float:
     return float(((out - ref).abs() / ref.abs().clamp_min(1e-12)).mean())
 
 
-def test_rms_norm_matches_the_published_figure_at_hidden_1024() -> None:
-    measured = _mean_rel_error(1024)
-    print(f"DL16 RMSNorm, hidden 1024: measured {measured:.2%}, published 1.73% (Qwen3-0.6B)")
-    assert 0.0087 <= measured <= 0.026, f"measured {measured:.3%}, band [0.87%, 2.6%]"
+@pytest.mark.parametrize("hidden", sorted(PUBLISHED))
+def test_rms_norm_reproduces_the_published_error(hidden: int) -> None:
+    measured = _mean_rel_error(hidden)
+    published = PUBLISHED[hidden]
+    ratio = measured / published
+    print(
+        f"DL16 RMSNorm, hidden {hidden}: measured {measured:.2%}, published {published:.2%} "
+        f"({ratio:.2f}x; band {BAND[0]}x-{BAND[1]}x)"
+    )
+    assert BAND[0] <= ratio <= BAND[1], (
+        f"hidden {hidden}: measured {measured:.3%} vs published {published:.2%} = {ratio:.2f}x, "
+        f"outside {BAND}"
+    )
 
 
-@pytest.mark.slow
-def test_rms_norm_error_grows_with_hidden_size() -> None:
-    measured = {h: _mean_rel_error(h, rows=32) for h in PUBLISHED}
-    for h, value in measured.items():
-        print(f"hidden {h}: measured {value:.2%}, published {PUBLISHED[h]:.2%}")
-    sizes = sorted(measured)
-    assert all(measured[a] < measured[b] for a, b in itertools.pairwise(sizes)), measured
-    assert all(measured[h] < 3 * PUBLISHED[h] for h in sizes), measured
+def test_plain_gaussian_inputs_show_the_model_limit() -> None:
+    """Without the channel spread the sequential model swamps more at large widths: it still
+    matches at 1024, and overshoots at 4096 (kept below 3x; the channel-scaled inputs above are
+    the calibration)."""
+    at_1024 = _mean_rel_error(1024, spread=0.0)
+    at_4096 = _mean_rel_error(4096, rows=32, spread=0.0)
+    print(
+        f"N(0, 1/hidden) inputs: 1024 {at_1024:.2%} (published 1.73%), 4096 {at_4096:.2%} (4.99%)"
+    )
+    assert BAND[0] <= at_1024 / PUBLISHED[1024] <= BAND[1], at_1024
+    assert PUBLISHED[4096] < at_4096 < 3 * PUBLISHED[4096], at_4096
 
 
 def test_an_fp32_island_avoids_the_error() -> None:
@@ -107,3 +121,59 @@ def test_softmax_without_masks_keeps_the_cpu_result() -> None:
     rel = float(((got - torch.softmax(logits, -1)).abs() / torch.softmax(logits, -1)).max())
     print(f"unmasked softmax: max relative difference {rel:.2e} (DL16 ulp {2**-9:.2e})")
     assert rel <= 2**-9, rel
+
+
+# ---- matmul: chunked accumulation with truncated partials ----------------------------------
+# The hardware-simulating Triton matmul (tl_matmul_chunk_truncate): K accumulated in chunks,
+# each chunk's fp32 product rounded half-up to DL16's 9 mantissa bits before it joins the fp32
+# accumulator (docs/device-profile-rules.md, numerics.matmul_chunk_truncate).
+
+
+def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((out.double() - ref).abs().mean() / ref.abs().mean())
+
+
+def test_a_truncated_partial_rounds_half_up_where_the_cpu_rounds_to_even() -> None:
+    """K = 128 (two sticks): the first stick's partial is exactly 1 + 2^-10, half a DL16 ulp
+    above 1. Truncated half-up it is 1 + 2^-9; computed in fp32 and rounded to nearest-even
+    once, it would be 1.0."""
+    from hfadapt.spyre.compile.backend import lower
+
+    a = torch.ones(1, 128, dtype=torch.float16)
+    b = torch.zeros(128, 64, dtype=torch.float16)
+    b[0], b[1] = 1.0, 2.0**-10
+    lowered, report = lower(lambda x, w: x @ w, (a, b))
+    got = float(lowered.audit_output[0, 0])
+    once = float(round_dl16(a.float() @ b.float())[0, 0])
+    print(f"device {got!r}, one rounding {once!r}, expected {1 + 2**-9!r}")
+    assert report.ok
+    assert got == 1 + 2**-9, got
+    assert once == 1.0, once
+
+
+def test_chunked_accumulation_adds_error_on_both_paths() -> None:
+    """One product, K = 768, against fp64: the chunked matmul's error is above a single DL16
+    rounding of the exact product (the truncated partials add their own); eager and compiled
+    compute the same numbers."""
+    import hfadapt.spyre as spyre_device
+    from hfadapt.spyre.compile.backend import lower
+
+    g = torch.Generator().manual_seed(0)
+    # DL16 values (9 mantissa bits), so moving them onto the device loses nothing
+    a = round_dl16(torch.randn(512, 768, generator=g)).half()
+    b = round_dl16(torch.randn(768, 768, generator=g) / 768**0.5).half()
+    ref = a.double() @ b.double()
+    with torch.no_grad():
+        lowered, report = lower(lambda x, w: x @ w, (a, b))
+        compiled = lowered.audit_output
+        spyre_device.register()
+        eager = (a.to("spyre") @ b.to("spyre")).cpu()
+    single = round_dl16(ref.float())  # the exact product, rounded to DL16 once
+    measured, floor = _rel(compiled, ref), _rel(single, ref)
+    print(
+        f"matmul mean relative error: chunked {measured:.3e}, one DL16 rounding {floor:.3e} "
+        f"({measured / floor:.2f}x); eager {_rel(eager, ref):.3e}"
+    )
+    assert report.ok
+    assert torch.equal(compiled, eager), float((compiled.float() - eager.float()).abs().max())
+    assert 1.1 <= measured / floor <= 2.0, (measured, floor)

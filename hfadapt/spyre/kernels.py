@@ -9,6 +9,7 @@ rounded to DL16)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import lru_cache
 from typing import Any
 
 import torch
@@ -138,6 +139,65 @@ def softmax_kernel(floor: float) -> tuple[Kernel, Kernel]:
     return _softmax, softmax
 
 
+# -- matmul: chunked accumulation, each chunk's partial product truncated --------------------
+
+STICK = 64  # fp16 elements in one 128-byte stick: chunk boundaries fall on whole sticks
+
+
+def truncate_partial_(p: torch.Tensor, mantissa_bits: int) -> torch.Tensor:
+    """Round an fp32 partial product to ``mantissa_bits`` in place, as the hardware-simulating
+    Triton matmul does (``round_and_trun``): add half of the dropped field to the bit pattern
+    (half-up in magnitude) and clear it."""
+    dropped = 23 - mantissa_bits
+    bits = p.view(torch.int32)
+    bits.add_(1 << (dropped - 1)).bitwise_and_(-(1 << dropped))
+    return p
+
+
+def chunked_matmul(
+    a: torch.Tensor, b: torch.Tensor, chunks: int, mantissa_bits: int
+) -> torch.Tensor:
+    """a @ b (2-D or batched) with K split into ``chunks`` stick-aligned pieces: each piece's
+    fp32 product is truncated to ``mantissa_bits`` before it joins the fp32 accumulator
+    (``tl_matmul_chunk_truncate``, truncate-then-accumulate). One piece when K is a stick or less."""
+    k = a.shape[-1]
+    sticks = -(-k // STICK)
+    pieces = max(1, min(chunks, sticks))
+    if pieces == 1:
+        return truncate_partial_(torch.matmul(a, b), mantissa_bits)
+    per = -(-sticks // pieces) * STICK
+    out: torch.Tensor | None = None
+    for start in range(0, k, per):
+        part = truncate_partial_(
+            torch.matmul(a[..., start : start + per], b[..., start : start + per, :]),
+            mantissa_bits,
+        )
+        out = part if out is None else out.add_(part)
+    assert out is not None
+    return out
+
+
+def matmul_kernels(chunks: int, mantissa_bits: int) -> dict[str, Kernel]:
+    """Kernels for aten::mm, bmm, addmm and baddbmm with chunked, truncated accumulation; the
+    bias term of addmm/baddbmm joins in fp32 and the result is rounded to DL16."""
+
+    def product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return chunked_matmul(a, b, chunks, mantissa_bits)
+
+    def mm(args: Sequence[Any], kwargs: dict[str, Any], fmt: DL16Format) -> Any:
+        return round_dl16_(product(args[0], args[1]), fmt)
+
+    def addmm(args: Sequence[Any], kwargs: dict[str, Any], fmt: DL16Format) -> Any:
+        beta = _arg(args, kwargs, 3, "beta", 1)
+        alpha = _arg(args, kwargs, 4, "alpha", 1)
+        out = product(args[1], args[2])
+        if alpha != 1:
+            out.mul_(alpha)
+        return round_dl16_(out.add_(args[0], alpha=beta) if beta != 0 else out, fmt)
+
+    return {"aten::mm": mm, "aten::bmm": mm, "aten::addmm": addmm, "aten::baddbmm": addmm}
+
+
 # op -> (kernel, the profile numerics entry that enables it)
 _KERNELS: dict[str, tuple[Kernel, str]] = {
     "aten::native_layer_norm": (native_layer_norm, "layer_norm_stats"),
@@ -147,6 +207,12 @@ _KERNELS: dict[str, tuple[Kernel, str]] = {
 # softmax ops (their kernels take the exp floor from the profile's "softmax_exp_floor"): op ->
 # its place in softmax_kernel's pair
 _SOFTMAX_OPS = {"aten::_softmax": 0, "aten::softmax.int": 1}
+_MATMUL_OPS = frozenset({"aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm"})
+
+
+@lru_cache(maxsize=8)
+def _matmul_kernels(chunks: int, mantissa_bits: int) -> dict[str, Kernel]:
+    return matmul_kernels(chunks, mantissa_bits)
 
 
 def native_kernel(op_name: str, profile: Profile | None = None) -> Kernel | None:
@@ -154,6 +220,11 @@ def native_kernel(op_name: str, profile: Profile | None = None) -> Kernel | None
     ".default"), or None when the device computes it as "fp32, then round the output". With a
     profile, a kernel whose numerics rule the profile disables is None too."""
     name = op_name.removesuffix(".default")
+    if name in _MATMUL_OPS:
+        spec = profile.numerics.get("matmul_chunks", {}) if profile is not None else {}
+        if not spec.get("enabled", False):
+            return None
+        return _matmul_kernels(int(spec["chunks"]), int(spec["partial_mantissa_bits"]))[name]
     if name in _SOFTMAX_OPS:
         spec = profile.numerics.get("softmax_exp_floor", {}) if profile is not None else {}
         if not spec.get("enabled", False):

@@ -70,10 +70,10 @@ def _compiled(model: torch.nn.Module, inputs: Mapping[str, Any], p: Profile) -> 
     lowered, report = lower(model, dict(inputs), p)
     if not report.ok:
         raise SpyreLoweringError(error_message(report, p), report)
-    start = time.perf_counter()
-    out = lowered(**inputs)
-    seconds = time.perf_counter() - start
-    return DeviceRun(outputs=_host_float(out), report=report, seconds=seconds)
+    # the audit ran the lowered program on these very inputs: its result is the device's
+    return DeviceRun(
+        outputs=_host_float(lowered.audit_output), report=report, seconds=lowered.audit_run_seconds
+    )
 
 
 def run_on_device(

@@ -21,7 +21,7 @@ __all__ = ["NARROW_ABOVE", "Narrowed", "narrowed"]
 # four BERT-base layers. Smaller models run in seconds as they are.
 NARROW_ABOVE = 4 * (768 * (4 * 768 + 3 * 3072))
 
-_HIDDEN = ("hidden_size", "d_model", "dim", "n_embd")
+_HIDDEN = ("hidden_size", "d_model", "dim", "n_embd", "emb_dim")
 _HEADS = ("num_attention_heads", "num_heads", "n_heads", "n_head")
 _KV_HEADS = ("num_key_value_heads",)
 _HEAD_DIM = ("head_dim", "d_kv", "attention_head_size")
