@@ -192,10 +192,9 @@ class SpyreBackend:
         for corruption in corruptions:
             report.add_defect(corruption.firing)
         # across graphs (defect.post_ln_handoff): outputs marked, inputs checked at each call
-        handoff = plan_handoff(gm, self.profile)
-        program, _runtime = build_executable(
-            gm, check, self.profile, _static_inputs(), corruptions, handoff
-        )
+        static = _static_inputs()
+        handoff = plan_handoff(gm, self.profile, static)
+        program, _runtime = build_executable(gm, check, self.profile, static, corruptions, handoff)
         report.compile_seconds = time.perf_counter() - start
         note(entry)
         return DeviceGraph(program, entry, handoff)

@@ -40,7 +40,7 @@ from __future__ import annotations
 import operator
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -152,14 +152,16 @@ class Reader:
     anchor: fx.Node
 
 
-def matmul_inputs(gm: fx.GraphModule) -> dict[int, Reader]:
-    """Placeholder index -> its matmul readers (floating inputs of two or more dimensions)."""
+def matmul_inputs(gm: fx.GraphModule, static: Iterable[int] = ()) -> dict[int, Reader]:
+    """Placeholder index -> its matmul readers (floating inputs of two or more dimensions;
+    ``static``: indices of parameters and buffers, which no graph returns, left out)."""
     position = {n: i for i, n in enumerate(gm.graph.nodes)}
     found = {}
+    skip = set(static)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for index, node in enumerate(placeholders):
         t = _val(node)
-        if t is None or t.dim() < 2 or not t.is_floating_point():
+        if index in skip or t is None or t.dim() < 2 or not t.is_floating_point():
             continue
         consumers, anchors = set(), []
         for user in node.users:
@@ -289,14 +291,17 @@ class HandoffPlan:
                 self.reported.add(index)
 
 
-def plan_handoff(gm: fx.GraphModule, profile: Profile) -> HandoffPlan | None:
+def plan_handoff(
+    gm: fx.GraphModule, profile: Profile, static: Iterable[int] = ()
+) -> HandoffPlan | None:
     """The plan for one graph, None when the profile has no active post-LN handoff defect or
-    the graph neither returns a LayerNorm result nor reads an input with a matmul."""
+    the graph neither returns a LayerNorm result nor reads an input with a matmul (``static``:
+    the parameter and buffer inputs, never checked)."""
     defect = next((d for d in profile.active_defects("compile") if d.trigger == TRIGGER), None)
     if defect is None:
         return None
     plan = HandoffPlan(defect, profile.defect_source(defect))
     for position, ln in ln_outputs(gm).items():
         plan.marks[position] = module_path(ln)[0] or "LayerNorm"
-    plan.readers = matmul_inputs(gm)
+    plan.readers = matmul_inputs(gm, static)
     return plan if plan else None
