@@ -3,12 +3,17 @@ weights) on batch 8 x 128, CPU fp32 against ``torch.compile(backend="spyre")`` i
 numerics), side by side; compile time is reported on its own.
 
     python benchmarks/bench_compile.py [--runs 7] [--threads 2] [--layers 6] [--dtype fp16]
+                                       [--no-handoff-clone]
 
 The stock BERT forward builds its attention mask and token types with ops the card refuses
 (an int -> bool cast, aten::index, aten::gather), so the inputs are built on the host as the
 hf-adapters do: token_type_ids given, and a 4-D additive mask with finfo(dtype).min / 2 (half
 the rows padded); the attention gets the `attention-sdpa-contiguous` adapter. Runs are interleaved (fp32, device, fp32, ...) so other load on the machine
 weighs on both columns alike; medians are printed. ``main()`` returns the numbers.
+
+A third column (unless ``--no-handoff-clone``) runs the same model with the
+``post-ln-handoff-clone`` adapter as well: the embeddings' output is cloned in eager Python
+(defect.post_ln_handoff), which splits the one graph in two; the column prices that break.
 
 On a busy shared machine the wall-clock ratio grows: the compiled program runs about 2.5x as
 many ATen ops (the DL16 roundings, SDPA as its math, LayerNorm with DL16 statistics), and each
@@ -77,7 +82,13 @@ def _median(samples: list[tuple[float, float]], index: int) -> float:
     return statistics.median(s[index] for s in samples)
 
 
-def main(runs: int = 7, threads: int = 2, layers: int = 6, dtype: str = "fp16") -> dict[str, float]:
+def main(
+    runs: int = 7,
+    threads: int = 2,
+    layers: int = 6,
+    dtype: str = "fp16",
+    handoff_clone: bool = True,
+) -> dict[str, float]:
     from hfadapt.adapters.registry import apply
     from hfadapt.spyre.compile.backend import lower
 
@@ -109,6 +120,26 @@ def main(runs: int = 7, threads: int = 2, layers: int = 6, dtype: str = "fp16") 
     cpu_t, dev_t = _median(times["cpu_fp32"], 1), _median(times["compiled"], 1)
     ref, out = cpu().float(), device().float()
     cosine = torch.nn.functional.cosine_similarity(ref, out, dim=-1).min().item()
+    clone_report = None
+    if handoff_clone:
+        # The same model with an eager clone of the embeddings' output: two graphs. Measured
+        # after the one-graph model, in a fresh Dynamo session: compiled in one session, the
+        # stock copy, called again, ran with the clone model's graph break (BertModel's forward
+        # sits in a transformers wrapper frame both share) and without its clone, so
+        # defect.post_ln_handoff fired in it.
+        torch._dynamo.reset()
+        clone_model = copy.deepcopy(model).to(logical)
+        apply(clone_model, device=None, only=["attention-sdpa-contiguous", "post-ln-handoff-clone"])
+        clone_lowered, clone_report = lower(clone_model, batch16)
+
+        def device_clone() -> Any:
+            return clone_lowered(**batch16).last_hidden_state
+
+        phase2 = measure({"cpu_fp32": cpu, "compiled_clone": device_clone}, runs)
+        times["compiled_clone"] = phase2["compiled_clone"]
+        times["cpu_fp32_2"] = phase2["cpu_fp32"]
+        clone_out = device_clone().float()
+        clone_cosine = torch.nn.functional.cosine_similarity(ref, clone_out, dim=-1).min().item()
     result = {
         "cpu_fp32_s": cpu_s,
         "compiled_s": dev_s,
@@ -135,6 +166,27 @@ def main(runs: int = 7, threads: int = 2, layers: int = 6, dtype: str = "fp16") 
     print(f"{'fastest run (wall)':24}{best_cpu:10.3f}{best_dev:10.3f}   {best_dev / best_cpu:.2f}x")
     print(f"{'compile (once)':24}{report.compile_seconds:10.3f}   first call {first_call:.2f} s")
     print(f"min per-token cosine vs fp32: {cosine:.6f}; {report.summary()}")
+    if clone_report is not None:
+        clone_s, clone_t = _median(times["compiled_clone"], 0), _median(times["compiled_clone"], 1)
+        cpu2_s, cpu2_t = _median(times["cpu_fp32_2"], 0), _median(times["cpu_fp32_2"], 1)
+        result.update(
+            compiled_clone_s=clone_s,
+            clone_ratio=clone_s / cpu2_s,
+            clone_cpu_time_ratio=clone_t / cpu2_t,
+            graphs=float(report.graph_count),
+            clone_graphs=float(clone_report.graph_count),
+            clone_compile_s=clone_report.compile_seconds,
+            clone_min_token_cosine=clone_cosine,
+        )
+        print(f"then, with post-ln-handoff-clone ({runs} runs, interleaved with CPU again):")
+        print(f"{'CPU fp32':24}{cpu2_s:10.3f}{cpu2_t:10.3f}")
+        print(f"{'compiled + clone':24}{clone_s:10.3f}{clone_t:10.3f}")
+        print(f"{'ratio':24}{clone_s / cpu2_s:9.2f}x{clone_t / cpu2_t:9.2f}x")
+        print(
+            f"graphs {report.graph_count} -> {clone_report.graph_count}; compile "
+            f"{clone_report.compile_seconds:.2f} s; min per-token cosine {clone_cosine:.6f}; "
+            f"defects {clone_report.defect_ids() or 'none'}"
+        )
     return result
 
 
@@ -144,5 +196,8 @@ if __name__ == "__main__":
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp16")
+    parser.add_argument(
+        "--no-handoff-clone", dest="handoff_clone", action="store_false", help="two columns only"
+    )
     args = parser.parse_args()
-    main(args.runs, args.threads, args.layers, args.dtype)
+    main(args.runs, args.threads, args.layers, args.dtype, args.handoff_clone)

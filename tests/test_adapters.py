@@ -111,6 +111,7 @@ FAST_PROOFS = {
     "host_inputs.py": "position-ids-host",
     "layer_norm.py": "layer-norm-fp32-unfused",
     "masks.py": "attention-mask-host-helper",
+    "post_ln_handoff.py": "post-ln-handoff-clone",
     "relative_position.py": "mpnet-position-bias-host",
     "rms_norm.py": "rms-norm-square-qwen3",
     "rope.py": "rope-host-qwen3",

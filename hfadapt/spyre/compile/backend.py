@@ -31,6 +31,7 @@ from hfadapt.errors import DeviceError, SpyreLoweringError
 from hfadapt.spyre.compile.defects import find_defects
 from hfadapt.spyre.compile.graph_exec import build_executable
 from hfadapt.spyre.compile.graph_rules import check_graph
+from hfadapt.spyre.compile.handoff import HandoffPlan, plan_handoff
 from hfadapt.spyre.compile.reports import (
     GraphEntry,
     collect,
@@ -97,12 +98,17 @@ def describe(v: Violation) -> str:
 
 
 class DeviceGraph:
-    """A graph that lowered: runs the generated DL16 program. ``report`` is its own report."""
+    """A graph that lowered: runs the generated DL16 program. ``report`` is its own report;
+    ``handoff``: its part of defect.post_ln_handoff, whose firings are known only at run time
+    (added to the report after each run)."""
 
-    def __init__(self, program: Callable[..., Any], entry: GraphEntry) -> None:
+    def __init__(
+        self, program: Callable[..., Any], entry: GraphEntry, handoff: HandoffPlan | None = None
+    ) -> None:
         self.program = program
         self.entry = entry
         self.report = entry.report
+        self.handoff = handoff
 
     def __call__(self, *args: Any) -> Any:
         note(self.entry)
@@ -110,6 +116,8 @@ class DeviceGraph:
         try:
             return self.program(*args)
         finally:
+            if self.handoff is not None and self.handoff.fired:
+                self.handoff.report_firings(self.report)
             elapsed = time.perf_counter() - start
             for collector in collectors():
                 collector.run_seconds += elapsed
@@ -185,10 +193,13 @@ class SpyreBackend:
         corruptions = find_defects(gm, self.profile)
         for corruption in corruptions:
             report.add_defect(corruption.firing)
-        program, _runtime = build_executable(gm, check, self.profile, _static_inputs(), corruptions)
+        # across graphs (defect.post_ln_handoff): outputs marked, inputs checked at each call
+        static = _static_inputs()
+        handoff = plan_handoff(gm, self.profile, static)
+        program, _runtime = build_executable(gm, check, self.profile, static, corruptions, handoff)
         report.compile_seconds = time.perf_counter() - start
         note(entry)
-        return DeviceGraph(program, entry)
+        return DeviceGraph(program, entry, handoff)
 
 
 def _warn_fallbacks(report: LoweringReport, profile: Profile) -> None:

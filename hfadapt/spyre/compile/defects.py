@@ -23,6 +23,10 @@ Triggers (by name, as the profile's ``defects[].trigger``):
   both carry a ``-inf`` fill made in the graph (two masks combined). The card's bf16 add gives
   NaN for ``-inf + -inf`` where IEEE gives ``-inf``: the masked positions turn to NaN.
 
+- ``post_ln_output_into_next_graph_matmul`` (across graphs, matched at run time, not here: see
+  hfadapt.spyre.compile.handoff): a graph output holding a LayerNorm result, read by a later
+  graph's matmul.
+
 The misread: a permuted view's storage holds its data in memory order; the kernel walks that
 storage as if it were contiguous in the view's logical shape (``x.permute(memory order)
 .reshape(shape)``), which costs one copy, what ``.contiguous()`` would have cost.
@@ -42,7 +46,14 @@ from hfadapt.spyre.compile.graph_rules import op_name, source_location
 from hfadapt.spyre.lowering_report import DefectFiring
 from hfadapt.spyre.profile import Defect, Profile
 
-__all__ = ["TRIGGERS", "Corruption", "find_defects", "misread_layout", "module_path"]
+__all__ = [
+    "CROSS_GRAPH_TRIGGERS",
+    "TRIGGERS",
+    "Corruption",
+    "find_defects",
+    "misread_layout",
+    "module_path",
+]
 
 
 @dataclass(frozen=True)
@@ -271,6 +282,9 @@ TRIGGERS: dict[str, Callable[[fx.GraphModule], list[Match]]] = {
     "minus_inf_fill_into_sdpa_softmax": minus_inf_fill_into_sdpa_softmax,
     "bf16_add_of_minus_infs": bf16_add_of_minus_infs,
 }
+# triggers that span two graphs: matched when the graphs run, not here (the post-LayerNorm
+# handoff: hfadapt.spyre.compile.handoff, which names the same trigger)
+CROSS_GRAPH_TRIGGERS = frozenset({"post_ln_output_into_next_graph_matmul"})
 # triggers whose anchor op computes wrongly (the op is replaced), not a misread input
 REPLACEMENTS: dict[str, Callable[..., torch.Tensor]] = {
     "minus_inf_fill_into_sdpa_softmax": softmax_amax_misread,
@@ -300,11 +314,13 @@ def find_defects(gm: fx.GraphModule, profile: Profile) -> list[Corruption]:
     """Every firing of the profile's compile-mode defects in this graph."""
     out = []
     for defect in profile.active_defects("compile"):
+        if defect.trigger in CROSS_GRAPH_TRIGGERS:
+            continue  # matched across graphs, at run time (hfadapt.spyre.compile.handoff)
         trigger = TRIGGERS.get(defect.trigger)
         if trigger is None:
             raise ProfileError(
                 f"profile {profile.name}: defect {defect.id} names unknown trigger "
-                f"{defect.trigger!r} (known: {', '.join(sorted(TRIGGERS))})"
+                f"{defect.trigger!r} (known: {', '.join(sorted([*TRIGGERS, *CROSS_GRAPH_TRIGGERS]))})"
             )
         for match in trigger(gm):
             out.append(_corruption(defect, match, profile))

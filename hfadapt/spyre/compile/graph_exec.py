@@ -24,6 +24,7 @@ from torch import fx
 
 from hfadapt.spyre.compile.defects import Corruption, misread_layout
 from hfadapt.spyre.compile.graph_rules import GraphCheck, op_name
+from hfadapt.spyre.compile.handoff import HandoffPlan
 from hfadapt.spyre.dl16 import DL16Format, round_dl16, round_dl16_
 from hfadapt.spyre.profile import FALLBACK, Profile
 
@@ -211,6 +212,7 @@ class _Builder:
         profile: Profile,
         static: Iterable[int],
         corruptions: Iterable[Corruption] = (),
+        handoff: HandoffPlan | None = None,
     ) -> None:
         self.gm = gm
         self.check = check
@@ -233,6 +235,10 @@ class _Builder:
             for k in corruptions
             if k.anchor is not None and k.replace is not None
         }
+        # defect.post_ln_handoff (hfadapt.spyre.compile.handoff): inputs checked at run time
+        # for a mark, outputs marked; (consumer, input) -> the checked value it reads
+        self.handoff = handoff
+        self.handoff_reads: dict[tuple[fx.Node, fx.Node], fx.Node] = {}
 
     def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> fx.Node:
         return self.graph.call_function(fn, args, kwargs)
@@ -265,6 +271,11 @@ class _Builder:
             self.env[node] = self.call(self.rt.to_device_static, new, index)
         else:
             self.env[node] = self.call(self.rt.to_device, new)
+        reader = self.handoff.readers.get(index) if self.handoff else None
+        if reader is not None and self.handoff is not None:
+            checked = self.call(self.handoff.checker(index), new, self.env[node])
+            for consumer in reader.consumers:
+                self.handoff_reads[(consumer, node)] = checked
 
     def get_attr(self, node: fx.Node) -> None:
         value = getattr(self.gm, str(node.target))
@@ -314,10 +325,13 @@ class _Builder:
     def _reader(self, node: fx.Node) -> Callable[[fx.Node], fx.Node]:
         """How ``node`` reads its inputs: their values, except an input a device defect makes
         it misread (hfadapt.spyre.compile.defects)."""
-        if not self.misreads:
+        if not self.misreads and not self.handoff_reads:
             return self.env.__getitem__
 
         def read(n: fx.Node) -> fx.Node:
+            checked = self.handoff_reads.get((node, n))
+            if checked is not None:
+                return checked
             corruption = self.misreads.get((node, n))
             if corruption is None:
                 return self.env[n]
@@ -377,7 +391,17 @@ class _Builder:
             dtype = _dl16_dtype(n.meta.get("val"))
             return self.call(self.rt.to_host, self.env[n], dtype) if dtype else self.env[n]
 
-        self.graph.output(fx.node.map_arg(node.args[0], back))
+        values = fx.node.map_arg(node.args[0], back)
+        plan = self.handoff
+        if plan is not None and plan.marks:  # post-LayerNorm outputs: marked as returned
+            if isinstance(values, (list, tuple)):
+                values = type(values)(
+                    self.call(plan.marker(i), v) if i in plan.marks else v
+                    for i, v in enumerate(values)
+                )
+            elif isinstance(values, fx.Node):
+                values = self.call(plan.marker(0), values)
+        self.graph.output(values)
 
     def build(self) -> fx.GraphModule:
         index = 0
@@ -407,14 +431,17 @@ def build_executable(
     profile: Profile,
     static_inputs: Iterable[int] = (),
     corruptions: Iterable[Corruption] = (),
+    handoff: HandoffPlan | None = None,
 ) -> tuple[fx.GraphModule, Runtime]:
     """The DL16 program for a checked graph: a GraphModule taking the same inputs and returning
     the same outputs (logical dtypes) as ``gm``. ``static_inputs``: indices of parameters and
     buffers, whose conversion is cached. ``corruptions``: the device defects that fire in this
-    graph (hfadapt.spyre.compile.defects.find_defects); their consumers read the misread value."""
+    graph (hfadapt.spyre.compile.defects.find_defects); their consumers read the misread value.
+    ``handoff``: the graph's part of defect.post_ln_handoff (hfadapt.spyre.compile.handoff):
+    outputs it marks, inputs it checks for a mark at each call."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-    builder = _Builder(gm, check, profile, static_inputs, corruptions)
+    builder = _Builder(gm, check, profile, static_inputs, corruptions, handoff)
     # aot_autograd calls its compilers with its FakeTensorMode active; constants and scalars
     # are converted here for real.
     with unset_fake_temporarily():

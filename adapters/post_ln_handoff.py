@@ -1,0 +1,86 @@
+"""An eager ``.clone()`` where a post-LayerNorm output leaves one compiled graph for another.
+
+defect.post_ln_handoff (hf-adapters ``hf_common.py``, encoder_backbone_forward, "REQUIRED"): a
+tensor that ends on LayerNorm's broadcast against its 1-D weight/bias reads right on the host
+but is misread by the next compiled graph's matmul. hf-adapters compiles each block apart and
+clones between them, in eager Python: the clone allocates a fresh canonical-layout tensor.
+
+Where our models cross graphs (found with ``hfadapt.spyre.compile.backend.lower`` on the
+bundled families, docs/device-profile-rules.md):
+
+- the ``attention-mask-host`` adapters build masks on the host (``torch.compiler.disable``),
+  which breaks the graph right after the embeddings, whose output ends in LayerNorm (BERT,
+  XLM-R, RoBERTa, MPNet, DistilBERT, ModernBERT, NomicBERT): the encoder's Q/K/V projections
+  in the next graph read it;
+- a break inside a module makes Dynamo compile that module's frame apart from its caller's:
+  NomicBERT's layers (post-LN) hand each output to the next layer's graph, and MPNet's encoder
+  (the host position bias) hands its last LayerNorm output to the pooler's graph.
+
+This adapter returns an eager clone of those modules' outputs: the clone runs between the graphs
+(where the graph breaks anyway), and the value is the same. Modules whose output stays inside
+one graph (BERT's layers) are left alone: a clone there would add a graph break for nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from hfadapt.adapters.api import adapter
+from hfadapt.adapters.examples import tiny_model
+
+
+@torch.compiler.disable
+def eager_clone(value: Any) -> Any:
+    """``value`` with its tensors cloned on the host (outside any compiled graph)."""
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, dict):  # transformers ModelOutput (a dict in field order)
+        return type(value)(**{k: eager_clone(v) for k, v in value.items()})
+    if isinstance(value, tuple):
+        return tuple(eager_clone(v) for v in value)
+    return value
+
+
+# Modules compiled as frames of their own (a host step inside them breaks the graph) whose
+# output ends in a LayerNorm read by the caller's next graph: class name -> why.
+OWN_FRAME_HANDOFFS = {
+    "NomicBertLayer": "post-LN layers, each its own frame: the output goes to the next layer",
+    "MPNetEncoder": "the host position bias splits the frame: the output goes to the pooler",
+}
+
+
+def _hands_off_a_layer_norm_output(module: torch.nn.Module, config: Any) -> bool:
+    """A model's embeddings module (class ``*Embeddings``) with a LayerNorm of its own, or one
+    of ``OWN_FRAME_HANDOFFS``."""
+    name = type(module).__name__
+    if name in OWN_FRAME_HANDOFFS:
+        return True
+    return name.endswith("Embeddings") and any(
+        isinstance(child, torch.nn.LayerNorm) for child in module.children()
+    )
+
+
+def _example(seed: int):
+    # weights at the scale of trained attention (the default 0.02 leaves attention a rounding
+    # error next to the residual stream, where no misread of its input would show)
+    model, ids, mask = tiny_model("bert", seed, initializer_range=0.2)
+    return (
+        model,
+        (),
+        {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)},
+    )
+
+
+@adapter(
+    name="post-ln-handoff-clone",
+    target="torch.nn.modules.module:Module.forward",
+    rule="defect.post_ln_handoff",
+    applies=_hands_off_a_layer_norm_output,
+    example=_example,
+    proof="model",
+)
+def clone_the_handoff(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """The stock module, its output cloned in eager Python before the next graph reads it."""
+    return eager_clone(type(self).forward(self, *args, **kwargs))
