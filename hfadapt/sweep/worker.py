@@ -196,17 +196,29 @@ def _diagnose(
     return diag.verdict, diag.reason, row
 
 
+def _fresh_dynamo() -> None:
+    """Forget the previous unit's compiled frames. A worker judges many models; Dynamo keeps
+    every audit's cache entries on shared code (transformers' forward wrappers), which holds
+    the old models alive and lets a later call pick up another model's graph boundaries
+    (seen with the post-LN handoff clone: a stock BERT ran the adapted copy's two graphs)."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+
+
 def judge(task: Task) -> Outcome:
     """The real worker: diagnose the representative without recording and return its Run
     columns. A narrowed instance (``task.narrow``) goes first; a verdict it cannot decide
     alone (numerics, loading) is confirmed on the real config."""
     runner = resolve(task.runner) if task.runner else None
+    _fresh_dynamo()
     tried: dict[str, Any] | None = None
     if task.narrow is not None:
         verdict, reason, row = _diagnose(task, task.narrow, runner)
         tried = {"changes": task.narrow_changes, "verdict": verdict}
         if verdict not in NARROW_DECIDES:
             tried["reason"] = reason
+            _fresh_dynamo()
             verdict, reason, row = _diagnose(task, task.config, runner)
             tried["confirmed_at_full_width"] = True
     else:
