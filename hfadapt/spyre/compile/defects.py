@@ -310,10 +310,10 @@ def _head_transpose(node: fx.Node) -> bool:
     """transpose(1, 2) or permute(0, 2, 1, 3) of a 4-D value."""
     packet = op_name(node.target).split(".", 1)[0]
     args = list(node.args[1:])
-    if packet == "aten::transpose" and len(args) == 2:
-        return sorted(int(d) % 4 for d in args) == [1, 2]  # type: ignore[call-overload]
-    if packet == "aten::permute" and args:
-        return [int(d) % 4 for d in args[0]] == [0, 2, 1, 3]  # type: ignore[union-attr]
+    if packet == "aten::transpose" and len(args) == 2 and all(isinstance(d, int) for d in args):
+        return sorted(int(d) % 4 for d in args) == [1, 2]  # type: ignore[arg-type]
+    if packet == "aten::permute" and args and isinstance(args[0], (list, tuple)):
+        return [int(d) % 4 for d in args[0]] == [0, 2, 1, 3]  # type: ignore[arg-type]
     return False
 
 
