@@ -27,12 +27,15 @@ new axis: a contiguous [B, H, S, D] holding the same numbers, one copy, what ``.
 costs. Then it runs the attention ``attention-sdpa-contiguous`` or ``attention-head-dim-pad``
 would run (it applies where they apply and takes the attention key over from them, priority
 110). At other lengths it only delegates: sweeps probe 256 tokens, where nothing changes.
-Heads split inside a module's own attention code (MPNet's self-attention, Gemma3's q/k norms)
-are out of its reach.
+MPNet computes its attention in its own module, not through transformers' attention
+functions: ``mpnet-attention-heads-select`` is its self-attention forward with the same head
+re-take. Gemma3's q/k norms read the transposed view before attention (out of reach; Gemma runs
+in bf16, which the defect does not match).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -249,3 +252,50 @@ def heads_select_attention(
     if query.shape[-1] % STICK:
         return padded_attention(module, query, key, value, attention_mask, **kwargs)
     return contiguous_sdpa(module, query, key, value, attention_mask, **kwargs)
+
+
+def _example_mpnet(seed: int):
+    """MPNet's self-attention at 64 tokens, with a relative position bias and a padding mask."""
+    from transformers import MPNetConfig
+    from transformers.models.mpnet.modeling_mpnet import MPNetSelfAttention
+
+    g = torch.Generator().manual_seed(seed)
+    cfg = MPNetConfig(hidden_size=128, num_attention_heads=2, attention_probs_dropout_prob=0.0)
+    module = MPNetSelfAttention(cfg).double().eval()
+    x = torch.randn(2, 64, 128, generator=g, dtype=torch.float64)
+    bias = torch.randn(1, 2, 64, 64, generator=g, dtype=torch.float64)
+    mask = torch.zeros(2, 1, 1, 64, dtype=torch.float64)
+    mask[1, ..., 40:] = MASKED
+    return module, (x, mask, bias), {}
+
+
+@adapter(
+    name="mpnet-attention-heads-select",
+    target="transformers.models.mpnet.modeling_mpnet:MPNetSelfAttention.forward",
+    rule="defect.view_transpose_64",
+    example=_example_mpnet,
+)
+def mpnet_heads_select(
+    self: torch.nn.Module,
+    hidden_states: Tensor,
+    attention_mask: Tensor | None = None,
+    position_bias: Tensor | None = None,
+    output_attentions: bool = False,
+    **kwargs: Any,
+) -> tuple[Tensor, ...]:
+    """MPNet's self-attention with Q, K and V re-taken head by head at 64 tokens."""
+    head_size = int(self.attention_head_size)  # type: ignore[arg-type]
+    shape = (*hidden_states.shape[:-1], -1, head_size)
+    q, k, v = (
+        heads_by_select(proj(hidden_states).view(shape).transpose(1, 2))
+        for proj in (self.q, self.k, self.v)  # type: ignore[attr-defined]
+    )
+    scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(head_size)
+    if position_bias is not None:
+        scores = scores + position_bias
+    if attention_mask is not None:
+        scores = scores + attention_mask
+    probs = self.dropout(F.softmax(scores, dim=-1))  # type: ignore[operator]
+    c = torch.matmul(probs, v).permute(0, 2, 1, 3).contiguous()
+    out = self.o(c.view(*c.shape[:-2], self.all_head_size))  # type: ignore[operator]
+    return (out, probs) if output_attentions else (out,)
