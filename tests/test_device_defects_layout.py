@@ -291,3 +291,51 @@ def test_diagnose_localizes_unaligned_exp_and_the_adapter_fixes_it(
     assert adapted.verdict == "pass", f"{adapted.verdict}: {adapted.reason}"
     assert "exp-stick-pad" in adapted.adapters and "defects" not in adapted.evidence
     assert ma is not None and ma.min_token_cosine > 0.999
+
+
+HEAD_ADAPTERS = ("attention-heads-select", "mpnet-attention-heads-select")
+# the families whose lowered graphs meet defect.view_transpose_64 at 64 tokens without the head
+# adapters (fp16, view + transpose head split); ModernBERT splits heads with a 5-D transpose,
+# Gemma runs in bf16; tiny Qwen3's q/k are normed between view and transpose and its one KV
+# head makes v's transpose contiguous (a real Qwen3 with 8 KV heads meets it on v)
+MEETS_HEAD_SPLIT = {"bert", "distilbert", "mpnet", "xlm-roberta"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "model_type",
+    ["bert", "distilbert", "gemma3_text", "modernbert", "mpnet", "qwen3", "xlm-roberta"],
+)
+def test_bundled_families_meet_neither_defect_at_64_tokens(model_type: str) -> None:
+    """The tiny families of test_compile_models at 64 tokens, in their profile dtype, with the
+    bundled adapters: no head split read through its transposed view, and no exp at all (their
+    softmax is the native op), so defect.exp_unaligned has nothing to match."""
+    from test_compile_models import TINY, _inputs
+    from transformers import AutoConfig, AutoModel
+
+    from hfadapt.spyre.profile import load_profile
+
+    torch.manual_seed(0)
+    fields = {"num_hidden_layers": 2, "vocab_size": 1000, "use_cache": False, **TINY[model_type]}
+    config = AutoConfig.for_model(model_type, **fields)
+    dtype = load_profile().family_dtype(model_type)[0]
+    torch_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    model = AutoModel.from_config(config).eval().to(torch_dtype)
+    inputs = _inputs(config.vocab_size)
+    registry = default_registry()
+    reports = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for label, exclude in (("without", HEAD_ADAPTERS), ("with", ())):
+            with registry.apply(model, exclude=exclude):
+                _, reports[label] = lower(model, inputs)
+    fired = {
+        label: sorted({f.module for f in r.defects if f.defect_id == HEADS_DEFECT})
+        for label, r in reports.items()
+    }
+    print(f"{model_type} ({dtype}): head-split firings without / with the head adapters: {fired}")
+    assert reports["with"].ok and reports["without"].ok, reports["with"].summary()
+    assert bool(fired["without"]) == (model_type in MEETS_HEAD_SPLIT), fired
+    exps = {op: n for op, n in reports["with"].ops_seen.items() if op.startswith("aten::exp.")}
+    assert exps == {}, f"{model_type} calls exp: {exps}"
+    assert [str(f) for f in reports["with"].defects] == [], reports["with"].summary()
