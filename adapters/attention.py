@@ -1,5 +1,5 @@
-"""Attention the device computes right: Q, K and V contiguous before SDPA, and head_dim
-zero-padded to a whole stick.
+"""Attention the device computes right: Q, K and V contiguous before SDPA, head_dim
+zero-padded to a whole stick, and, at 64 tokens, heads never read through the transposed view.
 
 ``attention-sdpa-contiguous``: transformers' attention modules hand SDPA ``.view(...)
 .transpose(1, 2)`` views; compiled, the card reads such a view as if it were contiguous and
@@ -17,10 +17,25 @@ whole sticks along the sequence, with those keys masked (additive
 ``MASKED``, fp16's ``finfo.min / 2``: weight exactly 0): any sequence length works, and the rest of the model runs
 on the real length instead of a batch padded to 64 tokens. The math is written out (matmul,
 mul, add, softmax, matmul), the device's SDPA decomposition, with the mask added as given.
+
+``attention-heads-select``: compiled, ``x.view(B, S, H, D).transpose(1, 2)`` returns wrong
+values for 64-token fp16 shapes, ``.contiguous()`` or not (defect.view_transpose_64,
+torch-spyre#1783). At 64 tokens this adapter re-takes the heads before attention: the
+transposed view is turned back into the [B, S, H, D] view it came from (no data read), each
+head is selected along the head axis (not the stick axis) and the heads are concatenated on a
+new axis: a contiguous [B, H, S, D] holding the same numbers, one copy, what ``.contiguous()``
+costs. Then it runs the attention ``attention-sdpa-contiguous`` or ``attention-head-dim-pad``
+would run (it applies where they apply and takes the attention key over from them, priority
+110). At other lengths it only delegates: sweeps probe 256 tokens, where nothing changes.
+MPNet computes its attention in its own module, not through transformers' attention
+functions: ``mpnet-attention-heads-select`` is its self-attention forward with the same head
+re-take. Gemma3's q/k norms read the transposed view before attention (out of reach; Gemma runs
+in bf16, which the defect does not match).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -28,6 +43,9 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from hfadapt.adapters.api import MASKED, STICK, adapter
+
+# the only sequence length torch-spyre#1783 shows the head split failing at
+HEAD_LAYOUT_SEQ = 64
 
 
 def _head_dim(config: Any) -> int | None:
@@ -82,16 +100,28 @@ def _example_transposed(seed: int):
     return module, (q, k, v, mask), {"scaling": 64**-0.5, "dropout": 0.0}
 
 
+def _sdpa_aligned(config: Any) -> bool:
+    return (
+        config is not None
+        and getattr(config, "_attn_implementation", None) == "sdpa"
+        and (_head_dim(config) or STICK) % STICK == 0
+    )
+
+
+def _head_dim_unaligned(config: Any) -> bool:
+    return (
+        config is not None
+        and getattr(config, "_attn_implementation", None) in ("sdpa", "eager")
+        and (_head_dim(config) or STICK) % STICK != 0
+    )
+
+
 @adapter(
     name="attention-sdpa-contiguous",
     kind="attention",
     target="transformers.modeling_utils:PreTrainedModel",
     rule="defect.transpose_sdpa_noncontiguous",
-    applies=lambda module, config: (
-        config is not None
-        and getattr(config, "_attn_implementation", None) == "sdpa"
-        and (_head_dim(config) or STICK) % STICK == 0
-    ),
+    applies=lambda module, config: _sdpa_aligned(config),
     example=_example_transposed,
 )
 def contiguous_sdpa(
@@ -123,11 +153,7 @@ def _key_pad_mask(length: int, extra: int, neg: float, like: Tensor) -> Tensor:
     kind="attention",
     target="transformers.modeling_utils:PreTrainedModel",
     rule="layout.matmul_k",
-    applies=lambda module, config: (
-        config is not None
-        and getattr(config, "_attn_implementation", None) in ("sdpa", "eager")
-        and (_head_dim(config) or STICK) % STICK != 0
-    ),
+    applies=lambda module, config: _head_dim_unaligned(config),
     example=_example,
 )
 def padded_attention(
@@ -175,3 +201,101 @@ def padded_attention(
         probs = F.dropout(probs, p=dropout, training=True)
     out = torch.matmul(probs, value)
     return out.transpose(1, 2).contiguous(), None
+
+
+def heads_by_select(t: Tensor) -> Tensor:
+    """A 64-token [B, H, S, D] head split as a contiguous tensor built head by head, when ``t``
+    is the transposed view of [B, S, H, D] data (otherwise ``t`` itself): the view is turned
+    back (no data read), each head selected along the head axis, the heads concatenated on a
+    new axis."""
+    if t.dim() != 4 or t.shape[1] < 2 or t.shape[2] != HEAD_LAYOUT_SEQ:
+        return t
+    if not t.transpose(1, 2).is_contiguous():
+        return t
+    x = t.transpose(1, 2)  # [B, S, H, D], as the projection wrote it
+    return torch.cat([x.select(2, h).unsqueeze(1) for h in range(x.shape[2])], dim=1)
+
+
+def _example_heads(seed: int):
+    """A one-layer BERT at 64 tokens: its self-attention splits heads with view + transpose."""
+    from hfadapt.adapters.examples import tiny_model
+
+    model, ids, mask = tiny_model("bert", seed, initializer_range=0.2)
+    return (
+        model,
+        (),
+        {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)},
+    )
+
+
+@adapter(
+    name="attention-heads-select",
+    kind="attention",
+    target="transformers.modeling_utils:PreTrainedModel",
+    rule="defect.view_transpose_64",
+    applies=lambda module, config: _sdpa_aligned(config) or _head_dim_unaligned(config),
+    example=_example_heads,
+    proof="model",
+    priority=110,  # applied after the two above: it takes the attention key over from them
+)
+def heads_select_attention(
+    module: torch.nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    **kwargs: Any,
+) -> tuple[Tensor, None]:
+    """At 64 tokens, Q, K and V re-taken head by head (never read through the transposed
+    view); then the attention of attention-sdpa-contiguous or attention-head-dim-pad."""
+    query, key, value = heads_by_select(query), heads_by_select(key), heads_by_select(value)
+    if query.shape[-1] % STICK:
+        return padded_attention(module, query, key, value, attention_mask, **kwargs)
+    return contiguous_sdpa(module, query, key, value, attention_mask, **kwargs)
+
+
+def _example_mpnet(seed: int):
+    """MPNet's self-attention at 64 tokens, with a relative position bias and a padding mask."""
+    from transformers import MPNetConfig
+    from transformers.models.mpnet.modeling_mpnet import MPNetSelfAttention
+
+    g = torch.Generator().manual_seed(seed)
+    cfg = MPNetConfig(hidden_size=128, num_attention_heads=2, attention_probs_dropout_prob=0.0)
+    module = MPNetSelfAttention(cfg).double().eval()
+    x = torch.randn(2, 64, 128, generator=g, dtype=torch.float64)
+    bias = torch.randn(1, 2, 64, 64, generator=g, dtype=torch.float64)
+    mask = torch.zeros(2, 1, 1, 64, dtype=torch.float64)
+    mask[1, ..., 40:] = MASKED
+    return module, (x, mask, bias), {}
+
+
+@adapter(
+    name="mpnet-attention-heads-select",
+    target="transformers.models.mpnet.modeling_mpnet:MPNetSelfAttention.forward",
+    rule="defect.view_transpose_64",
+    example=_example_mpnet,
+)
+def mpnet_heads_select(
+    self: torch.nn.Module,
+    hidden_states: Tensor,
+    attention_mask: Tensor | None = None,
+    position_bias: Tensor | None = None,
+    output_attentions: bool = False,
+    **kwargs: Any,
+) -> tuple[Tensor, ...]:
+    """MPNet's self-attention with Q, K and V re-taken head by head at 64 tokens."""
+    head_size = int(self.attention_head_size)  # type: ignore[arg-type]
+    shape = (*hidden_states.shape[:-1], -1, head_size)
+    q, k, v = (
+        heads_by_select(proj(hidden_states).view(shape).transpose(1, 2))
+        for proj in (self.q, self.k, self.v)  # type: ignore[attr-defined]
+    )
+    scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(head_size)
+    if position_bias is not None:
+        scores = scores + position_bias
+    if attention_mask is not None:
+        scores = scores + attention_mask
+    probs = self.dropout(F.softmax(scores, dim=-1))  # type: ignore[operator]
+    c = torch.matmul(probs, v).permute(0, 2, 1, 3).contiguous()
+    out = self.o(c.view(*c.shape[:-2], self.all_head_size))  # type: ignore[operator]
+    return (out, probs) if output_attentions else (out,)

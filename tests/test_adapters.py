@@ -108,6 +108,7 @@ DTYPE = {("t5", "compile"): "bf16"}
 FAST_PROOFS = {
     "activations.py": "gelu-new-cube",
     "attention.py": "attention-head-dim-pad",
+    "exp.py": "exp-stick-pad",
     "host_inputs.py": "position-ids-host",
     "layer_norm.py": "layer-norm-fp32-unfused",
     "masks.py": "attention-mask-host-helper",

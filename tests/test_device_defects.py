@@ -27,6 +27,9 @@ from hfadapt.spyre.profile import available_profiles, load_profile
 SDPA_DEFECT = "defect.transpose_sdpa_noncontiguous"
 RMS_DEFECT = "defect.rms_norm_noncontiguous"
 INF_DEFECT = "defect.minus_inf_amax"
+# Sequence length of these tests: at 64 tokens every view + transpose head split also meets
+# defect.view_transpose_64 (tests/test_device_defects_layout.py), even after .contiguous().
+SEQ = 128
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -82,7 +85,7 @@ def test_a_newer_profile_marks_a_defect_fixed(tmp_path: Path) -> None:
     assert next(d for d in p.defects if d.id == RMS_DEFECT).fixed_in == "2027.01"
     # the fixed profile no longer corrupts the norm
     norm = _NormOfHeads().half()
-    x = torch.randn(2, 64, 128).half()
+    x = torch.randn(2, SEQ, 128).half()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         _, report = lower(norm, (x,), p)
@@ -169,7 +172,7 @@ class _Attention(torch.nn.Module):
 
 
 def test_sdpa_on_transposed_views_returns_garbage_and_contiguous_fixes_it() -> None:
-    x = torch.randn(2, 64, 128)
+    x = torch.randn(2, SEQ, 128)
     stock = _Attention(heads=2)
     with torch.no_grad():
         ref = stock(x)
@@ -177,7 +180,8 @@ def test_sdpa_on_transposed_views_returns_garbage_and_contiguous_fixes_it() -> N
     cos = _token_cosine(out, ref)
     fired = [f for f in report.defects if f.defect_id == SDPA_DEFECT]
     assert len(fired) == 3, [str(f) for f in report.defects]  # query, key and value
-    assert {f.shape for f in fired} == {(2, 2, 64, 64)} and fired[0].stride == (8192, 64, 128, 1)
+    assert {f.shape for f in fired} == {(2, 2, SEQ, 64)}
+    assert fired[0].stride == (SEQ * 128, 64, 128, 1), fired[0]
     assert "hf_common.py" in fired[0].source
     # hf_common.py: "garbage"; docs/device-profile-rules.md (Defects): per-token cosine near 0
     assert float(cos.mean()) < 0.5, f"defect fired, mean per-token cosine {float(cos.mean()):.4f}"
@@ -217,7 +221,7 @@ class _NormOfHeads(torch.nn.Module):
 
 def test_rms_norm_on_a_transposed_view_is_wrong_and_contiguous_fixes_it() -> None:
     torch.manual_seed(1)
-    x = torch.randn(2, 64, 128) * 3
+    x = torch.randn(2, SEQ, 128) * 3
     with torch.no_grad():
         ref = _NormOfHeads()(x)
     out, report = _compiled(_NormOfHeads().half(), x.half())
@@ -276,8 +280,8 @@ class _TwoAttentions(torch.nn.Module):
 
 
 def test_a_minus_inf_fill_at_sdpa_amax_poisons_the_batch_and_additive_masks_avoid_it() -> None:
-    x = torch.randn(2, 64, 128)
-    real = torch.ones(2, 64, dtype=torch.bool)
+    x = torch.randn(2, SEQ, 128)
+    real = torch.ones(2, SEQ, dtype=torch.bool)
     real[1, 40:] = False
     keep = real[:, None, :, None] & real[:, None, None, :]
     additive = torch.zeros(keep.shape).masked_fill(~keep, torch.finfo(torch.float16).min / 2)
@@ -296,11 +300,11 @@ def test_a_minus_inf_fill_at_sdpa_amax_poisons_the_batch_and_additive_masks_avoi
     assert "0xEFFF" in fired[0].source
     assert bool(torch.isfinite(ref).all())
     # the padded sentence's padded rows become NaN in the first attention; the second carries
-    # it into all of its 40 real rows; the unpadded sentence (64 rows) stays finite
+    # it into all of its 40 real rows; the unpadded sentence (SEQ rows) stays finite
     nan_rows = out.isnan().any(-1)
-    assert int(nan_rows[64:].sum()) == 40 and not bool(nan_rows[:64].any()), (
-        f"real rows with NaN: padded sentence {int(nan_rows[64:].sum())} of 40, "
-        f"unpadded {int(nan_rows[:64].sum())} of 64"
+    assert int(nan_rows[SEQ:].sum()) == 40 and not bool(nan_rows[:SEQ].any()), (
+        f"real rows with NaN: padded sentence {int(nan_rows[SEQ:].sum())} of 40, "
+        f"unpadded {int(nan_rows[:SEQ].sum())} of {SEQ}"
     )
 
     report, out, ref = results[True]
@@ -343,7 +347,9 @@ def test_diagnose_localizes_the_sdpa_defect_and_the_adapter_fixes_it(
 
     def without_the_fix(model: torch.nn.Module) -> tuple[list[str], list[str]]:
         reg = default_registry()
-        others = [a.name for a in reg.adapters if a.name != "attention-sdpa-contiguous"]
+        # attention-heads-select runs attention-sdpa-contiguous's attention too
+        fixes = ("attention-sdpa-contiguous", "attention-heads-select")
+        others = [a.name for a in reg.adapters if a.name not in fixes]
         return list(reg.apply(model, only=others).names), []
 
     options = {"mode": "structural", "execution": "compile", "record": False}

@@ -118,6 +118,11 @@ def test_apply_is_scoped_reversible_idempotent_and_cpu_bit_identical() -> None:
         stock = a(**inputs).last_hidden_state
     handle = reg.apply(a, device=None)  # dormant on the host
     assert handle.names, "no adapter matched a BERT model"
+    # two attention adapters match (head_dim 32: attention-head-dim-pad; attention-heads-select):
+    # the one applied last owns the key, the original stays the model's own implementation
+    assert {"attention-head-dim-pad", "attention-heads-select"} <= set(handle.names)
+    assert a.config._attn_implementation == "hfadapt-attention-heads-select"
+    assert a.config._hfadapt_attn_original == "sdpa" and handle.state.attn_original == "sdpa"
     assert reg.apply(a, device=None) is handle, "a second apply must return the same handle"
     stacks = [len(s) for m in a.modules() for s in m.__dict__.get("_hfadapt_stack", {}).values()]
     assert stacks and max(stacks) == 1, f"idempotent apply stacked patches: {stacks}"
@@ -139,6 +144,7 @@ def test_apply_is_scoped_reversible_idempotent_and_cpu_bit_identical() -> None:
     handle.remove()
     assert applied_to(a) is None
     assert a.config._attn_implementation == "sdpa"
+    assert "_hfadapt_attn_original" not in a.config.__dict__
     assert not any("_hfadapt_stack" in m.__dict__ or "forward" in m.__dict__ for m in a.modules())
     assert not any(m._forward_pre_hooks for m in a.modules())
     with torch.no_grad():

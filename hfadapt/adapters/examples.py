@@ -33,3 +33,17 @@ def tiny_model(
     mask[2, 5:] = 0
     ids[mask == 0] = cfg.pad_token_id or 0
     return model, ids, mask
+
+
+class ExpFeatures(torch.nn.Module):
+    """A feature map ``exp(x W^T + b)`` with an unaligned number of features (100 by default:
+    more than one 64-element stick, not a whole number of them). No bundled family calls exp
+    on such an extent; this is the module the ``exp-stick-pad`` adapter is shown and proven
+    on (defect.exp_unaligned, torch-spyre#3799)."""
+
+    def __init__(self, hidden: int = 64, features: int = 100) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(hidden, features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.exp(self.proj(x))

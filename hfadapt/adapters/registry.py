@@ -401,7 +401,12 @@ class AppliedAdapters:
             for m in modules:
                 m.__dict__["_hfadapt_attn_state"] = self.state
             return
-        original = config._attn_implementation or "eager"
+        previous = config._attn_implementation or "eager"
+        # A second attention adapter takes the key over from the first (the higher priority is
+        # applied last): the stock implementation stays the one the model came with.
+        original = previous
+        if previous.startswith("hfadapt-"):
+            original = config.__dict__.get("_hfadapt_attn_original") or "sdpa"
         self.state.attn_original = original
         config.__dict__["_hfadapt_attn_original"] = original
         config._attn_implementation = key
@@ -409,10 +414,11 @@ class AppliedAdapters:
             m.__dict__["_hfadapt_attn_state"] = self.state
 
         def undo() -> None:
-            config._attn_implementation = original
-            config.__dict__.pop("_hfadapt_attn_original", None)
-            for m in modules:
-                m.__dict__.pop("_hfadapt_attn_state", None)
+            config._attn_implementation = previous
+            if previous == original:
+                config.__dict__.pop("_hfadapt_attn_original", None)
+                for m in modules:
+                    m.__dict__.pop("_hfadapt_attn_state", None)
 
         self._undo.append(undo)
 

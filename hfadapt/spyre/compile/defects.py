@@ -22,6 +22,14 @@ Triggers (by name, as the profile's ``defects[].trigger``):
 - ``bf16_add_of_minus_infs``: an add (or sub of a negated fill) in bf16 whose two operands
   both carry a ``-inf`` fill made in the graph (two masks combined). The card's bf16 add gives
   NaN for ``-inf + -inf`` where IEEE gives ``-inf``: the masked positions turn to NaN.
+- ``exp_unaligned_stick``: an fp16 ``exp`` whose input's last dimension spans more than one
+  stick and is not a whole number of sticks (torch-spyre#3799). The op is replaced: every
+  element past the first stick of a row is computed from the first stick's data (element j
+  reads element j mod 64; the address mix-up #3339 describes).
+- ``view_transpose_64``: a head split ``x.view(B, S, H, D).transpose(1, 2)`` (or the permute
+  (0, 2, 1, 3)) of fp16 data with S == 64 (torch-spyre#1783). The ops that read the transposed
+  value read it with the wrong layout (its storage taken as if contiguous); a view op whose
+  result is contiguous again (the transpose undone) reads nothing and is not corrupted.
 
 - ``post_ln_output_into_next_graph_matmul`` (across graphs, matched at run time, not here: see
   hfadapt.spyre.compile.handoff): a graph output holding a LayerNorm result, read by a later
@@ -64,6 +72,7 @@ class Match:
     value: fx.Node
     consumers: frozenset[fx.Node]
     anchor: fx.Node
+    order: tuple[int, ...] | None = None  # the misread's memory order, when not the value's own
 
 
 @dataclass(frozen=True)
@@ -271,6 +280,89 @@ def add_minus_infs_nan(a: torch.Tensor, b: torch.Tensor, *, alpha: float = 1) ->
     return out.masked_fill(both, float("nan"))
 
 
+# the device's stick: 64 fp16 elements along the last dimension
+STICK = 64
+
+
+def exp_unaligned_stick(gm: fx.GraphModule) -> list[Match]:
+    found = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or op_name(node.target).split(".", 1)[0] != "aten::exp":
+            continue
+        out = _val(node)
+        if out is None or out.dtype != torch.float16 or out.dim() == 0:
+            continue
+        width = int(out.shape[-1])
+        if width > STICK and width % STICK:
+            found.append(Match(node, frozenset({node}), node))
+    return found
+
+
+def exp_first_stick_reread(x: torch.Tensor) -> torch.Tensor:
+    """exp as the card computes it on a row wider than a stick and not a whole number of sticks
+    (torch-spyre#3799): the loads past the first stick land on the first stick's base address,
+    so element j is exp(x[j mod 64]) (#3339's mechanism; the element mapping is inferred)."""
+    width = x.shape[-1]
+    index = torch.arange(width, device=x.device) % STICK
+    return torch.exp(x.index_select(-1, index))
+
+
+_VIEWS = frozenset({"aten::view", "aten::_unsafe_view", "aten::reshape"})
+HEAD_LAYOUT_SEQ = 64  # the only sequence length torch-spyre#1783 shows failing
+
+
+def _is_view(node: fx.Node) -> bool:
+    return bool(getattr(node.target, "is_view", False)) or op_name(node.target).split(".", 1)[
+        0
+    ] in ("aten::_unsafe_view", "aten::alias")
+
+
+def _head_transpose(node: fx.Node) -> bool:
+    """transpose(1, 2) or permute(0, 2, 1, 3) of a 4-D value."""
+    packet = op_name(node.target).split(".", 1)[0]
+    args = list(node.args[1:])
+    if packet == "aten::transpose" and len(args) == 2 and all(isinstance(d, int) for d in args):
+        return sorted(int(d) % 4 for d in args) == [1, 2]  # type: ignore[arg-type]
+    if packet == "aten::permute" and args and isinstance(args[0], (list, tuple)):
+        return [int(d) % 4 for d in args[0]] == [0, 2, 1, 3]  # type: ignore[arg-type]
+    return False
+
+
+def view_transpose_64(gm: fx.GraphModule) -> list[Match]:
+    found = []
+    position = _position(gm)
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or not _head_transpose(node):
+            continue
+        t, src = _float4d(node), node.args[0]
+        if t is None or t.dtype != torch.float16 or t.shape[2] != HEAD_LAYOUT_SEQ:
+            continue
+        if t.shape[1] < 2 or memory_order(t) not in (None, (0, 2, 1, 3)):
+            continue
+        # the head split: a view of [B, S, H * D] as [B, S, H, D]
+        if not isinstance(src, fx.Node) or src.op != "call_function":
+            continue
+        if op_name(src.target).split(".", 1)[0] not in _VIEWS or not src.all_input_nodes:
+            continue
+        whole, heads = _val(src.all_input_nodes[0]), _val(src)
+        if whole is None or heads is None or whole.dim() != 3 or heads.dim() != 4:
+            continue
+        split = tuple(whole.shape[:2]) == tuple(heads.shape[:2])
+        if not split or whole.shape[2] != heads.shape[2] * heads.shape[3]:
+            continue
+        readers = [
+            user
+            for user in node.users
+            if user.op == "call_function"
+            and not (_is_view(user) and (v := _val(user)) is not None and v.is_contiguous())
+        ]
+        if readers:
+            # contiguous or strided source: the card walks the [B, S, H, D] data as [B, H, S, D]
+            anchor = min(readers, key=position)
+            found.append(Match(node, frozenset(readers), anchor, (0, 2, 1, 3)))
+    return found
+
+
 def _position(gm: fx.GraphModule) -> Callable[[fx.Node], int]:
     index = {n: i for i, n in enumerate(gm.graph.nodes)}
     return lambda n: index[n]
@@ -281,6 +373,8 @@ TRIGGERS: dict[str, Callable[[fx.GraphModule], list[Match]]] = {
     "rms_norm_noncontiguous_view": rms_norm_noncontiguous_view,
     "minus_inf_fill_into_sdpa_softmax": minus_inf_fill_into_sdpa_softmax,
     "bf16_add_of_minus_infs": bf16_add_of_minus_infs,
+    "exp_unaligned_stick": exp_unaligned_stick,
+    "view_transpose_64": view_transpose_64,
 }
 # triggers that span two graphs: matched when the graphs run, not here (the post-LayerNorm
 # handoff: hfadapt.spyre.compile.handoff, which names the same trigger)
@@ -289,6 +383,7 @@ CROSS_GRAPH_TRIGGERS = frozenset({"post_ln_output_into_next_graph_matmul"})
 REPLACEMENTS: dict[str, Callable[..., torch.Tensor]] = {
     "minus_inf_fill_into_sdpa_softmax": softmax_amax_misread,
     "bf16_add_of_minus_infs": add_minus_infs_nan,
+    "exp_unaligned_stick": exp_first_stick_reread,
 }
 
 
@@ -332,7 +427,7 @@ def _corruption(defect: Defect, match: Match, profile: Profile) -> Corruption:
     # the value read wrongly, or (an op computing wrongly) the op's own result
     t = _val(match.value if replace is None else match.anchor)
     assert t is not None
-    order = memory_order(t) if replace is None else ()
+    order = (match.order or memory_order(t)) if replace is None else ()
     assert order is not None
     module, cls = module_path(match.anchor)
     firing = DefectFiring(
