@@ -13,7 +13,8 @@ bundled families, docs/device-profile-rules.md):
   XLM-R, RoBERTa, MPNet, DistilBERT, ModernBERT, NomicBERT): the encoder's Q/K/V projections
   in the next graph read it;
 - a break inside a module makes Dynamo compile that module's frame apart from its caller's:
-  NomicBERT's layers (post-LN) hand each output to the next layer's graph, and MPNet's encoder
+  NomicBERT's, gte's and jina-embeddings-v3's layers (post-LN, split by the host rope) hand
+  each output to the next layer's graph, and MPNet's encoder
   (the host position bias) hands its last LayerNorm output to the pooler's graph.
 
 This adapter returns an eager clone of those modules' outputs: the clone runs between the graphs
@@ -47,6 +48,8 @@ def eager_clone(value: Any) -> Any:
 # output ends in a LayerNorm read by the caller's next graph: class name -> why.
 OWN_FRAME_HANDOFFS = {
     "NomicBertLayer": "post-LN layers, each its own frame: the output goes to the next layer",
+    "GteLayer": "post-LN layers split by the host rope (Alibaba new -> gte): as NomicBertLayer",
+    "JinaEmbeddingsV3Layer": "post-LN layers split by the host rope (jina-embeddings-v3)",
     "MPNetEncoder": "the host position bias splits the frame: the output goes to the pooler",
 }
 

@@ -282,3 +282,43 @@ def test_the_adapter_is_proven_through_the_compile_backend() -> None:
     assert dev is not None and DEFECT in dev.stock_rules and DEFECT not in dev.adapted_rules
     assert dev.stock_error is not None and dev.adapted_error is not None
     assert dev.adapted_error < 0.05 < dev.stock_error, (dev.stock_error, dev.adapted_error)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", ["gte", "jina_embeddings_v3"])
+def test_post_ln_layers_split_by_the_host_rope_are_cloned(
+    model_type: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gte (Alibaba new) and jina-embeddings-v3 are post-LN and the host rope splits each layer
+    into frames of its own: a layer's LayerNorm output crosses into the next layer's q_proj.
+    Without the adapter the defect fires in a layer's projection (found by the bundled 10,000
+    sweep: 115 such models failed); with it nothing fires and the model passes."""
+    import hfadapt.judge.diagnose as diagnose_module
+    from hfadapt.adapters.examples import tiny_model
+    from hfadapt.adapters.registry import default_registry
+
+    model, _, _ = tiny_model(model_type, 0, initializer_range=0.2)
+    model.config.save_pretrained(tmp_path)
+    stock_apply = diagnose_module.apply_adapters
+
+    def without_the_fix(m: torch.nn.Module) -> tuple[list[str], list[str]]:
+        reg = default_registry()
+        return list(
+            reg.apply(m, only=[a.name for a in reg.adapters if a.name != ADAPTER]).names
+        ), []
+
+    options = {"mode": "structural", "execution": "compile", "record": False}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        monkeypatch.setattr(diagnose_module, "apply_adapters", without_the_fix)
+        stock = diagnose_module.diagnose(str(tmp_path), localize_failures=False, **options)
+        monkeypatch.setattr(diagnose_module, "apply_adapters", stock_apply)
+        adapted = diagnose_module.diagnose(str(tmp_path), **options)
+    fired = [f["module"] for e in stock.evidence.get("defects", []) for f in e["firings"]]
+    print(
+        f"{model_type}: stock {stock.verdict} ({stock.reason}), handoffs into {fired}; "
+        f"adapted {adapted.verdict} ({adapted.reason})"
+    )
+    assert any(m.endswith("q_proj") for m in fired), fired
+    assert adapted.verdict == "pass", adapted.reason
+    assert ADAPTER in adapted.adapters and "defects" not in adapted.evidence, adapted.evidence

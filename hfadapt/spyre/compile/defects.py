@@ -105,7 +105,9 @@ def softmax_amax_misread(x: torch.Tensor, dim: int, half_to_float: bool = False)
 def misread_layout(x: torch.Tensor, order: tuple[int, ...], shape: tuple[int, ...]) -> torch.Tensor:
     """``x`` as a kernel that ignores its strides sees it: its data in memory order, read as a
     contiguous tensor of its own logical shape."""
-    return x.permute(order).reshape(shape)
+    # .contiguous(): when the permuted shape equals the logical one (e.g. S == H), reshape is a
+    # no-op view and the value would stay a strided view that later views cannot take
+    return x.permute(order).reshape(shape).contiguous()
 
 
 def _val(node: fx.Node) -> torch.Tensor | None:
