@@ -209,3 +209,19 @@ def test_signature_knows_attention_defaults() -> None:
         ]
         == "eager"
     )
+
+
+def test_an_encoder_decoder_keeps_two_layers_on_both_sides() -> None:
+    """BART aliases num_hidden_layers to encoder_layers: the decoder's 12 layers would stay and
+    the structural run would cost a full-depth decoder (135 s of a sweep's 939 worker-seconds)."""
+    from transformers import AutoConfig
+
+    from hfadapt.judge.structural import truncate_layers
+
+    for model_type, field in (("bart", "decoder_layers"), ("t5", "num_decoder_layers")):
+        config = AutoConfig.for_model(model_type)
+        before = getattr(config, field)
+        note = truncate_layers(config)
+        print(f"{model_type}: {note}")
+        assert config.num_hidden_layers == 2 and getattr(config, field) == 2, (before, note)
+        assert note is not None and f"{field} {before} -> 2" in note, note

@@ -129,6 +129,9 @@ def _representative_layers(config: Any, total: int, layers: int) -> list[int]:
     return sorted(keep)
 
 
+_DECODER_LAYERS = ("decoder_layers", "num_decoder_layers")
+
+
 def truncate_layers(config: Any, layers: int = STRUCTURAL_LAYERS) -> str | None:
     """Keep ``layers`` layers (per-layer lists cut to match); a note, or None if nothing changed."""
     total = getattr(config, "num_hidden_layers", None)
@@ -139,7 +142,15 @@ def truncate_layers(config: Any, layers: int = STRUCTURAL_LAYERS) -> str | None:
         if isinstance(value, list) and len(value) == total and not key.startswith("_"):
             setattr(config, key, [value[i] for i in keep])
     config.num_hidden_layers = len(keep)
-    return f"layers truncated {total} -> {len(keep)} (kept {keep})"
+    note = f"layers truncated {total} -> {len(keep)} (kept {keep})"
+    # encoder-decoder configs alias num_hidden_layers to the encoder's count (BART's
+    # attribute_map): their decoder would keep every layer
+    for key in _DECODER_LAYERS:
+        count = getattr(config, key, None)
+        if isinstance(count, int) and not isinstance(count, bool) and count > layers:
+            setattr(config, key, layers)
+            note += f"; {key} {count} -> {layers}"
+    return note
 
 
 def shrink_vocab(config: Any, vocab: int = STRUCTURAL_VOCAB) -> str | None:
