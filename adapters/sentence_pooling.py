@@ -62,8 +62,22 @@ def pooling_on_host(
 
 
 _PAD_KEYS = ("input_ids", "attention_mask", "token_type_ids")
-# Attention adapters (adapters/attention.py) that pad the key length to whole sticks themselves.
-_PADS_KEYS_ITSELF = frozenset({"hfadapt-attention-head-dim-pad"})
+# Attention adapters (adapters/attention.py) that pad the key length to whole sticks themselves:
+# attention-head-dim-pad, and attention-heads-select (which takes the attention over from it at
+# priority 110) where it delegates to it: a head_dim that is not a whole stick.
+_PADS_KEYS_ITSELF = "hfadapt-attention-head-dim-pad"
+_PADS_KEYS_WHEN_UNALIGNED = "hfadapt-attention-heads-select"
+
+
+def _attention_pads_keys(config: Any) -> bool:
+    implementation = getattr(config, "_attn_implementation", None)
+    if implementation == _PADS_KEYS_ITSELF:
+        return True
+    if implementation != _PADS_KEYS_WHEN_UNALIGNED:
+        return False
+    heads = getattr(config, "num_attention_heads", None) or 1
+    head_dim = getattr(config, "head_dim", None) or getattr(config, "hidden_size", 0) // heads
+    return bool(head_dim % STICK)
 
 
 @torch.compiler.disable
@@ -72,7 +86,7 @@ def _pad_features(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[s
     if not isinstance(features, Mapping) or "input_ids" not in features:
         return None
     config = getattr(getattr(module, "auto_model", None), "config", None)
-    if getattr(config, "_attn_implementation", None) in _PADS_KEYS_ITSELF:
+    if _attention_pads_keys(config):
         return None  # the attention pads the key length: run the real length
     length = features["input_ids"].shape[-1]
     pad = (-length) % STICK

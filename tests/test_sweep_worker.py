@@ -32,7 +32,7 @@ def test_real_worker_judges_each_signature_once_on_the_device(sweep_engine: Any)
     ]
     assert rep["reason"].startswith("[structural]") and rep["mode"] == "structural"
     assert rep["evidence"]["config_source"] == "structural:crawl" and "path" not in rep["evidence"]
-    assert rep["evidence"]["probes"].startswith("12 probes x 256 tokens"), rep["evidence"]["probes"]
+    assert rep["evidence"]["probes"].startswith("4 probes x 256 tokens"), rep["evidence"]["probes"]
     assert set(rep["versions"]) == {"hfadapt", "profile", "torch", "transformers"}
     assert rep["timings"]["device"] > 0 and rep["evidence"]["sweep"]["worker_pid"] > 0
     member = rows["org/bert-a3"]
