@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from defect_models import adapters_without, tiny_bert_folder
 from torch.nn import functional as F
 
 from hfadapt.errors import ProfileError
@@ -315,42 +316,17 @@ def test_a_minus_inf_fill_at_sdpa_amax_poisons_the_batch_and_additive_masks_avoi
 # -- the judge: verification_failed, localized, evidence, adapter ------------------------------
 
 
-def _bert_folder(tmp_path: Path) -> Path:
-    folder = tmp_path / "bert-sdpa"
-    folder.mkdir()
-    config = {
-        "model_type": "bert",
-        "architectures": ["BertModel"],
-        "hidden_size": 128,
-        "num_attention_heads": 2,  # head_dim 64: stock SDPA, no head-dim padding adapter
-        "intermediate_size": 256,
-        "num_hidden_layers": 2,
-        "vocab_size": 96,
-        # weights at the scale of trained attention (the default 0.02 makes attention a rounding
-        # error next to the residual stream, so no corruption of it would show)
-        "initializer_range": 0.2,
-    }
-    (folder / "config.json").write_text(json.dumps(config))
-    return folder
-
-
 @pytest.mark.slow
 def test_diagnose_localizes_the_sdpa_defect_and_the_adapter_fixes_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import hfadapt.judge.diagnose as diagnose_module
-    from hfadapt.adapters.registry import default_registry
     from hfadapt.cli import diagnose as cli_diagnose
 
-    folder = _bert_folder(tmp_path)
+    folder = tiny_bert_folder(tmp_path / "bert-sdpa")
     stock_apply = diagnose_module.apply_adapters
-
-    def without_the_fix(model: torch.nn.Module) -> tuple[list[str], list[str]]:
-        reg = default_registry()
-        # attention-heads-select runs attention-sdpa-contiguous's attention too
-        fixes = ("attention-sdpa-contiguous", "attention-heads-select")
-        others = [a.name for a in reg.adapters if a.name not in fixes]
-        return list(reg.apply(model, only=others).names), []
+    # attention-heads-select runs attention-sdpa-contiguous's attention too
+    without_the_fix = adapters_without("attention-sdpa-contiguous", "attention-heads-select")
 
     options = {"mode": "structural", "execution": "compile", "record": False}
     with warnings.catch_warnings():

@@ -6,12 +6,12 @@ avoided by its adapter. Errors are measured against CPU fp32 and printed."""
 
 from __future__ import annotations
 
-import json
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
+from defect_models import adapters_without, tiny_bert_folder
 
 from hfadapt.adapters.registry import default_registry, discover
 from hfadapt.spyre.compile.backend import lower
@@ -156,30 +156,7 @@ def test_the_64_token_head_split_is_wrong_and_other_lengths_are_not() -> None:
 def _bert_folder(tmp_path: Path, tokens: int) -> Path:
     """A two-layer BERT whose probes are ``tokens`` long (the structural probes stop at
     max_position_embeddings)."""
-    folder = tmp_path / f"bert-{tokens}"
-    folder.mkdir()
-    config = {
-        "model_type": "bert",
-        "architectures": ["BertModel"],
-        "hidden_size": 128,
-        "num_attention_heads": 2,
-        "intermediate_size": 256,
-        "num_hidden_layers": 2,
-        "vocab_size": 96,
-        "max_position_embeddings": tokens,
-        "initializer_range": 0.2,  # attention at the scale of trained weights
-    }
-    (folder / "config.json").write_text(json.dumps(config))
-    return folder
-
-
-def _without(name: str):  # type: ignore[no-untyped-def]
-    def apply(model: torch.nn.Module) -> tuple[list[str], list[str]]:
-        reg = default_registry()
-        others = [a.name for a in reg.adapters if a.name != name]
-        return list(reg.apply(model, only=others).names), []
-
-    return apply
+    return tiny_bert_folder(tmp_path / f"bert-{tokens}", max_position_embeddings=tokens)
 
 
 @pytest.mark.slow
@@ -196,7 +173,7 @@ def test_diagnose_localizes_the_64_token_head_split_and_the_adapter_fixes_it(
         for tokens in (64, 128):
             folder = _bert_folder(tmp_path, tokens)
             monkeypatch.setattr(
-                diagnose_module, "apply_adapters", _without("attention-heads-select")
+                diagnose_module, "apply_adapters", adapters_without("attention-heads-select")
             )
             runs[tokens, "stock"] = diagnose_module.diagnose(str(folder), **options)
             monkeypatch.setattr(diagnose_module, "apply_adapters", stock_apply)
@@ -267,7 +244,7 @@ def test_diagnose_localizes_unaligned_exp_and_the_adapter_fixes_it(
     options = {"mode": "structural", "execution": "compile", "record": False}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        monkeypatch.setattr(diagnose_module, "apply_adapters", _without("exp-stick-pad"))
+        monkeypatch.setattr(diagnose_module, "apply_adapters", adapters_without("exp-stick-pad"))
         stock = diagnose_module.diagnose(_loaded_with_exp(tmp_path), **options)
         monkeypatch.setattr(diagnose_module, "apply_adapters", stock_apply)
         (tmp_path / "exp").rename(tmp_path / "exp-stock")
@@ -294,6 +271,7 @@ def test_diagnose_localizes_unaligned_exp_and_the_adapter_fixes_it(
 
 
 HEAD_ADAPTERS = ("attention-heads-select", "mpnet-attention-heads-select")
+LAYOUT_DEFECTS = frozenset({HEADS_DEFECT, EXP_DEFECT})
 # the families whose lowered graphs meet defect.view_transpose_64 at 64 tokens without the head
 # adapters (fp16, view + transpose head split); ModernBERT splits heads with a 5-D transpose,
 # Gemma runs in bf16; tiny Qwen3's q/k are normed between view and transpose and its one KV
@@ -342,4 +320,7 @@ def test_bundled_families_meet_neither_defect_at_64_tokens(model_type: str) -> N
     assert bool(fired["without"]) == (model_type in MEETS_HEAD_SPLIT), fired
     exps = {op: n for op, n in reports["with"].ops_seen.items() if op.startswith("aten::exp.")}
     assert exps == {}, f"{model_type} calls exp: {exps}"
-    assert [str(f) for f in reports["with"].defects] == [], reports["with"].summary()
+    # this test's two defects only: the post-LayerNorm handoff has its own family checks
+    # (tests/test_post_ln_handoff.py, and test_compile_models judges every family with adapters)
+    layout = [str(f) for f in reports["with"].defects if f.defect_id in LAYOUT_DEFECTS]
+    assert layout == [], reports["with"].summary()

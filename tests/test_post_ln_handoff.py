@@ -5,7 +5,6 @@ reference and printed."""
 
 from __future__ import annotations
 
-import json
 import re
 import warnings
 from pathlib import Path
@@ -13,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from defect_models import adapters_without, tiny_bert_folder
 from torch.nn import functional as F
 
 from hfadapt.spyre.compile.backend import lower
@@ -193,40 +193,16 @@ def test_no_layer_norm_output_no_mark() -> None:
 # -- the judge: verification_failed, localized, evidence, adapter ------------------------------
 
 
-def _bert_folder(tmp_path: Path) -> Path:
-    folder = tmp_path / "bert-post-ln"
-    folder.mkdir()
-    config = {
-        "model_type": "bert",
-        "architectures": ["BertModel"],
-        "hidden_size": 128,
-        "num_attention_heads": 2,
-        "intermediate_size": 256,
-        "num_hidden_layers": 2,
-        "vocab_size": 96,
-        # weights at the scale of trained attention (the default 0.02 leaves attention a
-        # rounding error next to the residual stream: a misread of its input would not show)
-        "initializer_range": 0.2,
-    }
-    (folder / "config.json").write_text(json.dumps(config))
-    return folder
-
-
 @pytest.mark.slow
 def test_diagnose_localizes_the_handoff_and_the_adapter_fixes_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import hfadapt.judge.diagnose as diagnose_module
-    from hfadapt.adapters.registry import default_registry
     from hfadapt.cli import diagnose as cli_diagnose
 
-    folder = _bert_folder(tmp_path)
+    folder = tiny_bert_folder(tmp_path / "bert-post-ln")
     stock_apply = diagnose_module.apply_adapters
-
-    def without_the_fix(model: torch.nn.Module) -> tuple[list[str], list[str]]:
-        reg = default_registry()
-        others = [a.name for a in reg.adapters if a.name != ADAPTER]
-        return list(reg.apply(model, only=others).names), []
+    without_the_fix = adapters_without(ADAPTER)
 
     options = {"mode": "structural", "execution": "compile", "record": False}
     with warnings.catch_warnings():
@@ -295,17 +271,11 @@ def test_post_ln_layers_split_by_the_host_rope_are_cloned(
     sweep: 115 such models failed); with it nothing fires and the model passes."""
     import hfadapt.judge.diagnose as diagnose_module
     from hfadapt.adapters.examples import tiny_model
-    from hfadapt.adapters.registry import default_registry
 
     model, _, _ = tiny_model(model_type, 0, initializer_range=0.2)
     model.config.save_pretrained(tmp_path)
     stock_apply = diagnose_module.apply_adapters
-
-    def without_the_fix(m: torch.nn.Module) -> tuple[list[str], list[str]]:
-        reg = default_registry()
-        return list(
-            reg.apply(m, only=[a.name for a in reg.adapters if a.name != ADAPTER]).names
-        ), []
+    without_the_fix = adapters_without(ADAPTER)
 
     options = {"mode": "structural", "execution": "compile", "record": False}
     with warnings.catch_warnings():
