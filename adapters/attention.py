@@ -43,6 +43,7 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from hfadapt.adapters.api import MASKED, STICK, adapter
+from hfadapt.adapters.examples import bert_at_trained_scale
 
 # the only sequence length torch-spyre#1783 shows the head split failing at
 HEAD_LAYOUT_SEQ = 64
@@ -216,25 +217,13 @@ def heads_by_select(t: Tensor) -> Tensor:
     return torch.cat([x.select(2, h).unsqueeze(1) for h in range(x.shape[2])], dim=1)
 
 
-def _example_heads(seed: int):
-    """A one-layer BERT at 64 tokens: its self-attention splits heads with view + transpose."""
-    from hfadapt.adapters.examples import tiny_model
-
-    model, ids, mask = tiny_model("bert", seed, initializer_range=0.2)
-    return (
-        model,
-        (),
-        {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)},
-    )
-
-
 @adapter(
     name="attention-heads-select",
     kind="attention",
     target="transformers.modeling_utils:PreTrainedModel",
     rule="defect.view_transpose_64",
     applies=lambda module, config: _sdpa_aligned(config) or _head_dim_unaligned(config),
-    example=_example_heads,
+    example=bert_at_trained_scale,  # at 64 tokens: view + transpose head splits
     proof="model",
     priority=110,  # applied after the two above: it takes the attention key over from them
 )

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from hfadapt.adapters.api import adapter
-from hfadapt.adapters.examples import tiny_model
+from hfadapt.adapters.examples import bert_at_trained_scale
 
 
 @torch.compiler.disable
@@ -65,23 +65,12 @@ def _hands_off_a_layer_norm_output(module: torch.nn.Module, config: Any) -> bool
     )
 
 
-def _example(seed: int):
-    # weights at the scale of trained attention (the default 0.02 leaves attention a rounding
-    # error next to the residual stream, where no misread of its input would show)
-    model, ids, mask = tiny_model("bert", seed, initializer_range=0.2)
-    return (
-        model,
-        (),
-        {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)},
-    )
-
-
 @adapter(
     name="post-ln-handoff-clone",
     target="torch.nn.modules.module:Module.forward",
     rule="defect.post_ln_handoff",
     applies=_hands_off_a_layer_norm_output,
-    example=_example,
+    example=bert_at_trained_scale,
     proof="model",
 )
 def clone_the_handoff(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:

@@ -47,3 +47,15 @@ class ExpFeatures(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.exp(self.proj(x))
+
+
+def bert_at_trained_scale(seed: int) -> tuple[torch.nn.Module, tuple[Any, ...], dict[str, Any]]:
+    """An adapter example: a tiny BERT whose weights have the scale of trained attention
+    (initializer 0.2; the default 0.02 leaves attention a rounding error next to the residual
+    stream, where no corruption of its input would show), with its inputs."""
+    model, ids, mask = tiny_model("bert", seed, initializer_range=0.2)
+    return (
+        model,
+        (),
+        {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)},
+    )

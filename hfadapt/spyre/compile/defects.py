@@ -59,6 +59,7 @@ __all__ = [
     "TRIGGERS",
     "Corruption",
     "find_defects",
+    "firing_at",
     "misread_layout",
     "module_path",
 ]
@@ -407,6 +408,26 @@ def module_path(node: fx.Node) -> tuple[str, str]:
     return path.strip("."), name
 
 
+def firing_at(
+    anchor: fx.Node, value: torch.Tensor, defect_id: str, source: str, effect: str
+) -> DefectFiring:
+    """The lowering-report entry of a defect firing at ``anchor``, reading ``value``."""
+    module, cls = module_path(anchor)
+    return DefectFiring(
+        defect_id=defect_id,
+        source=source,
+        effect=effect,
+        op=op_name(anchor.target),
+        node=anchor.name,
+        module=module,
+        module_class=cls,
+        shape=tuple(int(s) for s in value.shape),
+        stride=tuple(int(s) for s in value.stride()),
+        dtype=str(value.dtype).removeprefix("torch."),
+        location=source_location(anchor),
+    )
+
+
 def find_defects(gm: fx.GraphModule, profile: Profile) -> list[Corruption]:
     """Every firing of the profile's compile-mode defects in this graph."""
     out = []
@@ -431,20 +452,7 @@ def _corruption(defect: Defect, match: Match, profile: Profile) -> Corruption:
     assert t is not None
     order = (match.order or memory_order(t)) if replace is None else ()
     assert order is not None
-    module, cls = module_path(match.anchor)
-    firing = DefectFiring(
-        defect_id=defect.id,
-        source=profile.defect_source(defect),
-        effect=defect.effect,
-        op=op_name(match.anchor.target),
-        node=match.anchor.name,
-        module=module,
-        module_class=cls,
-        shape=tuple(int(s) for s in t.shape),
-        stride=tuple(int(s) for s in t.stride()),
-        dtype=str(t.dtype).removeprefix("torch."),
-        location=source_location(match.anchor),
-    )
+    firing = firing_at(match.anchor, t, defect.id, profile.defect_source(defect), defect.effect)
     if replace is not None:
         return Corruption(
             firing, match.value, frozenset(), (), tuple(t.shape), match.anchor, replace

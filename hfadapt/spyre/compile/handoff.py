@@ -47,8 +47,8 @@ from typing import Any
 import torch
 from torch import fx
 
-from hfadapt.spyre.compile.defects import misread_layout, module_path
-from hfadapt.spyre.compile.graph_rules import op_name, source_location
+from hfadapt.spyre.compile.defects import firing_at, misread_layout, module_path
+from hfadapt.spyre.compile.graph_rules import op_name
 from hfadapt.spyre.lowering_report import DefectFiring, LoweringReport
 from hfadapt.spyre.profile import Defect, Profile
 
@@ -268,20 +268,8 @@ class HandoffPlan:
         return check
 
     def _firing(self, reader: Reader, origin: str, raw: torch.Tensor) -> DefectFiring:
-        module, cls = module_path(reader.anchor)
-        return DefectFiring(
-            defect_id=self.defect.id,
-            source=self.source,
-            effect=f"{self.defect.effect} (the output of {origin or 'a LayerNorm'})",
-            op=op_name(reader.anchor.target),
-            node=reader.anchor.name,
-            module=module,
-            module_class=cls,
-            shape=tuple(int(s) for s in raw.shape),
-            stride=tuple(int(s) for s in raw.stride()),
-            dtype=str(raw.dtype).removeprefix("torch."),
-            location=source_location(reader.anchor),
-        )
+        effect = f"{self.defect.effect} (the output of {origin or 'a LayerNorm'})"
+        return firing_at(reader.anchor, raw, self.defect.id, self.source, effect)
 
     def report_firings(self, report: LoweringReport) -> None:
         """Add the firings not yet in ``report`` (called after each run of the program)."""
