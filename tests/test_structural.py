@@ -225,3 +225,45 @@ def test_an_encoder_decoder_keeps_two_layers_on_both_sides() -> None:
         print(f"{model_type}: {note}")
         assert config.num_hidden_layers == 2 and getattr(config, field) == 2, (before, note)
         assert note is not None and f"{field} {before} -> 2" in note, note
+
+
+def test_a_composite_config_is_truncated_in_every_tower() -> None:
+    """Vision + text configs nest their towers (Qwen2.5-Omni: text, vision ``depth``, audio
+    ``encoder_layers``): each is cut to two layers and its vocabulary shrunk, widths kept. Before,
+    the towers kept every layer and five units of a sweep ran out of memory (130 worker-s)."""
+    from hfadapt.judge.structural import shrink_config
+
+    config = AutoConfig.for_model("qwen2_5_omni_thinker")
+    widths = {name: sub.hidden_size for name, sub in structural.sub_configs(config)}
+    notes = shrink_config(config)
+    print(notes)
+    towers = dict(structural.sub_configs(config))
+    assert set(towers) == {"text_config", "vision_config", "audio_config"}, set(towers)
+    assert towers["vision_config"].depth == 2, towers["vision_config"].depth
+    assert towers["audio_config"].encoder_layers == 2, towers["audio_config"].encoder_layers
+    assert towers["text_config"].num_hidden_layers == 2
+    assert towers["text_config"].vocab_size == STRUCTURAL_VOCAB
+    assert {n: s.hidden_size for n, s in towers.items()} == widths, widths
+    assert "vision_config: layers truncated 32 -> 2 (kept [0, 1])" in notes, notes
+
+
+def test_a_config_without_probe_ids_is_built_without_weights(tmp_path: Path) -> None:
+    """No tokenizer and no vocabulary of its own: the judge stops at its probes, so the stand-in
+    is built on the meta device (no weights seeded) and the verdict says why, as before."""
+    from hfadapt.judge.diagnose import diagnose
+
+    folder = tmp_path / "qwen3-vl"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "qwen3_vl"}))
+    loaded = structural.build(folder)
+    devices = {p.device.type for p in loaded.model.parameters()}
+    assert devices == {"meta"}, devices
+    assert any("meta tensors" in n for n in loaded.notes), loaded.notes
+    diag = diagnose(folder, mode="structural", record=False)
+    assert diag.verdict == "load_failed", (diag.verdict, diag.reason)
+    assert "no usable vocab_size for random probe ids" in diag.reason, diag.reason
+    # a config with a vocabulary still gets real weights
+    bert = tmp_path / "bert"
+    bert.mkdir()
+    (bert / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    assert {p.device.type for p in structural.build(bert).model.parameters()} == {"cpu"}

@@ -148,11 +148,21 @@ def reserved_ids(config: Any) -> int:
     return max(specials) + 1 if specials else 0
 
 
+NO_RANDOM_PROBES = "config has no usable vocab_size for random probe ids"
+
+
+def random_probe_vocab(config: Any) -> int:
+    """How many ids random probes draw from: the config's own vocab_size (0: none usable, as in
+    a composite vision + text config, whose vocabulary sits in its text_config)."""
+    vocab = int(getattr(config, "vocab_size", 0) or 0)
+    return vocab if vocab > 1 else 0
+
+
 def random_probes(config: Any, *, seed: int = 0, max_length: int | None = None) -> ProbeBatch:
     """Deterministic random ids with the probe sentences' padding pattern, right-padded."""
-    vocab = int(getattr(config, "vocab_size", 0) or 0)
-    if vocab <= 1:
-        raise ValueError("config has no usable vocab_size for random probe ids")
+    vocab = random_probe_vocab(config)
+    if not vocab:
+        raise ValueError(NO_RANDOM_PROBES)
     length_cap = max_length or max_probe_length(config)
     lengths = [max(2, min(n, length_cap)) for n in RANDOM_LENGTHS]
     seq = min(length_cap, -(-max(lengths) // PAD_MULTIPLE) * PAD_MULTIPLE)

@@ -6,6 +6,7 @@ hfadapt.judge.signature, re-exported here.)"""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from hfadapt.judge import load as loading
 from hfadapt.judge import remote
 from hfadapt.judge.load import LoadedModel
 from hfadapt.judge.metrics import PoolingSpec, pooling_from_folder
-from hfadapt.judge.probes import SPECIAL_ID_FIELDS
+from hfadapt.judge.probes import SPECIAL_ID_FIELDS, random_probe_vocab
 
 # The signature lives in hfadapt.judge.signature; re-exported here, where sweeps look for it.
 # Embedding tables past STRUCTURAL_VOCAB are shrunk: the rows do not change what lowers, only
@@ -43,8 +44,10 @@ __all__ = [
     "config_from_dict",
     "find_config",
     "lowering_signature",
+    "shrink_config",
     "signature_fields",
     "structural_signature",
+    "sub_configs",
     "truncate_layers",
 ]
 
@@ -178,6 +181,30 @@ def shrink_vocab(config: Any, vocab: int = STRUCTURAL_VOCAB) -> str | None:
     return f"vocab shrunk {size} -> {vocab}{moved}"
 
 
+def sub_configs(config: Any) -> list[tuple[str, Any]]:
+    """The nested configs of a composite model (``text_config``, ``vision_config``,
+    ``audio_config``, T5Gemma's ``encoder``/``decoder``...), by attribute name."""
+    names = getattr(type(config), "sub_configs", None) or {}
+    out = []
+    for name in names:
+        value = getattr(config, name, None)
+        if value is not None and hasattr(value, "to_dict") and value is not config:
+            out.append((name, value))
+    return out
+
+
+def shrink_config(
+    config: Any, layers: int = STRUCTURAL_LAYERS, vocab: int = STRUCTURAL_VOCAB
+) -> list[str]:
+    """Truncate the layers and shrink the vocabulary of ``config`` and of every nested config
+    of a composite model (a vision tower's ``depth``, an audio encoder's ``encoder_layers``:
+    the configs alias them to ``num_hidden_layers``), every width kept. Notes of what changed."""
+    notes = [n for n in (truncate_layers(config, layers), shrink_vocab(config, vocab)) if n]
+    for name, sub in sub_configs(config):
+        notes += [f"{name}: {n}" for n in shrink_config(sub, layers, vocab)]
+    return notes
+
+
 def _special_values(config: Any) -> list[int]:
     out: list[int] = []
     for name in SPECIAL_ID_FIELDS:
@@ -268,12 +295,24 @@ def build(
     notes = [f"structural: config from {_WHERE[where]}, seeded random weights (seed {seed})"]
     if translation is not None:
         notes.append(remote.translation_note(translation))
-    notes += [n for n in (truncate_layers(config, layers), shrink_vocab(config, vocab)) if n]
+    notes += shrink_config(config, layers, vocab)
 
     tokenizer, why = _tokenizer(where, text, folder, trust_remote_code, hub)
     if why:
         notes.append(why)
-    with loading.quiet_transformers(), torch.random.fork_rng(devices=[]):
+    # No tokenizer and no vocabulary of its own (a composite vision + text config): no probe can
+    # be made, so the judge stops at its probes. The modules are built without their weights
+    # (meta tensors): seeding a 4096-wide tower cost a sweep seconds for nothing.
+    placement = (
+        torch.device("meta") if tokenizer is None and not random_probe_vocab(config) else None
+    )
+    if placement is not None:
+        notes.append("no probe inputs can be made: modules built without weights (meta tensors)")
+    with (
+        loading.quiet_transformers(),
+        torch.random.fork_rng(devices=[]),
+        placement or contextlib.nullcontext(),
+    ):
         torch.manual_seed(seed)
         try:
             cls = loading.model_class(config, trust_remote_code)
