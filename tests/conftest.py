@@ -86,12 +86,20 @@ def online(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def fake_hub(online: None) -> Iterator[FakeHub]:
-    """A loopback Hub (tests/hub_server.py) with a few hundred generated embedding models."""
+    """A loopback Hub (tests/hub_server.py) with a few hundred generated embedding models.
+
+    transformers keeps one shared HfApi (``transformers.utils.hub.hf_api``) with the endpoint of
+    when it was first made: left alone, a later test's tokenizer listed its files at an earlier
+    test's stopped server, and waited out huggingface_hub's retries (about 45 s a test)."""
+    import transformers.utils.hub as transformers_hub
+
+    transformers_hub._hf_api = None
     hub = FakeHub().start()
     try:
         yield hub
     finally:
         hub.stop()
+        transformers_hub._hf_api = None
 
 
 @pytest.fixture

@@ -110,6 +110,28 @@ def test_softmax_leaves_the_published_probability_on_masked_positions(op: str) -
     assert float((rows - 1).abs().max()) <= 2**-8, f"rows sum to {rows.min()}..{rows.max()}"
 
 
+def test_softmax_clamps_its_exponent_without_changing_a_bit() -> None:
+    """The kernel clamps exponents below log(floor) before exp (the CPU's exp is slow on the
+    masked keys' -3.35e7): every such exp ends at the floor anyway, so the result is the one
+    the unclamped definition gives, bit for bit, -inf, NaN and whole masked rows included."""
+    from hfadapt.spyre import kernels
+
+    floor = float(load_profile().numerics["softmax_exp_floor"]["exp_floor"])
+    logits, _ = _masked_attention(spread=30.0, seed=3)
+    held = round_dl16(logits, transfer=True)
+    held[0, 0, :] = -3.35e7  # a fully masked row
+    held[0, 1, :4] = float("-inf")
+    held[0, 2, 5] = float("nan")
+    e = torch.exp(held - held.amax(-1, keepdim=True)).clamp_min_(floor)
+    definition = e / e.sum(-1, keepdim=True)
+    got = kernels._softmax_floor(held, -1, floor)
+    same = (got.view(torch.int32) == definition.view(torch.int32)) | (
+        got.isnan() & definition.isnan()
+    )
+    print(f"floor {floor:.3e}: {int((~same).sum())} of {got.numel()} values differ")
+    assert bool(same.all()), int((~same).sum())
+
+
 def test_softmax_without_masks_keeps_the_cpu_result() -> None:
     """The floor only shows on keys far below the row's maximum: diffuse attention with no
     mask is the CPU's softmax up to DL16 rounding."""
@@ -149,6 +171,65 @@ def test_a_truncated_partial_rounds_half_up_where_the_cpu_rounds_to_even() -> No
     assert report.ok
     assert got == 1 + 2**-9, got
     assert once == 1.0, once
+
+
+@pytest.mark.parametrize(
+    ("a_shape", "b_shape", "chunks"),
+    [
+        ((64, 768), (768, 96), 2),  # an even split: one batched product
+        ((64, 768), (768, 96), 3),
+        ((20, 100), (100, 33), 2),  # an uneven split: the pieces one by one
+        ((6, 40, 128), (6, 128, 64), 2),  # batched (attention's probabilities @ V)
+        ((3, 7, 256), (256, 9), 4),  # a broadcast batch
+    ],
+)
+def test_the_one_pass_accumulation_computes_the_piecewise_definition(
+    a_shape: tuple[int, ...], b_shape: tuple[int, ...], chunks: int
+) -> None:
+    """kernels.chunked_matmul (pieces made side by side, truncated, summed, biased and rounded
+    in one pass by the C kernels when built, else by torch ops): both paths give the same bits,
+    and they compute the definition: each stick-aligned piece's product truncated, added in
+    order, then the bias added and the sum rounded to DL16."""
+    from hfadapt.spyre import kernels
+
+    g = torch.Generator().manual_seed(1)
+    a = torch.randn(*a_shape, generator=g) * 3
+    b = torch.randn(*b_shape, generator=g)
+    bias = torch.randn(b_shape[-1], generator=g)
+    k = a_shape[-1]
+    sticks = -(-k // kernels.STICK)
+    per = -(-sticks // chunks) * kernels.STICK
+    summed: torch.Tensor | None = None
+    for start in range(0, k, per):
+        part = kernels.truncate_partial_(
+            a[..., start : start + per] @ b[..., start : start + per, :], 9
+        )
+        summed = part if summed is None else summed + part
+    assert summed is not None
+    definitions = {"sum": summed, "linear": round_dl16(summed + bias)}
+
+    def run() -> dict[str, torch.Tensor]:
+        return {
+            "sum": kernels.chunked_matmul(a, b, chunks, 9),
+            "linear": kernels.chunked_matmul(a, b, chunks, 9, bias=bias, fmt=DEFAULT_FORMAT),
+        }
+
+    native = run()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(kernels, "_native_kernels", lambda: (None, None))
+        torch_path = run()
+    for name, expected in definitions.items():
+        got, slow = native[name], torch_path[name]
+        # the C kernels and the torch ops: the same bits
+        differ = int((got.view(torch.int32) != slow.view(torch.int32)).sum())
+        assert differ == 0, f"{name}: native and torch paths differ in {differ} values"
+        # against the piecewise definition: the pieces' products come from another BLAS call
+        # (one batched product), whose fp32 rounding may move a truncated partial by one step
+        assert got.shape == expected.shape, (got.shape, expected.shape)
+        moved = float((got != expected).float().mean())
+        worst = float(((got - expected).abs() / expected.abs().clamp_min(1e-3)).max())
+        print(f"{name}: {moved:.2%} of values off the definition, worst by {worst:.2e}")
+        assert moved <= 0.01 and worst <= 2**-7, (moved, worst)
 
 
 def test_chunked_accumulation_adds_error_on_both_paths() -> None:

@@ -90,6 +90,13 @@ def _constants(fmt: DL16Format) -> _Constants:
     )
 
 
+def native_rounding_args(fmt: DL16Format = DEFAULT_FORMAT) -> tuple[float, float, int, float]:
+    """(max_finite, below_min_normal, shift, clamp): the rounding arguments the C kernels of
+    hfadapt.spyre.dl16_native take for ``fmt``."""
+    c = _constants(fmt)
+    return c.max_finite, c.below_min_normal, c.shift, c.clamp
+
+
 def _round_inplace(y: torch.Tensor, fmt: DL16Format, transfer: bool = False) -> torch.Tensor:
     c = _constants(fmt)
     if transfer:  # host +-inf lands on 0xEFFF's magnitude; NaN stays NaN

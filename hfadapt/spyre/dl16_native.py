@@ -21,29 +21,70 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-# Same steps as dl16._round_inplace: with a transfer, +-inf becomes +-host_inf; clamp to
+# hfadapt_round_dl16: the same steps as dl16._round_inplace: with a transfer, +-inf becomes +-host_inf; clamp to
 # +-big (NaN passes); add and subtract a magic number of the value's sign and exponent shifted
 # by the dropped mantissa bits (the FPU rounds to nearest even); zero |y| <= the largest float
 # below the smallest normal; a rounded |y| past the largest finite value becomes +-inf.
+# hfadapt_sum_truncated: kernels.chunked_matmul's accumulation (kernels.truncate_partial_ on
+# each of ``pieces`` fp32 partial products, then their sum in order) in one pass;
+# hfadapt_sum_truncated_round: the same, then an optional bias over the last dimension, then
+# the DL16 rounding, in one pass (a device linear's epilogue).
 _SOURCE = r"""
 #include <stdint.h>
 #include <string.h>
+static inline float round_one(float v, float maxf, float lam, int32_t shift, float big,
+                              float host_inf) {
+    const float inf = __builtin_inff();
+    if (host_inf > 0.0f && (v == inf || v == -inf)) v = v > 0.0f ? host_inf : -host_inf;
+    v = v > big ? big : (v < -big ? -big : v);
+    int32_t b;
+    memcpy(&b, &v, 4);
+    uint32_t mb = ((uint32_t)b & 0xFF800000u) + (uint32_t)shift;
+    float m;
+    memcpy(&m, &mb, 4);
+    float y = (v + m) - m;
+    y = (y >= -lam && y <= lam) ? 0.0f : y;
+    return y > maxf ? inf : (y < -maxf ? -inf : y);
+}
+
+static inline float sum_truncated(const float* parts, int64_t pieces, int64_t n, int64_t i,
+                                  uint32_t half, uint32_t keep) {
+    float acc = 0.0f;
+    for (int64_t p = 0; p < pieces; p++) {
+        uint32_t b;
+        memcpy(&b, &parts[p * n + i], 4);
+        b = (b + half) & keep;
+        float v;
+        memcpy(&v, &b, 4);
+        acc = p == 0 ? v : acc + v;
+    }
+    return acc;
+}
+
 void hfadapt_round_dl16(float* x, int64_t n, float maxf, float lam, int32_t shift, float big,
                         float host_inf, int nt) {
-    const float inf = __builtin_inff();
+    #pragma omp parallel for schedule(static) num_threads(nt) if(n > 32768)
+    for (int64_t i = 0; i < n; i++) x[i] = round_one(x[i], maxf, lam, shift, big, host_inf);
+}
+
+void hfadapt_sum_truncated(const float* parts, int64_t pieces, int64_t n, int32_t dropped,
+                           float* out, int nt) {
+    const uint32_t half = 1u << (dropped - 1);
+    const uint32_t keep = ~((1u << dropped) - 1u);
+    #pragma omp parallel for schedule(static) num_threads(nt) if(n > 32768)
+    for (int64_t i = 0; i < n; i++) out[i] = sum_truncated(parts, pieces, n, i, half, keep);
+}
+
+void hfadapt_sum_truncated_round(const float* parts, int64_t pieces, int64_t n, int32_t dropped,
+                                 const float* bias, int64_t cols, float maxf, float lam,
+                                 int32_t shift, float big, float* out, int nt) {
+    const uint32_t half = 1u << (dropped - 1);
+    const uint32_t keep = ~((1u << dropped) - 1u);
     #pragma omp parallel for schedule(static) num_threads(nt) if(n > 32768)
     for (int64_t i = 0; i < n; i++) {
-        float v = x[i];
-        if (host_inf > 0.0f && (v == inf || v == -inf)) v = v > 0.0f ? host_inf : -host_inf;
-        v = v > big ? big : (v < -big ? -big : v);
-        int32_t b;
-        memcpy(&b, &v, 4);
-        uint32_t mb = ((uint32_t)b & 0xFF800000u) + (uint32_t)shift;
-        float m;
-        memcpy(&m, &mb, 4);
-        float y = (v + m) - m;
-        y = (y >= -lam && y <= lam) ? 0.0f : y;
-        x[i] = y > maxf ? inf : (y < -maxf ? -inf : y);
+        float acc = sum_truncated(parts, pieces, n, i, half, keep);
+        if (bias) acc = acc + bias[i % cols];
+        out[i] = round_one(acc, maxf, lam, shift, big, 0.0f);
     }
 }
 """
@@ -88,9 +129,9 @@ def _build(target: Path) -> None:
 
 
 @lru_cache(maxsize=1)
-def load() -> Callable[..., None] | None:
-    """The kernel ``f(ptr, n, max_finite, below_min_normal, shift, clamp, host_inf, threads)``
-    (host_inf 0: device arithmetic, no transfer), built on first use; None without a C compiler or with HFADAPT_NATIVE_DL16=0."""
+def _library() -> ctypes.CDLL | None:
+    """The built library, built on first use; None without a C compiler or with
+    HFADAPT_NATIVE_DL16=0."""
     if os.environ.get("HFADAPT_NATIVE_DL16", "1") == "0":
         return None
     key = hashlib.sha1("|".join([_SOURCE, *_FLAGS, platform.machine()]).encode()).hexdigest()
@@ -98,10 +139,69 @@ def load() -> Callable[..., None] | None:
     try:
         if not target.exists():
             _build(target)
-        fn = ctypes.CDLL(str(target)).hfadapt_round_dl16
+        return ctypes.CDLL(str(target))
     except (OSError, subprocess.SubprocessError) as exc:
-        log.info("native DL16 rounding unavailable (%s); using the torch path", exc)
+        log.info("native DL16 kernels unavailable (%s); using the torch path", exc)
         return None
+
+
+@lru_cache(maxsize=1)
+def load_sum_truncated() -> Callable[..., None] | None:
+    """The kernel ``f(parts_ptr, pieces, n, dropped_bits, out_ptr, threads)``: ``out[i]`` is
+    the in-order fp32 sum of the ``pieces`` contiguous partials ``parts[p * n + i]``, each
+    rounded half-up to ``23 - dropped_bits`` mantissa bits first; None when not built."""
+    lib = _library()
+    if lib is None:
+        return None
+    fn = lib.hfadapt_sum_truncated
+    fn.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_int64,
+        ctypes.c_int64,
+        ctypes.c_int32,
+        ctypes.c_void_p,
+        ctypes.c_int,
+    ]
+    fn.restype = None
+    return fn  # type: ignore[no-any-return]
+
+
+@lru_cache(maxsize=1)
+def load_sum_truncated_round() -> Callable[..., None] | None:
+    """The kernel ``f(parts_ptr, pieces, n, dropped_bits, bias_ptr or None, columns,
+    max_finite, below_min_normal, shift, clamp, out_ptr, threads)``: load_sum_truncated's sum,
+    plus ``bias[i % columns]`` when given, rounded to DL16 (as ``load``'s kernel without a
+    transfer); None when not built."""
+    lib = _library()
+    if lib is None:
+        return None
+    fn = lib.hfadapt_sum_truncated_round
+    fn.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_int64,
+        ctypes.c_int64,
+        ctypes.c_int32,
+        ctypes.c_void_p,
+        ctypes.c_int64,
+        ctypes.c_float,
+        ctypes.c_float,
+        ctypes.c_int32,
+        ctypes.c_float,
+        ctypes.c_void_p,
+        ctypes.c_int,
+    ]
+    fn.restype = None
+    return fn  # type: ignore[no-any-return]
+
+
+@lru_cache(maxsize=1)
+def load() -> Callable[..., None] | None:
+    """The kernel ``f(ptr, n, max_finite, below_min_normal, shift, clamp, host_inf, threads)``
+    (host_inf 0: device arithmetic, no transfer), built on first use; None without a C compiler or with HFADAPT_NATIVE_DL16=0."""
+    lib = _library()
+    if lib is None:
+        return None
+    fn = lib.hfadapt_round_dl16
     fn.argtypes = [
         ctypes.c_void_p,
         ctypes.c_int64,
