@@ -32,6 +32,14 @@ log = logging.getLogger(__name__)
 _SOURCE = r"""
 #include <stdint.h>
 #include <string.h>
+/* An AVX2 build of each kernel beside the baseline one, chosen when the library loads (GCC's
+   function multiversioning): eight floats a step where the CPU has them, never an illegal
+   instruction where it does not. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define CLONES
+#endif
 static inline float round_one(float v, float maxf, float lam, int32_t shift, float big,
                               float host_inf) {
     const float inf = __builtin_inff();
@@ -47,45 +55,60 @@ static inline float round_one(float v, float maxf, float lam, int32_t shift, flo
     return y > maxf ? inf : (y < -maxf ? -inf : y);
 }
 
-static inline float sum_truncated(const float* parts, int64_t pieces, int64_t n, int64_t i,
-                                  uint32_t half, uint32_t keep) {
-    float acc = 0.0f;
-    for (int64_t p = 0; p < pieces; p++) {
-        uint32_t b;
-        memcpy(&b, &parts[p * n + i], 4);
-        b = (b + half) & keep;
-        float v;
-        memcpy(&v, &b, 4);
-        acc = p == 0 ? v : acc + v;
-    }
-    return acc;
+static inline float truncated(float x, uint32_t half, uint32_t keep) {
+    uint32_t b;
+    memcpy(&b, &x, 4);
+    b = (b + half) & keep;
+    float v;
+    memcpy(&v, &b, 4);
+    return v;
 }
 
-void hfadapt_round_dl16(float* x, int64_t n, float maxf, float lam, int32_t shift, float big,
+/* One row of `cols` values: the in-order sum of the pieces' truncated partials (piece p of
+   this row starts at row + p * n), then the bias, then (when `maxf` > 0) the DL16 rounding. */
+static inline void row_epilogue(const float* restrict row, int64_t pieces, int64_t n,
+                                int64_t cols, uint32_t half, uint32_t keep,
+                                const float* restrict bias, float maxf, float lam, int32_t shift,
+                                float big, float* restrict out) {
+    for (int64_t c = 0; c < cols; c++) out[c] = truncated(row[c], half, keep);
+    for (int64_t p = 1; p < pieces; p++) {
+        const float* restrict piece = row + p * n;
+        for (int64_t c = 0; c < cols; c++) out[c] = out[c] + truncated(piece[c], half, keep);
+    }
+    if (bias)
+        for (int64_t c = 0; c < cols; c++) out[c] = out[c] + bias[c];
+    if (maxf > 0.0f)
+        for (int64_t c = 0; c < cols; c++) out[c] = round_one(out[c], maxf, lam, shift, big, 0.0f);
+}
+
+CLONES void hfadapt_round_dl16(float* x, int64_t n, float maxf, float lam, int32_t shift, float big,
                         float host_inf, int nt) {
     #pragma omp parallel for schedule(static) num_threads(nt) if(n > 32768)
     for (int64_t i = 0; i < n; i++) x[i] = round_one(x[i], maxf, lam, shift, big, host_inf);
 }
 
-void hfadapt_sum_truncated(const float* parts, int64_t pieces, int64_t n, int32_t dropped,
+CLONES void hfadapt_sum_truncated(const float* parts, int64_t pieces, int64_t n, int32_t dropped,
                            float* out, int nt) {
     const uint32_t half = 1u << (dropped - 1);
     const uint32_t keep = ~((1u << dropped) - 1u);
+    const int64_t block = 4096;
     #pragma omp parallel for schedule(static) num_threads(nt) if(n > 32768)
-    for (int64_t i = 0; i < n; i++) out[i] = sum_truncated(parts, pieces, n, i, half, keep);
+    for (int64_t i = 0; i < n; i += block) {
+        int64_t len = n - i < block ? n - i : block;
+        row_epilogue(parts + i, pieces, n, len, half, keep, 0, 0.0f, 0.0f, 0, 0.0f, out + i);
+    }
 }
 
-void hfadapt_sum_truncated_round(const float* parts, int64_t pieces, int64_t n, int32_t dropped,
+CLONES void hfadapt_sum_truncated_round(const float* parts, int64_t pieces, int64_t n, int32_t dropped,
                                  const float* bias, int64_t cols, float maxf, float lam,
                                  int32_t shift, float big, float* out, int nt) {
     const uint32_t half = 1u << (dropped - 1);
     const uint32_t keep = ~((1u << dropped) - 1u);
+    const int64_t rows = n / cols;
     #pragma omp parallel for schedule(static) num_threads(nt) if(n > 32768)
-    for (int64_t i = 0; i < n; i++) {
-        float acc = sum_truncated(parts, pieces, n, i, half, keep);
-        if (bias) acc = acc + bias[i % cols];
-        out[i] = round_one(acc, maxf, lam, shift, big, 0.0f);
-    }
+    for (int64_t r = 0; r < rows; r++)
+        row_epilogue(parts + r * cols, pieces, n, cols, half, keep, bias, maxf, lam, shift, big,
+                     out + r * cols);
 }
 """
 # No -ffast-math: (v + m) - m must not be simplified away, nor contracted. OpenMP shares
