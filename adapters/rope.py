@@ -154,6 +154,25 @@ def _attention_example(form: RopeForm):
     return make
 
 
+# The attention forward with the matmul rotate_half, kept on each attention module when the
+# adapter is applied: built before any trace. Looked up from the rebind cache while Dynamo
+# traced the forward, a lookup the trace missed called the cache's disabled builder, a graph
+# break that depended on what the process had compiled before (docs/device-profile-rules.md).
+_ROTATED_FORWARD = "_hfadapt_rotated_forward"
+
+
+def _rotated_forward(module: torch.nn.Module) -> Any:
+    home = sys.modules[type(module).__module__]
+    apply = rebind(home.apply_rotary_pos_emb, rotate_half=rotate_half_matmul)
+    return rebind(stock_method(type(module), "forward"), apply_rotary_pos_emb=apply)
+
+
+def _with_rotated_forward(module: torch.nn.Module, config: Any) -> bool:
+    """applies(): every attention module of the family; its rotated forward is built now."""
+    object.__setattr__(module, _ROTATED_FORWARD, _rotated_forward(module))
+    return True
+
+
 def _register(family: str, form: RopeForm) -> None:
     @adapter(
         name=f"rope-host-{family}",
@@ -173,13 +192,14 @@ def _register(family: str, form: RopeForm) -> None:
         name=f"rope-rotate-matmul-{family}",
         target=f"{form.module}:{form.prefix}Attention.forward",
         rule="layout.stick_slice",
+        applies=_with_rotated_forward,
         example=_attention_example(form),
     )
     def attention_rotate_matmul(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         """The stock attention forward, its rotary step using rotate_half as a matmul."""
-        home = sys.modules[type(self).__module__]
-        apply = rebind(home.apply_rotary_pos_emb, rotate_half=rotate_half_matmul)
-        forward = rebind(stock_method(type(self), "forward"), apply_rotary_pos_emb=apply)
+        forward = getattr(self, _ROTATED_FORWARD, None)
+        if forward is None:  # called without the registry (a proof on its example)
+            forward = _rotated_forward(self)
         return forward(self, *args, **kwargs)
 
 

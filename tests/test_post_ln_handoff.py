@@ -292,3 +292,35 @@ def test_post_ln_layers_split_by_the_host_rope_are_cloned(
     assert any(m.endswith("q_proj") for m in fired), fired
     assert adapted.verdict == "pass", adapted.reason
     assert ADAPTER in adapted.adapters and "defects" not in adapted.evidence, adapted.evidence
+
+
+@pytest.mark.slow
+def test_graph_boundaries_do_not_depend_on_what_the_process_built_before() -> None:
+    """The RoPE attention adapter runs stock code with a rebound rotate_half. Looked up while
+    Dynamo traced the forward, a copy not built yet (or one the trace did not find) called the
+    cache's disabled builder: a graph break between ModernBERT's attention norm and its Wqkv,
+    and defect.post_ln_handoff fired, depending on which tests had run before. The copy is now
+    built when the adapter is applied: a fresh registry (nothing built for its adapter
+    functions) compiles to the same graphs as a warm one, and nothing fires."""
+    from test_compile_models import TINY, _inputs
+    from transformers import AutoConfig, AutoModel
+
+    from hfadapt.adapters.registry import default_registry
+
+    torch.manual_seed(0)
+    fields = {"num_hidden_layers": 2, "vocab_size": 1000, "use_cache": False, **TINY["modernbert"]}
+    config = AutoConfig.for_model("modernbert", **fields)
+    model = AutoModel.from_config(config).eval().half()
+    inputs = _inputs(config.vocab_size)
+    graphs, fired = [], []
+    first, second = default_registry(), default_registry()
+    for registry in (first, second, second):  # cold, cold, then the same registry warm
+        torch._dynamo.reset()
+        with warnings.catch_warnings(), registry.apply(model):
+            warnings.simplefilter("ignore")
+            _, report = lower(model, inputs)
+        graphs.append(report.graph_count)
+        fired.append(sorted({f"{f.defect_id} in {f.module}" for f in report.defects}))
+    print(f"graphs per compile: {graphs}; defects: {fired}")
+    assert len(set(graphs)) == 1, graphs
+    assert fired == [[], [], []], fired

@@ -394,6 +394,9 @@ REPLACEMENTS: dict[str, Callable[..., torch.Tensor]] = {
 
 _ROOT = re.compile(r"^L\['[^']+'\]\.?")
 _INDEX = re.compile(r"\[(?:'([^']*)'|(\d+))\]")
+# a module reached through one of its bound methods (``layers.0.self_attn.forward.__self__``,
+# as Dynamo records a method an adapter keeps on the module): the module itself
+_BOUND = re.compile(r"\.[A-Za-z_]\w*\.__self__")
 
 
 def module_path(node: fx.Node) -> tuple[str, str]:
@@ -404,6 +407,7 @@ def module_path(node: fx.Node) -> tuple[str, str]:
         return "", ""
     path, cls = list(stack.values())[-1][:2]
     path = _INDEX.sub(lambda m: "." + (m.group(1) or m.group(2)), _ROOT.sub("", str(path)))
+    path = _BOUND.sub("", path)
     name = getattr(cls, "__name__", None) or str(cls).rsplit(".", 1)[-1].strip("'>")
     return path.strip("."), name
 
