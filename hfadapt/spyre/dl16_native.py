@@ -18,6 +18,7 @@ import tempfile
 from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -168,25 +169,32 @@ def _library() -> ctypes.CDLL | None:
         return None
 
 
+_PTR, _I64, _I32, _F32, _INT = (
+    ctypes.c_void_p,
+    ctypes.c_int64,
+    ctypes.c_int32,
+    ctypes.c_float,
+    ctypes.c_int,
+)
+
+
+def _kernel(name: str, *argtypes: Any) -> Callable[..., None] | None:
+    """The library's function ``name`` with its C signature, None when the library is not built."""
+    lib = _library()
+    if lib is None:
+        return None
+    fn = getattr(lib, name)
+    fn.argtypes = list(argtypes)
+    fn.restype = None
+    return fn  # type: ignore[no-any-return]
+
+
 @lru_cache(maxsize=1)
 def load_sum_truncated() -> Callable[..., None] | None:
     """The kernel ``f(parts_ptr, pieces, n, dropped_bits, out_ptr, threads)``: ``out[i]`` is
     the in-order fp32 sum of the ``pieces`` contiguous partials ``parts[p * n + i]``, each
     rounded half-up to ``23 - dropped_bits`` mantissa bits first; None when not built."""
-    lib = _library()
-    if lib is None:
-        return None
-    fn = lib.hfadapt_sum_truncated
-    fn.argtypes = [
-        ctypes.c_void_p,
-        ctypes.c_int64,
-        ctypes.c_int64,
-        ctypes.c_int32,
-        ctypes.c_void_p,
-        ctypes.c_int,
-    ]
-    fn.restype = None
-    return fn  # type: ignore[no-any-return]
+    return _kernel("hfadapt_sum_truncated", _PTR, _I64, _I64, _I32, _PTR, _INT)
 
 
 @lru_cache(maxsize=1)
@@ -195,48 +203,19 @@ def load_sum_truncated_round() -> Callable[..., None] | None:
     max_finite, below_min_normal, shift, clamp, out_ptr, threads)``: load_sum_truncated's sum,
     plus ``bias[i % columns]`` when given, rounded to DL16 (as ``load``'s kernel without a
     transfer); None when not built."""
-    lib = _library()
-    if lib is None:
-        return None
-    fn = lib.hfadapt_sum_truncated_round
-    fn.argtypes = [
-        ctypes.c_void_p,
-        ctypes.c_int64,
-        ctypes.c_int64,
-        ctypes.c_int32,
-        ctypes.c_void_p,
-        ctypes.c_int64,
-        ctypes.c_float,
-        ctypes.c_float,
-        ctypes.c_int32,
-        ctypes.c_float,
-        ctypes.c_void_p,
-        ctypes.c_int,
-    ]
-    fn.restype = None
-    return fn  # type: ignore[no-any-return]
+    return _kernel(
+        "hfadapt_sum_truncated_round",
+        *(_PTR, _I64, _I64, _I32, _PTR, _I64),
+        *(_F32, _F32, _I32, _F32, _PTR, _INT),
+    )
 
 
 @lru_cache(maxsize=1)
 def load() -> Callable[..., None] | None:
     """The kernel ``f(ptr, n, max_finite, below_min_normal, shift, clamp, host_inf, threads)``
-    (host_inf 0: device arithmetic, no transfer), built on first use; None without a C compiler or with HFADAPT_NATIVE_DL16=0."""
-    lib = _library()
-    if lib is None:
-        return None
-    fn = lib.hfadapt_round_dl16
-    fn.argtypes = [
-        ctypes.c_void_p,
-        ctypes.c_int64,
-        ctypes.c_float,
-        ctypes.c_float,
-        ctypes.c_int32,
-        ctypes.c_float,
-        ctypes.c_float,
-        ctypes.c_int,
-    ]
-    fn.restype = None
-    return fn  # type: ignore[no-any-return]
+    (host_inf 0: device arithmetic, no transfer), built on first use; None without a C compiler
+    or with HFADAPT_NATIVE_DL16=0."""
+    return _kernel("hfadapt_round_dl16", _PTR, _I64, _F32, _F32, _I32, _F32, _F32, _INT)
 
 
 def available() -> bool:
