@@ -42,24 +42,11 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from hfadapt.adapters.api import MASKED, STICK, adapter
+from hfadapt.adapters.api import MASKED, STICK, adapter, head_dim
 from hfadapt.adapters.examples import bert_at_trained_scale
 
 # the only sequence length torch-spyre#1783 shows the head split failing at
 HEAD_LAYOUT_SEQ = 64
-
-
-def _head_dim(config: Any) -> int | None:
-    hd = getattr(config, "head_dim", None)
-    if isinstance(hd, int) and hd > 0:
-        return hd
-    hidden, heads = (
-        getattr(config, "hidden_size", None),
-        getattr(config, "num_attention_heads", None),
-    )
-    if isinstance(hidden, int) and isinstance(heads, int) and heads > 0:
-        return hidden // heads
-    return None
 
 
 def _repeat_kv(x: Tensor, groups: int) -> Tensor:
@@ -105,7 +92,7 @@ def _sdpa_aligned(config: Any) -> bool:
     return (
         config is not None
         and getattr(config, "_attn_implementation", None) == "sdpa"
-        and (_head_dim(config) or STICK) % STICK == 0
+        and (head_dim(config) or STICK) % STICK == 0
     )
 
 
@@ -113,7 +100,7 @@ def _head_dim_unaligned(config: Any) -> bool:
     return (
         config is not None
         and getattr(config, "_attn_implementation", None) in ("sdpa", "eager")
-        and (_head_dim(config) or STICK) % STICK != 0
+        and (head_dim(config) or STICK) % STICK != 0
     )
 
 
@@ -168,12 +155,12 @@ def padded_attention(
     **kwargs: Any,
 ) -> tuple[Tensor, None]:
     """softmax(Q K^T * scale + mask) V with Q, K, V zero-padded to whole sticks."""
-    head_dim = query.shape[-1]
-    scale = scaling if scaling is not None else head_dim**-0.5
+    size = query.shape[-1]  # the head size
+    scale = scaling if scaling is not None else size**-0.5
     groups = int(getattr(module, "num_key_value_groups", 1) or 1)
     key, value = _repeat_kv(key, groups), _repeat_kv(value, groups)
     # Q K^T reduces over head_dim, P V over the key length: those (only) become whole sticks.
-    pad = (-head_dim) % STICK
+    pad = (-size) % STICK
     length = key.shape[-2]
     extra = (-length) % STICK  # the padding keys are masked below
     if pad:

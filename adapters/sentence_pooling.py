@@ -17,6 +17,7 @@ from hfadapt.adapters.api import (
     STICK,
     adapter,
     forward_arg,
+    head_dim,
     on_host,
     replace_forward_arg,
 )
@@ -73,11 +74,7 @@ def _attention_pads_keys(config: Any) -> bool:
     implementation = getattr(config, "_attn_implementation", None)
     if implementation == _PADS_KEYS_ITSELF:
         return True
-    if implementation != _PADS_KEYS_WHEN_UNALIGNED:
-        return False
-    heads = getattr(config, "num_attention_heads", None) or 1
-    head_dim = getattr(config, "head_dim", None) or getattr(config, "hidden_size", 0) // heads
-    return bool(head_dim % STICK)
+    return implementation == _PADS_KEYS_WHEN_UNALIGNED and (head_dim(config) or STICK) % STICK != 0
 
 
 @torch.compiler.disable

@@ -29,6 +29,7 @@ __all__ = [
     "Provenance",
     "adapter",
     "forward_arg",
+    "head_dim",
     "host_constant",
     "host_copy",
     "on_host",
@@ -53,6 +54,21 @@ STICK = 64
 # range; bf16's own finfo.min / 2 (-1.7e38) does not: moved onto the device it becomes -inf and a
 # bf16 model's attention turns to NaN (EmbeddingGemma did).
 MASKED = float(torch.finfo(torch.float16).min) / 2
+
+
+def head_dim(config: Any) -> int | None:
+    """The attention head size: ``config.head_dim`` when set, else hidden_size over
+    num_attention_heads; None when the config says neither."""
+    hd = getattr(config, "head_dim", None)
+    if isinstance(hd, int) and hd > 0:
+        return hd
+    hidden, heads = (
+        getattr(config, "hidden_size", None),
+        getattr(config, "num_attention_heads", None),
+    )
+    if isinstance(hidden, int) and isinstance(heads, int) and heads > 0:
+        return hidden // heads
+    return None
 
 
 @dataclass(frozen=True)

@@ -143,15 +143,11 @@ def _native_round(x: torch.Tensor, fmt: DL16Format, transfer: bool = False) -> b
         or not (x.is_contiguous() or _dense(x))
     ):
         return False
-    c = _constants(fmt)
     _native(  # type: ignore[operator]
         x.data_ptr(),
         x.numel(),
-        c.max_finite,
-        c.below_min_normal,
-        c.shift,
-        c.clamp,
-        c.host_inf if transfer else 0.0,
+        *native_rounding_args(fmt),
+        _constants(fmt).host_inf if transfer else 0.0,
         torch.get_num_threads(),
     )
     return True
