@@ -24,7 +24,9 @@ one-line messages and exit codes (2 for bad input, 1 for everything else).
     ├── CustomCodeError                 needs the repo's own code, not run unasked (custom_code)
     ├── SweepError                      the sweep machinery (workers cannot start, Ray unreachable)
     ├── IsolationUnavailableError       no OS sandbox (bubblewrap) here: exit code 2
+    ├── UntrustedDataError              data from a sandbox or server out of bounds (also ValueError)
     ├── AdapterError                    an adapter file or its application
+    │   └── GraphError                  a drafted graph that does not validate (op, constant, shape)
     └── AgentError                      the adapter-drafting agent
         ├── EndpointError               the OpenAI-compatible endpoint failed
         ├── DraftError                  an answer that holds no usable code
@@ -161,6 +163,15 @@ class SpyreOpNotImplementedError(SpyreOpError, NotImplementedError):
 
 class AdapterError(HfadaptError):
     pass
+
+
+class GraphError(AdapterError):
+    """A graph artifact (an agent's draft captured as ATen ops) that does not validate: an op
+    outside the allowlist, a reference out of order, a constant or shape hfadapt does not know."""
+
+
+class UntrustedDataError(HfadaptError, ValueError):
+    """Data from a sandbox or a server that is out of bounds (too large, too deep, malformed)."""
 
 
 class AgentError(HfadaptError):

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 from cli_runner import run_cli as run
+from drafting import GOOD, WRONG, client_for, softsign_case
 from openai_server import (
     ScriptedOpenAI,
     openai_server_fixture,  # noqa: F401
 )
-from test_agent_loop import GOOD, WRONG, client_for, softsign_case
 
 from hfadapt.agent.loop import draft_adapter
 from hfadapt.agent.records import Recorder
@@ -93,7 +93,6 @@ def test_attempts_lists_and_shows_recorded_attempts(
         softsign_case(),
         client,
         recorder=Recorder(engine),
-        steps=("load", "equivalence"),
         adapters_dir=tmp_path / "adapters",
         taken_names={},
     )
@@ -102,7 +101,13 @@ def test_attempts_lists_and_shows_recorded_attempts(
     assert code == 0, err
     listed = json.loads(out)
     assert [a["result"] for a in listed] == ["accepted", "failed at equivalence"], listed
-    assert listed[1]["steps"] == {"policy": "pass", "load": "pass", "equivalence": "fail"}
+    assert listed[1]["steps"] == {
+        "policy": "pass",
+        "load": "pass",
+        "capture": "pass",
+        "graph": "pass",
+        "equivalence": "fail",
+    }
     code, out, err = run(["attempts", str(listed[1]["id"]), "--db", db], monkeypatch, capsys)
     assert code == 0, err
     assert "failed at equivalence" in out and "NOT equivalent" in out and "x * x" in out, out
@@ -131,7 +136,9 @@ def test_draft_model_diagnoses_drafts_validates_on_the_model_and_accepts(
     capsys: pytest.CaptureFixture[str],
     tmp_path: Path,
 ) -> None:
-    from test_agent_device import GELU, fenced
+    from hfadapt.agent.suite import get
+
+    gelu = get("gelu-new-cube")
 
     folder = tmp_path / "gelu-bert"
     folder.mkdir()
@@ -140,7 +147,8 @@ def test_draft_model_diagnoses_drafts_validates_on_the_model_and_accepts(
 
     def answer(body: dict) -> str:  # a right answer for gelu_new, no code for the rest
         if "NewGELUActivation" in body["messages"][1]["content"]:
-            return fenced(GELU.solution.replace("eval-gelu-new-cube", "gelu-new-agent"))
+            solution = gelu.solution.replace("eval-gelu-new-cube", "gelu-new-agent")
+            return f"```python\n{solution}```\n"
         return "I cannot fix this one."
 
     openai_server.script = [answer] * 10
@@ -171,11 +179,15 @@ def test_draft_model_diagnoses_drafts_validates_on_the_model_and_accepts(
     accepted = [o for o in outcomes.values() if o["outcome"] == "accepted"]
     assert len(outcomes) >= 2 and len(accepted) == 1, outcomes
     path = Path(accepted[0]["adapter_path"])
-    assert path == tmp_path / "home" / "adapters" / "gelu_new_agent.py"
+    assert path == tmp_path / "home" / "adapters" / "gelu-new-agent" and path.is_dir()
     assert accepted[0]["steps"][-1] == {
-        s: "pass" for s in ("policy", "load", "equivalence", "device", "end_to_end")
+        s: "pass"
+        for s in ("policy", "load", "capture", "graph", "equivalence", "device", "end_to_end")
     }
-    assert "End to end: CPU vs stock min token cosine 1.000000" in path.read_text()
+    manifest = json.loads((path / "adapter.json").read_text())
+    assert (
+        "CPU vs stock min token cosine 1.000000" in manifest["provenance"]["evidence"]["end_to_end"]
+    )
     from hfadapt.adapters.registry import default_registry
 
     try:
