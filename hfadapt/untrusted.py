@@ -135,12 +135,16 @@ def bounded(
 # -- secrets ------------------------------------------------------------------------------------
 
 
+# Credential-named variables that hold where something is, not a secret (HF_TOKEN_PATH).
+_LOCATION = re.compile(r"_(PATH|DIR|FILE|HOME|URL)$", re.IGNORECASE)
+
+
 def known_secrets(extra: Iterable[str | None] = ()) -> list[str]:
     """Secret values this process knows of: ``extra`` (an API key), every credential-named
     environment variable, and the Hugging Face tokens on disk (``token``, ``stored_tokens``).
     Values shorter than 8 characters are left out (they would redact ordinary words)."""
     found = [s for s in extra if s]
-    found += [v for k, v in os.environ.items() if SECRET_NAME.search(k)]
+    found += [v for k, v in os.environ.items() if SECRET_NAME.search(k) and not _LOCATION.search(k)]
     for path in _token_files():
         try:
             text = path.read_text(encoding="utf-8", errors="replace")

@@ -130,38 +130,41 @@ GELU_BERT = {
 
 
 @pytest.mark.slow
-def test_draft_model_diagnoses_drafts_validates_on_the_model_and_accepts(
+def test_draft_for_a_recorded_fingerprint_follows_its_runs_mode_and_accepts(
     openai_server: ScriptedOpenAI,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
     tmp_path: Path,
 ) -> None:
+    """A structural, compiled diagnosis records the fingerprints; `draft --fingerprint` then
+    drafts in that same mode (a config-only folder: full mode would find no weights) and the
+    accepted graph adapter is live in the registry."""
     from hfadapt.agent.suite import get
 
     gelu = get("gelu-new-cube")
-
     folder = tmp_path / "gelu-bert"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(GELU_BERT))
     monkeypatch.setenv("HFADAPT_HOME", str(tmp_path / "home"))
-
-    def answer(body: dict) -> str:  # a right answer for gelu_new, no code for the rest
-        if "NewGELUActivation" in body["messages"][1]["content"]:
-            solution = gelu.solution.replace("eval-gelu-new-cube", "gelu-new-agent")
-            return f"```python\n{solution}```\n"
-        return "I cannot fix this one."
-
-    openai_server.script = [answer] * 10
     db = str(tmp_path / "runs.db")
-    args = [
-        "draft",
-        str(folder),
-        "--mode",
-        "structural",
-        "--no-adapters",
-        "--base-url",
-        openai_server.url,
-    ]
+    code, out, err = run(
+        ["diagnose", str(folder), "--mode", "structural", "--no-adapters", "--json", "--db", db],
+        monkeypatch,
+        capsys,
+    )
+    assert code == 1, (code, err)
+    pow_fp = next(
+        v["fingerprint"]
+        for v in json.loads(out)["report"]["violations"]
+        if v["op"].startswith("aten::pow")
+    )
+
+    def answer(body: dict) -> str:  # a right answer for gelu_new
+        solution = gelu.solution.replace("eval-gelu-new-cube", "gelu-new-agent")
+        return f"```python\n{solution}```\n"
+
+    openai_server.script = [answer] * 3
+    args = ["draft", "--fingerprint", pow_fp[:8], "--no-adapters", "--base-url", openai_server.url]
     args += [
         "--model",
         "scripted-model",
@@ -174,17 +177,20 @@ def test_draft_model_diagnoses_drafts_validates_on_the_model_and_accepts(
         "--json",
     ]
     code, out, err = run(args, monkeypatch, capsys)
-    assert code == 0, err
-    outcomes = {o["fingerprint"]: o for o in json.loads(out)}
-    accepted = [o for o in outcomes.values() if o["outcome"] == "accepted"]
-    assert len(outcomes) >= 2 and len(accepted) == 1, outcomes
-    path = Path(accepted[0]["adapter_path"])
+    assert code == 0, (out[-3000:], err)
+    (outcome,) = json.loads(out)
+    assert outcome["outcome"] == "accepted", outcome
+    path = Path(outcome["adapter_path"])
     assert path == tmp_path / "home" / "adapters" / "gelu-new-agent" and path.is_dir()
-    assert accepted[0]["steps"][-1] == {
+    assert outcome["steps"][-1] == {
         s: "pass"
         for s in ("policy", "load", "capture", "graph", "equivalence", "device", "end_to_end")
     }
     manifest = json.loads((path / "adapter.json").read_text())
+    assert (
+        manifest["case"]["model"]["structural"] is True
+        and manifest["case"]["execution"] == "compile"
+    )
     assert (
         "CPU vs stock min token cosine 1.000000" in manifest["provenance"]["evidence"]["end_to_end"]
     )
@@ -195,12 +201,41 @@ def test_draft_model_diagnoses_drafts_validates_on_the_model_and_accepts(
     finally:  # other tests must not see this user folder in the process-wide registry
         monkeypatch.delenv("HFADAPT_HOME")
         default_registry(reload=True)
-    # The diagnosis was recorded: --top now ranks its fingerprints.
-    code, out, err = run(
-        ["draft", "--top", "10", "--list", "--json", "--db", db], monkeypatch, capsys
-    )
-    assert code == 0, err
-    assert accepted[0]["fingerprint"] in [t["fingerprint"] for t in json.loads(out)]
+
+
+def test_a_dead_endpoint_stops_draft_before_any_model_work(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    import time
+
+    from openai_server import dead_url
+
+    from hfadapt.db.tables import Run
+
+    folder = tmp_path / "gelu-bert"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(GELU_BERT))
+    db = str(tmp_path / "runs.db")
+    start = time.monotonic()
+    args = [
+        "draft",
+        str(folder),
+        "--base-url",
+        dead_url(),
+        "--model",
+        "m",
+        "--api-key",
+        "k",
+        "--db",
+        db,
+    ]
+    code, _, err = run(args, monkeypatch, capsys)
+    seconds = time.monotonic() - start
+    assert code != 0 and "connection refused" in err and "before any model work" in err, (code, err)
+    assert len(err.strip().splitlines()) == 1, err
+    assert seconds < 10, f"the refusal took {seconds:.1f} s: the model was judged first"
+    with session(get_engine(db), write=False) as s:
+        assert s.query(Run).count() == 0, "a diagnosis was recorded before the endpoint check"
 
 
 def test_fingerprint_prefix_finds_its_models_or_says_why(tmp_path: Path) -> None:

@@ -300,10 +300,12 @@ def test_payloads_the_allowlist_never_saw_run_only_inside_the_sandbox(
         ),
         name="gelu-leak",
     )
+    rebind_method = gelu_draft(
+        body="    torch.pow = lambda x, y: x\n" + GELU_BODY, name="gelu-rebind2"
+    )
     frame_payload = (
         "    async def _g():\n        yield\n\n"
         f"    _g().ag_frame.f_builtins['exec'](\"{_sentinel_payload(framed)}\")\n"
-        "    torch.pow = lambda x, y: x\n"
     )
     hostile = gelu_draft(
         body=frame_payload + GELU_BODY,
@@ -312,6 +314,7 @@ def test_payloads_the_allowlist_never_saw_run_only_inside_the_sandbox(
     )
     openai_server.script = [
         rebind,
+        rebind_method,
         leak,
         {"body": reply(hostile, model="x -*- coding: utf-7 -*-")},
     ]
@@ -332,25 +335,30 @@ def test_payloads_the_allowlist_never_saw_run_only_inside_the_sandbox(
         "--api-key",
         KEY,
         "--max-attempts",
-        "3",
+        "4",
         "--db",
         db,
         "--json",
     ]
     code, out, err = run_cli(args, monkeypatch, capsys)
     assert code == 0, (out, err)
-    (outcome,) = [
-        o
-        for o in json.loads(out)
-        if o["case"].endswith("NewGELUActivation.forward") or o["attempts"]
-    ][:1]
+    outcomes = json.loads(out)
+    # the mask helpers the tiny BERT also fails on are module-level functions: not drafted
+    assert {o["outcome"] for o in outcomes if not o["attempts"]} == {"no_target"}, outcomes
+    (outcome,) = [o for o in outcomes if o["attempts"]]
     steps = outcome["steps"]
     assert outcome["outcome"] == ACCEPTED, outcome
-    assert steps[0].get("load") == "fail", (
-        steps
-    )  # the pre-hook: refused as it loads, in the sandbox
-    assert steps[1].get("load") == "fail", steps  # the token read: an error in the sandbox
-    assert all(v == "pass" for v in steps[2].values()), steps
+    # the pre-hook: refused as it loads, in the sandbox; rebinding torch.pow: refused with the
+    # reason; the token read: an error in the sandbox (no token there); then the hostile one
+    assert [list(s.items())[-1] for s in steps[:3]] == [
+        ("load", "fail"),
+        ("capture", "fail"),
+        ("load", "fail"),
+    ], steps
+    assert all(v == "pass" for v in steps[3].values()), steps
+    assert "rebinds torch.pow" in json.dumps(openai_server.requests[2]["json"]), (
+        "no reason fed back"
+    )
     assert torch.pow is pow_before, "the draft rebound torch.pow in the parent"
     for sentinel in (annotated, framed, at_load):
         assert not sentinel.exists(), f"{sentinel.name}: drafted code ran outside the sandbox"
@@ -424,23 +432,28 @@ def test_cheats_fail_with_numbers_or_are_frozen_out_of_the_graph(
             "    return (x.cpu() * torch.reciprocal(1.0 + x.cpu().abs())).to(x.device)",
             name="hosted",
         ),
-        # device-, thread- and call-dependent behaviour: Python state the graph freezes
         draft(
-            "    if x.device.type == 'spyre' or torch.get_num_threads() > 1:\n"
-            "        return x\n"
-            f"    return {softsign}",
+            f"    if torch.get_num_threads() > 1:\n        return x\n    return {softsign}",
+            name="threads",
+        ),
+        # the device a tensor is on is Python state too: the graph keeps the branch it was made on
+        draft(
+            f"    if x.device.type == 'spyre':\n        return x\n    return {softsign}",
             name="switched",
         ),
     ]
-    outcome, _ = run(openai_server.url, tmp_path, attempts=5)
+    outcome, _ = run(openai_server.url, tmp_path, attempts=6)
     feedback = [a.feedback for a in outcome.attempts]
     assert outcome.outcome == ACCEPTED, (outcome.reason, feedback)
     failed = [a.failed_step for a in outcome.attempts]
-    assert failed == ["equivalence", "equivalence", "capture", "device", None], feedback
+    assert failed == ["equivalence", "equivalence", "capture", "device", "capture", None], feedback
     assert "max abs err" in feedback[0] and "NOT equivalent" in feedback[0], feedback[0]
-    assert "size-dependent graph" in feedback[1] and "length 1024" in feedback[1], feedback[1]
+    assert "size-dependent graph" in feedback[1] and "length at most 300" in feedback[1], feedback[
+        1
+    ]
     assert "branches on the dtype" in feedback[2], feedback[2]
     assert "runs on the host" in feedback[3], feedback[3]
+    assert "reads state a graph cannot hold" in feedback[4], feedback[4]
     # The accepted "switched" draft: what users run is the graph, which has no branch at all.
     import torch
 
@@ -453,12 +466,8 @@ def test_cheats_fail_with_numbers_or_are_frozen_out_of_the_graph(
     module = Softsign()
     Registry(adapters=[a]).apply(module)  # enabled: the graph runs on the CPU too
     x = torch.randn(4, 9, 64)
-    torch.set_num_threads(2)
-    try:
-        for _ in range(5):
-            got = module(x)
-    finally:
-        torch.set_num_threads(1)
+    for _ in range(5):
+        got = module(x)
     err = float((got - Softsign()(x)).abs().max())
     assert err < 1e-6 and a.fn.runs == 5, f"graph vs stock {err}, graph runs {a.fn.runs}"  # type: ignore[attr-defined]
     on_device = module.to("spyre")

@@ -180,6 +180,24 @@ class AgentClient:
     def __repr__(self) -> str:
         return f"AgentClient(model={self.settings.model!r}, endpoint={self.settings.endpoint!r})"
 
+    def check(self, timeout_s: float = 10.0) -> None:
+        """One cheap request (``GET {base}/models``, no retries) before any model work: raises
+        EndpointError when nothing answers there or the key is refused. Any other answer, a
+        404 from a server without that route included, means the endpoint is there."""
+        s = self.settings
+        url = (s.base_url or "https://api.openai.com/v1").rstrip("/") + "/models"
+        headers = {"Authorization": f"Bearer {s.api_key or NO_KEY}"}
+        try:
+            with httpx2.Client(timeout=timeout_s) as http:
+                status = http.get(url, headers=headers).status_code
+        except httpx2.HTTPError as exc:
+            why = "connection refused" if _refused(exc) else f"unreachable ({_cause(exc)})"
+            raise self._fail(f"{why}; checked before any model work") from None
+        if status in (401, 403):
+            raise self._fail(
+                f"the API key was refused ({status}): check {option('api_key')} / {ENV_API_KEY}"
+            )
+
     def _fail(self, what: str, retries: int = 0) -> EndpointError:
         return EndpointError(
             redact(f"endpoint {self.settings.endpoint}: {what}", self.settings.secrets()),

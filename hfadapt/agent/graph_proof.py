@@ -258,8 +258,30 @@ def _tensors(value: Any) -> list[torch.Tensor]:
     return []
 
 
+def bounded_sizes(artifact: GraphArtifact) -> list[str]:
+    """The batch and length sizes of the call's first batched tensor that the graph caps (a
+    finite upper bound: the code read its own size and branched on it)."""
+    first = next((i for i in artifact.inputs if i.kind == "arg" and len(i.shape) >= 2), None)
+    if first is None:
+        return []
+    dims = [("batch", first.shape[0])] + (
+        [("length", first.shape[-2])] if len(first.shape) >= 3 else []
+    )
+    found = []
+    for what, size in dims:
+        if isinstance(size, str) and artifact.symbols[size][1] is not None:
+            found.append(f"{what} at most {artifact.symbols[size][1]}")
+    return found
+
+
 def step_equivalence(proof: Proof, case: FailureCase) -> StepReport:
     assert proof.program is not None
+    capped = bounded_sizes(proof.program.artifact)
+    if capped:
+        why = (
+            f"the graph only takes {', '.join(capped)}, the stock code any: a size-dependent graph"
+        )
+        return StepReport("equivalence", "fail", why, {"capped": capped})
     example = trusted_example(case)
     stock = stock_callable(case.target or "")
     run = graph_call(proof.program)
@@ -382,30 +404,35 @@ def _registry(case: FailureCase, adapter: Adapter | None) -> Any:
     return Registry(adapters=adapters)
 
 
-def _device_run(case: FailureCase, adapter: Adapter | None) -> tuple[Any, list[str]]:
+def _device_run(case: FailureCase, adapter: Adapter | None) -> tuple[Any, list[str], str]:
+    """(the run, the modules the graph applied to, how the outputs were had). In compiled mode a
+    model that still fails on other fingerprints does not lower at all: its report is the
+    compiled one, and its outputs come from an eager audit run (every op judged, none refused),
+    so that the graph's numbers can still be compared end to end."""
     from hfadapt.agent.models import case_model
     from hfadapt.errors import SpyreLoweringError
-    from hfadapt.spyre.runner import DeviceRun, run_on_device
+    from hfadapt.spyre.runner import run_on_device
 
-    cm = case_model(case.model)
-    handle = _registry(case, adapter).apply(cm.model)
-    applied = handle.applied.get(adapter.name, []) if adapter is not None else []
-    dtype = getattr(torch, case.run_dtype)
-    inputs = {k: _rounded(v, dtype) for k, v in cm.inputs.items()}
-    try:
+    def one(execution: str) -> tuple[Any, list[str]]:
+        cm = case_model(case.model)
+        handle = _registry(case, adapter).apply(cm.model)
+        applied = handle.applied.get(adapter.name, []) if adapter is not None else []
+        dtype = getattr(torch, case.run_dtype)
+        inputs = {k: _rounded(v, dtype) for k, v in cm.inputs.items()}
         run = run_on_device(
-            cm.model,
-            inputs,
-            execution=case.execution,
-            dtype=dtype,
-            profile=case.profile,
-            collect=True,
+            cm.model, inputs, execution=execution, dtype=dtype, profile=case.profile, collect=True
         )
+        return run, applied
+
+    try:
+        run, applied = one(case.execution)
+        return run, applied, case.execution
     except SpyreLoweringError as exc:  # compiled mode refuses the whole graph: its report says why
         if exc.report is None:
             raise
-        run = DeviceRun(outputs=None, report=exc.report, seconds=0.0)
-    return run, applied
+        audit, applied = one("eager")
+        audit.report = exc.report
+        return audit, applied, "eager audit (the compiled graph does not lower: other violations)"
 
 
 def step_device(proof: Proof, case: FailureCase) -> StepReport:
@@ -429,8 +456,8 @@ def step_device(proof: Proof, case: FailureCase) -> StepReport:
     if not case.model:
         return StepReport("device", "skip", "this case names no model to run on the device", output)
     fp = case.fingerprint
-    before, _ = _device_run(case, None)
-    after, applied = _device_run(case, proof.adapter)
+    before, _, _ = _device_run(case, None)
+    after, applied, outputs_from = _device_run(case, proof.adapter)
     proof.device_outputs = after.outputs
     base_fps = set(before.report.fingerprints())
     remaining = [v for v in after.report.violations if case.is_this(v)]
@@ -449,6 +476,7 @@ def step_device(proof: Proof, case: FailureCase) -> StepReport:
         remaining=[str(v) for v in remaining[:5]],
         new=[str(v) for v in new[:10]],
         report=after.report.summary(),
+        outputs_from=outputs_from,
     )
     host = f"{share['host_nodes']} of {share['compute_nodes']} arithmetic ops on the host"
     if not in_baseline:

@@ -186,6 +186,19 @@ def plan_drafts(
     return {model: None}
 
 
+def recorded_run(engine: Engine, model_id: str) -> tuple[str, str] | None:
+    """(mode, execution) of the model's latest recorded run: what a draft for its recorded
+    fingerprints uses, so that they occur again (a structural sweep's need no weights)."""
+    from hfadapt.db.engine import session
+    from hfadapt.db.tables import Run
+
+    with session(engine, write=False) as s:
+        run = s.exec(
+            select(Run).where(Run.model_id == model_id).order_by(Run.id.desc()).limit(1)  # type: ignore[union-attr]
+        ).first()
+    return (run.mode, run.execution) if run is not None else None
+
+
 def wanted_cases(
     cases: list[FailureCase], wanted: list[str] | None
 ) -> tuple[list[FailureCase], list[str]]:

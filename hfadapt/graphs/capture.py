@@ -141,8 +141,113 @@ def capture_method(
     dependent control flow, say) through for the caller to report."""
     args_t, kwargs_t, _ = call_template(args, kwargs)
     kinds = {name: kind for name, (kind, _) in module_tensors(module).items()}
+    before = global_bindings()
     exported = [export_once(module, fn, args, kwargs, d) for d in dtypes]
+    # Once more, with the process in another state: more threads, the code already called,
+    # an environment variable changed, the clock later. A graph holds no Python state; code
+    # whose graph changes with it would behave one way when proven and another when used.
+    with _AnotherState(module, fn, args, kwargs):
+        again = export_once(module, fn, args, kwargs, dtypes[1])
+    where = _first_difference(exported[1], again)
+    if where:
+        raise GraphError(
+            f"the code computes differently when run again ({where}): it reads state a graph "
+            "cannot hold (call counts, threads, time, environment, module attributes)"
+        )
+    rebound = sorted(k for k, v in global_bindings().items() if before.get(k) is not v)
+    if rebound:
+        raise GraphError(
+            f"the code rebinds {', '.join(rebound[:5])}: a side effect on the process, which a "
+            "graph cannot carry (and hfadapt would not ship)"
+        )
     return _merge(exported, dtypes, kinds, args_t, kwargs_t)
+
+
+_WATCHED = (
+    "torch",
+    "torch.nn",
+    "torch.nn.functional",
+    "torch.linalg",
+    "torch.special",
+    "math",
+    "builtins",
+    "operator",
+)
+
+
+def global_bindings() -> dict[str, Any]:
+    """Every attribute of the modules model code calls into (and of ``torch.Tensor``), by
+    name: what a draft could rebind for the whole process."""
+    import importlib
+
+    found: dict[str, Any] = {}
+    for name in _WATCHED:
+        module = importlib.import_module(name)
+        for attr, value in list(vars(module).items()):
+            found[f"{name}.{attr}"] = value
+    for attr, value in list(vars(torch.Tensor).items()):
+        found[f"torch.Tensor.{attr}"] = value
+    return found
+
+
+class _AnotherState:
+    def __init__(
+        self, module: torch.nn.Module, fn: Callable[..., Any], args: Any, kwargs: Any
+    ) -> None:
+        self.module, self.fn, self.args, self.kwargs = module, fn, args, kwargs
+
+    def __enter__(self) -> None:
+        import os
+
+        self.threads = torch.get_num_threads()
+        self.env = os.environ.get("HFADAPT_CAPTURE_ROUND")
+        torch.set_num_threads(1 if self.threads > 1 else 2)
+        os.environ["HFADAPT_CAPTURE_ROUND"] = "2"
+        with torch.no_grad():  # a real call first: counters move, caches fill
+            self.fn(self.module, *self.args, **self.kwargs)
+
+    def __exit__(self, *exc: object) -> None:
+        import os
+
+        torch.set_num_threads(self.threads)
+        if self.env is None:
+            os.environ.pop("HFADAPT_CAPTURE_ROUND", None)
+        else:
+            os.environ["HFADAPT_CAPTURE_ROUND"] = self.env
+
+
+def _first_difference(a: Any, b: Any) -> str:
+    """Where two exports of the same call in the same dtype differ ("" when they do not)."""
+    na = [n for n in a.graph.nodes if not (n.op == "call_function" and n.target in _SKIP)]
+    nb = [n for n in b.graph.nodes if not (n.op == "call_function" and n.target in _SKIP)]
+    if len(na) != len(nb):
+        return f"{len(na)} vs {len(nb)} graph nodes"
+    pos = {n: i for i, n in enumerate(na)} | {n: i for i, n in enumerate(nb)}
+
+    def same(x: Any, y: Any) -> bool:
+        if isinstance(x, torch.fx.Node) or isinstance(y, torch.fx.Node):
+            return (
+                isinstance(x, torch.fx.Node)
+                and isinstance(y, torch.fx.Node)
+                and pos.get(x) == pos.get(y)
+            )
+        if isinstance(x, (list, tuple)) and isinstance(y, (list, tuple)):
+            return len(x) == len(y) and all(same(p, q) for p, q in zip(x, y, strict=True))
+        if isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y):
+            return True
+        return type(x) is type(y) and x == y
+
+    for x, y in zip(na, nb, strict=True):
+        if x.op != y.op or x.target != y.target:
+            return f"at {x.name}: {x.target} vs {y.target}"
+        if not same(tuple(x.args), tuple(y.args)) or set(x.kwargs) != set(y.kwargs):
+            return f"at {x.name}: different arguments"
+        if not all(same(x.kwargs[k], y.kwargs[k]) for k in x.kwargs):
+            return f"at {x.name}: different arguments"
+    for ca, cb in zip(sorted(a.constants.items()), sorted(b.constants.items()), strict=False):
+        if ca[0] != cb[0] or not torch.equal(ca[1], cb[1]):
+            return f"constant {ca[0]}"
+    return ""
 
 
 # -- turning two exports into one artifact -------------------------------------------------------
