@@ -20,7 +20,7 @@ def _one_line_exit_2(code: int, out: str, err: str) -> None:
     ("args", "expected"),
     [
         ([], "error: hfadapt needs a command: adapters, agent-eval, attempts, census, crawl, "),
-        (["adapters"], "error: hfadapt adapters needs a command: list, show, verify "),
+        (["adapters"], "error: hfadapt adapters needs a command: export, list, show, verify "),
         (["models", "--bogus"], "error: No such option: --bogus (see hfadapt models --help)"),
         (["report", "--output"], "error: Option '--output' requires an argument."),
         (["diagnose"], "error: Missing argument 'MODEL'."),
@@ -227,4 +227,4 @@ def test_agent_eval_reference_says_what_ran(
     assert code == 0, err
     assert "the reference solutions (self-check, no endpoint): accepted 1/1 (100%)" in flat, out
     assert "reference reference" not in flat and "…" not in out, out
-    assert "gelu-new-cube" in out and "all 5 steps" in out, out
+    assert "gelu-new-cube" in out and "all 7 steps" in out, out
