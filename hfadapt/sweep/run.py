@@ -197,6 +197,8 @@ def run_sweep(
     """
     from hfadapt.spyre.profile import load_profile
 
+    # On Ray the default is the cluster's CPUs, known once connected (RayExecutor.start).
+    cluster_workers = workers is None and executor == "ray"
     if workers is None:  # the default never exceeds what this machine holds
         cap = max_local_workers(memory_limit)[0] if executor == "local" else os.cpu_count() or 1
         workers = max(1, min(2, cap))
@@ -226,14 +228,17 @@ def run_sweep(
     # there are never more workers than units of work.
     workers = max(1, min(workers, len(plan.units)))
     pool = make_executor(
-        executor, workers=workers, timeout=timeout, memory_limit_mb=memory_limit or None,
-        worker=worker, address=address, env=env,
+        executor, workers=None if cluster_workers else workers, timeout=timeout,
+        memory_limit_mb=memory_limit or None, worker=worker, address=address, env=env,
     )  # fmt: skip
     try:
         pool.start()
     except BaseException:
         pool.close()
         raise
+    if cluster_workers:
+        workers = max(1, min(getattr(pool, "workers", None) or workers, len(plan.units)))
+        pool.workers = workers  # type: ignore[attr-defined]
     options = {
         "mode": mode,
         "execution": execution,
