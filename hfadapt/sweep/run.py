@@ -253,24 +253,16 @@ def run_sweep(
     }
     if trust_remote_code:  # only then: sweeps started before this option resume as before
         options["trust_remote_code"] = True
-    sweep, resumed = open_sweep(
-        engine,
-        options,
-        resume=resume,
-        mode=mode,
-        execution=execution,
-        dtype=dtype,
-        top=top,
-        model_type=model_type,
-        dedupe=dedupe,
-        executor=executor,
-        workers=workers,
-        timeout_s=timeout,
-        memory_limit_mb=memory_limit or None,
-        crawl_id=crawl.id if crawl else None,
-        models=plan.models,
-        units=len(plan.units),
-    )
+    try:
+        sweep, resumed = open_sweep(
+            engine, options, resume=resume, mode=mode, execution=execution, dtype=dtype,
+            top=top, model_type=model_type, dedupe=dedupe, executor=executor, workers=workers,
+            timeout_s=timeout, memory_limit_mb=memory_limit or None,
+            crawl_id=crawl.id if crawl else None, models=plan.models, units=len(plan.units),
+        )  # fmt: skip
+    except BaseException:  # refused (another driver runs it), or the database failed
+        pool.close()
+        raise
     assert sweep.id is not None
     try:
         if trust_remote_code:
