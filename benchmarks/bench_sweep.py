@@ -96,6 +96,26 @@ def _worker_peaks(engine: Any, sweep_id: int) -> list[float]:
     return sorted(float(p) for p in found if p)
 
 
+def _coverage(db: Path) -> dict[str, Any]:
+    """The headline of ``hfadapt report`` for the sweep in ``db``: passes on a model's own
+    config or weights (models, downloads, share of all downloads) and, apart, passes that rest
+    on the model type's defaults."""
+    from hfadapt.db.engine import get_engine
+    from hfadapt.report.coverage import build_report
+
+    engine = get_engine(str(db))
+    rep = build_report(engine)
+    engine.dispose()
+    return {
+        "models": rep.models,
+        "passed": rep.passed,
+        "passed_downloads_m": round(rep.passed_downloads / 1e6, 1),
+        "pass_rate_downloads": round(rep.pass_rate_downloads, 3),
+        "passed_architecture": rep.passed_architecture,
+        "passed_architecture_downloads_m": round(rep.passed_architecture_downloads / 1e6, 1),
+    }
+
+
 def _full(args: argparse.Namespace, folder: Path, report: dict[str, Any]) -> None:
     print(f"sweep: top {args.top or 'all'}, {args.workers} workers, {args.runs} run(s)", flush=True)
     runs = []
@@ -122,6 +142,8 @@ def _full(args: argparse.Namespace, folder: Path, report: dict[str, Any]) -> Non
         flush=True,
     )
     print(f"  verdicts: {full['counts']}", flush=True)
+    report["coverage"] = _coverage(folder / f"full-{args.runs - 1}.db")
+    print(f"  coverage (hfadapt report): {report['coverage']}", flush=True)
     print(f"  slowest units: {full['slowest_units'][:5]}", flush=True)
 
 
