@@ -49,11 +49,26 @@ if {compiled}:
             _spent[0] += time.perf_counter() - start
 
     _backend.SpyreBackend.compile_graph = _timed
+    import torch._dynamo.convert_frame as _cf
+    from torch._dynamo.utils import counters as _counters
+    _frames = []  # (seconds, graphs) of every frame Dynamo compiled
+    _compile = _cf._compile
+
+    def _frame(*args, **kwargs):
+        graphs, start = _counters["stats"]["unique_graphs"], time.perf_counter()
+        try:
+            return _compile(*args, **kwargs)
+        finally:
+            _frames.append((time.perf_counter() - start, _counters["stats"]["unique_graphs"] - graphs))
+
+    _cf._compile = _frame
 
     def _phases():
         from torch._dynamo.utils import compilation_time_metrics as m
         phases = dict(dynamo=sum(m.get("_compile.compile_inner", [])),
-                      compiler=sum(m.get("OutputGraph.call_user_compiler", [])), backend=_spent[0])
+                      compiler=sum(m.get("OutputGraph.call_user_compiler", [])), backend=_spent[0],
+                      frames=len(_frames), graph_frames=sum(1 for _, g in _frames if g),
+                      graphless_seconds=sum(t for t, g in _frames if not g))
         print("PHASES " + json.dumps(phases), file=sys.stderr, flush=True)
 
     atexit.register(_phases)
@@ -196,6 +211,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             print(
                 f"    compile = Dynamo tracing {dynamo:.2f} s + AOT autograd {aot:.2f} s + "
                 f"spyre backend {median['compile: backend']:.2f} s"
+            )
+            print(
+                f"    Dynamo compiled {compile_['frames']} frames, {compile_['graph_frames']} of them "
+                f"with a graph; the others took {median['compile: graphless_seconds']:.2f} s"
             )
         result[execution] = {
             "wall_s": wall,
