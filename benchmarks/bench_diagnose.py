@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"    verdict {data['verdict']}, min per-token cosine {cosine}")
         median = {k: statistics.median(v) for k, v in phases[execution].items()}
         for name, seconds in median.items():
-            if name != "total":
+            if name not in ("total", "compile: frames", "compile: graph_frames"):
                 print(f"    {name:<28}{seconds:7.2f} s (median)")
         compile_ = data["compile_phases"]
         if compile_:  # the compile's parts, from the medians: Dynamo alone, AOT alone, backend
