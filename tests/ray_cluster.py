@@ -122,7 +122,21 @@ def main(argv: list[str]) -> int:
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGKILL)
             proc.wait()
+        _reap_orphans()  # Ray's processes, dying with their node, still write their logs
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _reap_orphans(timeout: float = 30.0) -> None:
+    """As the PID namespace's init, wait for the orphans it inherited (Ray's processes) to
+    exit, up to ``timeout``; outside one, for this script's own children."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            time.sleep(0.1)
 
 
 if __name__ == "__main__":
