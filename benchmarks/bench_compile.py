@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from machine import report_machine, spread
 
 BATCH, SEQ = 8, 128
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -93,6 +94,7 @@ def main(
     from hfadapt.spyre.compile.backend import lower
 
     torch.set_num_threads(threads)
+    report_machine("before")
     model = build_model(layers)
     logical = DTYPES[dtype]
     device_model = copy.deepcopy(model).to(logical)
@@ -164,6 +166,8 @@ def main(
     best_cpu = min(w for w, _ in times["cpu_fp32"])
     best_dev = min(w for w, _ in times["compiled"])
     print(f"{'fastest run (wall)':24}{best_cpu:10.3f}{best_dev:10.3f}   {best_dev / best_cpu:.2f}x")
+    for name in ("cpu_fp32", "compiled"):
+        print(f"  {name:22}wall {spread([w for w, _ in times[name]])}")
     print(f"{'compile (once)':24}{report.compile_seconds:10.3f}   first call {first_call:.2f} s")
     print(f"min per-token cosine vs fp32: {cosine:.6f}; {report.summary()}")
     if clone_report is not None:
@@ -187,6 +191,9 @@ def main(
             f"{clone_report.compile_seconds:.2f} s; min per-token cosine {clone_cosine:.6f}; "
             f"defects {clone_report.defect_ids() or 'none'}"
         )
+        for name in ("cpu_fp32_2", "compiled_clone"):
+            print(f"  {name:22}wall {spread([w for w, _ in times[name]])}")
+    report_machine("after")
     return result
 
 

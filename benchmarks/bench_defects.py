@@ -14,6 +14,7 @@ import time
 import warnings
 
 import torch
+from machine import report_machine, spread
 from torch.nn import functional as F
 
 
@@ -40,6 +41,7 @@ def main(runs: int = 9, threads: int = 1) -> dict[str, float]:
     from hfadapt.spyre.compile.backend import lower
 
     torch.set_num_threads(threads)
+    report_machine("before")
     x = torch.randn(8, 128, 256).half()
     programs = {}
     for name, contiguous in (("defect fires", False), ("contiguous", True)):
@@ -57,9 +59,11 @@ def main(runs: int = 9, threads: int = 1) -> dict[str, float]:
     result = {name: statistics.median(t) for name, t in times.items()}
     print(f"attention 8 x 128 x 256, 4 heads, fp16, {threads} thread(s), median of {runs}")
     for name, (_, fired) in programs.items():
-        print(f"  {name:14} {result[name] * 1e3:8.2f} ms  defects fired: {fired or 'none'}")
+        ms = [t * 1e3 for t in times[name]]
+        print(f"  {name:14} {spread(ms, 'ms', 2)}  defects fired: {fired or 'none'}")
     ratio = result["defect fires"] / result["contiguous"]
-    print(f"  ratio {ratio:.2f}x")
+    print(f"  ratio {ratio:.2f}x (of medians)")
+    report_machine("after")
     return {**result, "ratio": ratio}
 
 

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from machine import report_machine, spread
 
 BATCH, SEQ = 8, 128
 
@@ -93,20 +94,20 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--layers", type=int, default=6)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    report_machine("before")
     model = build_model(args.layers)
     batch = inputs(model.config.vocab_size)
     runners = {"cpu fp32": cpu_runner(model, batch), "device fp16": device_runner(model, batch)}
     times = measure(runners, args.runs)
     medians = {name: statistics.median(ts) for name, ts in times.items()}
     for name, ts in times.items():
-        print(
-            f"{name:12s} median {medians[name]:.3f} s  min {min(ts):.3f} s  ({', '.join(f'{t:.3f}' for t in ts)})"
-        )
+        print(f"{name:12s} {spread(ts)}")
     ratio = medians["device fp16"] / medians["cpu fp32"]
     print(
         f"ratio device/cpu {ratio:.2f}x (median), {min(times['device fp16']) / min(times['cpu fp32']):.2f}x (min)"
         f"  [{args.layers} layers, batch {BATCH} x {SEQ}, {args.threads} threads]"
     )
+    report_machine("after")
     return {**medians, "ratio": ratio}
 
 

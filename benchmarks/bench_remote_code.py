@@ -20,6 +20,8 @@ import time
 from collections import Counter
 from typing import Any
 
+from machine import report_machine
+
 
 def _records() -> list[Any]:
     from hfadapt.hub import prefilter
@@ -99,6 +101,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--sweep", help="also run the sweep into this database")
     parser.add_argument("--out", help="write the numbers as JSON here")
     args = parser.parse_args(argv)
+    report_machine("before")
     numbers = plan_numbers()
     if args.sweep:
         numbers["sweep"] = sweep_numbers(args.sweep)
@@ -107,6 +110,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.out:
         with open(args.out, "w", encoding="utf-8") as fh:
             fh.write(text)
+    report_machine("after")
     return numbers
 
 

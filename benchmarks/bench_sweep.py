@@ -1,6 +1,6 @@
 """Sweep speed on the bundled snapshot, structural mode, the real worker and simulated device.
 
-    python benchmarks/bench_sweep.py [--top N] [--workers 2] [--compare-top 300] [--out FILE] [--keep DIR]
+    python benchmarks/bench_sweep.py [--top N] [--runs 1] [--workers 2] [--compare-top 300] [--out FILE] [--keep DIR]
 
 Two measurements, each in a fresh database (under ``--keep DIR`` if given, else deleted):
 
@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from machine import report_machine, spread
 
 
 def _cpu() -> float:
@@ -94,16 +96,44 @@ def _worker_peaks(engine: Any, sweep_id: int) -> list[float]:
     return sorted(float(p) for p in found if p)
 
 
+def _coverage(db: Path) -> dict[str, Any]:
+    """The headline of ``hfadapt report`` for the sweep in ``db``: passes on a model's own
+    config or weights (models, downloads, share of all downloads) and, apart, passes that rest
+    on the model type's defaults."""
+    from hfadapt.db.engine import get_engine
+    from hfadapt.report.coverage import build_report
+
+    engine = get_engine(str(db))
+    rep = build_report(engine)
+    engine.dispose()
+    return {
+        "models": rep.models,
+        "passed": rep.passed,
+        "passed_downloads_m": round(rep.passed_downloads / 1e6, 1),
+        "pass_rate_downloads": round(rep.pass_rate_downloads, 3),
+        "passed_architecture": rep.passed_architecture,
+        "passed_architecture_downloads_m": round(rep.passed_architecture_downloads / 1e6, 1),
+    }
+
+
 def _full(args: argparse.Namespace, folder: Path, report: dict[str, Any]) -> None:
-    print(f"sweep: top {args.top or 'all'}, {args.workers} workers", flush=True)
-    full = sweep_once(
-        folder / "full.db",
-        top=args.top,
-        workers=args.workers,
-        timeout=args.timeout,
-        memory_limit=args.memory_limit,
-    )
+    print(f"sweep: top {args.top or 'all'}, {args.workers} workers, {args.runs} run(s)", flush=True)
+    runs = []
+    for i in range(args.runs):  # each into a fresh database
+        runs.append(
+            sweep_once(
+                folder / f"full-{i}.db",
+                top=args.top,
+                workers=args.workers,
+                timeout=args.timeout,
+                memory_limit=args.memory_limit,
+            )
+        )
+        print(f"  run {i + 1}: {runs[-1]['wall_seconds']:.0f} s", flush=True)
+    full = runs[-1]
     report["sweep"] = full
+    report["sweep_wall_seconds"] = [r["wall_seconds"] for r in runs]
+    print(f"  wall {spread(report['sweep_wall_seconds'], 's', 0)}", flush=True)
     print(
         f"  {full['models']:,} models in {full['wall_seconds']:.0f} s ({full['wall_seconds'] / 60:.1f} min), "
         f"CPU {full['cpu_seconds']:.0f} s: {full['models_per_minute']:,.0f} models/min; {full['units']} units, "
@@ -112,6 +142,8 @@ def _full(args: argparse.Namespace, folder: Path, report: dict[str, Any]) -> Non
         flush=True,
     )
     print(f"  verdicts: {full['counts']}", flush=True)
+    report["coverage"] = _coverage(folder / f"full-{args.runs - 1}.db")
+    print(f"  coverage (hfadapt report): {report['coverage']}", flush=True)
     print(f"  slowest units: {full['slowest_units'][:5]}", flush=True)
 
 
@@ -152,6 +184,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--top", type=int, default=None, help="models to sweep (default: all; 0: skip)"
     )
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--runs", type=int, default=1, help="sweeps of the top N, each fresh")
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument(
         "--compare-top", type=int, default=300, help="models for workers 1 vs 2 (0: skip)"
@@ -167,6 +200,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     report: dict[str, Any] = {"cpus": os.cpu_count(), "python": sys.version.split()[0]}
+    report_machine("before")
     with tempfile.TemporaryDirectory(prefix="bench-sweep-") as scratch:
         folder = args.keep or Path(scratch)
         folder.mkdir(parents=True, exist_ok=True)
@@ -175,6 +209,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if args.compare_top:
             _compare(args, folder, report)
     report["load_average"] = os.getloadavg()
+    report_machine("after")
     if args.out:
         args.out.write_text(json.dumps(report, indent=2, default=str))
     return report

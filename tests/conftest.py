@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from hub_server import FakeHub
+from pg_server import pg_url, postgres_server  # noqa: F401  # PostgreSQL fixtures
 
 
 @pytest.fixture(autouse=True)

@@ -80,7 +80,7 @@ def count_option(flag: str, help: str, *, minimum: int = 1, **kwargs: Any) -> An
 def existing_engine(db: str | None, *, hint: str) -> Any:
     """The engine of a database that already exists: a read-only command must not create one at
     a mistyped ``--db`` path. ``hint`` says which command creates it."""
-    from hfadapt.db.engine import describe, get_engine, resolve_url, sqlite_path
+    from hfadapt.db.engine import describe, get_engine, require_schema, resolve_url, sqlite_path
 
     url = resolve_url(db)
     try:
@@ -91,4 +91,6 @@ def existing_engine(db: str | None, *, hint: str) -> Any:
         raise UsageError(
             f"no database at {describe(url)}: check --db / $HFADAPT_DB, or run {hint} first"
         )
+    if path is None:  # a server's database (PostgreSQL): it must hold hfadapt's tables already
+        require_schema(url, hint=hint)
     return get_engine(db)

@@ -7,7 +7,8 @@ transaction hfadapt opens starts with ``BEGIN IMMEDIATE``, so several processes 
 can write at once without losing rows: writers queue for the lock instead of failing (with
 BEGIN DEFERRED, a transaction that reads before it writes fails under contention). Sessions that
 only read pass ``write=False`` and never wait. Create engines per process; an engine inherited
-through fork() opens fresh connections.
+through fork() opens fresh connections. A ``postgresql://`` URL opens a shared PostgreSQL
+database instead (hfadapt.db.postgres).
 """
 
 from __future__ import annotations
@@ -18,14 +19,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import event
+from sqlalchemy import event, inspect
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.pool import StaticPool
 from sqlmodel import Session, create_engine
 
+from hfadapt.db.postgres import is_postgres, postgres_engine, translate_postgres_error
 from hfadapt.db.urls import DEFAULT_URL, ENV_VAR, describe, resolve_url, sqlite_path
-from hfadapt.errors import DatabaseUnavailableError, StoreError, option
+from hfadapt.errors import DatabaseUnavailableError, StoreError, UsageError, option
 
 DB_OPTION = option("db")  # the parameter, shown as its flag by the CLI
 
@@ -41,6 +43,7 @@ __all__ = [
     "ENV_VAR",
     "describe",
     "get_engine",
+    "require_schema",
     "resolve_url",
     "session",
     "sqlite_path",
@@ -65,6 +68,8 @@ def get_engine(url: str | None = None, *, migrate: bool = True) -> Engine:
 
     if parsed.drivername.startswith("sqlite"):
         engine = _sqlite_engine(parsed)
+    elif is_postgres(parsed):
+        engine = postgres_engine(parsed)
     else:
         try:
             engine = create_engine(parsed, pool_pre_ping=True)
@@ -192,7 +197,7 @@ def session(engine: Engine, *, write: bool = True) -> Iterator[Session]:
         try:
             yield sess
             sess.commit()
-        except sa_exc.OperationalError as exc:
+        except sa_exc.DBAPIError as exc:  # the database refused: translated when a user can act
             sess.rollback()
             translated = translate_db_error(exc, engine)
             if translated is None:
@@ -205,8 +210,10 @@ def session(engine: Engine, *, write: bool = True) -> Iterator[Session]:
 
 def translate_db_error(exc: BaseException, engine: Engine | str) -> StoreError | None:
     """The one-line StoreError for a database failure a user can act on, or None for a bug."""
-    text = " ".join(str(getattr(exc, "orig", None) or exc).split()).lower()
     where = describe(engine)
+    if is_postgres(engine.url if isinstance(engine, Engine) else engine):
+        return translate_postgres_error(exc, where)
+    text = " ".join(str(getattr(exc, "orig", None) or exc).split()).lower()
     hint = f"pass {DB_OPTION} / set {ENV_VAR} to another file"
     if "file is not a database" in text or "malformed" in text or "not a database" in text:
         return DatabaseUnavailableError(
@@ -233,3 +240,24 @@ def translate_db_error(exc: BaseException, engine: Engine | str) -> StoreError |
 def _generic(exc: BaseException, engine: Engine) -> DatabaseUnavailableError:
     first = " ".join(str(getattr(exc, "orig", None) or exc).split())
     return DatabaseUnavailableError(f"database {describe(engine)} cannot be used: {first}")
+
+
+def require_schema(url: str | None, *, hint: str) -> None:
+    """UsageError unless the database at ``url`` holds hfadapt's tables: a read-only command
+    must not create them in a database that merely exists (a PostgreSQL server's). ``hint``
+    says which command creates them."""
+    from hfadapt.db.migrations import MIGRATIONS_TABLE
+
+    engine = get_engine(url, migrate=False)
+    try:
+        with engine.connect() as conn:
+            found = inspect(conn).has_table(MIGRATIONS_TABLE)
+    except sa_exc.SQLAlchemyError as exc:
+        raise (translate_db_error(exc, engine) or _generic(exc, engine)) from exc
+    finally:
+        engine.dispose()
+    if not found:
+        raise UsageError(
+            f"no hfadapt tables in database {describe(engine)}: check {DB_OPTION} / {ENV_VAR}, "
+            f"or run {hint} first"
+        )

@@ -170,6 +170,14 @@ def migrate(engine: Engine) -> list[str]:
                 f"(pip install -U hfadapt) or pass {DB_OPTION} to use another database"
             )
         pending = [fn for fn in MIGRATIONS if fn.__name__ not in applied]
+        if pending and conn.dialect.name == "postgresql":
+            # What BEGIN IMMEDIATE does on SQLite: one migrating process at a time; then read
+            # again what a process that held the lock before us applied.
+            from hfadapt.db.postgres import lock_migrations
+
+            lock_migrations(conn)
+            applied = applied_migrations(conn)
+            pending = [fn for fn in MIGRATIONS if fn.__name__ not in applied]
         if not pending:
             return []
         if not applied:
@@ -258,3 +266,17 @@ def m006_agent_isolation(conn: Connection) -> None:
     from hfadapt.db.tables import AgentAttempt
 
     add_columns(conn, AgentAttempt, "unsafe_no_isolation")
+
+
+@migration
+def m007_big_counts(conn: Connection) -> None:
+    """Parameter and download counts past 2**31 (a 7B-parameter model): BIGINT on PostgreSQL.
+    SQLite's INTEGER already holds 64 bits: nothing changes there."""
+    if conn.dialect.name != "postgresql":
+        return
+    for table, column in (
+        ("hub_model", "num_parameters"),
+        ("hub_model", "downloads"),
+        ("crawl_entry", "downloads"),
+    ):
+        conn.exec_driver_sql(f"ALTER TABLE {table} ALTER COLUMN {column} TYPE BIGINT")

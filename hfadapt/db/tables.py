@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from sqlalchemy import JSON, Column, Index, Text, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Column, Index, Text, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
 
@@ -20,12 +20,12 @@ class HubModel(SQLModel, table=True):
 
     id: str = Field(primary_key=True, description="Hub repo id, e.g. BAAI/bge-small-en-v1.5")
     rank: int | None = Field(default=None, index=True)
-    downloads: int = 0
+    downloads: int = Field(default=0, sa_type=BigInteger)  # 64 bits (m007)
     likes: int = 0
     model_type: str | None = Field(default=None, index=True)
     architectures: str | None = None  # comma-separated
     config_class: str | None = None
-    num_parameters: int | None = None
+    num_parameters: int | None = Field(default=None, sa_type=BigInteger)  # 7B models: > 2**31
     library: str | None = Field(default=None, index=True)
     pipeline_tag: str | None = None
     is_gated: bool = False
@@ -70,7 +70,7 @@ class CrawlEntry(SQLModel, table=True):
     crawl_id: int = Field(foreign_key="crawl.id", index=True)
     model_id: str = Field(index=True)
     rank: int | None = None
-    downloads: int = 0
+    downloads: int = Field(default=0, sa_type=BigInteger)  # 64 bits (m007)
     excluded_reason: str | None = None
 
 

@@ -29,14 +29,15 @@ class Executor(Protocol):
 def make_executor(
     name: str,
     *,
-    workers: int,
+    workers: int | None,
     timeout: float | None,
     memory_limit_mb: int | None,
     worker: str | Callable[..., Any] = DEFAULT_WORKER,
     address: str | None = None,
     env: dict[str, str] | None = None,
 ) -> Executor:
-    """The executor called ``name`` ("local" or "ray")."""
+    """The executor called ``name`` ("local" or "ray"). ``workers`` None: Ray's default, the
+    cluster's CPUs (a local pool always gets a number)."""
     kind = ExecutorName.parse(name, "executor")
     if kind is ExecutorName.LOCAL:
         if not isinstance(worker, str):
@@ -44,7 +45,7 @@ def make_executor(
         from hfadapt.sweep.local_pool import LocalExecutor
 
         return LocalExecutor(
-            workers, timeout=timeout, memory_limit_mb=memory_limit_mb, worker=worker, env=env
+            workers or 1, timeout=timeout, memory_limit_mb=memory_limit_mb, worker=worker, env=env
         )
     from hfadapt.sweep.ray_pool import RayExecutor
 

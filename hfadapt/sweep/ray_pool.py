@@ -5,11 +5,13 @@ maps the object store); a task past its time limit is force-cancelled (``worker_
 a Ray worker that dies is ``worker_crashed``. A task's time limit counts from when it starts
 running, not from when it was submitted: a task queued behind others on a busy cluster is
 not timed out for waiting (each task tells a small Ray actor when it starts). Results come
-back to the driver, which alone writes runs.db."""
+back to the driver, which alone writes runs.db; each says which host and Ray node judged it
+(``evidence.sweep.worker_host`` / ``worker_node``). docs/cluster.md: running on a cluster."""
 
 from __future__ import annotations
 
 import os
+import platform
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -74,7 +76,15 @@ def ray_task(
     if env:
         os.environ.update(env)
     limit = _address_space_mb() + limit_mb if limit_mb else None
-    return run_task(resolve(worker), task, limit_mb=limit)
+    out = run_task(resolve(worker), task, limit_mb=limit)
+    out.host = platform.node()
+    try:
+        import ray
+
+        out.node = ray.get_runtime_context().get_node_id()
+    except Exception:  # called outside a Ray worker (tests call it directly)
+        out.node = None
+    return out
 
 
 class RayExecutor:
@@ -126,8 +136,11 @@ class RayExecutor:
         return ray
 
     def start(self) -> None:
-        """Connect to (or start) Ray now: a local instance takes seconds to come up."""
-        self._connect()
+        """Connect to (or start) Ray now: a local instance takes seconds to come up. Without
+        a number of workers, run as many tasks at a time as the cluster has CPUs."""
+        ray = self._connect()
+        if self.workers is None:
+            self.workers = max(1, int(ray.cluster_resources().get("CPU", 1)))
 
     def run(self, tasks: Iterable[Task]) -> Iterator[Outcome]:
         pending = list(tasks)

@@ -103,6 +103,8 @@ def unit_rows(
         "seconds": out.seconds,
         "worker_peak_rss_mb": out.peak_rss_mb,
     }
+    if out.node is not None:  # judged on a Ray cluster: which machine and node
+        evidence["sweep"].update(worker_host=out.host, worker_node=out.node)
     if unit.signature and row.get("signature") and row["signature"] != unit.signature:
         evidence["sweep"]["planned_signature"] = unit.signature
     row["evidence"] = evidence

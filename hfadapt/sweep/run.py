@@ -197,6 +197,8 @@ def run_sweep(
     """
     from hfadapt.spyre.profile import load_profile
 
+    # On Ray the default is the cluster's CPUs, known once connected (RayExecutor.start).
+    cluster_workers = workers is None and executor == "ray"
     if workers is None:  # the default never exceeds what this machine holds
         cap = max_local_workers(memory_limit)[0] if executor == "local" else os.cpu_count() or 1
         workers = max(1, min(2, cap))
@@ -226,14 +228,17 @@ def run_sweep(
     # there are never more workers than units of work.
     workers = max(1, min(workers, len(plan.units)))
     pool = make_executor(
-        executor, workers=workers, timeout=timeout, memory_limit_mb=memory_limit or None,
-        worker=worker, address=address, env=env,
+        executor, workers=None if cluster_workers else workers, timeout=timeout,
+        memory_limit_mb=memory_limit or None, worker=worker, address=address, env=env,
     )  # fmt: skip
     try:
         pool.start()
     except BaseException:
         pool.close()
         raise
+    if cluster_workers:
+        workers = max(1, min(getattr(pool, "workers", None) or workers, len(plan.units)))
+        pool.workers = workers  # type: ignore[attr-defined]
     options = {
         "mode": mode,
         "execution": execution,
@@ -248,24 +253,16 @@ def run_sweep(
     }
     if trust_remote_code:  # only then: sweeps started before this option resume as before
         options["trust_remote_code"] = True
-    sweep, resumed = open_sweep(
-        engine,
-        options,
-        resume=resume,
-        mode=mode,
-        execution=execution,
-        dtype=dtype,
-        top=top,
-        model_type=model_type,
-        dedupe=dedupe,
-        executor=executor,
-        workers=workers,
-        timeout_s=timeout,
-        memory_limit_mb=memory_limit or None,
-        crawl_id=crawl.id if crawl else None,
-        models=plan.models,
-        units=len(plan.units),
-    )
+    try:
+        sweep, resumed = open_sweep(
+            engine, options, resume=resume, mode=mode, execution=execution, dtype=dtype,
+            top=top, model_type=model_type, dedupe=dedupe, executor=executor, workers=workers,
+            timeout_s=timeout, memory_limit_mb=memory_limit or None,
+            crawl_id=crawl.id if crawl else None, models=plan.models, units=len(plan.units),
+        )  # fmt: skip
+    except BaseException:  # refused (another driver runs it), or the database failed
+        pool.close()
+        raise
     assert sweep.id is not None
     try:
         if trust_remote_code:

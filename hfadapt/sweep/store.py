@@ -12,9 +12,9 @@ from collections import Counter
 from typing import Any
 
 from sqlalchemy import Table, func, insert, select, update
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 
-from hfadapt.db.engine import session
+from hfadapt.db.engine import describe, session
 from hfadapt.db.tables import DONE, FAILED, RUNNING, Run, Sweep, utcnow
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "latest_sweep",
     "list_sweeps",
     "open_sweep",
+    "release_sweep",
     "write_rows",
 ]
 
@@ -43,11 +44,30 @@ def open_sweep(
     """(the sweep to write into, whether it was resumed).
 
     ``resume``: True resumes the newest unfinished sweep with the same options; an int resumes
-    that sweep id; False always starts a new one.
+    that sweep id; False always starts a new one. A sweep another driver is running is
+    refused (UsageError); on PostgreSQL this process holds the sweep's lock until
+    ``finish_sweep``.
     """
+    key = sweep_key(options)
+    claimed: list[int] = []
+    try:
+        return _open(engine, options, key, resume, columns, claimed)
+    except BaseException:
+        for sweep_id in claimed:  # the sweep was not opened after all
+            release_sweep(engine, sweep_id)
+        raise
+
+
+def _open(
+    engine: Engine,
+    options: dict[str, Any],
+    key: str,
+    resume: bool | int,
+    columns: dict[str, Any],
+    claimed: list[int],
+) -> tuple[Sweep, bool]:
     from hfadapt.errors import UsageError
 
-    key = sweep_key(options)
     with session(engine) as sess:
         found: Sweep | None = None
         if resume is not False and not isinstance(resume, bool):
@@ -67,7 +87,7 @@ def open_sweep(
             )
             found = sess.execute(stmt).scalars().first()
         if found is not None:
-            _refuse_live(found)
+            _claim(engine, found, claimed)
             found.resumes += 1
             found.status = RUNNING
             found.error = None
@@ -82,7 +102,47 @@ def open_sweep(
         )
         sess.add(sweep)
         sess.flush()
+        _claim(engine, sweep, claimed)
         return sweep, False
+
+
+# (database, sweep id) -> the PostgreSQL connection holding the lock of driving that sweep
+_claims: dict[tuple[str, int], Connection] = {}
+
+
+def _claim(engine: Engine, sweep: Sweep, claimed: list[int]) -> None:
+    """Refuse a sweep another driver is running; on PostgreSQL, hold its lock from now on.
+
+    SQLite (one machine): the driver's process id and host, recorded on the sweep, say
+    whether it runs. PostgreSQL (drivers on several machines): an advisory lock, held by this
+    process until ``finish_sweep`` (or its death), says it; the pid cannot."""
+    from hfadapt.db.postgres import SWEEP_LOCK, is_postgres, try_lock
+    from hfadapt.errors import UsageError
+
+    assert sweep.id is not None
+    if not is_postgres(engine.url):
+        _refuse_live(sweep)
+        return
+    key = (describe(engine), sweep.id)
+    if key in _claims:  # this process drives it already
+        return
+    held = try_lock(engine, SWEEP_LOCK, sweep.id)
+    if held is None:
+        raise UsageError(
+            f"sweep {sweep.id} is being run right now by process {sweep.driver_pid} on "
+            f"{sweep.host}; wait for it, or start a new sweep instead of resuming (resume=False)"
+        )
+    _claims[key] = held
+    claimed.append(sweep.id)
+
+
+def release_sweep(engine: Engine, sweep_id: int) -> None:
+    """Let other drivers resume the sweep (PostgreSQL: drop its lock; SQLite: nothing to do)."""
+    from hfadapt.db.postgres import SWEEP_LOCK, unlock
+
+    held = _claims.pop((describe(engine), sweep_id), None)
+    if held is not None:
+        unlock(held, SWEEP_LOCK, sweep_id)
 
 
 def _refuse_live(sweep: Sweep) -> None:
@@ -204,17 +264,21 @@ def verdict_counts(engine: Engine, sweep_id: int) -> dict[str, int]:
 def finish_sweep(
     engine: Engine, sweep_id: int, *, seconds: float, status: str = DONE, error: str | None = None
 ) -> Sweep:
-    """Mark the sweep finished (or failed), add this session's wall time, store the counts."""
-    counts = verdict_counts(engine, sweep_id)
-    with session(engine) as sess:
-        sweep = sess.get(Sweep, sweep_id)
-        assert sweep is not None
-        sweep.status = status
-        sweep.error = error
-        sweep.seconds = round(sweep.seconds + seconds, 3)
-        sweep.counts = counts
-        if status == DONE:
-            sweep.finished_at = utcnow()
-        sess.add(sweep)
-        sess.flush()
-        return sweep
+    """Mark the sweep finished (or failed), add this session's wall time, store the counts;
+    then other drivers may resume it."""
+    try:
+        counts = verdict_counts(engine, sweep_id)
+        with session(engine) as sess:
+            sweep = sess.get(Sweep, sweep_id)
+            assert sweep is not None
+            sweep.status = status
+            sweep.error = error
+            sweep.seconds = round(sweep.seconds + seconds, 3)
+            sweep.counts = counts
+            if status == DONE:
+                sweep.finished_at = utcnow()
+            sess.add(sweep)
+            sess.flush()
+            return sweep
+    finally:
+        release_sweep(engine, sweep_id)

@@ -77,6 +77,8 @@ class Outcome:
     pid: int | None = None
     peak_rss_mb: float | None = None
     restart: bool = False  # the worker process should not be reused (memory exhausted)
+    host: str | None = None  # the machine that judged it (set by the Ray executor)
+    node: str | None = None  # the Ray node id (two nodes may share one machine)
 
 
 def resolve(ref: str | Callable[..., Any]) -> Callable[..., Any]:
