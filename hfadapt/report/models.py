@@ -11,6 +11,7 @@ import io
 import textwrap
 from dataclasses import asdict, dataclass, fields
 from typing import Any
+from urllib.parse import quote
 
 from sqlalchemy import select
 from sqlalchemy.engine import Engine
@@ -26,6 +27,7 @@ __all__ = [
     "LevelRow",
     "ModelRow",
     "by_evidence",
+    "hub_url",
     "latest_run",
     "latest_verdicts",
     "model_rows",
@@ -33,6 +35,12 @@ __all__ = [
 ]
 
 HUB_URL = "https://huggingface.co/"
+
+
+def hub_url(model_id: str) -> str:
+    """The model's Hub page; the id percent-encoded (an id stored before crawls validated them
+    may hold anything)."""
+    return HUB_URL + quote(model_id, safe="/")
 
 
 @dataclass
@@ -88,7 +96,7 @@ def model_rows(runs: list[ModelRun]) -> list[ModelRow]:
             note=pass_note(r.evidence_level)
             if r.passed
             else textwrap.shorten(r.reason.removeprefix("[structural] "), 160, placeholder=" …"),
-            hub_url=HUB_URL + r.model_id,
+            hub_url=hub_url(r.model_id),
             run_id=r.run_id,
         )
         for r in ordered
