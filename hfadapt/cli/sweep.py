@@ -175,6 +175,14 @@ def sweep(
         ),
     ] = True,
     dtype: DTypeOption = None,
+    no_adapters: Annotated[
+        bool,
+        typer.Option(
+            "--no-adapters",
+            help="Judge the stock models, without registry adapters (the baseline the report "
+            "measures what adapters unblock against).",
+        ),
+    ] = False,
     full_width: Annotated[
         bool,
         typer.Option(
@@ -287,6 +295,7 @@ def sweep(
             execution="compile" if compile_ else "eager",
             dtype=dtype.value if dtype is not None else None,
             profile=profile,
+            adapters=not no_adapters,
             narrow=not full_width,
             resume=not fresh,
             progress=update,

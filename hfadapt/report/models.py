@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import csv
 import io
-import textwrap
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 from urllib.parse import quote
@@ -20,6 +19,7 @@ from sqlmodel import col
 from hfadapt.db.engine import session
 from hfadapt.db.tables import HubModel, Run
 from hfadapt.judge.evidence import LEVELS, UNKNOWN, level_label, pass_note
+from hfadapt.report.charts import shorten
 from hfadapt.report.failures import ModelRun
 
 __all__ = [
@@ -95,7 +95,7 @@ def model_rows(runs: list[ModelRun]) -> list[ModelRow]:
             downloads=r.downloads,
             note=pass_note(r.evidence_level)
             if r.passed
-            else textwrap.shorten(r.reason.removeprefix("[structural] "), 160, placeholder=" …"),
+            else shorten(r.reason.removeprefix("[structural] "), 160),
             hub_url=hub_url(r.model_id),
             run_id=r.run_id,
         )
