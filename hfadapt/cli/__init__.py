@@ -27,7 +27,7 @@ from hfadapt.cli import hub as _hub  # noqa: F401
 from hfadapt.cli import report as _report  # noqa: F401
 from hfadapt.cli import show as _show  # noqa: F401
 from hfadapt.cli import sweep as _sweep  # noqa: F401
-from hfadapt.cli._app import app, err_console
+from hfadapt.cli._app import app, close_engines, err_console
 from hfadapt.cli._console import exit_code_planned, interrupt_hint, on_interrupt, plan_exit
 from hfadapt.cli._noise import LibraryNoise
 from hfadapt.errors import HfadaptError
@@ -176,7 +176,10 @@ def main() -> None:
     on_interrupt("")
     noise = LibraryNoise(verbose=verbose)
     with noise:
-        code = _invoke(args, verbose)
+        try:
+            code = _invoke(args, verbose)
+        finally:
+            close_engines()
     summary = noise.summary()
     if summary:
         with contextlib.suppress(OSError):

@@ -119,12 +119,19 @@ def count_option(flag: str, help: str, *, minimum: int = 1, **kwargs: Any) -> An
     return typer.Option(flag, min=minimum, max=MAX_COUNT, metavar="N", help=help, **kwargs)
 
 
+# Engines a command opened: closed when it ends, so SQLite removes its -wal and -shm files
+# then, not whenever the garbage collector gets to them.
+_opened: list[Any] = []
+
+
 def existing_engine(db: str | None, *, hint: str) -> Any:
     """The engine of a read-only command (hfadapt.db.readonly): a database that must already
     exist, opened so that nothing is created or written. ``hint`` says which command makes it."""
     from hfadapt.db.readonly import open_readonly
 
-    return open_readonly(db, hint=hint)
+    engine = open_readonly(db, hint=hint)
+    _opened.append(engine)
+    return engine
 
 
 def writing_engine(db: str | None) -> Any:
@@ -132,7 +139,15 @@ def writing_engine(db: str | None) -> Any:
     folder), refused in one line when damaged (hfadapt.db.engine.get_engine)."""
     from hfadapt.db.engine import get_engine
 
-    return get_engine(db)
+    engine = get_engine(db)
+    _opened.append(engine)
+    return engine
+
+
+def close_engines() -> None:
+    """Close every engine the command opened (hfadapt.cli.main calls it when a command ends)."""
+    while _opened:
+        _opened.pop().dispose()
 
 
 @contextmanager

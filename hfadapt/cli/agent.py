@@ -143,6 +143,7 @@ def draft(
     from hfadapt.isolation import require_isolation
 
     require_isolation(unsafe=unsafe_no_isolation)  # one line, exit 3, before any work
+    settings = _settings(base_url, agent_model, api_key, max_attempts)  # no endpoint: exit 2
     engine = writing_engine(db)
     plan = workflows.plan_drafts(engine, model=model_ref, fingerprint=fingerprint, top=top)
 
@@ -150,7 +151,6 @@ def draft(
     from hfadapt.agent.loop import ENDPOINT_ERROR, draft_adapter
     from hfadapt.agent.records import Recorder
 
-    settings = _settings(base_url, agent_model, api_key, max_attempts)
     client = AgentClient(settings)
     recorder = Recorder(engine, settings.secrets())
     outcomes = []

@@ -14,7 +14,7 @@ from sqlalchemy.engine import Engine
 from hfadapt import verdicts
 from hfadapt.db.engine import describe, session
 from hfadapt.db.tables import HubModel, Run
-from hfadapt.errors import UsageError
+from hfadapt.errors import NotFoundError
 from hfadapt.options import EvidenceLevel
 from hfadapt.sweep.store import Sweep, get_sweep, latest_sweep
 
@@ -109,7 +109,7 @@ def resolve_sweep(engine: Engine, sweep_id: int | None) -> Sweep | None:
         return latest_sweep(engine)
     found = get_sweep(engine, sweep_id)
     if found is None:
-        raise UsageError(f"no sweep {sweep_id} in {describe(engine)} (see `hfadapt sweeps`)")
+        raise NotFoundError(f"no sweep {sweep_id} in {describe(engine)} (see `hfadapt sweeps`)")
     return found
 
 
