@@ -151,3 +151,24 @@ def test_crawl_online_through_the_cli(
     configs = data["configs"]  # every kept model's config.json was asked for: had, or why not
     had = configs["fetched"] + sum(len(ids) for ids in configs["failed"].values())
     assert had == data["kept"] and configs["fetched"] > 0, configs
+
+
+def test_a_failed_online_crawl_leaves_no_database_it_created(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    online: None,
+) -> None:
+    fresh = tmp_path / "fresh.db"
+    code, out, err = run(["crawl", "--online", "--endpoint", refused_url(), "--db", str(fresh)],
+                         monkeypatch, capsys)  # fmt: skip
+    assert (code, out, err.count("\n")) == (3, "", 1), (code, out, err)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("fresh")) == []
+    # a database that was there before keeps what it had (the failed crawl is recorded)
+    run(["crawl", "--offline", "--limit", "5", "--db", str(fresh)], monkeypatch, capsys)
+    code, _, err = run(
+        ["crawl", "--endpoint", refused_url(), "--db", str(fresh)], monkeypatch, capsys
+    )
+    assert code == 3 and fresh.is_file(), (code, err)
+    code, out, _ = run(["models", "--db", str(fresh), "--json"], monkeypatch, capsys)
+    assert len(json.loads(out)) == 5, out

@@ -317,3 +317,73 @@ def test_report_plurals(
     code, out, err = run_cli(["report", "--db", db, "--csv", os.devnull], monkeypatch, capsys)
     assert code == 0 and "sweep 2: 7 models;" in out, out
     assert err == f"wrote {os.devnull} (7 models)\n", err
+
+
+# ---- the adapter registry, read by a person --------------------------------------------------
+
+
+def test_adapters_show_is_a_card_with_the_change_as_a_diff(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run_cli(["adapters", "show", "gelu-new-cube"], monkeypatch, capsys)
+    assert (code, err) == (0, ""), err
+    fields = [
+        line.split()[0]
+        for line in out.splitlines()[1:]
+        if line.startswith("  ") and not line.startswith("    ")
+    ]
+    assert fields == ["replaces", "rule", "what", "origin", "file", "priority", "change"], fields
+    assert "transformers.activations:NewGELUActivation.forward" in out, out
+    assert "{" not in out.split("  change")[0], "provenance printed as a dict"
+    diff = out.split("  change\n")[1].splitlines()
+    assert diff[0].strip().startswith("--- stock: transformers.activations:NewGELUActivation"), diff
+    assert any(line.strip().startswith("-") and "torch.pow(input, 3.0)" in line for line in diff), (
+        diff
+    )
+    assert any(line.strip().startswith("+def gelu_new(") for line in diff), diff
+    assert not any("@adapter(" in line for line in diff), "the registration is not the change"
+
+
+def test_adapters_verify_says_why_each_proof_is_ok_and_sums_up(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run_cli(["adapters", "verify", "gelu-new-cube"], monkeypatch, capsys)
+    flat = " ".join(out.split())
+    assert code == 0, err
+    assert "ok: equivalent in float64 (max rel err" in flat, flat
+    assert "op.pow.square fires on the stock code and not on the adapter's" in flat, flat
+    assert err == "1 adapter re-proven: 1 ok, 0 failed\n", err
+
+
+def test_an_ok_whose_rule_does_not_fire_on_the_stock_code_says_so() -> None:
+    from hfadapt.adapters.proofs import DeviceCheck, VerifyResult
+    from hfadapt.cli.adapters import why_ok
+
+    quiet = VerifyResult("x", "op.unsupported", None, DeviceCheck(stock_rules=[], adapted_rules=[]))
+    assert quiet.ok and quiet.device_text == "stock: does not fire; adapted: clean"
+    text = why_ok(quiet)
+    assert "op.unsupported does not fire on the stock code of this example either" in text, text
+    assert text.endswith("a precaution, not a fix shown here"), text
+
+
+def test_diagnose_shows_a_spinner_on_a_terminal_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import hfadapt.judge.diagnose
+    from hfadapt.cli._app import err_console
+    from hfadapt.errors import ModelNotFoundError
+
+    def slow(model: str, **kwargs: Any) -> Any:
+        time.sleep(0.5)
+        raise ModelNotFoundError(f"{model} is not in the HF cache (test)")
+
+    monkeypatch.setattr(hfadapt.judge.diagnose, "diagnose", slow)
+    args = ["diagnose", "org/m", "--db", str(tmp_path / "d.db")]
+    code, out, err = run_cli(args, monkeypatch, capsys)  # piped: the error line alone
+    assert (code, out, err) == (2, "", "error: org/m is not in the HF cache (test)\n"), err
+    monkeypatch.setattr(err_console, "_force_terminal", True)  # stderr as a terminal
+    monkeypatch.setattr(err_console, "is_interactive", True)
+    code, out, err = run_cli(args, monkeypatch, capsys)
+    assert code == 2 and out == "", (code, out)
+    assert "diagnosing org/m (full, compile)" in err, err
+    assert err.rstrip("\n").endswith("error: org/m is not in the HF cache (test)"), err

@@ -29,12 +29,42 @@ adapters_app = typer.Typer(
 app.add_typer(adapters_app, name="adapters")
 
 
+def _first_sentence(text: str) -> str:
+    flat = " ".join(text.replace("``", "`").split())
+    end = flat.find(". ")
+    return flat if end < 0 else flat[: end + 1]
+
+
+def markdown_table(adapters: list[Any]) -> str:
+    """The adapters as the README's Markdown table: one row per (rule, what it does), every
+    adapter named, in registry order (``hfadapt adapters list --markdown``)."""
+    rows: dict[tuple[str, str], list[str]] = {}
+    for a in adapters:
+        rows.setdefault((a.rule, _first_sentence(a.description)), []).append(a.name)
+    lines = ["| adapter | rule it works around | what it does |", "|---|---|---|"]
+    for (rule, what), names in rows.items():
+        cell = ", ".join(f"`{n}`" for n in names)
+        lines.append(f"| {cell} | `{rule}` | {what.replace('|', chr(92) + '|')} |")
+    return "\n".join(lines)
+
+
 @adapters_app.command("list")
-def list_adapters(as_json: JsonOption = False) -> None:
+def list_adapters(
+    as_json: JsonOption = False,
+    markdown: Annotated[
+        bool,
+        typer.Option(
+            "--markdown", help="Print the table as Markdown (the README's adapter table)."
+        ),
+    ] = False,
+) -> None:
     """Every adapter found (bundled, user folders, entry points), and files that failed to load."""
     from hfadapt.adapters.registry import default_registry
 
     reg = default_registry()
+    if markdown:
+        typer.echo(markdown_table(reg.adapters))
+        return
     if as_json:
         typer.echo(
             json.dumps(
