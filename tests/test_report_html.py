@@ -178,3 +178,25 @@ def test_hostile_ids_and_metadata_stay_text(hostile_html: Path, tmp_path: Path) 
     assert link is not None, re.findall(r"<a [^>]*>", dom)
     assert "'" not in link.group(1) and " " not in link.group(1), link.group(1)
     assert link.group(2).startswith("m/x' autofocus onfocus="), link.group(2)
+
+
+def test_verdict_and_type_bars_keep_architecture_passes_apart(html_file: Path) -> None:
+    """Sweep 2 passes m/one and m/two on their config (1,500 of 2,000 downloads) and m/five on
+    its type's defaults (60): the verdict bar beside the 28.6% headline shows them as two rows,
+    and qwen3 (m/four fails, m/five architecture) reads 0% own and 50% architecture, with its
+    architecture part drawn beside the own part, not as a pass."""
+    text = html_file.read_text()
+    chart = re.search(r'<svg[^>]*data-chart="verdicts".*?</svg>', text, re.S)
+    assert chart is not None
+    labels = re.findall(r"<title>([^<]*)</title>[^<]*</text>", chart.group(0))
+    notes = re.findall(
+        r'<text x="[\d.]+" y="[\d.]+" font-family[^>]*>([^<]*)</text>', chart.group(0)
+    )
+    rows = dict(zip(labels, notes, strict=True))
+    assert rows["pass: own weights or config"] == "2 models, 75.0% of downloads", rows
+    assert rows["pass: architecture only"] == "1 model, 3.0% of downloads", rows
+    assert "pass" not in rows, rows
+    types = re.search(r'<svg[^>]*data-chart="model-types".*?</svg>', text, re.S)
+    assert types is not None
+    assert "0.0% own, 50.0% arch., of 2 models" in types.group(0), types.group(0)
+    assert types.group(0).count('data-part="beside"') == 1, "one type has architecture passes"

@@ -26,6 +26,7 @@ from hfadapt.cli._app import (
 from hfadapt.cli._files import check_output, write_output
 from hfadapt.errors import UsageError
 from hfadapt.options import Mode
+from hfadapt.report.charts import plural
 
 BaseUrlOption = Annotated[
     str | None,
@@ -330,7 +331,7 @@ def agent_eval(
     )
     console.print(
         f"{escape(who)}: accepted {data['accepted']}/{data['total']} "
-        f"({100 * report.acceptance_rate:.0f}%), {data['attempts']} attempts, "
+        f"({100 * report.acceptance_rate:.0f}%), {plural(data['attempts'], 'attempt')}, "
         f"{data['tokens_in']} tokens in / {data['tokens_out']} out, {data['seconds']:.1f} s",
         highlight=False,
     )

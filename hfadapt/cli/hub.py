@@ -21,6 +21,7 @@ from hfadapt.cli._app import (
     new_database_removed_on_failure,
 )
 from hfadapt.errors import HubUnreachableError, UsageError
+from hfadapt.report.charts import plural
 
 # Below this terminal width `models` drops its likes, library and params columns.
 WIDE = 120
@@ -260,7 +261,7 @@ def census(
         "kept",
         "downloads",
         "share",
-        title=f"{result.models:,} models, {result.downloads:,} downloads",
+        title=f"{plural(result.models, 'model')}, {result.downloads:,} downloads",
     )
     for r in result.rows:
         table.add_row(

@@ -223,7 +223,7 @@ def report(
     console.print(table)
     a = rep.agreement
     console.print(
-        f"agreement with hf-adapters is_supported on {a.compared:,} models: {a.rate:.1%} "
+        f"agreement with hf-adapters is_supported on {plural(a.compared, 'model')}: {a.rate:.1%} "
         f"(both yes {a.both_yes:,}, both no {a.both_no:,}, only hfadapt {a.only_ours:,}, only hf-adapters {a.only_theirs:,})",
         highlight=False,
         soft_wrap=True,

@@ -266,7 +266,7 @@ def _agreement(r: Report) -> str:
         "agreement",
     )
     text = (
-        f"<p>Agreement on {a.compared:,} models: {a.rate:.1%} "
+        f"<p>Agreement on {plural(a.compared, 'model')}: {a.rate:.1%} "
         f"({a.both_yes:,} both yes, {a.both_no:,} both no, {a.only_ours:,} only hfadapt passes, "
         f"{a.only_theirs:,} only hf-adapters supports; {a.unknown:,} without a reference value).</p>"
     )
@@ -310,7 +310,7 @@ def _diff(r: Report) -> str:
         if rows
         else "<p>No model changed between pass and fail.</p>"
     )
-    extra = f"<p>{d.only_current:,} models only in sweep {d.current}, {d.only_baseline:,} only in sweep {d.baseline}.</p>"
+    extra = f"<p>{plural(d.only_current, 'model')} only in sweep {d.current}, {d.only_baseline:,} only in sweep {d.baseline}.</p>"
     return f'<h2 id="diff">Sweep {d.current} against sweep {d.baseline}</h2><p>{chips}</p>{extra}{table}'
 
 
@@ -340,7 +340,7 @@ def render_html(r: Report) -> str:
     title = f"hfadapt coverage: sweep {s['id']}" if s else "hfadapt coverage"
     sub = (
         f"{s.get('mode')} mode, {s.get('execution')}, {s.get('dtype')}; profile {s.get('profile')}; "
-        f"{s.get('status')}; {s.get('units', 0):,} units of work; {float(s.get('seconds') or 0):.0f} s; database {r.db}"
+        f"{s.get('status')}; {plural(s.get('units') or 0, 'unit')} of work; {float(s.get('seconds') or 0):.0f} s; database {r.db}"
         if s
         else f"latest run of every model in {r.db}"
     )
