@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from cli_runner import run_cli
 
-from hfadapt.errors import UsageError
+from hfadapt.errors import NotFoundError, UsageError
 from hfadapt.report.coverage import (
     FAIL,
     IMPROVED,
@@ -43,7 +43,7 @@ def test_failure_census_of_the_newest_sweep(report_engine: Any) -> None:
 def test_failure_census_of_an_older_sweep(report_engine: Any) -> None:
     got = [(f.fingerprint, f.count, f.downloads) for f in failures(report_engine, sweep_id=1)]
     assert got == [("F1", 2, 800), ("F2", 2, 330)], got
-    with pytest.raises(UsageError, match="no sweep 9"):
+    with pytest.raises(NotFoundError, match="no sweep 9"):
         failures(report_engine, sweep_id=9)
 
 
@@ -147,7 +147,7 @@ def test_diff_between_two_sweeps(report_engine: Any) -> None:
     assert (d.only_current, d.only_baseline) == (0, 0)
     report = build_report(report_engine, against=1)
     assert report.diff is not None and report.diff.counts == d.counts
-    with pytest.raises(UsageError, match="no sweep 7"):
+    with pytest.raises(NotFoundError, match="no sweep 7"):
         build_report(report_engine, against=7)
 
 

@@ -149,9 +149,13 @@ def diagnose(
     if unsafe_no_isolation and not trust_remote_code:
         raise UsageError("--unsafe-no-isolation applies only with --trust-remote-code")
     if trust_remote_code:
+        from hfadapt.errors import option
         from hfadapt.isolation import require_isolation
 
-        require_isolation(unsafe=unsafe_no_isolation)  # before the database is touched
+        # before the database is touched; worded as the library words it
+        require_isolation(
+            unsafe=unsafe_no_isolation, what=f"the model's own code ({option('trust_remote_code')})"
+        )
     how = f"{mode.value}, {'compile' if compile_ else 'eager'}"
     with working(f"diagnosing {model} ({how}): load, reference, device, metrics", show=not as_json):
         diag = run_diagnose(

@@ -232,9 +232,13 @@ def sweep(
                 f"--workers {workers} is more than this machine holds: at most {cap} ({why})"
             )
     if trust_remote_code:
+        from hfadapt.errors import option
         from hfadapt.isolation import require_isolation
 
-        require_isolation(unsafe=unsafe_no_isolation)  # before the database is touched
+        # before the database is touched; worded as the library words it
+        require_isolation(
+            unsafe=unsafe_no_isolation, what=f"the model's own code ({option('trust_remote_code')})"
+        )
     if profile is not None:
         from hfadapt.spyre.profile import load_profile
 
