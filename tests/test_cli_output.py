@@ -387,3 +387,38 @@ def test_diagnose_shows_a_spinner_on_a_terminal_only(
     assert code == 2 and out == "", (code, out)
     assert "diagnosing org/m (full, compile)" in err, err
     assert err.rstrip("\n").endswith("error: org/m is not in the HF cache (test)"), err
+
+
+@pytest.mark.parametrize(
+    ("error", "code", "line"),
+    [
+        (ValueError("boom"), 1, "error: unexpected ValueError: boom (a bug in hfadapt: please "
+         "report it; hfadapt --verbose shows the traceback)"),
+        (sqlite3.OperationalError("disk I/O error"), 2, "error: the database cannot be used: disk I/O error"),
+        (PermissionError(13, "Permission denied", "/etc/x"), 2, "error: Permission denied: /etc/x"),
+        (RecursionError("maximum recursion depth exceeded"), 1,
+         "error: a stored value is nested too deeply to read (RecursionError); nothing was changed"),
+    ],
+)  # fmt: skip
+def test_an_error_hfadapt_did_not_expect_is_still_one_line(
+    error: BaseException,
+    code: int,
+    line: str,
+    crawled: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import hfadapt.hub.catalog as catalog
+
+    def census(*args: Any, **kwargs: Any) -> Any:
+        raise error
+
+    monkeypatch.setattr(catalog, "census", census)
+    assert run_cli(["census", "--db", str(crawled)], monkeypatch, capsys) == (code, "", line + "\n")
+    if isinstance(error, ValueError):
+        got, _, err = run_cli(["census", "--db", str(crawled), "--verbose"], monkeypatch, capsys)
+        assert (
+            got == 1
+            and err.startswith("Traceback")
+            and err.endswith("(a bug in hfadapt: please report it)\n")
+        ), err

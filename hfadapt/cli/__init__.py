@@ -75,14 +75,10 @@ def _silence_stdout() -> None:
         os.dup2(devnull, sys.stdout.fileno())
 
 
-def _database_error(exc: Exception) -> HfadaptError | None:
-    """An SQLAlchemy or sqlite3 error as the StoreError a user can act on."""
-    from hfadapt.db.engine import resolve_url, translate_db_error
+def _database_error(exc: Exception) -> HfadaptError:
+    """An SQLAlchemy or sqlite3 error no library call translated, as one line (exit 2)."""
     from hfadapt.errors import DatabaseUnavailableError
 
-    found = translate_db_error(exc, resolve_url(None))
-    if found is not None:
-        return found
     first = " ".join(str(getattr(exc, "orig", None) or exc).split())[:300]
     return DatabaseUnavailableError(f"the database cannot be used: {first}")
 
@@ -155,7 +151,6 @@ def _invoke(args: list[str], verbose: bool) -> int:
         return _unexpected(exc, verbose)
     except SQLAlchemyError as exc:
         store = _database_error(exc)
-        assert store is not None
         _fail(store.one_line(flags=True))
         return store.exit_code
     except Exception as exc:
@@ -163,7 +158,6 @@ def _invoke(args: list[str], verbose: bool) -> int:
 
         if isinstance(exc, sqlite3.Error):
             store = _database_error(exc)
-            assert store is not None
             _fail(store.one_line(flags=True))
             return store.exit_code
         return _unexpected(exc, verbose)
