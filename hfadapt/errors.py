@@ -29,7 +29,9 @@ lacks (a package, bubblewrap, the Hub when it was asked for).
     ├── SweepError                      the sweep machinery (workers cannot start, Ray unreachable)
     ├── IsolationUnavailableError       no OS sandbox (bubblewrap) here: exit code 3
     ├── MissingDependencyError          a package this needs is not installed (Ray): exit code 3
+    ├── UntrustedDataError              data from a sandbox or server out of bounds (also ValueError)
     ├── AdapterError                    an adapter file or its application
+    │   └── GraphError                  a drafted graph that does not validate (op, constant, shape)
     └── AgentError                      the adapter-drafting agent
         ├── EndpointError               the OpenAI-compatible endpoint failed
         ├── DraftError                  an answer that holds no usable code
@@ -174,6 +176,15 @@ class SpyreOpNotImplementedError(SpyreOpError, NotImplementedError):
 
 class AdapterError(HfadaptError):
     pass
+
+
+class GraphError(AdapterError):
+    """A graph artifact (an agent's draft captured as ATen ops) that does not validate: an op
+    outside the allowlist, a reference out of order, a constant or shape hfadapt does not know."""
+
+
+class UntrustedDataError(HfadaptError, ValueError):
+    """Data from a sandbox or a server that is out of bounds (too large, too deep, malformed)."""
 
 
 class AgentError(HfadaptError):

@@ -8,11 +8,17 @@ from __future__ import annotations
 LAYERS: tuple[tuple[str, ...], ...] = (
     # the core: typed errors; then option types, verdict strings, the version, this table
     ("hfadapt.errors",),
+    # reading what untrusted code or servers produced: bounded JSON, clean text, redaction
+    ("hfadapt.untrusted",),
+    # the sandbox's seccomp filter (libseccomp through ctypes)
+    ("hfadapt.seccomp",),
     # OS isolation for untrusted code (bubblewrap): usable by every layer above
     ("hfadapt.isolation",),
     ("hfadapt.options", "hfadapt.verdicts", "hfadapt.version", "hfadapt.layers"),
     # runs.db: engine, tables, migrations
     ("hfadapt.db",),
+    # graphs of ATen ops as data: capture, validation, the allowlist, running one
+    ("hfadapt.graphs",),
     # the simulated device: profile, DL16, op and layout rules, the lowering report
     ("hfadapt.spyre",),
     # its two halves: the eager PrivateUse1 device and the torch.compile backend

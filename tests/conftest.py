@@ -3,6 +3,7 @@ tmp_path, so nothing a test does touches the user's files or sends the user's to
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -549,3 +550,19 @@ def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
 
     monkeypatch.setattr(time, "sleep", sleep)
     return asked
+
+
+# Under CI, a containment or browser test that would skip (no bubblewrap, no chromium) fails:
+# what CI is for is proving those promises, and a skip would hide that it could not.
+STRICT_MARKERS = ("containment", "browser")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    strict = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+    if strict and report.skipped and any(item.get_closest_marker(m) for m in STRICT_MARKERS):
+        reason = report.longrepr[-1] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"skipped under CI=true, which must run it: {reason}"

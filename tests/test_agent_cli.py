@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 from cli_runner import run_cli as run
+from drafting import GOOD, WRONG, client_for, softsign_case
 from openai_server import (
     ScriptedOpenAI,
     openai_server_fixture,  # noqa: F401
 )
-from test_agent_loop import GOOD, WRONG, client_for, softsign_case
 
 from hfadapt.agent.loop import draft_adapter
 from hfadapt.agent.records import Recorder
@@ -95,7 +95,6 @@ def test_attempts_lists_and_shows_recorded_attempts(
         softsign_case(),
         client,
         recorder=Recorder(engine),
-        steps=("load", "equivalence"),
         adapters_dir=tmp_path / "adapters",
         taken_names={},
     )
@@ -104,7 +103,13 @@ def test_attempts_lists_and_shows_recorded_attempts(
     assert code == 0, err
     listed = json.loads(out)
     assert [a["result"] for a in listed] == ["accepted", "failed at equivalence"], listed
-    assert listed[1]["steps"] == {"policy": "pass", "load": "pass", "equivalence": "fail"}
+    assert listed[1]["steps"] == {
+        "policy": "pass",
+        "load": "pass",
+        "capture": "pass",
+        "graph": "pass",
+        "equivalence": "fail",
+    }
     code, out, err = run(["attempts", str(listed[1]["id"]), "--db", db], monkeypatch, capsys)
     assert code == 0, err
     assert "failed at equivalence" in out and "NOT equivalent" in out and "x * x" in out, out
@@ -127,35 +132,41 @@ GELU_BERT = {
 
 
 @pytest.mark.slow
-def test_draft_model_diagnoses_drafts_validates_on_the_model_and_accepts(
+def test_draft_for_a_recorded_fingerprint_follows_its_runs_mode_and_accepts(
     openai_server: ScriptedOpenAI,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
     tmp_path: Path,
 ) -> None:
-    from test_agent_device import GELU, fenced
+    """A structural, compiled diagnosis records the fingerprints; `draft --fingerprint` then
+    drafts in that same mode (a config-only folder: full mode would find no weights) and the
+    accepted graph adapter is live in the registry."""
+    from hfadapt.agent.suite import get
 
+    gelu = get("gelu-new-cube")
     folder = tmp_path / "gelu-bert"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(GELU_BERT))
     monkeypatch.setenv("HFADAPT_HOME", str(tmp_path / "home"))
-
-    def answer(body: dict) -> str:  # a right answer for gelu_new, no code for the rest
-        if "NewGELUActivation" in body["messages"][1]["content"]:
-            return fenced(GELU.solution.replace("eval-gelu-new-cube", "gelu-new-agent"))
-        return "I cannot fix this one."
-
-    openai_server.script = [answer] * 10
     db = str(tmp_path / "runs.db")
-    args = [
-        "draft",
-        str(folder),
-        "--mode",
-        "structural",
-        "--no-adapters",
-        "--base-url",
-        openai_server.url,
-    ]
+    code, out, err = run(
+        ["diagnose", str(folder), "--mode", "structural", "--no-adapters", "--json", "--db", db],
+        monkeypatch,
+        capsys,
+    )
+    assert code == 1, (code, err)
+    pow_fp = next(
+        v["fingerprint"]
+        for v in json.loads(out)["report"]["violations"]
+        if v["op"].startswith("aten::pow")
+    )
+
+    def answer(body: dict) -> str:  # a right answer for gelu_new
+        solution = gelu.solution.replace("eval-gelu-new-cube", "gelu-new-agent")
+        return f"```python\n{solution}```\n"
+
+    openai_server.script = [answer] * 3
+    args = ["draft", "--fingerprint", pow_fp[:8], "--no-adapters", "--base-url", openai_server.url]
     args += [
         "--model",
         "scripted-model",
@@ -168,16 +179,23 @@ def test_draft_model_diagnoses_drafts_validates_on_the_model_and_accepts(
         "--json",
     ]
     code, out, err = run(args, monkeypatch, capsys)
-    assert code == 0, err
-    outcomes = {o["fingerprint"]: o for o in json.loads(out)}
-    accepted = [o for o in outcomes.values() if o["outcome"] == "accepted"]
-    assert len(outcomes) >= 2 and len(accepted) == 1, outcomes
-    path = Path(accepted[0]["adapter_path"])
-    assert path == tmp_path / "home" / "adapters" / "gelu_new_agent.py"
-    assert accepted[0]["steps"][-1] == {
-        s: "pass" for s in ("policy", "load", "equivalence", "device", "end_to_end")
+    assert code == 0, (out[-3000:], err)
+    (outcome,) = json.loads(out)
+    assert outcome["outcome"] == "accepted", outcome
+    path = Path(outcome["adapter_path"])
+    assert path == tmp_path / "home" / "adapters" / "gelu-new-agent" and path.is_dir()
+    assert outcome["steps"][-1] == {
+        s: "pass"
+        for s in ("policy", "load", "capture", "graph", "equivalence", "device", "end_to_end")
     }
-    assert "End to end: CPU vs stock min token cosine 1.000000" in path.read_text()
+    manifest = json.loads((path / "adapter.json").read_text())
+    assert (
+        manifest["case"]["model"]["structural"] is True
+        and manifest["case"]["execution"] == "compile"
+    )
+    assert (
+        "CPU vs stock min token cosine 1.000000" in manifest["provenance"]["evidence"]["end_to_end"]
+    )
     from hfadapt.adapters.registry import default_registry
 
     try:
@@ -185,12 +203,41 @@ def test_draft_model_diagnoses_drafts_validates_on_the_model_and_accepts(
     finally:  # other tests must not see this user folder in the process-wide registry
         monkeypatch.delenv("HFADAPT_HOME")
         default_registry(reload=True)
-    # The diagnosis was recorded: --top now ranks its fingerprints.
-    code, out, err = run(
-        ["draft", "--top", "10", "--list", "--json", "--db", db], monkeypatch, capsys
-    )
-    assert code == 0, err
-    assert accepted[0]["fingerprint"] in [t["fingerprint"] for t in json.loads(out)]
+
+
+def test_a_dead_endpoint_stops_draft_before_any_model_work(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    import time
+
+    from openai_server import dead_url
+
+    from hfadapt.db.tables import Run
+
+    folder = tmp_path / "gelu-bert"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(GELU_BERT))
+    db = str(tmp_path / "runs.db")
+    start = time.monotonic()
+    args = [
+        "draft",
+        str(folder),
+        "--base-url",
+        dead_url(),
+        "--model",
+        "m",
+        "--api-key",
+        "k",
+        "--db",
+        db,
+    ]
+    code, _, err = run(args, monkeypatch, capsys)
+    seconds = time.monotonic() - start
+    assert code != 0 and "connection refused" in err and "before any model work" in err, (code, err)
+    assert len(err.strip().splitlines()) == 1, err
+    assert seconds < 10, f"the refusal took {seconds:.1f} s: the model was judged first"
+    with session(get_engine(db), write=False) as s:
+        assert s.query(Run).count() == 0, "a diagnosis was recorded before the endpoint check"
 
 
 def test_fingerprint_prefix_finds_its_models_or_says_why(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from drafting import GOOD, WRONG, client_for, draft, rows, run, softsign_case
 from openai_server import (
     ScriptedOpenAI,
     busy,
@@ -13,91 +14,23 @@ from openai_server import (
     openai_server_fixture,  # noqa: F401
 )
 
-from hfadapt.adapters.registry import load_file
-from hfadapt.agent.cases import FailureCase
-from hfadapt.agent.client import AgentClient, AgentSettings
-from hfadapt.agent.loop import ACCEPTED, ENDPOINT_ERROR, REJECTED, REPEATED, draft_adapter
-from hfadapt.agent.records import AgentAttempt, DraftSession, Recorder
+from hfadapt.adapters.graph_adapter import load_graph_adapter, read_manifest
+from hfadapt.agent.loop import (
+    ACCEPTED,
+    ENDPOINT_ERROR,
+    NO_TARGET,
+    REJECTED,
+    REPEATED,
+    draft_adapter,
+)
+from hfadapt.agent.records import Recorder
 from hfadapt.agent.sandbox import SandboxLimits
-from hfadapt.db.engine import get_engine, session
+from hfadapt.db.engine import get_engine
 
-TARGET = "hfadapt.agent.evalcases:Softsign.forward"
-STEPS = ("load", "equivalence")
-
-
-def draft(body: str, name: str = "softsign-agent") -> str:
-    return (
-        "```python\nimport torch\n\nfrom hfadapt.adapters.api import adapter\n\n\n"
-        f'@adapter(name="{name}", target="{TARGET}", rule="op.pow.square")\n'
-        f"def forward(self, x):\n{body}\n```\n"
-    )
+ALL_STEPS = ["policy", "load", "capture", "graph", "equivalence", "device", "end_to_end"]
 
 
-GOOD = draft("    return x * torch.reciprocal(1.0 + x.abs())")
-WRONG = draft("    return x * torch.reciprocal(1.0 + x * x)")  # x / (1 + x^2): not softsign
-
-
-def softsign_case() -> FailureCase:
-    return FailureCase(
-        name="softsign-pow-reciprocal",
-        fingerprint="0123456789ab",
-        rule_id="op.pow.square",
-        op="aten::pow.Tensor_Scalar",
-        message="Unsupported: Spyre backend does not support: pow with exponent -1.0",
-        target=TARGET,
-        example="hfadapt.agent.evalcases:softsign_example",
-        registry="none",
-    )
-
-
-def client_for(
-    url: str, *, attempts: int = 3, key: str = "sk-test-key-0000", **kw: object
-) -> AgentClient:
-    settings = AgentSettings(
-        model="scripted-model",
-        base_url=url,
-        api_key=key,
-        max_attempts=attempts,
-        max_retries=2,
-        timeout_s=10,
-        **kw,  # type: ignore[arg-type]
-    )
-    return AgentClient(settings)
-
-
-def run(
-    server_url: str,
-    tmp_path: Path,
-    *,
-    attempts: int = 3,
-    limits: SandboxLimits | None = None,
-    **kw: object,
-):
-    engine = get_engine(str(tmp_path / "runs.db"))
-    client = client_for(server_url, attempts=attempts)
-    outcome = draft_adapter(
-        softsign_case(),
-        client,
-        recorder=Recorder(engine, client.settings.secrets()),
-        steps=STEPS,
-        adapters_dir=tmp_path / "adapters",
-        taken_names={},
-        limits=limits,
-        **kw,  # type: ignore[arg-type]
-    )
-    return outcome, engine
-
-
-def rows(engine):
-    from sqlmodel import select
-
-    with session(engine, write=False) as s:
-        return list(s.exec(select(DraftSession))), list(
-            s.exec(select(AgentAttempt).order_by(AgentAttempt.id))
-        )
-
-
-def test_correct_draft_is_accepted_written_with_provenance_and_recorded(
+def test_correct_draft_is_accepted_as_a_graph_with_provenance_and_recorded(
     openai_server: ScriptedOpenAI, tmp_path: Path
 ) -> None:
     openai_server.script = [GOOD]
@@ -105,23 +38,41 @@ def test_correct_draft_is_accepted_written_with_provenance_and_recorded(
     assert outcome.outcome == ACCEPTED, outcome.reason
     assert len(outcome.attempts) == 1 and len(openai_server.requests) == 1
     path = outcome.adapter_path
-    assert path is not None and path.parent == tmp_path / "adapters"
-    text = path.read_text()
-    assert text.startswith(
-        "# hfadapt-origin: agent\n# Drafted by scripted-model at http://127.0.0.1:"
-    ), text[:200]
-    (loaded,) = load_file(path)
-    assert (
-        loaded.provenance.origin == "agent" and loaded.provenance.endpoint_model == "scripted-model"
+    assert path is not None and path.parent == tmp_path / "adapters" and path.is_dir()
+    files = sorted(p.name for p in path.iterdir())
+    assert files == ["adapter.json", "constants.safetensors", "draft-source.txt", "graph.json"], (
+        files
     )
+    assert not list(path.rglob("*.py")), "an accepted draft must not be written as Python"
+    manifest = read_manifest(path)
+    assert manifest["target"] == "hfadapt.agent.evalcases:Softsign.forward"
+    loaded = load_graph_adapter(path)
+    assert loaded.form == "graph" and loaded.provenance.origin == "agent"
+    assert loaded.provenance.endpoint_model == "scripted-model"
     assert loaded.provenance.attempt_id == outcome.attempts[0].attempt_id
-    assert loaded.provenance.evidence["equivalence"]["max_rel_err"] < 1e-12
+    eq = loaded.provenance.evidence["equivalence"]
+    assert eq["max_rel_err"] < 1e-12 and eq["controls_rejected"], eq
     sessions, attempts = rows(engine)
     assert [s.outcome for s in sessions] == [ACCEPTED]
     assert sessions[0].tokens_in == 1200 and sessions[0].tokens_out == 300
     assert [a.accepted for a in attempts] == [True]
-    assert [st["step"] for st in attempts[0].steps] == ["policy", "load", "equivalence"]
+    assert [st["step"] for st in attempts[0].steps] == ALL_STEPS
     assert all(st["status"] == "pass" for st in attempts[0].steps), attempts[0].steps
+
+
+def test_a_case_without_a_method_is_not_drafted_at_all(
+    openai_server: ScriptedOpenAI, tmp_path: Path
+) -> None:
+    case = softsign_case()
+    case.target = None
+    case.location = "modeling_x.py:40 in rotate_half"
+    openai_server.script = [GOOD]
+    outcome, engine = run(openai_server.url, tmp_path, case=case)
+    assert outcome.outcome == NO_TARGET, outcome.reason
+    assert "not a method of a model class" in outcome.reason and "rotate_half" in outcome.reason
+    assert openai_server.requests == [], "the endpoint was asked about a case nothing can fix"
+    sessions, attempts = rows(engine)
+    assert [s.outcome for s in sessions] == [NO_TARGET] and attempts == []
 
 
 def test_wrong_draft_is_rejected_at_equivalence_and_the_feedback_reaches_the_next_request(
@@ -243,18 +194,19 @@ def test_runaway_drafts_are_killed_and_the_loop_goes_on(
     openai_server: ScriptedOpenAI, tmp_path: Path
 ) -> None:
     forever = draft("    while True:\n        pass", name="forever")
+    # real memory (a capture traces tensors without allocating them): Python lists
     hog = draft(
-        "    junk = []\n    while True:\n        junk.append(torch.ones(1 << 22))", name="hog"
+        "    junk = []\n    while True:\n        junk.append([0.0] * (1 << 22))", name="hog"
     )
     openai_server.script = [forever, hog, GOOD]
     outcome, _ = run(openai_server.url, tmp_path, limits=SandboxLimits(timeout_s=30, memory_mb=400))
     assert outcome.outcome == ACCEPTED, outcome.reason
     first, second, third = outcome.attempts
     killed = first.validation.steps[-1]  # type: ignore[union-attr]
-    assert (killed.step, killed.status) == ("equivalence", "killed"), killed
+    assert (killed.step, killed.status) == ("capture", "killed"), killed
     assert "time limit of 30 s" in killed.summary, killed.summary
     hogged = second.validation.steps[-1]  # type: ignore[union-attr]
-    assert hogged.step == "equivalence" and hogged.status in ("fail", "killed"), hogged
+    assert hogged.step == "capture" and hogged.status in ("fail", "killed"), hogged
     assert "memory" in hogged.summary.lower() or "MemoryError" in hogged.summary, hogged.summary
     assert third.accepted
 
@@ -267,16 +219,12 @@ def test_token_and_wall_time_limits_end_the_session(
     openai_server.script = [WRONG, GOOD]
     engine = get_engine(str(tmp_path / "runs.db"))
     client = client_for(openai_server.url, attempts=3, max_tokens=1000)  # one answer costs 1500
-    outcome = draft_adapter(
-        softsign_case(), client, recorder=Recorder(engine), steps=STEPS, taken_names={}
-    )
+    outcome = draft_adapter(softsign_case(), client, recorder=Recorder(engine), taken_names={})
     assert outcome.outcome == TOKEN_BUDGET, outcome.reason
     assert "token limit 1000 reached (1500 used) after 1 attempt(s)" in outcome.reason
     assert len(openai_server.requests) == 1
     client = client_for(openai_server.url, attempts=3, max_seconds=0.0)
-    outcome = draft_adapter(
-        softsign_case(), client, recorder=Recorder(engine), steps=STEPS, taken_names={}
-    )
+    outcome = draft_adapter(softsign_case(), client, recorder=Recorder(engine), taken_names={})
     assert outcome.outcome == TIME_BUDGET and len(openai_server.requests) == 1, outcome.reason
     sessions, _ = rows(engine)
     assert [s.outcome for s in sessions] == [TOKEN_BUDGET, TIME_BUDGET]

@@ -1,5 +1,6 @@
 """The sandbox: no secrets in its environment, an audit hook that refuses writes outside its
-folder and network access, and API keys never reaching runs.db or the logs."""
+scratch space and network access, results read with a byte cap, and API keys never reaching
+runs.db or the logs."""
 
 from __future__ import annotations
 
@@ -10,11 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from drafting import GOOD, TARGET, client_for, softsign_case
 from openai_server import (
     ScriptedOpenAI,
     openai_server_fixture,  # noqa: F401
 )
-from test_agent_loop import GOOD, STEPS, TARGET, client_for, softsign_case
 
 from hfadapt.agent.loop import ACCEPTED, draft_adapter
 from hfadapt.agent.records import Recorder
@@ -27,12 +28,25 @@ SOLUTION = GOOD.split("```python\n")[1].split("```")[0]
 
 
 def env_example(seed: int) -> Any:
-    """An example builder that writes the sandbox's environment into its own folder."""
+    """An example builder that shows the sandbox's environment (on standard error)."""
+    import sys
+
     from hfadapt.agent.evalcases import softsign_example
 
-    out = Path(os.environ["HFADAPT_SANDBOX_OUTPUT"])
-    (out / "env.json").write_text(json.dumps(dict(os.environ)))
+    print("ENV " + json.dumps(sorted(dict(os.environ).items())), file=sys.stderr, flush=True)
     return softsign_example(seed)
+
+
+def flood_example(seed: int) -> Any:
+    """An example builder that writes far more than the result cap to every open descriptor."""
+    chunk = b"x" * (1 << 20)
+    for _ in range(80):
+        for fd in range(1, 8):
+            try:
+                os.write(fd, chunk)
+            except OSError:
+                continue
+    raise AssertionError("unreachable: the parent kills a sandbox past its result cap")
 
 
 ESCAPE_TARGET = Path("/var/tmp/hfadapt-test-escape.txt")
@@ -84,17 +98,14 @@ def test_the_sandbox_process_sees_no_secret(
     _secret_env(monkeypatch)
     case = softsign_case()
     case.example = "test_agent_sandbox:env_example"
-    kept = tmp_path / "kept"
     run = run_sandbox(
-        SOLUTION,
-        {"case": case.to_dict(), "steps": ["load", "equivalence"]},
-        secrets=[KEY],
-        keep=kept,
+        SOLUTION, {"case": case.to_dict(), "steps": ["load", "capture"]}, secrets=[KEY]
     )
-    assert [(s.step, s.status) for s in run.steps] == [("load", "pass"), ("equivalence", "pass")], (
+    assert [(s.step, s.status) for s in run.steps] == [("load", "pass"), ("capture", "pass")], (
         run.stderr_tail
     )
-    env = json.loads((kept / "out" / "env.json").read_text())
+    line = next(ln for ln in run.stderr_tail.splitlines() if ln.startswith("ENV "))
+    env = dict(json.loads(line[4:]))
     assert len(env) > 5, f"the probe saw only {len(env)} variables"
     assert not [k for k, v in env.items() if KEY in v], "the API key reached the sandbox"
     assert "OPENAI_API_KEY" not in env and "HF_TOKEN" not in env and "MY_SERVICE_SECRET" not in env
@@ -108,14 +119,28 @@ def test_the_sandbox_refuses_writes_outside_its_folder_and_network(
     outside.unlink(missing_ok=True)
     case = softsign_case()
     case.example = "test_agent_sandbox:escape_example"
-    run = run_sandbox(SOLUTION, {"case": case.to_dict(), "steps": ["load", "equivalence"]})
-    eq = run.steps[-1]
-    assert (eq.step, eq.status) == ("equivalence", "fail"), run.steps
-    assert "sandbox: writing" in eq.summary and "not allowed" in eq.summary, eq.summary
+    run = run_sandbox(SOLUTION, {"case": case.to_dict(), "steps": ["load", "capture"]})
+    step = run.steps[-1]
+    assert (step.step, step.status) == ("capture", "fail"), run.steps
+    assert "sandbox: writing" in step.summary and "not allowed" in step.summary, step.summary
     assert not outside.exists()
     case.example = "test_agent_sandbox:network_example"
-    run = run_sandbox(SOLUTION, {"case": case.to_dict(), "steps": ["load", "equivalence"]})
+    run = run_sandbox(SOLUTION, {"case": case.to_dict(), "steps": ["load", "capture"]})
     assert "sandbox: socket" in run.steps[-1].summary, run.steps[-1].summary
+
+
+def test_results_past_the_byte_cap_kill_the_sandbox(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from hfadapt.agent import sandbox
+
+    monkeypatch.setenv("PYTHONPATH", TESTS)
+    monkeypatch.setattr(sandbox, "MAX_RESULT_BYTES", 8 * 1024 * 1024)
+    case = softsign_case()
+    case.example = "test_agent_sandbox:flood_example"
+    run = run_sandbox(SOLUTION, {"case": case.to_dict(), "steps": ["load", "capture"]})
+    assert run.killed == "wrote more than 8388608 bytes of results", (run.killed, run.steps)
+    assert run.steps[-1].status == "killed" and run.files == {}, run.steps
 
 
 def test_api_key_never_reaches_runs_db_or_logs(
@@ -135,7 +160,6 @@ def test_api_key_never_reaches_runs_db_or_logs(
         softsign_case(),
         client,
         recorder=Recorder(engine, client.settings.secrets()),
-        steps=STEPS,
         adapters_dir=tmp_path / "adapters",
         taken_names={},
     )
@@ -148,5 +172,6 @@ def test_api_key_never_reaches_runs_db_or_logs(
     assert KEY.encode() not in stored, "the API key reached runs.db"
     assert KEY not in caplog.text
     assert KEY not in repr(client) and KEY not in repr(client.settings)
-    assert KEY not in (outcome.adapter_path.read_text() if outcome.adapter_path else "")
-    assert TARGET in (outcome.adapter_path.read_text() if outcome.adapter_path else "")
+    assert outcome.adapter_path is not None
+    written = "".join(p.read_text(errors="replace") for p in outcome.adapter_path.iterdir())
+    assert KEY not in written and TARGET in written

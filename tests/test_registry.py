@@ -94,20 +94,51 @@ def test_cli_lists_a_broken_file_with_its_error(
     assert "gelu-new-cube" in out, out
 
 
-def test_entry_point_adapters_are_discovered(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    (tmp_path / "ep_adapters_hfadapt_test.py").write_text(GOOD)
+PLUGIN = (
+    GOOD
+    + """
+
+def register(registry):
+    import sys
+
+    registry.add_module(sys.modules[__name__])
+"""
+)
+
+
+def _plugin(tmp_path: Path, target: str) -> None:
+    (tmp_path / "ep_adapters_hfadapt_test.py").write_text(PLUGIN)
     dist = tmp_path / "ep_adapters_hfadapt_test-0.1.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text(
         "Metadata-Version: 2.1\nName: ep-adapters-hfadapt-test\nVersion: 0.1\n"
     )
-    (dist / "entry_points.txt").write_text("[hfadapt.adapters]\nmine = ep_adapters_hfadapt_test\n")
+    (dist / "entry_points.txt").write_text(f"[hfadapt.adapters]\nmine = {target}\n")
+
+
+def test_entry_point_adapters_are_discovered_every_time_discovery_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _plugin(tmp_path, "ep_adapters_hfadapt_test:register")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for run in range(3):  # the module is imported once; its register hook runs each time
+        reg = discover(paths=[], bundled=False, entry_points=True)
+        found = [a for a in reg.adapters if a.name == "relu-double"]
+        assert len(found) == 1 and found[0].source == "entry-point:mine", (
+            f"discovery run {run}: {reg.adapters}, {reg.errors}"
+        )
+
+
+def test_entry_point_naming_a_module_is_reported_not_imported_silently(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _plugin(tmp_path, "ep_adapters_hfadapt_test")
     monkeypatch.syspath_prepend(str(tmp_path))
     reg = discover(paths=[], bundled=False, entry_points=True)
-    found = [a for a in reg.adapters if a.name == "relu-double"]
-    assert found and found[0].source == "entry-point:mine", (reg.adapters, reg.errors)
+    assert not reg.adapters
+    assert [e.error for e in reg.errors] == [
+        "AdapterError: entry point mine names a module; it must name a register(registry) function"
+    ], reg.errors
 
 
 def test_apply_is_scoped_reversible_idempotent_and_cpu_bit_identical() -> None:

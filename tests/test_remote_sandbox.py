@@ -352,3 +352,90 @@ def test_load_runs_remote_code_in_process_only_when_asked(
         folder, trust_remote_code=True, run_remote_code_in_process=True, device=None
     )
     assert type(model).__name__ == "XModel", type(model).__name__
+
+
+_REAL_SPAWN = isolation.spawn
+
+
+def _worker_says(monkeypatch: pytest.MonkeyPatch, stdout: str) -> list[dict[str, object]]:
+    """The sandboxed judge's worker replaced by one that prints ``stdout`` (unisolated: what
+    is tested is how the parent reads a worker's answer); returns the jobs it was given."""
+    import sys
+
+    from hfadapt.judge import sandboxed
+
+    jobs: list[dict[str, object]] = []
+
+    def spawn(command: list[str], **kw: object) -> object:
+        inputs: Path = kw["inputs"]  # type: ignore[assignment]
+        jobs.append(json.loads((inputs / "job.json").read_text()))
+        (inputs / "answer.txt").write_text(stdout)
+        kw["isolate"] = False
+        script = f"import sys; sys.stdout.write(open({str(inputs / 'answer.txt')!r}).read())"
+        return _REAL_SPAWN([sys.executable, "-c", script], **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sandboxed.isolation, "spawn", spawn)
+    return jobs
+
+
+def _judge(model: str) -> object:
+    from hfadapt.hub.resolve import HubOptions
+    from hfadapt.judge.sandboxed import judge
+
+    return judge(
+        model,
+        mode="full",
+        dtype=None,
+        execution="eager",
+        adapters=True,
+        profile=None,
+        localize_failures=False,
+        hub=HubOptions(),
+        unsafe_no_isolation=True,
+    )
+
+
+def test_the_parent_keeps_its_own_model_id_and_survives_a_hostile_answer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    answer = {
+        "model_id": "someone-else/popular-model",  # the worker's claim; never stored as such
+        "verdict": "load_failed",
+        "reason": "fine \x1b[31mred\x1b[0m",
+        "exit_code": 1,
+        "mode": "full",
+        "structural": False,
+        "execution": "eager",
+        "dtype": "fp16",
+        "next_step": "",
+        "evidence": {"deep": [[[[[[[[[[1]]]]]]]]]], "long": "x" * 100_000},
+        "adapters": [],
+        "timings": {},
+    }
+    _worker_says(monkeypatch, json.dumps(answer))
+    diag = _judge("asked/model")
+    assert diag.model_id == "asked/model", diag.model_id  # type: ignore[attr-defined]
+    assert "\x1b" not in diag.reason and diag.reason == "fine [31mred[0m", diag.reason  # type: ignore[attr-defined]
+    assert len(json.dumps(diag.evidence)) < 10_000, len(json.dumps(diag.evidence))  # type: ignore[attr-defined]
+    for hostile in ("[" * 200_000 + "]" * 200_000, "{" * 5000, "not json", ""):
+        _worker_says(monkeypatch, hostile)
+        diag = _judge("asked/model")
+        assert diag.verdict == verdicts.WORKER_CRASHED, (hostile[:20], diag.verdict)  # type: ignore[attr-defined]
+        assert diag.model_id == "asked/model"  # type: ignore[attr-defined]
+
+
+def test_the_sandboxed_judge_gets_a_memory_budget_and_no_token_folder(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from hfadapt.judge import sandboxed
+
+    env = sandboxed._env(True, tmp_path)
+    assert env["HF_HOME"] == "/tmp/hf_home" and "HF_TOKEN" not in env, env
+    paths = [str(p) for p in sandboxed.worker_readable_paths(env)]
+    from huggingface_hub import constants
+
+    assert str(constants.HF_HOME) not in paths, paths  # the folder that holds the token file
+    assert env["HF_HUB_CACHE"] == str(constants.HF_HUB_CACHE)
+    jobs = _worker_says(monkeypatch, "{}")
+    _judge("asked/model")
+    assert jobs[0]["memory_mb"] == sandboxed.DEFAULT_MEMORY_MB, jobs

@@ -110,8 +110,9 @@ class Adapter:
     provenance: Provenance = field(default_factory=Provenance)
     priority: int = 100
     proof: Proof = "call"  # "call": fn against the stock method; "model": the model's output
-    path: str = ""  # the file it was loaded from
+    path: str = ""  # the file (or, for a graph, the folder) it was loaded from
     source: str = ""  # "bundled", "user", "entry-point:<pkg>", or "inline"
+    form: str = "python"  # "python": code people wrote; "graph": an agent's draft, run as data
 
     def target_class(self) -> type | None:
         """The class whose instances this adapter matches (None for model-level adapters)."""
@@ -163,6 +164,7 @@ class Adapter:
             "provenance": self.provenance.to_dict(),
             "path": self.path,
             "source": self.source,
+            "form": self.form,
         }
 
 
@@ -196,21 +198,23 @@ def adapter(
     prov = provenance if isinstance(provenance, Provenance) else Provenance(**(provenance or {}))
 
     def register(fn: Callable[..., Any]) -> Callable[..., Any]:
-        _COLLECTOR.append(
-            Adapter(
-                name=name,
-                kind=kind,
-                target=target,
-                fn=fn,
-                rule=rule,
-                description=description or (fn.__doc__ or "").strip(),
-                applies=applies,
-                example=example,
-                provenance=prov,
-                priority=priority,
-                proof=proof,
-            )
+        made = Adapter(
+            name=name,
+            kind=kind,
+            target=target,
+            fn=fn,
+            rule=rule,
+            description=description or (fn.__doc__ or "").strip(),
+            applies=applies,
+            example=example,
+            provenance=prov,
+            priority=priority,
+            proof=proof,
         )
+        _COLLECTOR.append(made)
+        # kept on the function too, so a plugin's register(registry) can hand its module's
+        # adapters over again however many times discovery runs (Registry.add_module)
+        fn.__hfadapt_adapter__ = made  # type: ignore[attr-defined]
         return fn
 
     return register

@@ -30,7 +30,8 @@ VARIANTS = ("random", "zeros", "large", "negative")
 RTOL = 1e-6
 ATOL = 1e-12
 LARGE = 1e4  # "large magnitudes": far past fp16 range, still exact-ish in float64
-CONTROLS = ("identity", "zero", "constant")
+CONTROLS = ("identity", "zero", "constant", "scaled")
+SCALED = 1.001  # the scaled control: the true output times this (a 0.1 % scale error)
 
 
 @dataclass
@@ -289,12 +290,14 @@ def _zero_like(out: Any) -> Any:
 
 
 def _controls(reference_call: Call, first_output: Any) -> dict[str, Call]:
-    """Wrong replacements the checker must reject (constant = the first input's true output)."""
+    """Wrong replacements the checker must reject (constant = the first input's true output;
+    scaled = the true output off by 0.1 %, which a cosine alone would accept)."""
     frozen = copy.deepcopy(first_output)
     return {
         "identity": lambda m, a, k: _first_tensor(a, k),
         "zero": lambda m, a, k: _zero_like(reference_call(m, a, k)),
         "constant": lambda m, a, k: copy.deepcopy(frozen),
+        "scaled": lambda m, a, k: _map_floats(reference_call(m, a, k), lambda t: t * SCALED),
     }
 
 

@@ -1,10 +1,15 @@
 """The adapter registry: discovery (bundled ``adapters/``, user folders, entry points),
 matching against a model instance, and scoped, reversible, idempotent, thread-safe apply.
 
+Two forms of adapter are found: Python files people wrote (bundled, on
+``HFADAPT_ADAPTERS_PATH``, or from a plugin's entry point), compiled from the bytes read here
+(never from a bytecode cache, and with any coding declaration ignored), and graph folders
+(an agent's accepted draft: :mod:`hfadapt.adapters.graph_adapter`), which are validated and
+run as data. Drafted Python is never imported: a file in the accepted-drafts folder
+(``$HFADAPT_HOME/adapters``) or carrying the agent marker is refused, not read.
+
 A broken adapter file is recorded in ``Registry.errors`` and skipped; it never breaks an
 import or a model load, whatever it raises (SystemExit and KeyboardInterrupt included).
-Agent-origin files (the accepted-drafts folder, or the origin marker) must pass the allowlist
-of :mod:`hfadapt.adapters.policy` before they are imported; one that fails is never imported.
 Patches live on module *instances*, so two models in one process never see each other's
 adapters, and each patch is gated: unless forced on (``apply(..., device="spyre")``, used when
 judging on CPU memory) it only takes over when the call runs for the device (inputs on spyre,
@@ -13,7 +18,6 @@ or traced by torch.compile), so an eager CPU run of an adapted model is bit-iden
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import logging
 import os
 import sys
@@ -29,15 +33,18 @@ import torch
 
 from hfadapt.adapters import api as adapter_api
 from hfadapt.adapters.api import Adapter
+from hfadapt.adapters.graph_adapter import is_graph_folder, load_graph_adapter
 from hfadapt.errors import AdapterError
 
 log = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "hfadapt.adapters"
-# The first line hfadapt writes into every accepted agent draft.
+# The first line of drafted Python that hfadapt hands to people (``adapters export``): a file
+# carrying it is agent code nobody has promoted yet, and is never imported.
 AGENT_MARKER = "# hfadapt-origin: agent"
 _REPORTED: set[tuple[str, str]] = set()  # (path, error) already logged in this process
 _LOCK = threading.RLock()
+MAX_ADAPTER_FILE_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -75,49 +82,58 @@ def _one_line(exc: BaseException) -> str:
 
 
 def is_agent_origin(path: Path, text: str | None = None) -> bool:
-    """Whether a file is agent-drafted: it sits in the accepted-drafts folder or carries the
-    origin marker anywhere in its text."""
+    """Whether a Python file is agent-drafted: it sits in the accepted-drafts folder or carries
+    the origin marker anywhere in its text."""
     try:
         if path.resolve().parent == user_adapters_dir().resolve():
             return True
         text = path.read_text(encoding="utf-8", errors="replace") if text is None else text
     except OSError:
-        return True  # unreadable: treat as untrusted (the import fails anyway)
+        return True  # unreadable: treat as untrusted
     return AGENT_MARKER in text
 
 
-def check_agent_file(path: Path) -> None:
-    """Raise AdapterError when an agent-origin file fails the allowlist (nothing is run)."""
-    from hfadapt.adapters.policy import check_policy
-
-    text = path.read_text(encoding="utf-8", errors="replace")
-    result = check_policy(text)
-    if not result.ok:
+def _checked_source(path: Path) -> str:
+    """The file's text, read once: refused when it is agent-drafted, not UTF-8, or large."""
+    try:
+        with path.open("rb") as fh:
+            data = fh.read(MAX_ADAPTER_FILE_BYTES + 1)
+    except OSError as exc:
+        raise AdapterError(f"{path.name}: cannot be read ({exc.strerror or exc})") from exc
+    if len(data) > MAX_ADAPTER_FILE_BYTES:
+        raise AdapterError(f"{path.name}: larger than {MAX_ADAPTER_FILE_BYTES} bytes")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
         raise AdapterError(
-            f"{path.name}: agent-drafted file refused by the policy, not imported "
-            f"({len(result.problems)} problem(s); first: {result.problems[0]})"
+            f"{path.name}: not UTF-8 text ({exc.reason} at byte {exc.start})"
+        ) from exc
+    if is_agent_origin(path, text):
+        raise AdapterError(
+            f"{path.name}: drafted Python is never imported (agent marker, or in the accepted-"
+            "drafts folder); review it, delete the marker line and move it to a folder on "
+            "HFADAPT_ADAPTERS_PATH to promote it"
         )
+    return text
 
 
-def load_file(path: Path, source: str = "user", *, trusted: bool | None = None) -> list[Adapter]:
-    """Import one adapter file in isolation and return the adapters it registered. An
-    agent-origin file (``trusted=False``, or by :func:`is_agent_origin` when ``trusted`` is
-    None) is checked against the policy first and never imported when it fails."""
-    if trusted is False or (trusted is None and source != "bundled" and is_agent_origin(path)):
-        check_agent_file(path)
+def load_file(path: Path, source: str = "user") -> list[Adapter]:
+    """Run one adapter file people wrote and return the adapters it registered. The code run is
+    compiled from the text read here: no bytecode cache is consulted and a coding declaration
+    cannot change what the bytes mean."""
+    text = _checked_source(path)
     digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:8]
     mod_name = f"hfadapt_adapters.{path.stem}_{digest}"
-    spec = importlib.util.spec_from_file_location(mod_name, path)
-    if spec is None or spec.loader is None:
-        raise AdapterError(f"{path}: not an importable Python file")
-    module = importlib.util.module_from_spec(spec)
+    code = compile(text, str(path), "exec", dont_inherit=True)  # str: the cookie is ignored
+    module = types.ModuleType(mod_name)
+    module.__file__ = str(path)
     with _LOCK:
         saved = adapter_api._COLLECTOR
         found: list[Adapter] = []
         adapter_api._COLLECTOR = found
         try:
             sys.modules[mod_name] = module
-            spec.loader.exec_module(module)
+            exec(code, module.__dict__)
         except BaseException:
             sys.modules.pop(mod_name, None)
             raise
@@ -125,34 +141,9 @@ def load_file(path: Path, source: str = "user", *, trusted: bool | None = None) 
             adapter_api._COLLECTOR = saved
     for a in found:
         a.path, a.source = str(path), source
-        stored = a.provenance.evidence.get("example") if a.provenance.origin == "agent" else None
-        if a.example is None and isinstance(stored, str):
-            a.example = stored_example(stored, path.parent)
     if not found:
         raise AdapterError(f"{path.name}: defines no @adapter")
     return found
-
-
-def stored_example(ref: str, folder: Path) -> Any:
-    """The proof inputs hfadapt stored when it accepted an agent draft: a builder reference
-    ("pkg.module:function") or "file:NAME", captured calls beside the adapter (replayed)."""
-    if ref.startswith("file:"):
-        calls_path = folder / ref.removeprefix("file:")
-
-        def replay(seed: int) -> Any:
-            calls = torch.load(calls_path, weights_only=False)  # written by hfadapt, not a draft
-            return calls[seed % len(calls)]
-
-        return replay
-    module_name, _, qual = ref.partition(":")
-
-    def build(seed: int) -> Any:
-        obj: Any = importlib.import_module(module_name)
-        for part in qual.split("."):
-            obj = getattr(obj, part)
-        return obj(seed)
-
-    return build
 
 
 @dataclass
@@ -178,16 +169,33 @@ class Registry:
         raise AdapterError(f"no adapter named {name!r}; see 'hfadapt adapters list'")
 
     def load_folder(self, folder: Path, source: str) -> None:
+        """Every adapter in ``folder``: its ``*.py`` files (people's code) and its graph
+        folders (agents' accepted drafts); names starting with ``_`` are skipped."""
         if not folder.is_dir():
             return
-        for path in sorted(folder.glob("*.py")):
-            if path.name.startswith("_"):
+        for path in sorted(folder.iterdir()):
+            if path.name.startswith(("_", ".")):
                 continue
             try:
-                for a in load_file(path, source):
-                    self.add(a)
+                if path.suffix == ".py" and path.is_file():
+                    for a in load_file(path, source):
+                        self.add(a)
+                elif is_graph_folder(path):
+                    self.add(load_graph_adapter(path, source))
             except BaseException as exc:
                 self._report(str(path), exc)
+
+    def add_module(self, module: types.ModuleType, source: str = "") -> None:
+        """Every adapter defined (with ``@adapter``) in an imported module: what a plugin's
+        ``register(registry)`` hook calls. Repeatable: each call adds fresh records."""
+        import copy
+
+        for value in vars(module).values():
+            made = getattr(value, "__hfadapt_adapter__", None)
+            if isinstance(made, Adapter):
+                a = copy.copy(made)
+                a.source = source or f"module:{module.__name__}"
+                self.add(a)
 
     def _report(self, where: str, exc: BaseException) -> None:
         err = LoadError(where, _one_line(exc))
@@ -197,21 +205,29 @@ class Registry:
             log.warning("skipped adapter file %s: %s", where, err.error)
 
     def load_entry_points(self) -> None:
+        """Plugins: each entry point of the ``hfadapt.adapters`` group names a
+        ``register(registry)`` callable (pluggy style), called with this registry; it adds its
+        adapters (``registry.add(...)`` or ``registry.add_module(module)``). Discovery can run
+        any number of times in one process and finds the same adapters each time."""
         for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
-            with _LOCK:
-                saved = adapter_api._COLLECTOR
-                found: list[Adapter] = []
-                adapter_api._COLLECTOR = found
-                try:
-                    ep.load()
-                except BaseException as exc:
-                    self._report(f"entry-point:{ep.name}", exc)
-                    continue
-                finally:
-                    adapter_api._COLLECTOR = saved
-            for a in found:
-                a.source = f"entry-point:{ep.name}"
-                self.add(a)
+            where = f"entry-point:{ep.name}"
+            before = len(self.adapters)
+            try:
+                hook = ep.load()
+                if isinstance(hook, types.ModuleType):
+                    raise AdapterError(
+                        f"entry point {ep.name} names a module; it must name a "
+                        "register(registry) function"
+                    )
+                if not callable(hook):
+                    raise AdapterError(f"entry point {ep.name} does not name a callable")
+                hook(self)
+            except BaseException as exc:
+                self._report(where, exc)
+                continue
+            for a in self.adapters[before:]:
+                if not a.source or a.source.startswith("module:"):
+                    a.source = where
 
     # -- matching ----------------------------------------------------------------------
     def matches(

@@ -1,22 +1,42 @@
-"""Accepting a proven draft: write it to the user's adapters folder with a provenance header
-(endpoint model, attempt id, date, evidence) and ``provenance=`` on its ``@adapter``, then
-reload the registry so it is live. A file that does not load back is removed, never left."""
+"""Accepting a proven draft: hfadapt writes a graph adapter folder into the user's adapters
+folder (``$HFADAPT_HOME/adapters/<name>/``): the manifest (what it replaces, the rule, where it
+applies, system-written provenance with the proof's numbers, the case it was proven on, the
+graph's digest), the graph exactly as it was proven, and the drafted source as text for people.
+Every field is hfadapt's or bounded; nothing the endpoint wrote becomes code. The folder is
+written whole and renamed into place, then loaded back through the registry's own validation;
+a folder that does not load back is removed."""
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import re
 import shutil
+import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from hfadapt.adapters.registry import AGENT_MARKER
+from hfadapt.adapters.graph_adapter import (
+    FORMAT,
+    MANIFEST,
+    SOURCE_FILE,
+    VERSION,
+    graph_digest,
+    load_graph_adapter,
+)
 from hfadapt.agent.cases import FailureCase
 from hfadapt.agent.validate import Validation
 from hfadapt.errors import AdapterError
+from hfadapt.untrusted import bounded, clean_text
+
+ENDPOINT_MODEL = re.compile(r"^[A-Za-z0-9._:/@+\-]{1,128}$")
+
+
+def safe_model_name(value: Any, fallback: str = "unknown") -> str:
+    """An endpoint's model name as stored: letters, digits and ``._:/@+-``, at most 128; any
+    other answer is replaced by ``fallback`` (never written through)."""
+    return value if isinstance(value, str) and ENDPOINT_MODEL.match(value) else fallback
 
 
 def provenance(
@@ -34,96 +54,32 @@ def provenance(
         out = steps["equivalence"].output
         evidence["equivalence"] = {
             k: out.get(k)
-            for k in ("max_rel_err", "max_abs_err", "inputs", "rtol", "controls_rejected")
+            for k in (
+                "max_rel_err",
+                "max_abs_err",
+                "inputs",
+                "rtol",
+                "controls_rejected",
+                "fresh_bound",
+            )
         }
-    for name in ("device", "end_to_end"):
+    for name in ("graph", "device", "end_to_end"):
         if name in steps:
             evidence[name] = steps[name].summary
+    if validation.proof is not None:
+        evidence["host_share"] = validation.proof.host_share
     return {
         "origin": "agent",
         "author": endpoint_model,
         "date": datetime.now(UTC).date().isoformat(),
         "endpoint_model": endpoint_model,
         "attempt_id": attempt_id,
-        "evidence": evidence,
+        "evidence": bounded(evidence, max_depth=5, max_string=1000),
     }
 
 
 def _slug(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_]+", "_", name).strip("_").lower() or "adapter"
-
-
-def with_provenance(code: str, prov: dict[str, Any]) -> str:
-    """The draft with ``_PROVENANCE = {...}`` before its ``@adapter`` and ``provenance=`` in it."""
-    tree = ast.parse(code)
-    for node in ast.walk(tree):
-        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            continue
-        for dec in node.decorator_list:
-            func = getattr(dec, "func", None)
-            name = getattr(func, "id", None) or getattr(func, "attr", None)
-            if not (isinstance(dec, ast.Call) and name == "adapter"):
-                continue
-            lines = code.splitlines(keepends=True)
-            drafted = [kw for kw in dec.keywords if kw.arg == "provenance"]
-            if drafted:  # the draft's own provenance= is replaced, never kept
-                v = drafted[0].value
-                row, end = v.lineno - 1, v.end_lineno - 1  # type: ignore[operator]
-                head = lines[row][: v.col_offset] + "_PROVENANCE"
-                lines[row : end + 1] = [head + lines[end][v.end_col_offset :]]  # type: ignore[index]
-            else:
-                row, col = dec.end_lineno - 1, dec.end_col_offset - 1  # type: ignore[operator]
-                line = lines[row]
-                before = line[:col].rstrip()
-                joiner = (
-                    " " if before.endswith(("(", ",")) or not (dec.args or dec.keywords) else ", "
-                )
-                lines[row] = line[:col] + f"{joiner}provenance=_PROVENANCE" + line[col:]
-            first = min(d.lineno for d in node.decorator_list) - 1
-            literal = "_PROVENANCE = " + json.dumps(prov, indent=4, sort_keys=True, default=str)
-            literal = (
-                literal.replace(": null", ": None")
-                .replace(": true", ": True")
-                .replace(": false", ": False")
-            )
-            lines.insert(first, literal + "\n\n\n")
-            out = "".join(lines)
-            ast.parse(out)  # the edit must leave valid Python
-            return out
-    raise AdapterError("the draft has no @adapter(...) to attach provenance to")
-
-
-def header(case: FailureCase, prov: dict[str, Any], endpoint: str) -> str:
-    ev = prov["evidence"]
-    lines = [
-        AGENT_MARKER,
-        f"# Drafted by {prov['endpoint_model']} at {endpoint} on {prov['date']}; accepted by hfadapt",
-        f"# after validation (attempt id {prov['attempt_id']}: `hfadapt attempts {prov['attempt_id']}`).",
-        f"# Fixes fingerprint {case.fingerprint}: rule {case.rule_id}, {case.op} at {case.location or 'unknown'}.",
-    ]
-    if "equivalence" in ev:
-        eq = ev["equivalence"]
-        lines.append(
-            f"# Equivalence (float64, {eq.get('inputs')} inputs): max rel err {eq.get('max_rel_err')}, "
-            f"controls rejected: {eq.get('controls_rejected')}."
-        )
-    for name in ("device", "end_to_end"):
-        if name in ev:
-            lines.append(f"# {name.replace('_', ' ').capitalize()}: {ev[name]}")
-    return "\n".join(lines) + "\n"
-
-
-def _store_example(case: FailureCase, folder: Path, stem: str) -> str | None:
-    """What ``adapters verify`` re-proves the adapter on: the case's builder reference, or its
-    captured calls copied beside the adapter (a ``_`` folder the registry does not scan)."""
-    if case.example:
-        return case.example
-    if case.example_file and Path(case.example_file).is_file():
-        store = folder / "_examples"
-        store.mkdir(exist_ok=True)
-        shutil.copyfile(case.example_file, store / f"{stem}.pt")
-        return f"file:_examples/{stem}.pt"
-    return None
+    return re.sub(r"[^A-Za-z0-9_-]+", "-", name).strip("-").lower()[:60] or "adapter"
 
 
 def accept_draft(
@@ -137,31 +93,66 @@ def accept_draft(
     folder: Path | None = None,
     reload: bool = True,
 ) -> Path:
-    """Write the accepted draft and make it live; returns its path."""
+    """Write the accepted draft as a graph adapter folder and make it live; returns its path."""
     from hfadapt.adapters import registry
 
+    proof = validation.proof
+    if proof is None or proof.program is None or "graph.json" not in validation.files:
+        raise AdapterError("only a proven graph can be accepted")
     target_dir = folder or registry.user_adapters_dir()
     target_dir.mkdir(parents=True, exist_ok=True)
-    name = str(validation.adapter.get("name") or case.name)
-    path = target_dir / f"{_slug(name)}.py"
+    name = _slug(str(validation.adapter.get("name") or case.name))
+    path = target_dir / name
     n = 2
     while path.exists():
-        path = target_dir / f"{_slug(name)}_{n}.py"
+        path = target_dir / f"{name}-{n}"
         n += 1
-    prov = provenance(case, validation, endpoint_model=endpoint_model, attempt_id=attempt_id)
-    prov["evidence"]["example"] = _store_example(case, target_dir, path.stem)
-    text = header(case, prov, endpoint) + with_provenance(code, prov)
-    tmp = path.with_suffix(".py.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)  # atomic: a registry scan never sees half a file
+    model_name = safe_model_name(endpoint_model)
+    prov = provenance(case, validation, endpoint_model=model_name, attempt_id=attempt_id)
+    staging = Path(tempfile.mkdtemp(prefix=".accepting-", dir=target_dir))
     try:
-        loaded = registry.load_file(path, source="user")
+        (staging / "graph.json").write_bytes(validation.files["graph.json"])
+        (staging / "constants.safetensors").write_bytes(
+            validation.files.get("constants.safetensors", b"")
+        )
+        (staging / SOURCE_FILE).write_text(
+            f"# Drafted by {model_name} (attempt {attempt_id}); kept for people to read. hfadapt never\n"
+            "# imports this file: the adapter runs as the graph beside it. To promote it to Python\n"
+            f"# code after review: hfadapt adapters export {path.name} --python DIR\n\n" + code,
+            encoding="utf-8",
+        )
+        manifest = {
+            "format": FORMAT,
+            "version": VERSION,
+            "name": path.name,
+            "kind": "method",
+            "target": case.target,
+            "rule": case.rule_id,
+            "description": clean_text(
+                validation.adapter.get("description") or f"drafted for {case.fingerprint}", 500
+            ),
+            "conditions": {"reads": proof.reads},
+            "provenance": prov,
+            "endpoint": clean_text(endpoint, 200),
+            "case": bounded(case.to_dict(), max_depth=6, max_string=4000),
+            "graph_sha256": graph_digest(staging),
+            "host_share": proof.host_share,
+        }
+        (staging / MANIFEST).write_text(
+            json.dumps(manifest, indent=1, sort_keys=True, default=str) + "\n", encoding="utf-8"
+        )
+        os.replace(staging, path)  # atomic: a registry scan never sees half a folder
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    try:
+        load_graph_adapter(path, source="user")
     except Exception as exc:
-        path.unlink(missing_ok=True)
+        shutil.rmtree(path, ignore_errors=True)
         raise AdapterError(f"the accepted adapter does not load back from {path}: {exc}") from exc
-    if loaded[0].provenance.origin != "agent":
-        path.unlink(missing_ok=True)
-        raise AdapterError(f"the accepted adapter at {path} lost its provenance")
     if reload:
         registry.default_registry(reload=True)
     return path
+
+
+__all__ = ["accept_draft", "provenance", "safe_model_name"]

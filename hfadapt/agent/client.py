@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ import httpx2
 import openai
 
 from hfadapt.errors import EndpointError, UsageError, option
+from hfadapt.untrusted import clean_text
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +82,11 @@ class AgentSettings:
         return public_url(self.base_url or "https://api.openai.com/v1")
 
     def secrets(self) -> list[str]:
-        return [self.api_key] if self.api_key else []
+        """Every secret value to keep out of prompts, rows and messages: the API key, and the
+        ones this process knows of (credential-named variables, the Hugging Face tokens)."""
+        from hfadapt.untrusted import known_secrets
+
+        return known_secrets([self.api_key])
 
 
 def public_url(url: str) -> str:
@@ -92,11 +98,11 @@ def public_url(url: str) -> str:
 
 
 def redact(text: str, secrets: list[str]) -> str:
-    """``text`` with every secret (of 4+ characters) replaced by [redacted]."""
-    for secret in secrets:
-        if secret and len(secret) >= 4:
-            text = text.replace(secret, "[redacted]")
-    return text
+    """``text`` with every secret and every token-shaped string replaced by [redacted]
+    (:func:`hfadapt.untrusted.redact`)."""
+    from hfadapt.untrusted import redact as _redact
+
+    return _redact(text, secrets)
 
 
 @dataclass
@@ -174,6 +180,24 @@ class AgentClient:
     def __repr__(self) -> str:
         return f"AgentClient(model={self.settings.model!r}, endpoint={self.settings.endpoint!r})"
 
+    def check(self, timeout_s: float = 10.0) -> None:
+        """One cheap request (``GET {base}/models``, no retries) before any model work: raises
+        EndpointError when nothing answers there or the key is refused. Any other answer, a
+        404 from a server without that route included, means the endpoint is there."""
+        s = self.settings
+        url = (s.base_url or "https://api.openai.com/v1").rstrip("/") + "/models"
+        headers = {"Authorization": f"Bearer {s.api_key or NO_KEY}"}
+        try:
+            with httpx2.Client(timeout=timeout_s) as http:
+                status = http.get(url, headers=headers).status_code
+        except httpx2.HTTPError as exc:
+            why = "connection refused" if _refused(exc) else f"unreachable ({_cause(exc)})"
+            raise self._fail(f"{why}; checked before any model work") from None
+        if status in (401, 403):
+            raise self._fail(
+                f"the API key was refused ({status}): check {option('api_key')} / {ENV_API_KEY}"
+            )
+
     def _fail(self, what: str, retries: int = 0) -> EndpointError:
         return EndpointError(
             redact(f"endpoint {self.settings.endpoint}: {what}", self.settings.secrets()),
@@ -221,17 +245,20 @@ class AgentClient:
             raise self._fail("the answer holds no choices", retries)
         choice = resp.choices[0]
         text = (choice.message.content or "") if choice.message else ""
+        if not isinstance(text, str):
+            raise self._fail("the answer's content is not text", retries)
+        text = text[:MAX_ANSWER_CHARS]
         usage = getattr(resp, "usage", None)
         prompt_chars = sum(len(m.get("content", "")) for m in messages)
         return Completion(
             text=text,
             # Estimated (4 characters a token) when the endpoint reports no usage.
-            tokens_in=int(getattr(usage, "prompt_tokens", 0) or prompt_chars // 4),
-            tokens_out=int(getattr(usage, "completion_tokens", 0) or len(text) // 4),
+            tokens_in=_count(getattr(usage, "prompt_tokens", 0)) or prompt_chars // 4,
+            tokens_out=_count(getattr(usage, "completion_tokens", 0)) or len(text) // 4,
             latency_s=latency,
-            model=str(getattr(resp, "model", "") or s.model),
+            model=_model_name(getattr(resp, "model", None), s.model),
             retries=retries,
-            finish_reason=str(choice.finish_reason or ""),
+            finish_reason=clean_text(choice.finish_reason or "", 40),
         )
 
     @staticmethod
@@ -242,6 +269,26 @@ class AgentClient:
             return f"not found (404): check {option('base_url')} and {option('model')}"
         message = getattr(exc, "message", "") or str(exc)
         return f"request refused ({exc.status_code}): {' '.join(message.split())[:300]}"
+
+
+# An answer longer than this is cut (a draft is a page of code; nothing needs megabytes).
+MAX_ANSWER_CHARS = 64 * 1024
+_MODEL_NAME = re.compile(r"^[A-Za-z0-9._:/@+\-]{1,128}$")
+
+
+def _model_name(value: Any, fallback: str) -> str:
+    """The endpoint's model name as reported, if it is a plain name; else the configured one
+    (an answer's fields are untrusted: a name becomes part of provenance and rows)."""
+    return value if isinstance(value, str) and _MODEL_NAME.match(value) else fallback
+
+
+def _count(value: Any) -> int:
+    """A token count from the answer: a non-negative int below 10^9, else 0."""
+    return (
+        value
+        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 10**9
+        else 0
+    )
 
 
 def _gave_up(why: str, retries: int) -> str:

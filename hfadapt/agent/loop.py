@@ -6,7 +6,6 @@ Every answer is recorded as it arrives."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from hfadapt.agent.context import repair_prompt, system_prompt, task_prompt
 from hfadapt.agent.extract import extract_code, normalized
 from hfadapt.agent.records import AgentAttempt, DraftSession, Recorder
 from hfadapt.agent.sandbox import SandboxLimits
-from hfadapt.agent.validate import SANDBOX_STEPS, Validation, validate
+from hfadapt.agent.validate import Validation, validate
 from hfadapt.db.tables import utcnow
 from hfadapt.errors import AdapterError, DraftError, EndpointError
 
@@ -28,7 +27,8 @@ REPEATED = "repeated_draft"
 ENDPOINT_ERROR = "endpoint_error"
 TOKEN_BUDGET = "token_budget"
 TIME_BUDGET = "time_budget"
-OUTCOMES = (ACCEPTED, REJECTED, REPEATED, ENDPOINT_ERROR, TOKEN_BUDGET, TIME_BUDGET)
+NO_TARGET = "no_target"  # the failure has no method a graph can replace: nothing was asked
+OUTCOMES = (ACCEPTED, REJECTED, REPEATED, ENDPOINT_ERROR, TOKEN_BUDGET, TIME_BUDGET, NO_TARGET)
 
 
 @dataclass
@@ -90,8 +90,6 @@ def draft_adapter(
     *,
     recorder: Recorder | None = None,
     limits: SandboxLimits | None = None,
-    steps: Iterable[str] = SANDBOX_STEPS,
-    allow_skip: Iterable[str] = (),
     adapters_dir: Path | None = None,
     accept: bool = True,
     taken_names: dict[str, str] | None = None,
@@ -108,7 +106,6 @@ def draft_adapter(
     settings = client.settings
     recorder = recorder or Recorder(None)
     secrets = settings.secrets()
-    steps, allow_skip = tuple(steps), tuple(allow_skip)
     start = time.monotonic()
     taken = _taken_names() if taken_names is None else taken_names
     row = DraftSession(
@@ -124,6 +121,17 @@ def draft_adapter(
     )
     recorder.save_session(row)
     result = DraftOutcome(case, REJECTED, "", session_id=row.id)
+    if not case.target:
+        # The case decides what a draft replaces; without a method there is nothing a graph
+        # can stand in for, so the endpoint is not asked at all.
+        result.outcome = NO_TARGET
+        result.reason = (
+            f"the failing code ({case.location or case.op}) is not a method of a model class; "
+            "hfadapt drafts method rewrites only: write a Python adapter for it by hand"
+        )
+        row.outcome, row.reason, row.finished_at = result.outcome, result.reason, utcnow()
+        recorder.save_session(row)
+        return result
 
     system, task = system_prompt(case.profile), task_prompt(case)
     messages = [{"role": "system", "content": system}, {"role": "user", "content": task}]
@@ -177,15 +185,13 @@ def draft_adapter(
                 case,
                 limits=limits,
                 secrets=secrets,
-                steps=steps,
-                allow_skip=allow_skip,
                 taken_names=taken,
                 unsafe_no_isolation=unsafe_no_isolation,
             )
             bad = attempt.validation.failed()
             if not attempt.validation.accepted:
                 attempt.failed_step = bad.step if bad else "incomplete"
-                attempt.feedback = attempt.validation.feedback()
+                attempt.feedback = attempt.validation.feedback(secrets)
         _record(recorder, row, attempt, case, settings, messages, unsafe)
         if attempt.accepted and attempt.code is not None and attempt.validation is not None:
             if accept:

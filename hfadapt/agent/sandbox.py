@@ -1,16 +1,19 @@
 """Running untrusted draft code: ``python -m hfadapt.agent.sandbox_worker`` inside a bubblewrap
-sandbox (:mod:`hfadapt.isolation`: no network, its own /proc and PID space, the root read-only,
-a private tmpfs, CPU/process/file-size limits, an allowlisted environment), reading its job and
-the draft from a read-only input folder and writing only to an empty result folder, with a
-wall-time limit (the whole sandbox is killed). The worker adds an address-space limit after its
-imports and an audit hook (a second, weaker fence). Without bubblewrap it runs only when the
-caller passed ``unsafe_no_isolation=True``.
+sandbox (:mod:`hfadapt.isolation`: no network, its own /proc and PID space, only the files it
+needs and those read-only, a size-capped private tmpfs, a seccomp filter, CPU/memory/process/
+file limits, an allowlisted environment), reading its job and the draft from a read-only input
+folder and answering on its standard output, which is read with a byte cap. A wall-time limit
+kills the whole sandbox. Without bubblewrap it runs only when the caller passed
+``unsafe_no_isolation=True``.
 
-The worker reports each step as a JSON line in ``results.jsonl``; what finished before a kill
-is kept, and the step that was running is the one reported as killed."""
+Every record the worker writes is untrusted: each line is parsed with bounds, each field
+checked and cut, unknown records dropped. What finished before a kill is kept, and the step
+that was running is the one reported as killed."""
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import os
 import shutil
@@ -23,10 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from hfadapt import isolation
-from hfadapt.errors import SandboxError
+from hfadapt.errors import SandboxError, UntrustedDataError
+from hfadapt.untrusted import bounded, clean_text, parse_json
 
 DEFAULT_TIMEOUT_S = 180.0
 DEFAULT_MEMORY_MB = 3072
+MAX_RESULT_BYTES = 48 * 1024 * 1024
+STATUSES = ("pass", "fail", "skip", "killed", "error")
+RESULT_FILES = ("graph.json", "constants.safetensors")
 
 
 @dataclass
@@ -35,6 +42,7 @@ class SandboxLimits:
     memory_mb: int = DEFAULT_MEMORY_MB  # address space the draft may add after imports
     threads: int = 1
     processes: int = 64  # tasks (threads count) the sandbox may add
+    tmpfs_mb: int = 512  # its private /tmp
 
 
 @dataclass
@@ -68,9 +76,11 @@ class SandboxRun:
 
 def clean_env(secrets: list[str] | None = None, workdir: Path | None = None) -> dict[str, str]:
     """The sandbox's environment: built from an allowlist (:func:`hfadapt.isolation.sandbox_env`),
-    plus the package path, offline and sandbox settings; any value equal to a secret is dropped."""
+    plus the package path and offline settings. Of the Hugging Face folders only the hub cache
+    is named (``HF_HOME`` points at an empty scratch folder, so no token file is there); any
+    value equal to a secret is dropped."""
     values = {s for s in (secrets or []) if s}
-    # The draft is imported from a checkout or an install alike.
+    tmp = str(workdir) if workdir is not None else "/tmp"
     package_root = str(Path(__file__).resolve().parents[2])
     extra = {
         "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p),
@@ -80,72 +90,75 @@ def clean_env(secrets: list[str] | None = None, workdir: Path | None = None) -> 
         "HF_HUB_DISABLE_TELEMETRY": "1",
         "PYTHONDONTWRITEBYTECODE": "1",
         "MALLOC_ARENA_MAX": "2",  # each glibc arena reserves address space under RLIMIT_AS
-        "TORCHINDUCTOR_CACHE_DIR": "/tmp/inductor",
+        "HF_HOME": f"{tmp}/hf_home",
+        "HF_HUB_CACHE": hub_cache(),
+        "TORCHINDUCTOR_CACHE_DIR": f"{tmp}/inductor",
     }
-    for name in ("HF_HOME", "HF_HUB_CACHE", "HFADAPT_HOME", "HFADAPT_ADAPTERS_PATH"):
-        if os.environ.get(name):
-            extra[name] = os.environ[name]
-    extra.update(_cache_env())
     env = isolation.sandbox_env(extra)
     if workdir is not None:
-        env["TMPDIR"] = str(workdir)
-        env["TORCHINDUCTOR_CACHE_DIR"] = str(workdir / "inductor")
+        env.update(HOME=f"{tmp}/home", TMPDIR=tmp)
     return {k: v for k, v in env.items() if v not in values}
 
 
-def _cache_env() -> dict[str, str]:
-    """Where the parent finds cached models: the sandbox's HOME is not the user's."""
-    try:
-        from huggingface_hub import constants
-    except ImportError:  # pragma: no cover - a dependency
-        return {}
-    return {"HF_HOME": str(constants.HF_HOME), "HF_HUB_CACHE": str(constants.HF_HUB_CACHE)}
+def hub_cache() -> str:
+    """The Hugging Face hub cache (model files only; tokens live beside it, in HF_HOME)."""
+    from huggingface_hub import constants
+
+    return str(constants.HF_HUB_CACHE)
 
 
-def readable_paths(job: dict[str, Any], env: dict[str, str]) -> list[Path]:
-    """What the worker must read that the sandbox's tmpfs or hidden home would cover: the model
-    cache, hfadapt's home and adapter folders, the package, a local model folder, captured calls."""
-    from hfadapt.judge.sandboxed import worker_readable_paths
-
-    paths = worker_readable_paths(env)
+def readable_paths(job: dict[str, Any]) -> list[Path]:
+    """What the worker reads besides the interpreter and system: the package, the hub cache,
+    and the case's captured calls."""
+    paths = [Path(__file__).resolve().parents[2], Path(hub_cache())]
     case = job.get("case") or {}
     if case.get("example_file"):
         paths.append(Path(case["example_file"]))
-    ref = (case.get("model") or {}).get("ref")
-    if isinstance(ref, str) and os.path.isabs(ref):
-        paths.append(Path(ref))
-    return [p.resolve() for p in paths]
+    return [p.resolve() for p in paths if p.exists()]
 
 
-def _read_steps(text: str) -> tuple[list[StepReport], str | None]:
-    """Finished steps, and the one that started but never finished (if any). The text is the
-    worker's (untrusted): only well-formed records of the expected shape are kept."""
+def read_records(
+    raw: bytes, expected: tuple[str, ...]
+) -> tuple[list[StepReport], str | None, dict[str, bytes]]:
+    """Finished steps, the one that started but never finished (if any), and the result files,
+    from the worker's output. Every record is untrusted: lines that do not parse, records of an
+    unknown shape and steps the job did not ask for are dropped; fields are checked and cut."""
     steps: list[StepReport] = []
     running: str | None = None
-    for line in text.splitlines():
+    files: dict[str, bytes] = {}
+    for line in raw.splitlines():
         try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut by the kill
+            rec = parse_json(line, max_bytes=MAX_RESULT_BYTES, max_depth=10)
+        except UntrustedDataError:
+            continue  # a line cut by a kill, or not ours
         if not isinstance(rec, dict):
             continue
-        if isinstance(rec.get("start"), str):
+        if rec.get("start") in expected:
             running = rec["start"]
-        elif isinstance(rec.get("step"), str):
+        elif rec.get("step") in expected:
             out = rec.get("output")
+            status = rec.get("status")
+            seconds = rec.get("seconds")
             steps.append(
                 StepReport(
                     rec["step"],
-                    str(rec.get("status", "error")),
-                    str(rec.get("summary", "")),
-                    out if isinstance(out, dict) else {},
-                    float(rec.get("seconds", 0.0))
-                    if isinstance(rec.get("seconds"), (int, float))
+                    status if status in STATUSES else "error",
+                    clean_text(rec.get("summary", ""), 800),
+                    bounded(out, max_depth=6, max_string=2000, max_items=300)
+                    if isinstance(out, dict)
+                    else {},
+                    float(seconds)
+                    if isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
                     else 0.0,
                 )
             )
             running = None
-    return steps, running
+        elif rec.get("file") in RESULT_FILES and isinstance(rec.get("b64"), str):
+            try:
+                files[rec["file"]] = base64.b64decode(rec["b64"], validate=True)
+            except (binascii.Error, ValueError):
+                continue
+    return steps, running, files
 
 
 def run_sandbox(
@@ -154,7 +167,6 @@ def run_sandbox(
     limits: SandboxLimits | None = None,
     *,
     secrets: list[str] | None = None,
-    keep: Path | None = None,
     unsafe_no_isolation: bool = False,
 ) -> SandboxRun:
     """Run the job's steps on the draft in a fresh sandboxed worker. Raises
@@ -163,54 +175,52 @@ def run_sandbox(
     limits = limits or SandboxLimits()
     isolated = isolation.require_isolation(unsafe=unsafe_no_isolation)
     base = Path(tempfile.mkdtemp(prefix="hfadapt-sandbox-"))
-    inputs, outputs = base / "in", base / "out"
+    inputs, scratch = base / "in", base / "scratch"
     inputs.mkdir()
-    outputs.mkdir()
+    scratch.mkdir()
     try:
         (inputs / "draft.py").write_text(draft_source, encoding="utf-8")
         seen_in = Path(isolation.INPUT_DIR) if isolated else inputs
-        seen_out = Path(isolation.OUTPUT_DIR) if isolated else outputs
         payload = {
             **job,
             "draft_path": str(seen_in / "draft.py"),
-            "results_path": str(seen_out / "results.jsonl"),
-            "output_dir": str(seen_out),
+            "scratch": "/tmp" if isolated else str(scratch),
             "memory_mb": limits.memory_mb,
             "cpu_seconds": int(limits.timeout_s) + 5,
             "threads": limits.threads,
         }
         (inputs / "job.json").write_text(json.dumps(payload), encoding="utf-8")
-        env = clean_env(secrets, None if isolated else outputs)
+        env = clean_env(secrets, None if isolated else scratch)
         env["OMP_NUM_THREADS"] = str(limits.threads)
-        env["HFADAPT_SANDBOX_OUTPUT"] = str(seen_out)
         start = time.monotonic()
         command = [sys.executable, "-m", "hfadapt.agent.sandbox_worker", str(seen_in / "job.json")]
-        with (base / "stderr.txt").open("wb") as err, (base / "stdout.txt").open("wb") as out:
-            try:
-                proc = isolation.spawn(
-                    command,
-                    inputs=inputs,
-                    outputs=outputs,
-                    env=env,
-                    limits=isolation.Limits(
-                        cpu_seconds=int(limits.timeout_s) + 5, processes=limits.processes
-                    ),
-                    stdout=out,
-                    stderr=err,
-                    isolate=isolated,
-                    readable=readable_paths(job, env),
-                )
-            except OSError as exc:
-                raise SandboxError(f"cannot start the sandbox process: {exc}") from exc
-            code, timed_out = isolation.wait(proc, limits.timeout_s)
-            killed = f"exceeded the time limit of {limits.timeout_s:g} s" if timed_out else ""
+        try:
+            proc = isolation.spawn(
+                command,
+                inputs=inputs,
+                env=env,
+                limits=isolation.Limits(
+                    cpu_seconds=int(limits.timeout_s) + 5,
+                    processes=limits.processes,
+                    tmpfs_mb=limits.tmpfs_mb,
+                ),
+                isolate=isolated,
+                readable=readable_paths(job),
+                cwd=scratch,
+            )
+        except OSError as exc:
+            raise SandboxError(f"cannot start the sandbox process: {exc}") from exc
+        done = isolation.collect(proc, limits.timeout_s, max_stdout=MAX_RESULT_BYTES)
+        killed = (
+            f"exceeded the time limit of {limits.timeout_s:g} s"
+            if done.timed_out
+            else done.overflow
+        )
         seconds = time.monotonic() - start
-        raw = isolation.read_result(outputs, "results.jsonl") or b""
-        steps, running = _read_steps(raw.decode("utf-8", errors="replace"))
-        stderr = (base / "stderr.txt").read_text(encoding="utf-8", errors="replace")
-        tail = "\n".join(stderr.strip().splitlines()[-15:])
-        if not killed and code not in (0, None):
-            killed = _exit_reason(code, stderr, limits)
+        steps, running, files = read_records(done.stdout, tuple(job["steps"]))
+        tail = clean_text("\n".join(done.stderr_tail.strip().splitlines()[-15:]), 3000)
+        if not killed and done.code not in (0, None):
+            killed = _exit_reason(done.code, done.stderr_tail, limits)
         if running is not None:
             steps.append(
                 StepReport(
@@ -221,14 +231,7 @@ def run_sandbox(
                     seconds,
                 )
             )
-        files = {
-            name: data
-            for name in ("tensors.safetensors", "end_to_end.safetensors")
-            if (data := isolation.read_result(outputs, name)) is not None
-        }
-        if keep is not None:
-            shutil.copytree(base, keep, dirs_exist_ok=True, symlinks=True)
-        return SandboxRun(steps, code, killed, seconds, tail, isolated, files)
+        return SandboxRun(steps, done.code, killed, seconds, tail, isolated, files)
     finally:
         shutil.rmtree(base, ignore_errors=True)
 

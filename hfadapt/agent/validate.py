@@ -1,7 +1,13 @@
-"""Validating a draft (docs/design.md, "Validating an adapter"), each step recorded: the AST policy
-here, in this process, without running anything; then, in the sandbox, loading it, float64
-equivalence with negative controls, the fingerprint gone on the device with no new violation,
-and the end-to-end cosines. The first failed step's exact text is the agent's feedback."""
+"""Validating a draft (docs/design.md, "Validating an adapter"), each step recorded:
+
+1. ``policy`` (here, on the parsed source; nothing runs): a quick first look, so an answer that
+   could never be accepted gets its feedback at once. Not a fence.
+2. In the sandbox, the only place the draft's Python runs: ``load`` (exactly one method rewrite
+   of the failing target) and ``capture`` (the rewrite as a graph of ATen ops).
+3. Here, on the graph only: ``graph``, ``equivalence``, ``device``, ``end_to_end``
+   (:mod:`hfadapt.agent.graph_proof`). What is proven is the graph users will run.
+
+The first failed step's exact text is the agent's feedback."""
 
 from __future__ import annotations
 
@@ -11,15 +17,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
-from hfadapt.agent import end_to_end, outputs
+from hfadapt.agent import graph_proof
 from hfadapt.agent.cases import FailureCase
 from hfadapt.agent.policy import check_policy
-from hfadapt.agent.sandbox import SandboxLimits, SandboxRun, StepReport, run_sandbox
+from hfadapt.agent.sandbox import SandboxLimits, StepReport, run_sandbox
+from hfadapt.errors import HfadaptError
+from hfadapt.untrusted import redact
 
-SANDBOX_STEPS = ("load", "equivalence", "device", "end_to_end")
-ALL_STEPS = ("policy", *SANDBOX_STEPS)
+SANDBOX_STEPS = ("load", "capture")
+PARENT_STEPS = graph_proof.PARENT_STEPS
+STEPS = ("policy", *SANDBOX_STEPS, *PARENT_STEPS)
 FEEDBACK_MAX_CHARS = 4000
 
 
@@ -29,22 +36,23 @@ class Validation:
     accepted: bool
     adapter: dict[str, Any] = field(default_factory=dict)  # the @adapter's literal arguments
     seconds: float = 0.0
+    files: dict[str, bytes] = field(default_factory=dict)  # the graph, as the sandbox gave it
+    proof: graph_proof.Proof | None = None
 
     def failed(self) -> StepReport | None:
         for s in self.steps:
-            if s.status not in ("pass", "skip"):
+            if s.status != "pass":
                 return s
         return None
 
     def verdicts(self) -> dict[str, str]:
         return {s.step: s.status for s in self.steps}
 
-    def feedback(self) -> str:
-        """Exactly why the draft was not accepted, for the repair prompt."""
+    def feedback(self, secrets: Iterable[str] = ()) -> str:
+        """Exactly why the draft was not accepted, for the repair prompt (secrets redacted)."""
         bad = self.failed()
         if bad is None:
-            skipped = [s.step for s in self.steps if s.status == "skip"]
-            return f"steps not run or skipped: {', '.join(skipped) or 'none'}"
+            return "not every step ran"
         lines = [f"Step `{bad.step}` {bad.status}: {bad.summary}"]
         out = dict(bad.output)
         if bad.step == "policy":
@@ -55,7 +63,7 @@ class Validation:
                 lines.append("Details: " + json.dumps(out, default=str, sort_keys=True))
             if tb:
                 lines.append("Traceback (last lines):\n" + str(tb))
-        text = "\n".join(lines)
+        text = redact("\n".join(lines), secrets)
         return text if len(text) <= FEEDBACK_MAX_CHARS else text[: FEEDBACK_MAX_CHARS - 3] + "..."
 
     def to_dict(self) -> dict[str, Any]:
@@ -67,103 +75,18 @@ class Validation:
         }
 
 
-def _judge_outputs(
-    steps: list[StepReport], case: FailureCase, run: SandboxRun, job: dict[str, Any]
-) -> None:
-    """The parent's own verdict on the draft's outputs (it never imported the draft): a passed
-    ``equivalence`` step of the sandbox stands only if these numbers pass too."""
-    eq = next((s for s in steps if s.step == "equivalence" and s.status == "pass"), None)
-    if eq is None:
-        return
-    data = run.files.get(outputs.FILE)
-    if not data:
-        eq.output["parent_proof"] = "not run: the sandbox wrote no outputs (only method adapters)"
-        return
-    example = trusted_example(case)
-    if example is None:
-        eq.output["parent_proof"] = "not run: the case has no trusted example inputs"
-        return
-    from safetensors.torch import load
-
-    try:
-        produced = load(data)
-    except Exception as exc:  # untrusted bytes: a malformed file is the draft's failure
-        eq.status, eq.summary = "fail", f"the sandbox's outputs do not read as safetensors: {exc}"
-        return
-    from hfadapt.adapters.equivalence import DEFAULT_SEEDS
-
-    seeds = list(job.get("seeds") or DEFAULT_SEEDS)
-    original = stock_callable(case.target or "")
-    status, summary, numbers = outputs.judge(
-        original, example, seeds, produced, getattr(torch, case.run_dtype)
-    )
-    eq.output["parent_proof"] = numbers
-    if status != "pass":
-        eq.status, eq.summary = "fail", f"parent proof: {summary}"
-    else:
-        eq.summary = f"{eq.summary}; parent proof: {summary}"
-
-
-def _judge_end_to_end(steps: list[StepReport], case: FailureCase, run: SandboxRun) -> None:
-    """The parent's own end-to-end cosines on the sandbox's outputs (``parent_check`` in the
-    step's output): a passed ``end_to_end`` step stands only if these pass too."""
-    e2e = next((s for s in steps if s.step == "end_to_end" and s.status == "pass"), None)
-    if e2e is None:
-        return
-    data = run.files.get(end_to_end.FILE)
-    if not data:
-        e2e.status, e2e.summary = "fail", "the sandbox passed end to end but wrote no outputs"
-        return
-    status, summary, numbers = end_to_end.judge(case.model or {}, data)
-    e2e.output["parent_check"] = numbers or summary
-    if status == "fail":
-        e2e.status, e2e.summary = "fail", f"parent check: {summary}"
-    elif status == "pass":
-        e2e.summary = f"{e2e.summary}; parent check: {summary}"
-
-
-def trusted_example(case: FailureCase) -> Any:
-    """The case's example builder (captured calls or a named builder), never the draft's."""
-    from hfadapt.agent.cases import captured_example, resolve_ref
-
-    if case.example:
-        return resolve_ref(case.example)
-    if case.example_file:
-        return captured_example(case.example_file)
-    return None
-
-
-def stock_callable(target: str) -> Any:
-    """The stock code at ``module:Class.method``, imported here (trusted code, not the draft)."""
-    import importlib
-
-    module_name, _, qual = target.partition(":")
-    obj: Any = importlib.import_module(module_name)
-    for part in qual.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
-def validate(
-    source: str,
-    case: FailureCase,
-    *,
-    limits: SandboxLimits | None = None,
-    secrets: list[str] | None = None,
-    steps: Iterable[str] = SANDBOX_STEPS,
-    allow_skip: Iterable[str] = (),
-    taken_names: dict[str, str] | None = None,
-    seeds: Iterable[int] | None = None,
-    unsafe_no_isolation: bool = False,
-) -> Validation:
-    """Run every step on one draft; stop at the first that fails."""
-    start = time.monotonic()
-    wanted = [s for s in SANDBOX_STEPS if s in set(steps)]
+def _policy(
+    source: str, case: FailureCase, taken_names: dict[str, str] | None
+) -> tuple[StepReport, dict[str, Any]]:
     policy = check_policy(source, expected_target=case.target)
     problems = list(policy.problems)
     name = policy.adapter.get("name")
     if isinstance(name, str) and taken_names and name in taken_names:
         problems.append(f"the adapter name {name!r} is taken ({taken_names[name]}); choose another")
+    if not case.target:
+        problems.append(
+            "this failure has no method to rewrite; hfadapt drafts method rewrites only"
+        )
     report = StepReport(
         "policy",
         "fail" if problems else "pass",
@@ -172,26 +95,68 @@ def validate(
         else "imports, calls and structure allowed",
         {"problems": problems},
     )
-    result = Validation([report], False, policy.adapter)
-    if problems or not wanted:
-        result.seconds = time.monotonic() - start
-        result.accepted = not problems and not wanted
-        return result
+    return report, dict(policy.adapter)
 
+
+def _parent_steps(result: Validation, case: FailureCase, reads: Any) -> None:
+    name = str(result.adapter.get("name") or case.name)
+    rule = str(result.adapter.get("rule") or case.rule_id)
+    try:
+        report, proof = graph_proof.step_graph(result.files, case, name, rule, reads)
+    except Exception as exc:  # the graph's failure, said in one line
+        report, proof = StepReport("graph", "fail", _one_line(exc)), graph_proof.Proof()
+    result.steps.append(report)
+    result.proof = proof
+    runners = {
+        "equivalence": graph_proof.step_equivalence,
+        "device": graph_proof.step_device,
+        "end_to_end": graph_proof.step_end_to_end,
+    }
+    for step in PARENT_STEPS[1:]:
+        if result.failed() is not None:
+            break
+        start = time.monotonic()
+        try:
+            report = runners[step](proof, case)
+        except Exception as exc:  # a graph that breaks a proof is the graph's failure
+            report = StepReport(step, "fail", _one_line(exc))
+        report.seconds = round(time.monotonic() - start, 3)
+        result.steps.append(report)
+
+
+def _one_line(exc: BaseException) -> str:
+    if isinstance(exc, HfadaptError):
+        return exc.one_line()
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:600]}"
+
+
+def validate(
+    source: str,
+    case: FailureCase,
+    *,
+    limits: SandboxLimits | None = None,
+    secrets: list[str] | None = None,
+    taken_names: dict[str, str] | None = None,
+    unsafe_no_isolation: bool = False,
+) -> Validation:
+    """Run every step on one draft; stop at the first that fails. A draft is accepted only when
+    every step ran and passed (a case without a model to run on cannot be accepted)."""
+    start = time.monotonic()
+    report, adapter = _policy(source, case, taken_names)
+    result = Validation([report], False, adapter)
+    if report.status != "pass":
+        result.seconds = time.monotonic() - start
+        return result
     job = {
         "case": case.to_dict(),
-        "steps": wanted,
-        "seeds": list(seeds) if seeds else None,
+        "steps": list(SANDBOX_STEPS),
         # transformers costs ~2 s to import: only when the draft or the case needs it.
-        "import_transformers": "transformers" in source + json.dumps(case.to_dict())
-        or bool(case.model and "ref" in case.model),
+        "import_transformers": "transformers" in source + json.dumps(case.to_dict()),
     }
     run = run_sandbox(source, job, limits, secrets=secrets, unsafe_no_isolation=unsafe_no_isolation)
     result.steps.extend(run.steps)
-    _judge_outputs(result.steps, case, run, job)
-    _judge_end_to_end(result.steps, case, run)
     reported = {s.step for s in run.steps}
-    if not any(s.status not in ("pass", "skip") for s in run.steps) and reported != set(wanted):
+    if result.failed() is None and reported != set(SANDBOX_STEPS):
         # The worker died between steps (or before the first): say so, with its last words.
         result.steps.append(
             StepReport(
@@ -202,9 +167,11 @@ def validate(
                 run.seconds,
             )
         )
-    skippable = set(allow_skip)
-    result.accepted = all(
-        s.status == "pass" or (s.status == "skip" and s.step in skippable) for s in result.steps
-    ) and (reported == set(wanted))
+    if result.failed() is None:
+        result.files = run.files
+        capture = next(s for s in run.steps if s.step == "capture")
+        _parent_steps(result, case, capture.output.get("reads"))
+    done = {s.step for s in result.steps}
+    result.accepted = all(s.status == "pass" for s in result.steps) and set(STEPS) <= done
     result.seconds = time.monotonic() - start
     return result

@@ -46,10 +46,17 @@ def cases_for_model(
 ) -> tuple[Any, list[FailureCase]]:
     """Diagnose the model (recording the run) and make one case per violation fingerprint.
     ``adapters=False`` drafts against the stock model (no registry adapters anywhere)."""
+    from hfadapt.agent.models import remember
     from hfadapt.judge.diagnose import _load, build_probes, diagnose
     from hfadapt.judge.probes import model_inputs
 
     loaded = _load(model_ref, "structural" if structural else "full", False)
+    if hasattr(loaded.config, "use_cache"):
+        loaded.config.use_cache = False
+    batch = build_probes(loaded)
+    spec = {"ref": os.fspath(model_ref), "structural": structural}
+    # the parent proves drafts on this very model: kept (a copy, before judging converts it)
+    remember(spec, loaded.model, model_inputs(loaded.model, batch), batch.attention_mask)
     diag = diagnose(
         loaded,
         mode="structural" if structural else "full",
@@ -63,7 +70,10 @@ def cases_for_model(
     report = getattr(diag, "report", None)
     if report is None or report.ok:
         return diag, []
-    inputs = model_inputs(loaded.model, build_probes(loaded))
+    from hfadapt.agent.models import case_model
+
+    stock = case_model(spec)
+    inputs = stock.inputs
     cases: list[FailureCase] = []
     seen: set[str] = set()
     for v in report.violations:
@@ -73,7 +83,7 @@ def cases_for_model(
         seen.add(fp)
         case = from_violation(
             v,
-            model={"ref": os.fspath(model_ref), "structural": structural},
+            model=spec,
             execution=execution,
             profile=profile,
             evidence={"model": loaded.model_id, "verdict": diag.verdict},
@@ -83,7 +93,7 @@ def cases_for_model(
             path = workdir / f"{fp}.pt"
             try:
                 if capture_calls(
-                    loaded.model, [_odd_inputs(inputs), inputs], case.target, path=path
+                    stock.model, [_odd_inputs(inputs), inputs], case.target, path=path
                 ):
                     case.example_file = str(path)
             except Exception as exc:  # no captured inputs: the draft's own example is used
@@ -174,6 +184,19 @@ def plan_drafts(
         return {models[0]: [full]}
     assert model is not None
     return {model: None}
+
+
+def recorded_run(engine: Engine, model_id: str) -> tuple[str, str] | None:
+    """(mode, execution) of the model's latest recorded run: what a draft for its recorded
+    fingerprints uses, so that they occur again (a structural sweep's need no weights)."""
+    from hfadapt.db.engine import session
+    from hfadapt.db.tables import Run
+
+    with session(engine, write=False) as s:
+        run = s.exec(
+            select(Run).where(Run.model_id == model_id).order_by(Run.id.desc()).limit(1)  # type: ignore[union-attr]
+        ).first()
+    return (run.mode, run.execution) if run is not None else None
 
 
 def wanted_cases(

@@ -1,6 +1,6 @@
 """Commands about the adapter registry: list, show (an adapter as a card: what it replaces,
 the rule, the change as a diff against the stock code, provenance as fields), verify (every
-proof, why each one is ok, and a summary)."""
+proof, why each one is ok, and a summary), export (an accepted draft's Python, for review)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from hfadapt.errors import NotFoundError
 from hfadapt.report.charts import plural
 
 adapters_app = typer.Typer(
-    help="The adapter registry: list, show and re-prove adapters.",
+    help="The adapter registry: list, show, re-prove and export adapters.",
     no_args_is_help=True,
     rich_markup_mode=None,
 )
@@ -77,10 +77,10 @@ def list_adapters(
         )
         return
     table = Table(title=plural(len(reg.adapters), "adapter"))
-    for col in ("name", "kind", "replaces", "works around", "origin", "source"):
+    for col in ("name", "form", "replaces", "works around", "origin", "source"):
         table.add_column(col)
     for a in reg.adapters:
-        cells = (a.name, a.kind, a.target.split(":")[-1], a.rule, a.provenance.origin, a.source)
+        cells = (a.name, a.form, a.target.split(":")[-1], a.rule, a.provenance.origin, a.source)
         table.add_row(*(escape(str(c)) for c in cells))
     console.print(table)
     for e in reg.errors:  # part of the listing: files that failed to load
@@ -126,7 +126,7 @@ def _stock(a: Any) -> tuple[str, str | None]:
 def change_diff(a: Any) -> str:
     """The adapter's code as a unified diff against the stock code it replaces (its code
     alone, as added lines, when it replaces no single function)."""
-    ours = _source(a.fn) or ""
+    ours = _source_of(a)
     _, stock = _stock(a)
     where = Path(a.path).name if a.path else a.name
     return "".join(
@@ -171,7 +171,7 @@ def show(
     a = _named(default_registry(), name)
     diff = change_diff(a)
     if as_json:
-        typer.echo(json.dumps({**a.summary(), "code": _source(a.fn) or "", "diff": diff}, indent=2))
+        typer.echo(json.dumps({**a.summary(), "code": _source_of(a), "diff": diff}, indent=2))
         return
     replaces, _ = _stock(a)
     rule_source = _rule_source(load_profile(), a.rule)
@@ -200,6 +200,63 @@ def show(
         console.print(Text(f"    {line}", style=style), highlight=False, soft_wrap=True)
 
 
+def _source_of(a: Any) -> str:
+    """The code people read for an adapter: its Python, or for a graph adapter the drafted
+    source kept beside the graph (text; it is not what runs)."""
+    if a.form == "graph":
+        from hfadapt.adapters.graph_adapter import draft_source
+
+        return draft_source(Path(a.path))
+    return _source(a.fn) or ""
+
+
+@adapters_app.command("export")
+def export(
+    name: Annotated[
+        str, typer.Argument(metavar="NAME", help="A graph adapter (an accepted draft).")
+    ],
+    python: Annotated[
+        Path,
+        typer.Option(
+            "--python", metavar="DIR", help="Write the drafted Python into this folder for review."
+        ),
+    ],
+) -> None:
+    """Write an accepted draft's Python source for people to review. hfadapt never runs it:
+    promoting it to an adapter file is a person's decision (see the file's header)."""
+    from hfadapt.adapters.graph_adapter import draft_source
+    from hfadapt.adapters.registry import AGENT_MARKER, default_registry
+    from hfadapt.errors import UsageError
+
+    if not python.is_dir():
+        raise UsageError(f"--python {python}: not a folder")
+    a = _named(default_registry(), name)
+    if a.form != "graph":
+        raise UsageError(
+            f"{name} is already Python code people wrote ({a.path}); nothing to export"
+        )
+    out = python / f"{a.name.replace('-', '_')}.py"
+    if out.exists():
+        raise UsageError(f"{out} exists; export into another folder or remove it first")
+    header = "\n".join(
+        [
+            AGENT_MARKER,
+            f"# Drafted by an agent; accepted by hfadapt as the graph adapter {a.name} ({a.path}).",
+            "# This Python has never run outside hfadapt's sandbox, and hfadapt will not import it",
+            "# while the line above is here. Review it. To promote it to an adapter file: delete the",
+            "# first line, move this file into a folder on HFADAPT_ADAPTERS_PATH, and remove the",
+            "# graph adapter's folder (two adapters of one name: the first one found is kept).",
+            "",
+        ]
+    )
+    body = draft_source(Path(a.path))
+    try:
+        out.write_text(header + "\n" + body, encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot write {out}: {exc.strerror or exc}") from exc
+    err_console.print(escape(f"wrote {out} (review it before promoting it)"), highlight=False)
+
+
 @adapters_app.command("verify")
 def verify(
     name: Annotated[
@@ -211,27 +268,22 @@ def verify(
     ] = 3,
     profile: ProfileOption = None,
     as_json: JsonOption = False,
-    unsafe_no_isolation: Annotated[
-        bool,
-        typer.Option(
-            "--unsafe-no-isolation",
-            help="Re-prove agent-drafted adapters even where no OS sandbox can be had.",
-        ),
-    ] = False,
 ) -> None:
     """Re-prove adapters: float64 equivalence with the code they replace, then that their
-    rule no longer fires on the simulated device."""
+    rule no longer fires on the simulated device (graph adapters: every acceptance proof
+    again, on the stored graph)."""
     from hfadapt.adapters.proofs import verify_adapter
-    from hfadapt.adapters.registry import default_registry, is_agent_origin
+    from hfadapt.adapters.registry import default_registry
+    from hfadapt.agent.reprove import verify_graph_adapter
 
     reg = default_registry()
     targets = [_named(reg, name)] if name else reg.adapters
-    drafted = [a for a in targets if a.path and is_agent_origin(Path(a.path))]
-    if drafted:
-        from hfadapt.isolation import require_isolation
-
-        require_isolation(unsafe=unsafe_no_isolation)
-    results = [verify_adapter(a, seeds=seeds, profile=profile) for a in targets]
+    results: list[Any] = [
+        verify_graph_adapter(a)
+        if a.form == "graph"
+        else verify_adapter(a, seeds=seeds, profile=profile)
+        for a in targets
+    ]
     failed = [r for r in results if not r.ok]
     plan_exit(1 if failed else 0)
     if as_json:
@@ -267,6 +319,11 @@ def verify(
 
 def why_ok(r: Any) -> str:
     """Why a proof passed, in words: what was shown on the device for the adapter's rule."""
+    if getattr(r, "steps", None) is not None:  # a graph adapter: its acceptance proofs again
+        passed = [s.step for s in r.steps if s.status == "pass"]
+        return "the stored graph passed its acceptance proofs again: " + (
+            ", ".join(passed) or "none ran"
+        )
     equivalent = (
         f"equivalent in float64 (max rel err {r.equivalence.max_rel_err:.1e})"
         if r.equivalence is not None

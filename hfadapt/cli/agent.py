@@ -117,8 +117,14 @@ def draft(
     api_key: ApiKeyOption = None,
     max_attempts: AttemptsOption = 4,
     mode: Annotated[
-        Mode, typer.Option("--mode", help="full: real weights. structural: random weights.")
-    ] = Mode.FULL,
+        Mode | None,
+        typer.Option(
+            "--mode",
+            help="full: real weights; structural: random weights (default: full for MODEL; "
+            "for --top/--fingerprint, the mode each model's fingerprints were recorded in).",
+            show_default=False,
+        ),
+    ] = None,
     no_adapters: Annotated[
         bool,
         typer.Option(
@@ -153,14 +159,18 @@ def draft(
     from hfadapt.agent.records import Recorder
 
     client = AgentClient(settings)
+    client.check()  # one cheap request: a dead endpoint stops the run before any model work
     recorder = Recorder(engine, settings.secrets())
     outcomes = []
     with tempfile.TemporaryDirectory(prefix="hfadapt-draft-") as work:
         for ref, wanted in plan.items():
+            recorded = workflows.recorded_run(engine, ref) if model_ref is None else None
+            ref_mode = mode or Mode.parse(recorded[0] if recorded else "full", "mode")
             diag, cases = workflows.cases_for_model(
                 ref,
                 workdir=Path(work),
-                structural=mode == Mode.STRUCTURAL,
+                structural=ref_mode == Mode.STRUCTURAL,
+                execution=recorded[1] if recorded else "eager",
                 profile=profile,
                 db=engine,
                 adapters=not no_adapters,

@@ -1,7 +1,9 @@
 """The sandboxed judge's worker: ``python -m hfadapt.judge.sandbox_worker JOB.json``, started
 only by :mod:`hfadapt.judge.sandboxed` inside the OS sandbox. It judges one model with its own
-code (``trust_remote_code=True``), offline, unrecorded, and writes the Diagnosis as JSON into
-the result folder named by the job."""
+code (``trust_remote_code=True``), offline, unrecorded, and writes the Diagnosis as one JSON
+line on its standard output (the parent reads it with a byte cap and validates every field).
+After its heavy imports it limits its own address space to what they mapped plus the job's
+memory budget."""
 
 from __future__ import annotations
 
@@ -12,8 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from hfadapt.hub.resolve import HubOptions
-
-RESULT = "diagnosis.json"  # the name hfadapt.judge.sandboxed reads
 
 
 def _work(job: dict[str, Any]) -> dict[str, Any]:
@@ -41,19 +41,25 @@ def _work(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Read the job, judge with the model's own code, write diagnosis.json atomically."""
+    """Read the job, judge with the model's own code, write the Diagnosis on standard output."""
+    from hfadapt.isolation import result_stream
+
+    results = result_stream()
     args = list(sys.argv[1:] if argv is None else argv)
     job = json.loads(Path(args[0]).read_text(encoding="utf-8"))
-    from hfadapt.errors import InputError
+    import torch  # noqa: F401  heavy imports first: their address space is not the budget
+    import transformers  # noqa: F401
 
+    from hfadapt.errors import InputError
+    from hfadapt.isolation import limit_self
+
+    limit_self(job)
     try:
         data = _work(job)
     except InputError as exc:  # no model to judge, a bad option: the parent raises it again
         data = {"input_error": {"class": type(exc).__name__, "message": exc.one_line()}}
-    out = Path(job["output_dir"])
-    part = out / (RESULT + ".part")
-    part.write_text(json.dumps(data, default=str), encoding="utf-8")
-    part.replace(out / RESULT)
+    results.write(json.dumps(data, default=str) + "\n")
+    results.close()
     return 0
 
 

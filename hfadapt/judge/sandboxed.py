@@ -1,11 +1,12 @@
 """Judging a model whose own code must run (``trust_remote_code=True``) only inside the OS
 sandbox of :mod:`hfadapt.isolation`: no network, no secrets, the root read-only, a private
-tmpfs. The parent never imports the model's code. It writes a job, starts
-``python -m hfadapt.judge.sandbox_worker JOB.json`` through ``isolation.spawn``, and the worker does
-the whole judging there (load with ``trust_remote_code=True``, CPU reference, device run,
-metrics, localization) and leaves the Diagnosis as JSON in its result folder. The parent reads
-that file as untrusted data, validates every field it keeps (types, known verdict strings),
-and returns a :class:`~hfadapt.judge.diagnosis.Diagnosis` that ``diagnose`` records.
+tmpfs capped in size, a memory budget. The parent never imports the model's code. It writes a
+job, starts ``python -m hfadapt.judge.sandbox_worker JOB.json`` through ``isolation.spawn``, and
+the worker does the whole judging there (load with ``trust_remote_code=True``, CPU reference,
+device run, metrics, localization) and writes the Diagnosis as JSON on its standard output,
+which the parent reads with a byte cap. The parent parses it with bounds (size, nesting), keeps
+only the fields it knows, each checked and cut, puts its own model id on it, and returns a
+:class:`~hfadapt.judge.diagnosis.Diagnosis` that ``diagnose`` records.
 
 Without bubblewrap the parent refuses (:class:`~hfadapt.errors.IsolationUnavailableError`,
 exit 2) unless the caller passed ``unsafe_no_isolation=True``; such a run is recorded with
@@ -31,9 +32,11 @@ from hfadapt.judge.diagnosis import Diagnosis, next_step, write_run
 from hfadapt.judge.localize import Divergence
 from hfadapt.judge.metrics import Metrics
 from hfadapt.spyre.lowering_report import LoweringReport
+from hfadapt.untrusted import bounded, clean_text, known_secrets, parse_json, redact
 
-RESULT = "diagnosis.json"
 DEFAULT_TIMEOUT_S = 900.0
+DEFAULT_MEMORY_MB = 8192  # what the worker may map after its imports (the model, activations)
+TMPFS_MB = 1024  # its /tmp: the model's copied code, compile caches
 MAX_RESULT_BYTES = 32 * 1024 * 1024
 _STR_FIELDS = ("model_id", "reason", "execution", "dtype", "next_step")
 _OPTIONAL_STR = ("revision", "signature", "model_type", "config_source", "evidence_level", "error")
@@ -61,16 +64,15 @@ def _env(isolated: bool, scratch: Path) -> dict[str, str]:
         "HF_MODULES_CACHE": f"{tmp}/hf_modules",
         "TORCHINDUCTOR_CACHE_DIR": f"{tmp}/inductor",
     }
-    for name in ("HF_HOME", "HF_HUB_CACHE", "HFADAPT_HOME", "HFADAPT_ADAPTERS_PATH"):
+    for name in ("HFADAPT_HOME", "HFADAPT_ADAPTERS_PATH", "HFADAPT_CACHE_DIR"):
         if os.environ.get(name):
             extra[name] = os.environ[name]
-    try:
-        from huggingface_hub import constants
+    from huggingface_hub import constants
 
-        extra.setdefault("HF_HOME", str(constants.HF_HOME))
-        extra.setdefault("HF_HUB_CACHE", str(constants.HF_HUB_CACHE))
-    except ImportError:  # pragma: no cover - a dependency
-        pass
+    # Only the hub cache (model files): HF_HOME, where the login token lives, is a scratch
+    # folder inside the sandbox.
+    extra["HF_HOME"] = f"{tmp}/hf_home"
+    extra["HF_HUB_CACHE"] = str(constants.HF_HUB_CACHE)
     env = isolation.sandbox_env(extra)
     if not isolated:
         env.update(HOME=f"{tmp}/home", TMPDIR=tmp)
@@ -78,17 +80,15 @@ def _env(isolated: bool, scratch: Path) -> dict[str, str]:
 
 
 def worker_readable_paths(env: dict[str, str]) -> list[Path]:
-    """What any sandboxed hfadapt worker reads that the sandbox's tmpfs or hidden home would
-    cover: the model caches, hfadapt's home and adapter folders, the package and the interpreter
-    (pyenv keeps them in the home the sandbox hides). Callers add their own inputs."""
+    """What the sandboxed judge reads besides the interpreter and the system: the hub cache,
+    hfadapt's adapter folders, the package, and the compiled DL16 kernels."""
     from hfadapt.adapters.registry import user_adapters_dir
+    from hfadapt.spyre.dl16_native import cache_dir
 
-    paths = [Path(env[k]) for k in ("HF_HOME", "HF_HUB_CACHE", "HFADAPT_HOME") if env.get(k)]
+    paths = [Path(env["HF_HUB_CACHE"])] if env.get("HF_HUB_CACHE") else []
     paths += [Path(p) for p in env.get("HFADAPT_ADAPTERS_PATH", "").split(os.pathsep) if p]
     paths += [Path(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    paths += [Path(sys.base_prefix), Path(sys.prefix), Path(sys.executable).resolve().parent]
-    paths += [Path(p) for p in sys.path if p and os.path.isdir(p)]
-    paths.append(user_adapters_dir())
+    paths += [user_adapters_dir(), cache_dir()]
     return paths
 
 
@@ -133,6 +133,7 @@ def judge(
     hub: HubOptions,
     unsafe_no_isolation: bool = False,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    memory_mb: int = DEFAULT_MEMORY_MB,
 ) -> Diagnosis:
     """Judge ``model_ref`` with its own code, in a sandboxed worker; the Diagnosis it returns
     is rebuilt from validated data (not yet recorded). Raises IsolationUnavailableError when
@@ -143,11 +144,10 @@ def judge(
     local = Path(model_ref).expanduser()
     model = str(local.resolve()) if local.exists() else model_ref
     base = Path(tempfile.mkdtemp(prefix="hfadapt-remote-"))
-    inputs, outputs = base / "in", base / "out"
+    inputs, scratch = base / "in", base / "scratch"
     inputs.mkdir()
-    outputs.mkdir()
+    scratch.mkdir()
     seen_in = Path(isolation.INPUT_DIR) if isolated else inputs
-    seen_out = Path(isolation.OUTPUT_DIR) if isolated else outputs
     job = {
         "model": model,
         "mode": mode,
@@ -158,40 +158,40 @@ def judge(
         "localize_failures": localize_failures,
         "revision": hub.revision,
         "cache_dir": hub.cache_dir,
-        "output_dir": str(seen_out),
+        "memory_mb": memory_mb,
+        "cpu_seconds": int(timeout_s) + 5,
     }  # no token: the sandbox has no network and gets no secret
     try:
         (inputs / "job.json").write_text(json.dumps(job), encoding="utf-8")
-        env = _env(isolated, outputs)
+        env = _env(isolated, scratch)
         command = [sys.executable, "-m", "hfadapt.judge.sandbox_worker", str(seen_in / "job.json")]
         start, started_at = time.monotonic(), utcnow()
-        with (base / "stderr.txt").open("wb") as err:
-            try:
-                proc = isolation.spawn(
-                    command,
-                    inputs=inputs,
-                    outputs=outputs,
-                    env=env,
-                    limits=isolation.Limits(cpu_seconds=int(timeout_s) + 5),
-                    stdout=err,
-                    stderr=err,
-                    isolate=isolated,
-                    readable=_readable(env, model, hub.cache_dir),
-                )
-            except OSError as exc:
-                raise SandboxError(f"cannot start the sandboxed judge: {exc}") from exc
-            code, timed_out = isolation.wait(proc, timeout_s)
+        try:
+            proc = isolation.spawn(
+                command,
+                inputs=inputs,
+                env=env,
+                limits=isolation.Limits(cpu_seconds=int(timeout_s) + 5, tmpfs_mb=TMPFS_MB),
+                isolate=isolated,
+                readable=_readable(env, model, hub.cache_dir),
+                cwd=scratch,
+            )
+        except OSError as exc:
+            raise SandboxError(f"cannot start the sandboxed judge: {exc}") from exc
+        done = isolation.collect(proc, timeout_s, max_stdout=MAX_RESULT_BYTES)
         seconds = round(time.monotonic() - start, 3)
-        stderr = (base / "stderr.txt").read_text(encoding="utf-8", errors="replace")
-        tail = _scrub("\n".join(stderr.strip().splitlines()[-15:]))
-        raw = isolation.read_result(outputs, RESULT, MAX_RESULT_BYTES)
-        sandbox = {"isolated": isolated, "exit_code": code, "seconds": seconds}
-        if raw is None or timed_out:
+        tail = _scrub(clean_text("\n".join(done.stderr_tail.strip().splitlines()[-15:]), 4000))
+        sandbox = {"isolated": isolated, "exit_code": done.code, "seconds": seconds}
+        raw = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else None
+        if raw is None or done.timed_out or done.overflow:
+            why = done.overflow or tail
             return _no_result(
-                model_ref, mode, execution, dtype, timed_out, timeout_s, sandbox, tail
+                model_ref, mode, execution, dtype, done.timed_out, timeout_s, sandbox, why
             )
         try:
-            data = json.loads(_scrub(raw.decode("utf-8", errors="replace")))
+            data = parse_json(
+                _scrub(raw.decode("utf-8", errors="replace")), max_bytes=MAX_RESULT_BYTES
+            )
             _raise_input_error(data)
             diag = from_data(data)
         except (ValueError, TypeError, KeyError) as exc:
@@ -199,6 +199,9 @@ def judge(
             diag = _no_result(model_ref, mode, execution, dtype, False, timeout_s, sandbox, why)
             diag.started_at = started_at
             return diag
+        diag.model_id = (
+            model_ref  # the parent's id for the model it asked about, never the worker's
+        )
         diag.evidence["sandbox"] = sandbox
         diag.started_at = started_at
         if "total" in diag.timings:  # the worker's own total; "total" becomes the parent's
@@ -229,7 +232,7 @@ def _scrub(text: str) -> str:
     for key, value in os.environ.items():
         if isolation.SECRET_NAME.search(key) and len(value) >= 6:
             text = text.replace(value, "[redacted]")
-    return text
+    return redact(text, known_secrets())
 
 
 def _no_result(
@@ -268,7 +271,7 @@ def _str(data: dict[str, Any], key: str, *, optional: bool = False) -> str | Non
         return None
     if not isinstance(value, str):
         raise TypeError(f"{key} is {type(value).__name__}, not a string")
-    return value
+    return clean_text(value, 4000)
 
 
 def _known(cls: Any, data: Any) -> Any:
@@ -313,7 +316,10 @@ def from_data(data: Any) -> Diagnosis:
     for key in _OPTIONAL_STR:
         setattr(diag, key, _str(data, key, optional=True))
     diag.adapters = _strings(data.get("adapters", []), "adapters")
-    diag.versions = {k: str(v) for k, v in _obj(data.get("versions"), "versions").items()}
+    diag.versions = {
+        clean_text(k, 60): clean_text(v, 120)
+        for k, v in list(_obj(data.get("versions"), "versions").items())[:20]
+    }
     diag.timings = {
         k: float(v)
         for k, v in _obj(data.get("timings"), "timings").items()
@@ -321,8 +327,10 @@ def from_data(data: Any) -> Diagnosis:
     }
     diag.signature_fields = data.get("signature_fields")
     if diag.signature_fields is not None:
-        _obj(diag.signature_fields, "signature_fields")
-    diag.evidence = _obj(data.get("evidence"), "evidence")
+        diag.signature_fields = bounded(
+            _obj(diag.signature_fields, "signature_fields"), max_depth=4
+        )
+    diag.evidence = bounded(_obj(data.get("evidence"), "evidence"), max_depth=8, max_items=500)
     metrics = data.get("metrics")
     if isinstance(metrics, dict):
         metrics = {k: v for k, v in metrics.items() if k != "passed"}
@@ -348,4 +356,4 @@ def _obj(value: Any, name: str) -> dict[str, Any]:
 def _strings(value: Any, name: str) -> list[str]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise TypeError(f"{name} is not a list of strings")
-    return list(value)
+    return [clean_text(v, 200) for v in value[:200]]

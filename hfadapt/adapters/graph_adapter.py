@@ -1,0 +1,246 @@
+"""Adapters that are graphs: an agent's accepted draft, stored as data in a folder of its own and
+applied by running its graph (:class:`hfadapt.graphs.GraphProgram`) in place of the method it
+replaces, with the module instance's parameters passed in.
+
+A folder holds ``adapter.json`` (what it replaces, the rule, where it applies, provenance, the
+case it was proven on, the graph's digest; written by hfadapt), ``graph.json`` and
+``constants.safetensors`` (the graph), and ``draft-source.txt`` (the drafted Python, for people
+to read; never imported). Every load validates all of it again: the manifest's fields, the
+digest, every op against the allowlist. Nothing in the folder is executed.
+
+Where it applies: instances of exactly the target class whose plain attributes read while the
+graph was proven (``conditions.reads``: head counts, an ``eps``, ``config.hidden_act``) equal
+what they were then, on calls of the recorded form and sizes within the graph's ranges. A call
+that does not fit runs the stock method."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hfadapt.adapters.api import Adapter, Provenance
+from hfadapt.errors import AdapterError, GraphError, UntrustedDataError
+from hfadapt.graphs import GraphArtifact, GraphProgram
+from hfadapt.graphs.artifact import CONSTANTS_FILE, GRAPH_FILE, read_plain_file
+from hfadapt.graphs.reads import read_value
+from hfadapt.untrusted import bounded, clean_text, parse_json
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "adapter.json"
+SOURCE_FILE = "draft-source.txt"
+FORMAT = "hfadapt-graph-adapter"
+VERSION = 1
+MAX_MANIFEST_BYTES = 1024 * 1024
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,79}$")
+TARGET = re.compile(
+    r"^[A-Za-z_][A-Za-z0-9_.]{0,200}:[A-Za-z_][A-Za-z0-9_]{0,100}\.[A-Za-z_][A-Za-z0-9_]{0,100}$"
+)
+RULE = re.compile(r"^[a-z0-9_.]{1,80}$")
+READ_PATH = re.compile(r"^[A-Za-z0-9_.]{1,200}$")
+# Packages whose classes a graph adapter may target (importing the target's module is the one
+# import a graph adapter causes): the model libraries, and hfadapt's own example modules.
+TARGET_PACKAGES = (
+    "transformers.",
+    "sentence_transformers.",
+    "hfadapt.agent.evalcases",
+    "hfadapt.adapters.examples",
+)
+
+
+def graph_digest(folder: Path) -> str:
+    """sha256 over graph.json and constants.safetensors, as stored."""
+    h = hashlib.sha256()
+    for name in (GRAPH_FILE, CONSTANTS_FILE):
+        data = read_plain_file(folder / name, 512 * 1024 * 1024)
+        h.update(len(data).to_bytes(8, "big"))
+        h.update(data)
+    return h.hexdigest()
+
+
+def is_graph_folder(path: Path) -> bool:
+    return path.is_dir() and not path.is_symlink() and (path / MANIFEST).is_file()
+
+
+def read_manifest(folder: Path) -> dict[str, Any]:
+    """The validated manifest of a graph adapter folder (AdapterError naming what is wrong)."""
+    try:
+        data = parse_json(read_plain_file(folder / MANIFEST, MAX_MANIFEST_BYTES), max_depth=12)
+    except (GraphError, UntrustedDataError) as exc:
+        raise AdapterError(f"{folder.name}/{MANIFEST}: {exc}") from exc
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise AdapterError(f"{folder.name}/{MANIFEST} is not an {FORMAT} manifest")
+    if data.get("version") != VERSION:
+        raise AdapterError(
+            f"{folder.name}: manifest version {data.get('version')!r}; this hfadapt reads {VERSION}"
+        )
+    name, target, rule = data.get("name"), data.get("target"), data.get("rule")
+    if not isinstance(name, str) or not NAME.match(name):
+        raise AdapterError(
+            f"{folder.name}: adapter name {str(name)[:40]!r} is not letters, digits, '-' or '_'"
+        )
+    if not isinstance(target, str) or not TARGET.match(target):
+        raise AdapterError(
+            f"{folder.name}: target {str(target)[:80]!r} is not 'module:Class.method'"
+        )
+    if not target.startswith(TARGET_PACKAGES):
+        raise AdapterError(
+            f"{folder.name}: target {target} is outside the packages a graph may replace code in"
+        )
+    if not isinstance(rule, str) or not RULE.match(rule):
+        raise AdapterError(f"{folder.name}: rule {str(rule)[:40]!r} is not a rule id")
+    conditions = data.get("conditions")
+    reads = conditions.get("reads") if isinstance(conditions, dict) else None
+    if (
+        not isinstance(reads, dict)
+        or len(reads) > 400
+        or not all(isinstance(k, str) and READ_PATH.match(k) for k in reads)
+    ):
+        raise AdapterError(f"{folder.name}: conditions.reads must map attribute paths to values")
+    digest = data.get("graph_sha256")
+    if not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{64}", digest):
+        raise AdapterError(f"{folder.name}: the manifest carries no graph digest")
+    return data
+
+
+class GraphMethod:
+    """The replacement for ``Class.method``: runs the graph when the call fits, the stock method
+    otherwise (said once per adapter and reason). ``runs`` and ``fallbacks`` count both."""
+
+    def __init__(self, program: GraphProgram, method: str, name: str) -> None:
+        self.program, self.method, self.name = program, method, name
+        self.runs = 0
+        self.fallbacks = 0
+        self._said: set[str] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        bound = self.program.bind(module, args, kwargs)
+        if isinstance(bound, str):
+            self._fell_back(bound)
+            return getattr(type(module), self.method)(module, *args, **kwargs)
+        self._ran()
+        return self.program.run(bound)
+
+    @torch.compiler.disable
+    def _ran(self) -> None:
+        self.runs += 1
+
+    @torch.compiler.disable
+    def _fell_back(self, why: str) -> None:
+        with self._lock:
+            self.fallbacks += 1
+            if why not in self._said:
+                self._said.add(why)
+                log.warning(
+                    "graph adapter %s does not fit this call (%s): the stock code runs",
+                    self.name,
+                    why,
+                )
+
+
+def conditions_check(cls: type, reads: dict[str, Any]) -> Callable[[Any, Any], bool]:
+    """The ``applies`` predicate: exactly the target class, every recorded read unchanged."""
+
+    def applies(module: Any, config: Any) -> bool:
+        m: torch.nn.Module = module
+        if type(m) is not cls:
+            return False
+        return all(read_value(m, path) == value for path, value in reads.items())
+
+    return applies
+
+
+def graph_adapter(
+    program: GraphProgram,
+    *,
+    name: str,
+    target: str,
+    rule: str,
+    reads: dict[str, Any],
+    description: str = "",
+    provenance: Provenance | None = None,
+    path: str = "",
+    source: str = "inline",
+) -> Adapter:
+    """An Adapter that runs ``program`` in place of ``target`` where ``reads`` hold."""
+    method = target.rsplit(".", 1)[1]
+    a = Adapter(
+        name=name,
+        kind="method",
+        target=target,
+        fn=GraphMethod(program, method, name),
+        rule=rule,
+        description=description,
+        provenance=provenance or Provenance(origin="agent", author="agent"),
+        path=path,
+        source=source,
+        form="graph",
+    )
+    cls = a.target_class()
+    if cls is None or not issubclass(cls, torch.nn.Module):
+        raise AdapterError(f"{name}: target {target} is not a torch module class")
+    a.applies = conditions_check(cls, reads)
+    return a
+
+
+def load_graph_adapter(folder: Path, source: str = "user") -> Adapter:
+    """The adapter a graph folder holds, validated (AdapterError/GraphError when anything is
+    off: a manifest field, the digest, an op outside the allowlist, a constant)."""
+    data = read_manifest(folder)
+    if graph_digest(folder) != data["graph_sha256"]:
+        raise AdapterError(
+            f"{folder.name}: graph.json or constants.safetensors changed since hfadapt wrote them"
+        )
+    artifact = GraphArtifact.read(folder)
+    program = GraphProgram(artifact)
+    prov_raw = data.get("provenance") if isinstance(data.get("provenance"), dict) else {}
+    prov = bounded(prov_raw, max_depth=6, max_string=2000)
+    provenance = Provenance(
+        origin="agent",
+        author=clean_text(prov.get("author", "agent"), 120),
+        date=clean_text(prov.get("date", ""), 40),
+        endpoint_model=clean_text(prov.get("endpoint_model", ""), 128) or None,
+        attempt_id=prov.get("attempt_id") if isinstance(prov.get("attempt_id"), int) else None,
+        evidence=prov.get("evidence") if isinstance(prov.get("evidence"), dict) else {},
+    )
+    return graph_adapter(
+        program,
+        name=data["name"],
+        target=data["target"],
+        rule=data["rule"],
+        reads=dict(data["conditions"]["reads"]),
+        description=clean_text(data.get("description", ""), 500),
+        provenance=provenance,
+        path=str(folder),
+        source=source,
+    )
+
+
+def draft_source(folder: Path) -> str:
+    """The drafted Python kept with a graph adapter, as text (never imported)."""
+    try:
+        return read_plain_file(folder / SOURCE_FILE, 1024 * 1024).decode("utf-8", errors="replace")
+    except GraphError as exc:
+        raise AdapterError(f"{folder.name}: no drafted source kept ({exc})") from exc
+
+
+__all__ = [
+    "MANIFEST",
+    "SOURCE_FILE",
+    "GraphMethod",
+    "conditions_check",
+    "draft_source",
+    "graph_adapter",
+    "graph_digest",
+    "is_graph_folder",
+    "load_graph_adapter",
+    "read_manifest",
+]

@@ -1,0 +1,203 @@
+"""Reading what untrusted code or servers produced: a sandbox's result, an endpoint's answer, a
+model's own code's diagnosis. Everything passes through here before it is stored, printed or
+sent anywhere: JSON parsed with a byte and nesting bound (no RecursionError, no gigabyte
+strings), text stripped of control characters and cut to a length, and secrets redacted.
+
+This module imports only the standard library and :mod:`hfadapt.errors`, so any layer may use it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from hfadapt.errors import UntrustedDataError
+
+MAX_DEPTH = 16
+MAX_STRING = 4000
+MAX_ITEMS = 2000
+REDACTED = "[redacted]"
+
+# Control characters other than newline and tab: ESC starts terminal escape sequences, and
+# the others have no business in a stored reason or name.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+# Token-shaped strings: Hugging Face, OpenAI-style, GitHub, AWS, Slack tokens, JWTs, private
+# keys. A false positive costs a redacted word; a miss would send a credential to an endpoint.
+_TOKEN_PATTERNS = (
+    r"hf_[A-Za-z0-9]{20,}",
+    r"sk-[A-Za-z0-9_\-]{16,}",
+    r"(?:ghp|gho|ghs|ghu|ghr|github_pat)_[A-Za-z0-9_]{20,}",
+    r"AKIA[0-9A-Z]{16}",
+    r"xox[abprs]-[A-Za-z0-9\-]{10,}",
+    r"eyJ[A-Za-z0-9_\-]{10,}\.[A-Za-z0-9_\-]{10,}\.[A-Za-z0-9_\-]{10,}",
+    r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?(?:-----END [A-Z ]*PRIVATE KEY-----|$)",
+)
+_TOKENS = re.compile("|".join(f"(?:{p})" for p in _TOKEN_PATTERNS))
+# Environment variables whose value is a secret (the same rule the sandbox's environment uses).
+SECRET_NAME = re.compile(
+    r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|SESSION|PRIVATE", re.IGNORECASE
+)
+
+
+def clean_text(value: Any, max_len: int = MAX_STRING) -> str:
+    """``value`` as a string without control characters (newlines and tabs kept), cut to
+    ``max_len`` characters (with an ellipsis)."""
+    text = _CONTROL.sub("", str(value))
+    return text if len(text) <= max_len else text[: max(0, max_len - 3)] + "..."
+
+
+def one_line(value: Any, max_len: int = 300) -> str:
+    """``value`` as one clean line (whitespace runs folded), cut to ``max_len``."""
+    return clean_text(" ".join(str(value).split()), max_len)
+
+
+def _depth_ok(text: str, max_depth: int) -> bool:
+    """Whether no array/object nests deeper than ``max_depth`` (brackets inside strings are
+    skipped): checked before ``json.loads``, whose recursion a deep document would exhaust."""
+    depth, in_string, escaped = 0, False, False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            if depth > max_depth:
+                return False
+        elif ch in "]}":
+            depth -= 1
+    return True
+
+
+def parse_json(
+    data: bytes | str, *, max_bytes: int = 32 * 1024 * 1024, max_depth: int = MAX_DEPTH
+) -> Any:
+    """Parse untrusted JSON: at most ``max_bytes``, nesting at most ``max_depth``, no NaN or
+    Infinity literals. Raises UntrustedDataError with one line saying what was wrong."""
+    if len(data) > max_bytes:
+        raise UntrustedDataError(f"{len(data)} bytes, more than the {max_bytes} allowed")
+    text = data.decode("utf-8", errors="replace") if isinstance(data, bytes) else data
+    if not _depth_ok(text, max_depth):
+        raise UntrustedDataError(f"nested deeper than {max_depth} levels")
+
+    def no_constant(name: str) -> Any:
+        raise UntrustedDataError(f"the JSON constant {name} is not allowed")
+
+    try:
+        return json.loads(text, parse_constant=no_constant)
+    except UntrustedDataError:
+        raise
+    except (ValueError, RecursionError) as exc:
+        raise UntrustedDataError(f"not valid JSON: {one_line(exc, 200)}") from exc
+
+
+def bounded(
+    value: Any,
+    *,
+    max_depth: int = 8,
+    max_string: int = MAX_STRING,
+    max_items: int = 200,
+    _depth: int = 0,
+) -> Any:
+    """A copy of a JSON-like value fit to store: strings cleaned and cut, lists and objects
+    cut to ``max_items``, nesting past ``max_depth`` replaced by a marker, keys as clean
+    strings, non-finite floats as strings; anything that is not JSON becomes its clean text."""
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return value if abs(value) < 2**63 else clean_text(value, 40)
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, str):
+        return clean_text(value, max_string)
+    if _depth >= max_depth:
+        return "[nested too deep]"
+    kw = {"max_depth": max_depth, "max_string": max_string, "max_items": max_items}
+    if isinstance(value, dict):
+        items = list(value.items())[:max_items]
+        return {clean_text(k, 200): bounded(v, _depth=_depth + 1, **kw) for k, v in items}
+    if isinstance(value, (list, tuple)):
+        return [bounded(v, _depth=_depth + 1, **kw) for v in list(value)[:max_items]]
+    return clean_text(value, max_string)
+
+
+# -- secrets ------------------------------------------------------------------------------------
+
+
+# Credential-named variables that hold where something is, not a secret (HF_TOKEN_PATH).
+_LOCATION = re.compile(r"_(PATH|DIR|FILE|HOME|URL)$", re.IGNORECASE)
+
+
+def known_secrets(extra: Iterable[str | None] = ()) -> list[str]:
+    """Secret values this process knows of: ``extra`` (an API key), every credential-named
+    environment variable, and the Hugging Face tokens on disk (``token``, ``stored_tokens``).
+    Values shorter than 8 characters are left out (they would redact ordinary words)."""
+    found = [s for s in extra if s]
+    found += [v for k, v in os.environ.items() if SECRET_NAME.search(k) and not _LOCATION.search(k)]
+    for path in _token_files():
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        for line in text.splitlines():
+            # stored_tokens is an INI file: "token = hf_..."; token holds the bare token
+            value = line.split("=", 1)[1] if "=" in line else line
+            found.append(value.strip())
+    return sorted({s for s in found if len(s) >= 8}, key=len, reverse=True)
+
+
+def _token_files() -> list[Path]:
+    home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+        "huggingface",
+    )
+    paths = [
+        os.environ.get("HF_TOKEN_PATH") or os.path.join(home, "token"),
+        os.environ.get("HF_STORED_TOKENS_PATH") or os.path.join(home, "stored_tokens"),
+    ]
+    return [Path(p) for p in paths]
+
+
+def redact(text: str, secrets: Iterable[str] = ()) -> str:
+    """``text`` with every known secret value and every token-shaped string replaced by
+    ``[redacted]``."""
+    for secret in secrets:
+        if secret and len(secret) >= 8:
+            text = text.replace(secret, REDACTED)
+    return _TOKENS.sub(REDACTED, text)
+
+
+def redact_value(value: Any, secrets: Iterable[str] = ()) -> Any:
+    """:func:`redact` applied to every string inside a JSON-like value (keys included)."""
+    secrets = list(secrets)
+    if isinstance(value, str):
+        return redact(value, secrets)
+    if isinstance(value, dict):
+        return {redact_value(k, secrets): redact_value(v, secrets) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [redact_value(v, secrets) for v in value]
+    return value
+
+
+__all__ = [
+    "REDACTED",
+    "SECRET_NAME",
+    "bounded",
+    "clean_text",
+    "known_secrets",
+    "one_line",
+    "parse_json",
+    "redact",
+    "redact_value",
+]
