@@ -256,6 +256,7 @@ def test_an_invalid_id_is_refused_the_same_way_in_every_mode(
         (["report", "--against", "99"], "no sweep 99"),
         (["adapters", "show", "nope"], "no adapter named 'nope'"),
         (["adapters", "verify", "nope"], "no adapter named 'nope'"),
+        (["adapters", "export", "nope", "--python", "."], "no adapter named 'nope'"),
     ],
 )
 def test_not_found_is_exit_2_everywhere(
