@@ -51,7 +51,12 @@ def _tree(root: Path) -> dict[str, str]:
 @pytest.fixture
 def work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, report_engine: Any) -> Path:
     """An empty working folder as the current directory, $HFADAPT_DB unset (./runs.db is the
-    default there), and beside it ``good.db``: a database with a crawl and two sweeps."""
+    default there), and beside it ``good.db``: a database with a crawl and two sweeps. The
+    sandbox counts as available (draft checks it before the database; a test that wants it
+    missing says so)."""
+    from hfadapt import isolation
+
+    monkeypatch.setattr(isolation, "unavailable_reason", lambda: None)
     folder = tmp_path / "work"
     folder.mkdir()
     source = sqlite3.connect(sqlite_path(report_engine.url))  # a copy with what is in the WAL
