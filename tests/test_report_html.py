@@ -16,10 +16,15 @@ from hfadapt.report.coverage import build_report
 from hfadapt.report.html import render_html
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-needs_chromium = pytest.mark.skipif(
+_no_chromium = pytest.mark.skipif(
     CHROMIUM is None,
     reason="chromium is not installed (apt-get install -y chromium; .ci/run installs it)",
 )
+
+
+def needs_chromium(test: Any) -> Any:
+    """Skipped without Chromium, except under CI=true, where a browser test must run."""
+    return pytest.mark.browser(_no_chromium(test))
 
 
 def _chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
