@@ -1,19 +1,23 @@
 """Typed errors of hfadapt. The library raises these; only the CLI turns them into
-one-line messages and exit codes (2 for bad input, 1 for everything else).
+one-line messages and exit codes: 1 the model failed (and every error not listed below),
+2 bad input (options, ids, paths, a database that cannot be used), 3 something this machine
+lacks (a package, bubblewrap, the Hub when it was asked for).
 
     HfadaptError
     ├── InputError                      bad input from the user: exit code 2
-    │   ├── ModelNotFoundError          no such Hub id, folder or cached model
+    │   ├── NotFoundError               a named thing that does not exist (adapter, attempt, run)
+    │   │   └── ModelNotFoundError      no such Hub id, folder or cached model
     │   ├── ConfigError                 config.json missing, unreadable, no/unknown model_type
     │   ├── WeightsError                corrupt or missing weights
     │   ├── TokenizerError              tokenizer missing or unreadable
-    │   └── UsageError                  options that do not fit together
-    ├── StoreError                      runs.db cannot be used
+    │   ├── UsageError                  options that do not fit together
+    │   └── OutputError                 an output file that cannot be written
+    ├── StoreError                      runs.db cannot be used: exit code 2
     │   ├── SchemaVersionError          written by another hfadapt version; says what to do
     │   ├── MigrationImpossible         a table that cannot be brought to the new shape
     │   └── DatabaseUnavailableError    corrupt, read-only or unreachable database
     ├── HubError                        the Hub (or a mirror) did not give a usable answer
-    │   ├── HubUnreachableError         connection refused, DNS, timeout
+    │   ├── HubUnreachableError         connection refused, DNS, timeout: exit code 3
     │   └── HubResponseError            an answer that is not what the Hub API returns
     ├── DeviceError                     the simulated Spyre device
     │   ├── ProfileError                a device profile file that does not load
@@ -23,7 +27,8 @@ one-line messages and exit codes (2 for bad input, 1 for everything else).
     │           └── SpyreOpNotImplementedError  no device kernel (also a NotImplementedError)
     ├── CustomCodeError                 needs the repo's own code, not run unasked (custom_code)
     ├── SweepError                      the sweep machinery (workers cannot start, Ray unreachable)
-    ├── IsolationUnavailableError       no OS sandbox (bubblewrap) here: exit code 2
+    ├── IsolationUnavailableError       no OS sandbox (bubblewrap) here: exit code 3
+    ├── MissingDependencyError          a package this needs is not installed (Ray): exit code 3
     ├── UntrustedDataError              data from a sandbox or server out of bounds (also ValueError)
     ├── AdapterError                    an adapter file or its application
     │   └── GraphError                  a drafted graph that does not validate (op, constant, shape)
@@ -75,7 +80,11 @@ class InputError(HfadaptError):
     exit_code = 2
 
 
-class ModelNotFoundError(InputError):
+class NotFoundError(InputError):
+    """A name that matches nothing: no such adapter, attempt, sweep or recorded run."""
+
+
+class ModelNotFoundError(NotFoundError):
     pass
 
 
@@ -93,6 +102,10 @@ class TokenizerError(InputError):
 
 class UsageError(InputError):
     pass
+
+
+class OutputError(InputError):
+    """An output path that cannot be written (no such folder, a directory, read-only, full)."""
 
 
 class StoreError(HfadaptError):
@@ -116,7 +129,7 @@ class HubError(HfadaptError):
 
 
 class HubUnreachableError(HubError):
-    pass
+    exit_code = 3
 
 
 class HubResponseError(HubError):
@@ -207,7 +220,13 @@ class BudgetError(AgentError):
 class IsolationUnavailableError(HfadaptError):
     """OS isolation (bubblewrap) cannot be had here; untrusted code is refused, not run bare."""
 
-    exit_code = 2
+    exit_code = 3
+
+
+class MissingDependencyError(HfadaptError):
+    """An optional package an option needs is not installed (``--executor ray`` without Ray)."""
+
+    exit_code = 3
 
 
 class CustomCodeError(HfadaptError):

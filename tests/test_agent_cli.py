@@ -22,7 +22,9 @@ from hfadapt.db.tables import HubModel, Run
 def test_draft_top_without_sweeps_is_a_clear_message(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, out, err = run(["draft", "--top", "3", "--model", "m"], monkeypatch, capsys)
+    # the endpoint settings are checked first (before the database is opened): give them
+    args = ["draft", "--top", "3", "--model", "m", "--base-url", "http://127.0.0.1:9/v1"]
+    code, out, err = run(args, monkeypatch, capsys)
     assert code == 2, (code, out, err)
     assert "no failure fingerprints recorded" in err and "run a sweep" in err, err
 

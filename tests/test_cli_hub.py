@@ -18,14 +18,16 @@ def test_crawl_offline_prints_a_summary(
 ) -> None:
     code, out, err = run(["crawl", "--offline"], monkeypatch, capsys)
     assert code == 0, err
+    # what a crawl did is a summary: stderr; stdout stays empty for a pipe
+    assert out == "", out
     assert (
-        "crawled the bundled snapshot" in out and "seen 10,000, kept 9,907, excluded 93" in out
-    ), out
+        "crawled the bundled snapshot" in err and "seen 10,000, kept 9,907, excluded 93" in err
+    ), err
     for reason, count in (("onnx_gguf_mlx_only", "74"), ("moe", "13"), ("adapter_only", "6")):
-        assert any(reason in line and count in line for line in out.splitlines()), (
-            f"{reason} {count} missing:\n{out}"
+        assert any(reason in line and count in line for line in err.splitlines()), (
+            f"{reason} {count} missing:\n{err}"
         )
-    assert "does not know: new (239)" in out
+    assert "does not know: new (239)" in err
 
 
 def test_crawl_json(
@@ -118,7 +120,7 @@ def test_bad_input_is_one_line_with_exit_code(
 ) -> None:
     down = refused_url()
     code, _, err = run(["crawl", "--endpoint", down, "--limit", "5"], monkeypatch, capsys)
-    assert code == 1 and err.count("\n") == 1 and err.startswith(f"error: cannot reach {down} ("), (
+    assert code == 3 and err.count("\n") == 1 and err.startswith(f"error: cannot reach {down} ("), (
         err
     )
     assert err.endswith("crawl the bundled snapshot (offline) with --offline\n"), err
@@ -149,3 +151,24 @@ def test_crawl_online_through_the_cli(
     configs = data["configs"]  # every kept model's config.json was asked for: had, or why not
     had = configs["fetched"] + sum(len(ids) for ids in configs["failed"].values())
     assert had == data["kept"] and configs["fetched"] > 0, configs
+
+
+def test_a_failed_online_crawl_leaves_no_database_it_created(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    online: None,
+) -> None:
+    fresh = tmp_path / "fresh.db"
+    code, out, err = run(["crawl", "--online", "--endpoint", refused_url(), "--db", str(fresh)],
+                         monkeypatch, capsys)  # fmt: skip
+    assert (code, out, err.count("\n")) == (3, "", 1), (code, out, err)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("fresh")) == []
+    # a database that was there before keeps what it had (the failed crawl is recorded)
+    run(["crawl", "--offline", "--limit", "5", "--db", str(fresh)], monkeypatch, capsys)
+    code, _, err = run(
+        ["crawl", "--endpoint", refused_url(), "--db", str(fresh)], monkeypatch, capsys
+    )
+    assert code == 3 and fresh.is_file(), (code, err)
+    code, out, _ = run(["models", "--db", str(fresh), "--json"], monkeypatch, capsys)
+    assert len(json.loads(out)) == 5, out

@@ -5,6 +5,7 @@ and help says what the commands do."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -227,4 +228,6 @@ def test_agent_eval_reference_says_what_ran(
     assert code == 0, err
     assert "the reference solutions (self-check, no endpoint): accepted 1/1 (100%)" in flat, out
     assert "reference reference" not in flat and "…" not in out, out
-    assert "gelu-new-cube" in out and "all 7 steps" in out, out
+    assert "gelu-new-cube" in out and re.search(r"all \d steps", out), (
+        out
+    )  # the count is the loop's

@@ -105,17 +105,12 @@ def test_ray_missing_is_a_sweep_error_whose_install_hint_survives_the_cli(
         monkeypatch,
         capsys,
     )
-    # Rich markup must not eat "[ray]"; the sweep was planned, but nothing was spawned or stored.
-    assert (code, err) == (1, "error: the ray executor needs Ray: pip install 'hfadapt[ray]'\n"), (
-        code,
-        out,
-        err,
-    )
-    from hfadapt.db.engine import get_engine, session
-    from hfadapt.db.tables import Sweep
-
-    with session(get_engine(str(db)), write=False) as sess:
-        assert sess.query(Sweep).count() == 0
+    # Rich markup must not eat "[ray]"; refused before anything (exit 3: the machine lacks Ray)
+    assert (code, err) == (
+        3,
+        "error: --executor ray needs Ray, which is not installed: pip install 'hfadapt[ray]'\n",
+    ), (code, out, err)
+    assert not db.exists(), "the database was created before Ray was found missing"
 
 
 def test_ray_that_cannot_start_is_a_sweep_error(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -218,5 +213,5 @@ def test_adapter_file_without_an_adapter_and_an_unknown_name(
     with pytest.raises(AdapterError, match=r"^nothing_here\.py: defines no @adapter$"):
         load_file(empty)
     code, out, err = run_cli(["adapters", "show", "no-such-adapter"], monkeypatch, capsys)
-    assert (code, out) == (1, ""), (code, out, err)
-    assert err == "error: no adapter named 'no-such-adapter'; see 'hfadapt adapters list'\n", err
+    assert (code, out) == (2, ""), (code, out, err)  # "not found" is bad input everywhere
+    assert err == "error: no adapter named 'no-such-adapter'; see hfadapt adapters list\n", err

@@ -442,3 +442,42 @@ def test_asked_for_endpoint_with_hub_offline_set_says_so(
         f"HF_HUB_OFFLINE is set, so {fake_hub.url} was not contacted: unset it, or crawl the bundled snapshot (offline)"
     )
     assert fake_hub.requests == [], f"requests made while offline: {fake_hub.requests}"
+
+
+LYING_IDS = [
+    "../../etc/passwd",  # three parts, and a path
+    "org/x' onmouseover='alert(1)",  # quotes and spaces
+    "org/\x1b]0;owned\x07name",  # an OSC escape sequence
+    "org/" + "a" * 97,  # past 96 characters
+    "org/name.git",
+    "org--x/model",
+    "org/mod\u00e8le",  # not ASCII
+]
+
+
+def test_ids_a_lying_endpoint_sends_are_refused_and_counted(
+    engine: Engine,
+    fake_hub: FakeHub,
+    hub_api: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Listing entries whose id is not a Hub model id never reach runs.db (they would become
+    cache paths, report links and terminal lines); the crawl says how many it refused."""
+    for i, model_id in enumerate(LYING_IDS):
+        fake_hub.add(FakeModel(model_id, FE, 10**9 + i))
+    result = crawl(engine, api=hub_api)
+    assert result.refused == len(LYING_IDS), (result.refused, result.notes)
+    note = next(n for n in result.notes if n.startswith("refused "))
+    assert note.startswith(f"refused {len(LYING_IDS)} listing entries whose id is not a Hub"), note
+    assert "\x1b" not in note and "owned" not in note, note
+    with session(engine, write=False) as sess:
+        stored = set(sess.exec(select(HubModel.id)).all())
+    assert stored and not stored & set(LYING_IDS), stored & set(LYING_IDS)
+    assert len(stored) == len(fake_hub.models) - len(LYING_IDS), len(stored)
+    from cli_runner import run_cli
+
+    db = str(Path(str(engine.url.database)).with_name("cli.db"))
+    code, out, err = run_cli(["crawl", "--endpoint", fake_hub.url, "--db", db], monkeypatch, capsys)
+    assert code == 0 and out == "", (code, out, err)
+    assert f"note: refused {len(LYING_IDS)} listing entries" in err and "\x1b" not in err, err

@@ -206,7 +206,7 @@ def test_no_isolation_refuses_in_one_line(
     folder = _remote(tiny_bert, HOSTILE_CODE.format(sentinel=str(sentinel), port=9))
     db = tmp_path / "runs.db"
     code, _, err = _cli(["diagnose", str(folder), "--trust-remote-code", "--db", str(db)], capsys)
-    assert code == 2, (code, err)
+    assert code == 3, (code, err)  # no sandbox here: something the machine lacks
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "--unsafe-no-isolation" in lines[0], lines
     assert "model's own code" in lines[0], lines

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from cli_runner import run_cli
 
-from hfadapt.errors import UsageError
+from hfadapt.errors import NotFoundError, UsageError
 from hfadapt.report.coverage import (
     FAIL,
     IMPROVED,
@@ -43,7 +43,7 @@ def test_failure_census_of_the_newest_sweep(report_engine: Any) -> None:
 def test_failure_census_of_an_older_sweep(report_engine: Any) -> None:
     got = [(f.fingerprint, f.count, f.downloads) for f in failures(report_engine, sweep_id=1)]
     assert got == [("F1", 2, 800), ("F2", 2, 330)], got
-    with pytest.raises(UsageError, match="no sweep 9"):
+    with pytest.raises(NotFoundError, match="no sweep 9"):
         failures(report_engine, sweep_id=9)
 
 
@@ -94,10 +94,25 @@ def test_cumulative_downloads_against_rank(report_engine: Any) -> None:
         assert got[1] == pytest.approx(want[1]) and got[2] == pytest.approx(want[2]), (got, want)
 
 
-def test_adapter_impact_counts_passing_runs_that_applied_it(report_engine: Any) -> None:
-    # Sweep 2: a1 on m/one (1,000), a2 on m/two (500). m/four applied both but fails now.
-    assert build_report(report_engine).adapters == [("a1", 1, 1000), ("a2", 1, 500)]
-    assert build_report(report_engine, sweep_id=1).adapters == [("a1", 2, 1100), ("a2", 1, 100)]
+def test_adapters_unblock_only_models_that_failed_without_them(report_engine: Any) -> None:
+    """Applied is not unblocked. Sweep 2: a1 applied to m/one (1,000), which never failed:
+    unblocked nothing; a2 applied to m/two (500), which failed in sweep 1 without it:
+    unblocked it. Sweep 1: m/four passed with a1 and a2 and fails in sweep 2 with neither, so
+    both unblocked it (100); m/one (a1) never failed."""
+    from hfadapt.report.coverage import AdapterImpact
+
+    now = build_report(report_engine).adapters
+    assert now == [
+        AdapterImpact("a2", applied=1, applied_downloads=500, unblocked=1, unblocked_downloads=500),
+        AdapterImpact("a1", applied=1, applied_downloads=1000, unblocked=0, unblocked_downloads=0),
+    ], now
+    before = build_report(report_engine, sweep_id=1).adapters
+    assert before == [
+        AdapterImpact(
+            "a1", applied=2, applied_downloads=1100, unblocked=1, unblocked_downloads=100
+        ),
+        AdapterImpact("a2", applied=1, applied_downloads=100, unblocked=1, unblocked_downloads=100),
+    ], before
 
 
 def test_agreement_with_is_supported(report_engine: Any) -> None:
@@ -132,7 +147,7 @@ def test_diff_between_two_sweeps(report_engine: Any) -> None:
     assert (d.only_current, d.only_baseline) == (0, 0)
     report = build_report(report_engine, against=1)
     assert report.diff is not None and report.diff.counts == d.counts
-    with pytest.raises(UsageError, match="no sweep 7"):
+    with pytest.raises(NotFoundError, match="no sweep 7"):
         build_report(report_engine, against=7)
 
 

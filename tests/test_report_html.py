@@ -16,10 +16,15 @@ from hfadapt.report.coverage import build_report
 from hfadapt.report.html import render_html
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-needs_chromium = pytest.mark.skipif(
+_no_chromium = pytest.mark.skipif(
     CHROMIUM is None,
     reason="chromium is not installed (apt-get install -y chromium; .ci/run installs it)",
 )
+
+
+def needs_chromium(test: Any) -> Any:
+    """Skipped without Chromium, except under CI=true, where a browser test must run."""
+    return pytest.mark.browser(_no_chromium(test))
 
 
 def _chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -120,3 +125,83 @@ def test_chromium_nothing_overflows_or_is_clipped(
         "data-models-shown": "7",
     }, seen
     assert 'href="https://huggingface.co/m/five"' in done.stdout, "no Hub link for m/five"
+
+
+# ---- hostile strings: ids and metadata from a Hub mirror, stored before crawls checked ids ----
+
+HOSTILE_ID = 'm/x\' autofocus onfocus=\'document.body.setAttribute("data-pwned","1")'
+HOSTILE_TYPE = "bert\"><img src=x onerror=document.body.setAttribute('data-pwned','2')>"
+HOSTILE_REASON = "</script><script>document.body.setAttribute('data-pwned','3')</script><!--"
+
+
+@pytest.fixture
+def hostile_html(tmp_path: Path) -> Path:
+    from conftest import store_crawl
+
+    from hfadapt.db.engine import get_engine
+    from hfadapt.hub.catalog import HubRecord
+    from hfadapt.sweep.store import finish_sweep, open_sweep, write_rows
+
+    engine = get_engine(str(tmp_path / "hostile.db"))
+    store_crawl(engine, [HubRecord(id=HOSTILE_ID, downloads=5, model_type=HOSTILE_TYPE),
+                         HubRecord(id="m/plain", downloads=3, model_type="bert")])  # fmt: skip
+    sweep, _ = open_sweep(engine, {}, resume=False, mode="structural", models=2, units=2)
+    assert sweep.id is not None
+    write_rows(engine, sweep.id, [
+        {"model_id": HOSTILE_ID, "verdict": "lowering_failed", "reason": HOSTILE_REASON,
+         "model_type": HOSTILE_TYPE, "evidence_level": "config"},
+        {"model_id": "m/plain", "verdict": "pass", "reason": "", "model_type": "bert",
+         "evidence_level": "config"},
+    ])  # fmt: skip
+    finish_sweep(engine, sweep.id, seconds=1.0)
+    path = tmp_path / "hostile.html"
+    path.write_text(render_html(build_report(engine)), encoding="utf-8")
+    engine.dispose()
+    return path
+
+
+@needs_chromium
+def test_hostile_ids_and_metadata_stay_text(hostile_html: Path, tmp_path: Path) -> None:
+    """The per-model rows are built with DOM calls: a quote in an id cannot close the href and
+    add an event handler, markup in a model_type or reason stays text, and a "</script>" in the
+    row data cannot end the data block."""
+    done = _chromium(tmp_path, "--dump-dom", hostile_html.as_uri())
+    assert done.returncode == 0, done.stderr[-2000:]
+    dom = done.stdout
+    body = re.search(r"<body([^>]*)>", dom)
+    assert body is not None, dom[:500]
+    assert "data-pwned" not in body.group(1), body.group(1)
+    assert 'data-models-shown="2"' in body.group(1), body.group(1)  # the script ran to the end
+    # Chromium serializes every attribute as name="value" (a quote inside is &quot;)
+    handlers = re.findall(r'<[a-z]+(?:\s+[a-z-]+(?:="[^"]*")?)*\s+on[a-z]+=', dom)
+    assert handlers == [], handlers
+    elements = re.sub(r"<script[^>]*>.*?</script>", "", dom, flags=re.S)  # script text is text
+    assert not re.search(r"<img\b", elements), "markup from a model_type became an element"
+    assert dom.count("<script") == 2, "a </script> in the row data ended the data block"
+    # the id is the link's text, and its href is the percent-encoded Hub page
+    link = re.search(r'<a href="(https://huggingface\.co/m/x[^"]*)">([^<]*)</a>', dom)
+    assert link is not None, re.findall(r"<a [^>]*>", dom)
+    assert "'" not in link.group(1) and " " not in link.group(1), link.group(1)
+    assert link.group(2).startswith("m/x' autofocus onfocus="), link.group(2)
+
+
+def test_verdict_and_type_bars_keep_architecture_passes_apart(html_file: Path) -> None:
+    """Sweep 2 passes m/one and m/two on their config (1,500 of 2,000 downloads) and m/five on
+    its type's defaults (60): the verdict bar beside the 28.6% headline shows them as two rows,
+    and qwen3 (m/four fails, m/five architecture) reads 0% own and 50% architecture, with its
+    architecture part drawn beside the own part, not as a pass."""
+    text = html_file.read_text()
+    chart = re.search(r'<svg[^>]*data-chart="verdicts".*?</svg>', text, re.S)
+    assert chart is not None
+    labels = re.findall(r"<title>([^<]*)</title>[^<]*</text>", chart.group(0))
+    notes = re.findall(
+        r'<text x="[\d.]+" y="[\d.]+" font-family[^>]*>([^<]*)</text>', chart.group(0)
+    )
+    rows = dict(zip(labels, notes, strict=True))
+    assert rows["pass: own weights or config"] == "2 models, 75.0% of downloads", rows
+    assert rows["pass: architecture only"] == "1 model, 3.0% of downloads", rows
+    assert "pass" not in rows, rows
+    types = re.search(r'<svg[^>]*data-chart="model-types".*?</svg>', text, re.S)
+    assert types is not None
+    assert "0.0% own, 50.0% arch., of 2 models" in types.group(0), types.group(0)
+    assert types.group(0).count('data-part="beside"') == 1, "one type has architecture passes"

@@ -50,9 +50,13 @@ def test_env_var_path_and_url_override(tmp_path: Path, monkeypatch: pytest.Monke
     assert sqlite_path(resolve_url()) == tmp_path / "from_env.db"
     assert sqlite_path(resolve_url(str(tmp_path / "explicit.db"))) == tmp_path / "explicit.db"
     assert resolve_url(f"sqlite:///{tmp_path}/url.db") == f"sqlite:///{tmp_path}/url.db"
-    get_engine(str(tmp_path / "sub" / "dir" / "explicit.db"))
-    assert (tmp_path / "sub" / "dir" / "explicit.db").is_file()
+    get_engine(str(tmp_path / "explicit.db"))
+    assert (tmp_path / "explicit.db").is_file()
     assert not (tmp_path / "from_env.db").exists()
+    # a folder that does not exist is never made: a mistyped --db leaves nothing behind
+    with pytest.raises(DatabaseUnavailableError, match=r"the folder of database .* does not exist"):
+        get_engine(str(tmp_path / "sub" / "dir" / "explicit.db"))
+    assert not (tmp_path / "sub").exists()
 
 
 def test_in_memory_database_is_shared_across_sessions() -> None:
@@ -170,7 +174,8 @@ def test_damaged_sqlite_file_is_refused_and_left_untouched(tmp_path: Path) -> No
     before = _digest(path)
     with pytest.raises(DatabaseUnavailableError) as exc:
         get_engine(str(path))
-    assert "not a usable SQLite database" in _one_line(exc), str(exc.value)
+    assert "is damaged (SQLite quick_check: " in _one_line(exc), str(exc.value)
+    assert "it was left untouched" in _one_line(exc), str(exc.value)
     assert _digest(path) == before, "the damaged file was modified"
 
 

@@ -139,3 +139,18 @@ def test_plan_orders_units_longest_first_and_narrows_only_when_asked() -> None:
     wide = plan_sweep(models, narrow=False)
     assert wide.units[0].representative == "a/qwen3" and wide.units[0].narrow is None
     assert wide.units[0].cost > 20 * qwen.cost, (wide.units[0].cost, qwen.cost)
+
+
+def test_planning_records_ids_stored_before_crawls_checked_them() -> None:
+    """A runs.db crawled before ids were validated may hold anything: the plan records such a
+    model as load_failed, never looks it up (the HF cache, the Hub) and never crashes."""
+    from hfadapt import verdicts
+    from hfadapt.db.tables import HubModel
+    from hfadapt.sweep.plan import plan_sweep
+
+    bad = ["../../etc/passwd", "org/x' onmouseover='y", "org/\x1b[2Jname", "org--a/b"]
+    models = [HubModel(id=m, rank=i + 1, model_type="bert") for i, m in enumerate(bad)]
+    plan = plan_sweep(models, mode="structural")
+    assert plan.units == [] and [r["model_id"] for r in plan.direct] == bad, plan.direct
+    assert {r["verdict"] for r in plan.direct} == {verdicts.LOAD_FAILED}
+    assert all(r["reason"].startswith("not a Hub model id: ") for r in plan.direct), plan.direct

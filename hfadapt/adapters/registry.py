@@ -457,7 +457,21 @@ class AppliedAdapters:
         self.remove()
 
     def __repr__(self) -> str:
-        return f"AppliedAdapters({', '.join(self.names) or 'none'}; enabled={self.state.enabled})"
+        if not self.applied:
+            return "AppliedAdapters(none applied)"
+        names = ", ".join(
+            f"{name} on {len(mods)} modules" if len(mods) > 1 else name
+            for name, mods in self.applied.items()
+        )
+        # "enabled" is only the always=True switch: without it the adapters still take over
+        # whenever the model runs on spyre or is compiled, so say that, not "off".
+        when = (
+            "active everywhere (always=True)"
+            if self.state.enabled
+            else "active on spyre and under torch.compile, stock code in eager CPU runs"
+        )
+        count = len(self.applied)
+        return f"AppliedAdapters({count} adapter{'s' if count != 1 else ''}: {names}; {when})"
 
 
 def _attention_dispatch(a: Adapter) -> Any:

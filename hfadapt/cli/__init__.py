@@ -1,10 +1,18 @@
 """Command-line entry point. Commands live in small modules beside this one; each
-parses, calls one library function and renders. Every error becomes one line on stderr and an
-exit code: 2 for bad input (unknown or malformed options included), 1 for everything else."""
+parses, checks its inputs before any work, calls one library function and renders. Every
+error becomes one line on stderr and an exit code (``EXIT_CODES`` in hfadapt.cli._app: 1 the
+model failed, 2 bad input, 3 something this machine lacks, 130 interrupted); an unexpected one
+too, with ``--verbose`` for its traceback. A reader that closes the pipe early ends the command
+quietly with the exit code it had decided on."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import os
 import sys
+import traceback
+from typing import Any
 
 import typer
 from rich.markup import escape
@@ -19,15 +27,18 @@ from hfadapt.cli import hub as _hub  # noqa: F401
 from hfadapt.cli import report as _report  # noqa: F401
 from hfadapt.cli import show as _show  # noqa: F401
 from hfadapt.cli import sweep as _sweep  # noqa: F401
-from hfadapt.cli._app import app, err_console
+from hfadapt.cli._app import app, close_engines, err_console
+from hfadapt.cli._console import exit_code_planned, interrupt_hint, on_interrupt, plan_exit
+from hfadapt.cli._noise import LibraryNoise
 from hfadapt.errors import HfadaptError
 
+INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 
-def _fail(message: str, code: int) -> None:
+
+def _fail(message: str) -> None:
     err_console.print(
         f"[red]error:[/red] {escape(' '.join(message.split()))}", highlight=False, soft_wrap=True
     )
-    sys.exit(code)
 
 
 def _usage_line(exc: _click.exceptions.UsageError) -> str:
@@ -42,26 +53,129 @@ def _usage_line(exc: _click.exceptions.UsageError) -> str:
     return f"{exc.format_message()} (see {path} --help)"
 
 
-def main() -> None:
+def _hoist_verbose(args: list[str]) -> tuple[bool, list[str]]:
+    """``--verbose`` anywhere before ``--`` is the global option (``hfadapt diagnose M
+    --verbose`` works as ``hfadapt --verbose diagnose M``)."""
+    end = args.index("--") if "--" in args else len(args)
+    if "--verbose" not in args[:end]:
+        return False, args
+    rest = [a for i, a in enumerate(args) if not (i < end and a == "--verbose")]
+    return True, ["--verbose", *rest]
+
+
+def _broken_pipe(exc: BaseException | None) -> bool:
+    return isinstance(exc, OSError) and exc.errno in (errno.EPIPE, errno.ECONNRESET)
+
+
+def _silence_stdout() -> None:
+    """After the reader went away: later writes (and the flush at exit) go nowhere."""
+    # no real file descriptor (a test's capture) is fine: nothing else will be written
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+
+
+def _database_error(exc: Exception) -> HfadaptError:
+    """An SQLAlchemy or sqlite3 error no library call translated, as one line (exit 2)."""
+    from hfadapt.errors import DatabaseUnavailableError
+
+    first = " ".join(str(getattr(exc, "orig", None) or exc).split())[:300]
+    return DatabaseUnavailableError(f"the database cannot be used: {first}")
+
+
+def _unexpected(exc: BaseException, verbose: bool) -> int:
+    """One line for an error hfadapt did not raise on purpose (a bug, or something the system
+    refused); ``--verbose`` adds the traceback."""
+    if isinstance(exc, OSError) and exc.filename:
+        what = f"{exc.strerror or type(exc).__name__}: {exc.filename}"
+        _fail(what)
+        return 2
+    if isinstance(exc, RecursionError):
+        _fail("a stored value is nested too deeply to read (RecursionError); nothing was changed")
+        return 1
+    if isinstance(exc, MemoryError):
+        _fail("out of memory (MemoryError)")
+        return 1
+    if verbose:
+        traceback.print_exception(exc, file=sys.stderr)
+    text = " ".join(str(exc).split())[:300]
+    hint = "" if verbose else "; hfadapt --verbose shows the traceback"
+    _fail(f"unexpected {type(exc).__name__}: {text} (a bug in hfadapt: please report it{hint})")
+    return 1
+
+
+def _invoke(args: list[str], verbose: bool) -> int:
+    """Run one command; the exit code, every error printed as one line."""
+    from sqlalchemy.exc import SQLAlchemyError
+
     try:
-        # standalone_mode=False makes click return typer.Exit codes instead of exiting.
-        rc = app(standalone_mode=False, prog_name="hfadapt")
-        if isinstance(rc, int) and rc:
-            sys.exit(rc)
+        try:
+            rc: Any = app(args=args, standalone_mode=False, prog_name="hfadapt")
+            sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
+        except SystemExit as exc:
+            # typer turns a broken pipe into sys.exit(1) (with the OSError as the context)
+            if _broken_pipe(exc.__context__):
+                raise BrokenPipeError(errno.EPIPE, "broken pipe") from None
+            raise
+        if rc == INTERRUPTED:  # typer turns KeyboardInterrupt into Exit(130)
+            raise KeyboardInterrupt
+        return rc if isinstance(rc, int) else 0
     except HfadaptError as exc:
-        _fail(exc.one_line(flags=True), exc.exit_code)
-    except SystemExit:
-        raise
+        _fail(exc.one_line(flags=True))
+        return exc.exit_code
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except KeyboardInterrupt:
-        err_console.print("interrupted")
-        sys.exit(130)
+        hint = interrupt_hint()
+        err_console.print("interrupted" + (f": {hint}" if hint else ""), highlight=False,
+                          soft_wrap=True, markup=False)  # fmt: skip
+        return INTERRUPTED
     except typer.Exit as exc:
-        sys.exit(exc.exit_code)
+        return exc.exit_code
     except typer.Abort:
-        _fail("aborted", 1)
+        _fail("aborted")
+        return 1
     except _click.exceptions.UsageError as exc:
-        _fail(_usage_line(exc), 2)
+        _fail(_usage_line(exc))
+        return 2
     except _click.exceptions.ClickException as exc:  # e.g. a file option that cannot be opened
-        _fail(exc.format_message(), 2)
+        _fail(exc.format_message())
+        return 2
     except OverflowError as exc:  # a number too large for a C integer (typer converting it)
-        _fail(f"a number is too large: {exc}", 2)
+        _fail(f"a number is too large: {exc}")
+        return 2
+    except OSError as exc:
+        if _broken_pipe(exc):
+            _silence_stdout()
+            return exit_code_planned()
+        return _unexpected(exc, verbose)
+    except SQLAlchemyError as exc:
+        store = _database_error(exc)
+        _fail(store.one_line(flags=True))
+        return store.exit_code
+    except Exception as exc:
+        import sqlite3
+
+        if isinstance(exc, sqlite3.Error):
+            store = _database_error(exc)
+            _fail(store.one_line(flags=True))
+            return store.exit_code
+        return _unexpected(exc, verbose)
+
+
+def main() -> None:
+    """The ``hfadapt`` console script."""
+    verbose, args = _hoist_verbose(sys.argv[1:])
+    plan_exit(0)
+    on_interrupt("")
+    noise = LibraryNoise(verbose=verbose)
+    with noise:
+        try:
+            code = _invoke(args, verbose)
+        finally:
+            close_engines()
+    summary = noise.summary()
+    if summary:
+        with contextlib.suppress(OSError):
+            err_console.print(summary, highlight=False, soft_wrap=True, markup=False)
+    sys.exit(code)

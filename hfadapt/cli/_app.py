@@ -1,30 +1,72 @@
 """The typer app, the options several commands share (huggingface_hub style ``Annotated``
-aliases), and the checks every command applies the same way: bounded numbers, a database that
-must already exist for read-only commands, the sweep worker cap. Command modules import ``app``
-and add their commands."""
+aliases), and the checks every command applies the same way: bounded numbers, databases opened
+for reading (nothing created, written or left behind) or for writing. Command modules import
+``app`` and add their commands; output conventions live in ``hfadapt.cli._console``."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 
+from hfadapt.cli._console import console, err_console
 from hfadapt.errors import UsageError
 from hfadapt.options import DType
+from hfadapt.version import __version__
+
+__all__ = ["EXIT_CODES", "app", "console", "err_console"]
+
+EXIT_CODES = (
+    "Exit codes: 0 ok; 1 the model failed (diagnose, draft, adapters verify) or hfadapt did; "
+    "2 bad input (an option, a model id, a path, a database that cannot be used, a name that "
+    "matches nothing); 3 something this machine lacks (Ray for --executor ray, bubblewrap, the "
+    "Hub when it was asked for); 130 interrupted (Ctrl-C)."
+)
 
 app = typer.Typer(
     name="hfadapt",
-    help="Which Hugging Face embedding models run on IBM Spyre (simulated), and adapters that make more run.",
+    help="Which Hugging Face embedding models run on IBM Spyre (simulated), and adapters that "
+    "make more run. Data goes to stdout, progress and notes to stderr.",
+    epilog=EXIT_CODES,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,  # help text is plain: "hfadapt[ray]" must not be read as markup
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 
-console = Console()
-err_console = Console(stderr=True)
+
+def _version(value: bool) -> None:
+    if value:
+        console.print(f"hfadapt {__version__}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+    verbose: Annotated[
+        bool,
+        typer.Option(
+            "--verbose",
+            help="Let library warnings, log records and progress bars through as they come "
+            "(otherwise held back and counted in one line at the end); also print the "
+            "traceback of an unexpected error. Accepted after the command too.",
+        ),
+    ] = False,
+) -> None:
+    """Which Hugging Face embedding models run on IBM Spyre (simulated), and adapters that
+    make more run. Data goes to stdout, progress and notes to stderr."""
+
 
 # Larger counts are nonsense for every count option (the Hub lists ~10^6 models), and typer
 # turns an over-long integer into an OverflowError without this bound.
@@ -77,20 +119,55 @@ def count_option(flag: str, help: str, *, minimum: int = 1, **kwargs: Any) -> An
     return typer.Option(flag, min=minimum, max=MAX_COUNT, metavar="N", help=help, **kwargs)
 
 
-def existing_engine(db: str | None, *, hint: str) -> Any:
-    """The engine of a database that already exists: a read-only command must not create one at
-    a mistyped ``--db`` path. ``hint`` says which command creates it."""
-    from hfadapt.db.engine import describe, get_engine, require_schema, resolve_url, sqlite_path
+# Engines a command opened: closed when it ends, so SQLite removes its -wal and -shm files
+# then, not whenever the garbage collector gets to them.
+_opened: list[Any] = []
 
-    url = resolve_url(db)
+
+def existing_engine(db: str | None, *, hint: str) -> Any:
+    """The engine of a read-only command (hfadapt.db.readonly): a database that must already
+    exist, opened so that nothing is created or written. ``hint`` says which command makes it."""
+    from hfadapt.db.readonly import open_readonly
+
+    engine = open_readonly(db, hint=hint)
+    _opened.append(engine)
+    return engine
+
+
+def writing_engine(db: str | None) -> Any:
+    """The engine of a command that records something: created when missing (in an existing
+    folder), refused in one line when damaged (hfadapt.db.engine.get_engine)."""
+    from hfadapt.db.engine import get_engine
+
+    engine = get_engine(db)
+    _opened.append(engine)
+    return engine
+
+
+def close_engines() -> None:
+    """Close every engine the command opened (hfadapt.cli.main calls it when a command ends)."""
+    while _opened:
+        _opened.pop().dispose()
+
+
+@contextmanager
+def new_database_removed_on_failure(db: str | None) -> Iterator[Any]:
+    """The writing engine of a command whose failure leaves nothing worth keeping (a crawl
+    that could not reach the Hub): when the database file did not exist before and the command
+    fails, the file it created (and SQLite's files beside it) is removed again."""
+    from hfadapt.db.engine import resolve_url, sqlite_path
+
     try:
-        path = sqlite_path(url)
+        path = sqlite_path(resolve_url(db))
     except Exception:  # not a URL at all: get_engine says so in one line
         path = None
-    if path is not None and not path.exists():
-        raise UsageError(
-            f"no database at {describe(url)}: check --db / $HFADAPT_DB, or run {hint} first"
-        )
-    if path is None:  # a server's database (PostgreSQL): it must hold hfadapt's tables already
-        require_schema(url, hint=hint)
-    return get_engine(db)
+    created = path is not None and not path.exists()
+    engine = writing_engine(db)
+    try:
+        yield engine
+    except BaseException:
+        if created and path is not None:
+            engine.dispose()
+            for extra in ("", "-wal", "-shm", "-journal"):
+                Path(f"{path}{extra}").unlink(missing_ok=True)
+        raise

@@ -1,18 +1,25 @@
-"""Commands about the adapter registry: list, show, verify, export."""
+"""Commands about the adapter registry: list, show (an adapter as a card: what it replaces,
+the rule, the change as a diff against the stock code, provenance as fields), verify (every
+proof, why each one is ok, and a summary), export (an accepted draft's Python, for review)."""
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import json
+import textwrap
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
-from rich.syntax import Syntax
 from rich.table import Table
+from rich.text import Text
 
-from hfadapt.cli._app import JsonOption, ProfileOption, app, console, count_option
+from hfadapt.cli._app import JsonOption, ProfileOption, app, console, count_option, err_console
+from hfadapt.cli._console import plan_exit
+from hfadapt.errors import NotFoundError
+from hfadapt.report.charts import plural
 
 adapters_app = typer.Typer(
     help="The adapter registry: list, show, re-prove and export adapters.",
@@ -22,12 +29,42 @@ adapters_app = typer.Typer(
 app.add_typer(adapters_app, name="adapters")
 
 
+def _first_sentence(text: str) -> str:
+    flat = " ".join(text.replace("``", "`").split())
+    end = flat.find(". ")
+    return flat if end < 0 else flat[: end + 1]
+
+
+def markdown_table(adapters: list[Any]) -> str:
+    """The adapters as the README's Markdown table: one row per (rule, what it does), every
+    adapter named, in registry order (``hfadapt adapters list --markdown``)."""
+    rows: dict[tuple[str, str], list[str]] = {}
+    for a in adapters:
+        rows.setdefault((a.rule, _first_sentence(a.description)), []).append(a.name)
+    lines = ["| adapter | rule it works around | what it does |", "|---|---|---|"]
+    for (rule, what), names in rows.items():
+        cell = ", ".join(f"`{n}`" for n in names)
+        lines.append(f"| {cell} | `{rule}` | {what.replace('|', chr(92) + '|')} |")
+    return "\n".join(lines)
+
+
 @adapters_app.command("list")
-def list_adapters(as_json: JsonOption = False) -> None:
+def list_adapters(
+    as_json: JsonOption = False,
+    markdown: Annotated[
+        bool,
+        typer.Option(
+            "--markdown", help="Print the table as Markdown (the README's adapter table)."
+        ),
+    ] = False,
+) -> None:
     """Every adapter found (bundled, user folders, entry points), and files that failed to load."""
     from hfadapt.adapters.registry import default_registry
 
     reg = default_registry()
+    if markdown:
+        typer.echo(markdown_table(reg.adapters))
+        return
     if as_json:
         typer.echo(
             json.dumps(
@@ -39,15 +76,84 @@ def list_adapters(as_json: JsonOption = False) -> None:
             )
         )
         return
-    table = Table(title=f"{len(reg.adapters)} adapters")
+    table = Table(title=plural(len(reg.adapters), "adapter"))
     for col in ("name", "form", "replaces", "works around", "origin", "source"):
         table.add_column(col)
     for a in reg.adapters:
         cells = (a.name, a.form, a.target.split(":")[-1], a.rule, a.provenance.origin, a.source)
         table.add_row(*(escape(str(c)) for c in cells))
     console.print(table)
-    for e in reg.errors:
-        console.print(f"[red]broken[/red] {escape(f'{e.path}: {e.error}')}", highlight=False)
+    for e in reg.errors:  # part of the listing: files that failed to load
+        console.print(
+            f"[red]broken[/red] {escape(f'{e.path}: {e.error}')}", highlight=False, soft_wrap=True
+        )
+
+
+def _named(reg: Any, name: str) -> Any:
+    """The adapter called ``name``; NotFoundError (exit 2, as every "not found") otherwise."""
+    for a in reg.adapters:
+        if a.name == name:
+            return a
+    raise NotFoundError(f"no adapter named {name!r}; see hfadapt adapters list")
+
+
+def _source(obj: Any) -> str | None:
+    """A function's source from its ``def`` on (decorators are the registration, not code)."""
+    try:
+        text = textwrap.dedent(inspect.getsource(obj))
+    except (OSError, TypeError):
+        return None
+    lines = text.splitlines(keepends=True)
+    start = next(
+        (i for i, line in enumerate(lines) if line.lstrip().startswith(("def ", "async def "))), 0
+    )
+    return "".join(lines[start:])
+
+
+def _stock(a: Any) -> tuple[str, str | None]:
+    """(what the adapter replaces, in words; the stock code's source, when there is one)."""
+    if a.kind == "method":
+        cls = a.target_class()
+        stock = getattr(cls, a.method_name, None) if cls is not None else None
+        return f"{a.target} (the method, on each matching module)", _source(stock)
+    if a.kind == "attention":
+        return f"the attention function of {a.target} models (stock: PyTorch SDPA)", _source(
+            a.original()
+        )
+    return f"nothing: runs before the forward of each {a.target}", None
+
+
+def change_diff(a: Any) -> str:
+    """The adapter's code as a unified diff against the stock code it replaces (its code
+    alone, as added lines, when it replaces no single function)."""
+    ours = _source_of(a)
+    _, stock = _stock(a)
+    where = Path(a.path).name if a.path else a.name
+    return "".join(
+        difflib.unified_diff(
+            (stock or "").splitlines(keepends=True),
+            ours.splitlines(keepends=True),
+            fromfile=f"stock: {a.target}",
+            tofile=f"adapter: {where}",
+        )
+    )
+
+
+def _rule_source(profile: Any, rule: str) -> str:
+    """The public source the profile cites for ``rule`` (a device defect's too)."""
+    found = profile.rule_source(rule)
+    if not found:
+        for defect in profile.defects:
+            if defect.id == rule:
+                found = profile.sources.get(defect.source, defect.source)
+    return found or "no source recorded in the profile"
+
+
+_DIFF_STYLES = {"+": "green", "-": "red", "@": "cyan"}
+
+
+def _field(label: str, text: str) -> None:
+    console.print(f"  [bold]{label:<11}[/bold]{escape(text)}", highlight=False, soft_wrap=True)
 
 
 @adapters_app.command("show")
@@ -57,29 +163,41 @@ def show(
     ],
     as_json: JsonOption = False,
 ) -> None:
-    """An adapter's metadata, what it fixes, and its source."""
+    """One adapter as a card: what it replaces, the rule it works around, the change (a diff
+    against the stock code), and where it came from."""
     from hfadapt.adapters.registry import default_registry
     from hfadapt.spyre.profile import load_profile
 
-    a = default_registry().get(name)
-    source = _source_of(a)
+    a = _named(default_registry(), name)
+    diff = change_diff(a)
     if as_json:
-        typer.echo(json.dumps({**a.summary(), "code": source}, indent=2))
+        typer.echo(json.dumps({**a.summary(), "code": _source_of(a), "diff": diff}, indent=2))
         return
-    profile = load_profile()
+    replaces, _ = _stock(a)
+    rule_source = _rule_source(load_profile(), a.rule)
     console.print(
-        f"[bold]{escape(a.name)}[/bold] ({escape(a.kind)}) replaces [cyan]{escape(a.target)}[/cyan]",
+        f"[bold]{escape(a.name)}[/bold]  {escape(a.kind)} adapter, {escape(a.source or 'inline')}",
         highlight=False,
+        soft_wrap=True,
     )
-    source_of_rule = profile.rule_source(a.rule) or "see the profile"
-    console.print(
-        f"works around rule [yellow]{escape(a.rule)}[/yellow] — {escape(source_of_rule)}",
-        highlight=False,
-    )
-    console.print(escape(f"provenance: {a.provenance.to_dict()}   file: {a.path}"), highlight=False)
+    _field("replaces", replaces)
+    _field("rule", f"{a.rule} ({rule_source})")
     if a.description:
-        console.print(a.description, markup=False, highlight=False)
-    console.print(Syntax(source, "python", line_numbers=False))
+        _field("what", " ".join(a.description.split()))
+    prov = a.provenance
+    _field("origin", prov.origin + (f", by {prov.author}" if prov.author else ""))
+    if prov.date:
+        _field("date", prov.date)
+    if prov.endpoint_model:
+        _field("drafted by", f"{prov.endpoint_model} (attempt {prov.attempt_id})")
+    for key, value in sorted(prov.evidence.items()):
+        _field("evidence", f"{key}: {value}")
+    _field("file", a.path or "(defined inline)")
+    _field("priority", str(a.priority))
+    console.print("  [bold]change[/bold]", highlight=False)
+    for line in (diff or "(no source)\n").splitlines():
+        style = _DIFF_STYLES.get(line[:1], "") if not line.startswith(("---", "+++")) else "bold"
+        console.print(Text(f"    {line}", style=style), highlight=False, soft_wrap=True)
 
 
 def _source_of(a: Any) -> str:
@@ -89,7 +207,7 @@ def _source_of(a: Any) -> str:
         from hfadapt.adapters.graph_adapter import draft_source
 
         return draft_source(Path(a.path))
-    return inspect.getsource(a.fn)
+    return _source(a.fn) or ""
 
 
 @adapters_app.command("export")
@@ -112,7 +230,7 @@ def export(
 
     if not python.is_dir():
         raise UsageError(f"--python {python}: not a folder")
-    a = default_registry().get(name)
+    a = _named(default_registry(), name)
     if a.form != "graph":
         raise UsageError(
             f"{name} is already Python code people wrote ({a.path}); nothing to export"
@@ -136,7 +254,7 @@ def export(
         out.write_text(header + "\n" + body, encoding="utf-8")
     except OSError as exc:
         raise UsageError(f"cannot write {out}: {exc.strerror or exc}") from exc
-    console.print(escape(f"wrote {out} (review it before promoting it)"), highlight=False)
+    err_console.print(escape(f"wrote {out} (review it before promoting it)"), highlight=False)
 
 
 @adapters_app.command("verify")
@@ -159,26 +277,75 @@ def verify(
     from hfadapt.agent.reprove import verify_graph_adapter
 
     reg = default_registry()
-    targets = [reg.get(name)] if name else reg.adapters
+    targets = [_named(reg, name)] if name else reg.adapters
     results: list[Any] = [
         verify_graph_adapter(a)
         if a.form == "graph"
         else verify_adapter(a, seeds=seeds, profile=profile)
         for a in targets
     ]
+    failed = [r for r in results if not r.ok]
+    plan_exit(1 if failed else 0)
     if as_json:
-        typer.echo(json.dumps([r.to_dict() for r in results], indent=2))
+        typer.echo(
+            json.dumps([{**r.to_dict(), "why": why_ok(r) if r.ok else r.failure} for r in results],
+                       indent=2)
+        )  # fmt: skip
     else:
         table = Table(title="adapter proofs")
-        for col in ("adapter", "equivalence (max rel err)", "rule gone on device", "verdict"):
+        for col in ("adapter", "equivalence (max rel err)", "on the device", "verdict"):
             table.add_column(col)
         for r in results:
+            verdict = (
+                f"[green]ok[/green]: {escape(why_ok(r))}"
+                if r.ok
+                else f"[red]failed[/red]: {escape(str(r.failure))}"
+            )
             table.add_row(
-                escape(r.name),
-                escape(r.equivalence_text),
-                escape(r.device_text),
-                "[green]ok[/green]" if r.ok else f"[red]{escape(str(r.failure))}[/red]",
+                escape(r.name), escape(r.equivalence_text), escape(r.device_text), verdict
             )
         console.print(table)
-    if not all(r.ok for r in results):
+        ok = len(results) - len(failed)
+        names = f": {', '.join(r.name for r in failed)}" if failed else ""
+        err_console.print(
+            f"{plural(len(results), 'adapter')} re-proven: {ok:,} ok, {len(failed):,} failed{names}",
+            highlight=False,
+            soft_wrap=True,
+            markup=False,
+        )
+    if failed:
         raise typer.Exit(1)
+
+
+def why_ok(r: Any) -> str:
+    """Why a proof passed, in words: what was shown on the device for the adapter's rule."""
+    if getattr(r, "steps", None) is not None:  # a graph adapter: its acceptance proofs again
+        passed = [s.step for s in r.steps if s.status == "pass"]
+        return "the stored graph passed its acceptance proofs again: " + (
+            ", ".join(passed) or "none ran"
+        )
+    equivalent = (
+        f"equivalent in float64 (max rel err {r.equivalence.max_rel_err:.1e})"
+        if r.equivalence is not None
+        else "no float64 check for this kind"
+    )
+    d = r.device
+    if d is None:
+        return f"{equivalent}; no device check for this kind"
+    fired = r.rule in d.stock_rules
+    if r.rule.startswith("numerics."):
+        return (
+            f"{equivalent}; on the device its error is no worse than the stock code's "
+            "and nothing new fires"
+        )
+    if r.rule.startswith("defect."):
+        return (
+            f"{equivalent}; the defect fires on the stock code, not on the adapter's, "
+            "whose device error is lower"
+        )
+    if fired:
+        return f"{equivalent}; {r.rule} fires on the stock code and not on the adapter's"
+    return (
+        f"{equivalent}; nothing fires on the adapter's code, but {r.rule} does not fire on the "
+        "stock code of this example either: a precaution, not a fix shown here"
+    )

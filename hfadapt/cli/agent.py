@@ -19,9 +19,14 @@ from hfadapt.cli._app import (
     app,
     console,
     count_option,
+    err_console,
+    existing_engine,
+    writing_engine,
 )
+from hfadapt.cli._files import check_output, write_output
 from hfadapt.errors import UsageError
 from hfadapt.options import Mode
+from hfadapt.report.charts import plural
 
 BaseUrlOption = Annotated[
     str | None,
@@ -133,25 +138,26 @@ def draft(
 ) -> None:
     """Have a coding agent draft adapters for failures; accept only proven ones."""
     from hfadapt.agent import workflows
-    from hfadapt.db.engine import get_engine
 
     if sum(x is not None for x in (model_ref, fingerprint, top)) != 1:
         raise UsageError("give exactly one of MODEL, --fingerprint ID or --top K")
-    if not list_only:
-        from hfadapt.isolation import require_isolation
-
-        require_isolation(unsafe=unsafe_no_isolation)  # one line, exit 2, before any work
-    engine = get_engine(db)
-    if top is not None and list_only:
+    if list_only and top is None:
+        raise UsageError("--list lists the fingerprints --top K would draft for: pass --top K")
+    if top is not None and list_only:  # read only: nothing created or written
+        engine = existing_engine(db, hint="`hfadapt sweep`")
         _print_top(workflows.top_fingerprints(engine, top), as_json)
         return
+    from hfadapt.isolation import require_isolation
+
+    require_isolation(unsafe=unsafe_no_isolation)  # one line, exit 3, before any work
+    settings = _settings(base_url, agent_model, api_key, max_attempts)  # no endpoint: exit 2
+    engine = writing_engine(db)
     plan = workflows.plan_drafts(engine, model=model_ref, fingerprint=fingerprint, top=top)
 
     from hfadapt.agent.client import AgentClient
     from hfadapt.agent.loop import ENDPOINT_ERROR, draft_adapter
     from hfadapt.agent.records import Recorder
 
-    settings = _settings(base_url, agent_model, api_key, max_attempts)
     client = AgentClient(settings)
     client.check()  # one cheap request: a dead endpoint stops the run before any model work
     recorder = Recorder(engine, settings.secrets())
@@ -171,23 +177,28 @@ def draft(
             )
             cases, missing = workflows.wanted_cases(cases, wanted)
             if missing:
-                console.print(
-                    f"{escape(str(ref))}: fingerprint(s) {', '.join(missing)} did not occur now ({diag.verdict})",
+                err_console.print(
+                    escape(
+                        f"{ref}: fingerprint(s) {', '.join(missing)} did not occur now ({diag.verdict})"
+                    ),
                     highlight=False,
+                    soft_wrap=True,
                 )
             if not cases:
-                console.print(
+                err_console.print(
                     escape(f"{ref}: nothing to draft ({diag.verdict}: {diag.reason})"),
                     highlight=False,
+                    soft_wrap=True,
                 )
                 continue
             for case in cases:
                 if not as_json:
-                    console.print(
+                    err_console.print(
                         escape(
                             f"drafting for {case.fingerprint} ({case.rule_id}, {case.op}) in {ref} ..."
                         ),
                         highlight=False,
+                        soft_wrap=True,
                     )
                 outcomes.append(
                     draft_adapter(
@@ -201,7 +212,9 @@ def draft(
                 if outcomes[-1].outcome == ENDPOINT_ERROR:
                     break  # the endpoint failed: the next failure would meet the same endpoint
             if outcomes and outcomes[-1].outcome == ENDPOINT_ERROR:
-                console.print(f"stopped: {outcomes[-1].reason}", highlight=False)
+                err_console.print(
+                    f"stopped: {escape(outcomes[-1].reason)}", highlight=False, soft_wrap=True
+                )
                 break
     if as_json:
         typer.echo(json.dumps([o.to_dict() for o in outcomes], indent=2, default=str))
@@ -221,12 +234,12 @@ def _print_top(entries: list[Any], as_json: bool) -> None:
         loc = v.get("location") or {}
         where = f"{loc.get('file', '')}:{loc.get('function', '')}" if loc else ""
         table.add_row(
-            e.fingerprint,
+            escape(e.fingerprint),
             f"{e.downloads:,}",
             str(len(e.models)),
-            v.get("rule_id", ""),
-            v.get("op", ""),
-            where,
+            escape(str(v.get("rule_id", ""))),
+            escape(str(v.get("op", ""))),
+            escape(where),
         )
     console.print(table)
 
@@ -270,8 +283,8 @@ def agent_eval(
     from hfadapt.agent.evaluate import run_eval
     from hfadapt.agent.records import Recorder
     from hfadapt.agent.suite import SUITE
-    from hfadapt.db.engine import get_engine
 
+    check_output(output, "--output")  # before any endpoint token is spent
     if list_cases:
         if as_json:
             typer.echo(json.dumps([_case_brief(c) for c in SUITE], indent=2))
@@ -288,7 +301,7 @@ def agent_eval(
         settings = AgentSettings(model=agent_model or "reference", max_attempts=max_attempts)
     else:
         settings = _settings(base_url, agent_model, api_key, max_attempts)
-    engine = get_engine(db)
+    engine = writing_engine(db)
     report = run_eval(
         settings,
         names=case or (),
@@ -298,7 +311,7 @@ def agent_eval(
     )
     data = report.to_dict()
     if output is not None:
-        output.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
+        write_output(output, json.dumps(data, indent=2, default=str) + "\n", "--output")
     if as_json:
         typer.echo(json.dumps(data, indent=2, default=str))
         return
@@ -328,12 +341,12 @@ def agent_eval(
     )
     console.print(
         f"{escape(who)}: accepted {data['accepted']}/{data['total']} "
-        f"({100 * report.acceptance_rate:.0f}%), {data['attempts']} attempts, "
+        f"({100 * report.acceptance_rate:.0f}%), {plural(data['attempts'], 'attempt')}, "
         f"{data['tokens_in']} tokens in / {data['tokens_out']} out, {data['seconds']:.1f} s",
         highlight=False,
     )
     if output is not None:
-        console.print(f"JSON report: {escape(str(output))}", highlight=False)
+        err_console.print(f"JSON report: {escape(str(output))}", highlight=False, soft_wrap=True)
 
 
 def _steps_text(steps: dict[str, str]) -> str:

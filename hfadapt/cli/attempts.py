@@ -10,8 +10,16 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from hfadapt.cli._app import DbOption, JsonOption, app, console, count_option, existing_engine
-from hfadapt.errors import UsageError
+from hfadapt.cli._app import (
+    DbOption,
+    JsonOption,
+    app,
+    console,
+    count_option,
+    err_console,
+    existing_engine,
+)
+from hfadapt.errors import NotFoundError
 
 
 @app.command()
@@ -39,7 +47,9 @@ def attempts(
             typer.echo(json.dumps([_brief(a) for a in rows], indent=2, default=str))
             return
         if not rows:
-            console.print("no agent attempts recorded yet: run 'hfadapt draft MODEL'")
+            err_console.print(
+                "no agent attempts recorded yet: run hfadapt draft MODEL", highlight=False
+            )
             return
         table = Table(
             "id",
@@ -63,13 +73,13 @@ def attempts(
                 escape(a.endpoint_model),
                 f"{a.tokens_in}/{a.tokens_out}",
                 f"{a.latency_s:.2f}",
-                b["result"],
+                escape(b["result"]),
             )
         console.print(table)
         return
     attempt, sess = records.get_attempt(engine, attempt_id)
     if attempt is None:
-        raise UsageError(f"no attempt {attempt_id}; see 'hfadapt attempts'")
+        raise NotFoundError(f"no attempt {attempt_id}; see hfadapt attempts")
     if as_json:
         data = attempt.model_dump()
         data["session"] = sess.model_dump() if sess else None
@@ -90,11 +100,17 @@ def attempts(
     if attempt.error:
         console.print(f"[red]error:[/red] {escape(attempt.error)}", highlight=False)
     table = Table("step", "verdict", "seconds", "summary")
-    for s in attempt.steps or []:
+    steps = (
+        [s for s in attempt.steps if isinstance(s, dict)] if isinstance(attempt.steps, list) else []
+    )
+    for s in steps:
         table.add_row(
-            escape(s["step"]), s["status"], f"{s.get('seconds', 0):.2f}", escape(s["summary"])
+            escape(str(s.get("step", "?"))),
+            escape(str(s.get("status", "?"))),
+            f"{s.get('seconds', 0):.2f}" if isinstance(s.get("seconds"), int | float) else "",
+            escape(str(s.get("summary", ""))),
         )
-    if attempt.steps:
+    if steps:
         console.print(table)
     if attempt.feedback:
         console.print(
@@ -121,6 +137,10 @@ def _brief(a: Any) -> dict[str, Any]:
         "tokens_in": a.tokens_in,
         "tokens_out": a.tokens_out,
         "latency_s": a.latency_s,
-        "steps": {s["step"]: s["status"] for s in a.steps or []},
+        "steps": {
+            str(s.get("step")): str(s.get("status"))
+            for s in (a.steps if isinstance(a.steps, list) else [])
+            if isinstance(s, dict)
+        },
         "result": result,
     }

@@ -3,7 +3,10 @@ Thin: parse, call ``hfadapt.judge.diagnose.diagnose``, render. Exit 0 pass, 1 th
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -19,7 +22,8 @@ from hfadapt.cli._app import (
     console,
     err_console,
 )
-from hfadapt.errors import UsageError
+from hfadapt.cli._console import plan_exit
+from hfadapt.errors import ModelNotFoundError, UsageError
 from hfadapt.judge.evidence import describe_source
 from hfadapt.options import Mode
 
@@ -29,6 +33,42 @@ _COLOURS = {
     "lowering_failed": "red",
     "unsupported_model": "red",
 }
+
+
+def check_model_ref(model: str) -> None:
+    """Refuse, before any work and whatever the mode, a MODEL that is neither an existing
+    folder nor a Hub id (the same line full mode's loader gives)."""
+    from hfadapt.hub.ids import invalid_model_id
+    from hfadapt.hub.resolve import looks_like_path
+
+    if not model.strip():
+        raise UsageError("MODEL is empty: pass a Hub id or a model folder")
+    if Path(model).expanduser().exists():
+        return
+    if looks_like_path(model):
+        raise ModelNotFoundError(f"no such folder: {model}")
+    if invalid_model_id(model):
+        raise ModelNotFoundError(f"{model} is neither a folder nor a Hub model id")
+
+
+@contextlib.contextmanager
+def working(what: str, *, show: bool) -> Iterator[None]:
+    """A spinner with the elapsed time on stderr while ``what`` runs, on a terminal only (it
+    leaves nothing behind)."""
+    if not (show and err_console.is_terminal):
+        yield
+        return
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+    ) as line:
+        line.add_task(escape(what), total=None)
+        yield
 
 
 def _fmt(value: float | None, digits: int = 6) -> str:
@@ -105,25 +145,35 @@ def diagnose(
     from hfadapt.errors import InputError
     from hfadapt.judge.diagnose import diagnose as run_diagnose
 
-    if not model.strip():
-        raise UsageError("MODEL is empty: pass a Hub id or a model folder")
+    check_model_ref(model)
     if unsafe_no_isolation and not trust_remote_code:
         raise UsageError("--unsafe-no-isolation applies only with --trust-remote-code")
-    diag = run_diagnose(
-        model,
-        mode=mode.value,
-        dtype=dtype.value if dtype is not None else None,
-        execution="compile" if compile_ else "eager",
-        adapters=not no_adapters,
-        trust_remote_code=trust_remote_code,
-        profile=profile,
-        db=db,
-        revision=revision,
-        token=token,
-        cache_dir=cache_dir,
-        local_files_only=local_files_only,
-        unsafe_no_isolation=unsafe_no_isolation,
-    )
+    if trust_remote_code:
+        from hfadapt.errors import option
+        from hfadapt.isolation import require_isolation
+
+        # before the database is touched; worded as the library words it
+        require_isolation(
+            unsafe=unsafe_no_isolation, what=f"the model's own code ({option('trust_remote_code')})"
+        )
+    how = f"{mode.value}, {'compile' if compile_ else 'eager'}"
+    with working(f"diagnosing {model} ({how}): load, reference, device, metrics", show=not as_json):
+        diag = run_diagnose(
+            model,
+            mode=mode.value,
+            dtype=dtype.value if dtype is not None else None,
+            execution="compile" if compile_ else "eager",
+            adapters=not no_adapters,
+            trust_remote_code=trust_remote_code,
+            profile=profile,
+            db=db,
+            revision=revision,
+            token=token,
+            cache_dir=cache_dir,
+            local_files_only=local_files_only,
+            unsafe_no_isolation=unsafe_no_isolation,
+        )
+    plan_exit(diag.exit_code)  # a reader closing the pipe early does not change it
     if as_json:
         typer.echo(json.dumps(diag.to_dict(), indent=2, default=str))
     elif diag.exit_code == InputError.exit_code:

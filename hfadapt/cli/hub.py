@@ -10,17 +10,21 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from hfadapt.cli._app import DbOption, JsonOption, app, console, count_option, existing_engine
+from hfadapt.cli._app import (
+    DbOption,
+    JsonOption,
+    app,
+    console,
+    count_option,
+    err_console,
+    existing_engine,
+    new_database_removed_on_failure,
+)
 from hfadapt.errors import HubUnreachableError, UsageError
+from hfadapt.report.charts import plural
 
 # Below this terminal width `models` drops its likes, library and params columns.
 WIDE = 120
-
-
-def _engine(db: str | None) -> Any:
-    from hfadapt.db.engine import get_engine
-
-    return get_engine(db)
 
 
 def _echo_json(data: Any) -> None:
@@ -72,9 +76,11 @@ def crawl(
         raise UsageError(
             "--offline reads the bundled snapshot; it cannot be combined with --endpoint"
         )
-    engine = _engine(db)
-    # the config.json of every kept model (online only): a bar while they come in
-    with Progress(console=console, transient=True, disable=as_json) as bar:
+    # the config.json of every kept model (online only): a bar while they come in, on a terminal
+    bar = Progress(
+        console=err_console, transient=True, disable=as_json or not err_console.is_terminal
+    )
+    with new_database_removed_on_failure(db) as engine, bar:
         task = bar.add_task("configs", total=None, visible=False)
 
         def configs_done(done: int, total: int) -> None:
@@ -93,20 +99,21 @@ def crawl(
     if as_json:
         _echo_json({**dataclasses.asdict(result), "db": describe(engine)})
         return
+    # What the crawl did is a summary: stderr (the ranking itself is `hfadapt models`).
     source = "the bundled snapshot" if result.source == "snapshot" else result.source
     for note in result.notes:
-        console.print(f"[yellow]note:[/yellow] {escape(note)}", highlight=False, soft_wrap=True)
-    console.print(
-        f"crawled {source} into {describe(engine)}: seen {result.seen:,}, kept {result.kept:,}, "
-        f"excluded {result.seen - result.kept:,} in {result.seconds:.2f} s",
+        err_console.print(f"[yellow]note:[/yellow] {escape(note)}", highlight=False, soft_wrap=True)
+    err_console.print(
+        f"crawled {escape(source)} into {escape(describe(engine))}: seen {result.seen:,}, "
+        f"kept {result.kept:,}, excluded {result.seen - result.kept:,} in {result.seconds:.2f} s",
         highlight=False,
         soft_wrap=True,
     )
     if result.excluded:
         table = Table("excluded because", "models", box=None, pad_edge=False)
         for reason, count in result.excluded.items():
-            table.add_row(reason, f"{count:,}")
-        console.print(table)
+            table.add_row(escape(reason), f"{count:,}")
+        err_console.print(table)
 
 
 @app.command()
@@ -161,6 +168,11 @@ def models(
                 )
                 for row in rows
             ]
+        )
+        return
+    if not rows:
+        err_console.print(
+            "no models match these filters (see hfadapt models --all)", highlight=False
         )
         return
     console.print(models_table(rows, console.width, judged))
@@ -249,7 +261,7 @@ def census(
         "kept",
         "downloads",
         "share",
-        title=f"{result.models:,} models, {result.downloads:,} downloads",
+        title=f"{plural(result.models, 'model')}, {result.downloads:,} downloads",
     )
     for r in result.rows:
         table.add_row(

@@ -12,8 +12,18 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from hfadapt.cli._app import DbOption, JsonOption, app, console, count_option, existing_engine
+from hfadapt.cli._app import (
+    DbOption,
+    JsonOption,
+    app,
+    console,
+    count_option,
+    err_console,
+    existing_engine,
+)
+from hfadapt.cli._files import check_output, write_output
 from hfadapt.errors import UsageError
+from hfadapt.report.charts import plural
 
 SweepOption = Annotated[
     int | None,
@@ -59,11 +69,13 @@ def failures(
     if blocking:
         groups = Table("blocked before the device", "models", "downloads", "share", "e.g.")
         for b in blocking:
-            groups.add_row(b.verdict, f"{b.count:,}", fmt_count(b.downloads), f"{b.share:.1%}",
-                           b.models[0] if b.models else "")  # fmt: skip
+            groups.add_row(escape(b.verdict), f"{b.count:,}", fmt_count(b.downloads), f"{b.share:.1%}",
+                           escape(b.models[0]) if b.models else "")  # fmt: skip
         console.print(groups)
     if not rows:
-        console.print("no failure fingerprints recorded (nothing failed to lower)", highlight=False)
+        err_console.print(
+            "no failure fingerprints recorded (nothing failed to lower)", highlight=False
+        )
         return
     table = Table(pad_edge=False)
     table.add_column("fingerprint", no_wrap=True)
@@ -75,10 +87,14 @@ def failures(
         what = "\n".join(x for x in (r.rule_id, r.op, site_lines(r.site) if r.site else "") if x)
         example = r.models[0] if r.models else ""
         table.add_row(
-            r.fingerprint, escape(what), f"{r.count:,}", fmt_count(r.downloads), escape(example)
+            escape(r.fingerprint),
+            escape(what),
+            f"{r.count:,}",
+            fmt_count(r.downloads),
+            escape(example),
         )
     console.print(table)
-    console.print(
+    err_console.print(
         "  next: hfadapt draft --top K  (the agent works from this list)", highlight=False
     )
 
@@ -134,6 +150,10 @@ def report(
     from hfadapt.report.html import render_html
     from hfadapt.sweep.store import latest_sweep
 
+    # every output path first: a mistyped folder fails now, not after the report is built
+    check_output(html, "--html")
+    check_output(output, "--output")
+    check_output(csv_file, "--csv")
     engine = existing_engine(db, hint="`hfadapt sweep`")
     if against is not None:
         newest = latest_sweep(engine) if sweep is None else None
@@ -145,16 +165,26 @@ def report(
             )
     rep = build_report(engine, sweep_id=sweep, against=against)
     data = rep.to_dict() if (as_json or output is not None) else None
+    written: list[str] = []
     if html is not None:
-        html.write_text(render_html(rep), encoding="utf-8")
+        write_output(html, render_html(rep), "--html")
+        written.append(f"wrote {html}")
     if output is not None:
-        output.write_text(json.dumps(data, indent=2, default=str), encoding="utf-8")
+        write_output(output, json.dumps(data, indent=2, default=str), "--output")
+        written.append(f"wrote {output}")
+    if csv_file is not None:
+        from hfadapt.report.models import rows_csv
+
+        write_output(csv_file, rows_csv(rep.model_rows), "--csv")
+        written.append(f"wrote {csv_file} ({plural(len(rep.model_rows), 'model')})")
+    for line in written:
+        err_console.print(escape(line), highlight=False, soft_wrap=True)
     if as_json:
         typer.echo(json.dumps(data, indent=2, default=str))
         return
     where = f"sweep {rep.sweep['id']}" if rep.sweep else "latest run of every model"
     console.print(
-        f"{where}: {rep.models:,} models; pass on their own weights or config {rep.passed:,} "
+        f"{where}: {plural(rep.models, 'model')}; pass on their own weights or config {rep.passed:,} "
         f"({rep.pass_rate:.1%} by count, {rep.pass_rate_downloads:.1%} by downloads)",
         highlight=False,
         soft_wrap=True,
@@ -166,7 +196,7 @@ def report(
     levels = Table("evidence", "models", "pass", "downloads", "pass downloads",
                    title="by evidence level", title_justify="left")  # fmt: skip
     for lv in rep.by_evidence:
-        levels.add_row(lv.level, f"{lv.models:,}", f"{lv.passed:,}", fmt_count(lv.downloads),
+        levels.add_row(escape(lv.level), f"{lv.models:,}", f"{lv.passed:,}", fmt_count(lv.downloads),
                        fmt_count(lv.passed_downloads))  # fmt: skip
     console.print(levels)
     table = Table(
@@ -193,7 +223,7 @@ def report(
     console.print(table)
     a = rep.agreement
     console.print(
-        f"agreement with hf-adapters is_supported on {a.compared:,} models: {a.rate:.1%} "
+        f"agreement with hf-adapters is_supported on {plural(a.compared, 'model')}: {a.rate:.1%} "
         f"(both yes {a.both_yes:,}, both no {a.both_no:,}, only hfadapt {a.only_ours:,}, only hf-adapters {a.only_theirs:,})",
         highlight=False,
         soft_wrap=True,
@@ -201,13 +231,3 @@ def report(
     if rep.diff is not None:
         counts = ", ".join(f"{k} {v:,}" for k, v in rep.diff.counts.items())
         console.print(f"against sweep {rep.diff.baseline}: {counts}", highlight=False)
-    for path in (html, output):
-        if path is not None:
-            console.print(f"wrote {escape(str(path))}", highlight=False)
-    if csv_file is not None:
-        from hfadapt.report.models import rows_csv
-
-        csv_file.write_text(rows_csv(rep.model_rows), encoding="utf-8")
-        console.print(
-            f"wrote {escape(str(csv_file))} ({len(rep.model_rows):,} models)", highlight=False
-        )

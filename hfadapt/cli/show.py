@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from hfadapt.cli._app import DbOption, JsonOption, app, console
+from hfadapt.cli._app import DbOption, JsonOption, app, console, existing_engine
 
 
 def _say(label: str, text: Any, style: str | None = None) -> None:
@@ -20,21 +20,28 @@ def _say(label: str, text: Any, style: str | None = None) -> None:
 
 @app.command()
 def show(
-    model: Annotated[str, typer.Argument(help="Hub id of the model, e.g. BAAI/bge-small-en-v1.5.")],
+    model: Annotated[
+        str,
+        typer.Argument(
+            metavar="MODEL",
+            help="Hub id of the model, e.g. BAAI/bge-small-en-v1.5.",
+            show_default=False,
+        ),
+    ],
     db: DbOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """One model's latest verdict and what it rests on, from the database (no re-run)."""
-    from hfadapt.db.engine import get_engine
     from hfadapt.report.card import model_card
 
-    card = model_card(get_engine(db), model)
+    engine = existing_engine(db, hint="`hfadapt sweep` or `hfadapt diagnose MODEL`")
+    card = model_card(engine, model)
     if as_json:
         typer.echo(json.dumps(card, indent=2, default=str))
         return
     console.print(
-        f"[bold]{escape(card['model_id'])}[/bold]: [bold]{card['verdict']}[/bold] "
-        f"({card['evidence_level']} evidence)",
+        f"[bold]{escape(card['model_id'])}[/bold]: [bold]{escape(card['verdict'])}[/bold] "
+        f"({escape(card['evidence_level'])} evidence)",
         highlight=False,
         soft_wrap=True,
     )

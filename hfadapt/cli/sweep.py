@@ -5,11 +5,15 @@ Thin: parse, call ``hfadapt.sweep.run.run_sweep``, render."""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
+import shlex
+import sys
 from typing import Annotated, Any
 
 import typer
 from rich.console import RenderableType
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
@@ -22,16 +26,35 @@ from hfadapt.cli._app import (
     app,
     console,
     count_option,
+    err_console,
     existing_engine,
     finite_seconds,
+    writing_engine,
 )
+from hfadapt.cli._console import on_interrupt
 from hfadapt.cli.progress_log import ProgressLog
-from hfadapt.errors import UsageError
+from hfadapt.errors import MissingDependencyError, UsageError
 from hfadapt.options import Executor, Mode
+from hfadapt.report.charts import plural
 
 
 def _log_line(text: str) -> None:
-    console.print(text, highlight=False, soft_wrap=True, markup=False)
+    err_console.print(text, highlight=False, soft_wrap=True, markup=False)
+
+
+def _resume_command() -> str:
+    """This command line as typed, without --fresh: what resumes an interrupted sweep."""
+    args = [a for a in sys.argv[1:] if a not in ("--fresh", "--verbose")]
+    return shlex.join(["hfadapt", *args])
+
+
+def _check_executor(executor: Executor, address: str | None) -> None:
+    if address is not None and executor != Executor.RAY:
+        raise UsageError("--address names a Ray cluster: it needs --executor ray")
+    if executor == Executor.RAY and importlib.util.find_spec("ray") is None:
+        raise MissingDependencyError(
+            "--executor ray needs Ray, which is not installed: pip install 'hfadapt[ray]'"
+        )
 
 
 _ORDER = ("pass", "lowering_failed", "verification_failed", "unsupported_model", "load_failed",
@@ -52,7 +75,7 @@ def _counts(counts: dict[str, int]) -> str:
     parts = []
     for key in keys:
         colour = _COLOURS.get(key)
-        text = f"{key} {counts[key]:,}"
+        text = f"{escape(key)} {counts[key]:,}"
         parts.append(f"[{colour}]{text}[/{colour}]" if colour else text)
     return "  ".join(parts)
 
@@ -152,6 +175,14 @@ def sweep(
         ),
     ] = True,
     dtype: DTypeOption = None,
+    no_adapters: Annotated[
+        bool,
+        typer.Option(
+            "--no-adapters",
+            help="Judge the stock models, without registry adapters (the baseline the report "
+            "measures what adapters unblock against).",
+        ),
+    ] = False,
     full_width: Annotated[
         bool,
         typer.Option(
@@ -187,19 +218,36 @@ def sweep(
     as_json: JsonOption = False,
 ) -> None:
     """Judge every crawled model on the simulated device (resumes an interrupted sweep)."""
-    from hfadapt.db.engine import describe, get_engine
+    from hfadapt.db.engine import describe
     from hfadapt.sweep.limits import max_local_workers
     from hfadapt.sweep.run import run_sweep
 
     if unsafe_no_isolation and not trust_remote_code:
         raise UsageError("--unsafe-no-isolation applies only with --trust-remote-code")
+    _check_executor(executor, address)
     if executor == Executor.LOCAL and workers is not None:
         cap, why = max_local_workers(memory_limit)
         if workers > cap:
             raise UsageError(
                 f"--workers {workers} is more than this machine holds: at most {cap} ({why})"
             )
-    engine = get_engine(db)
+    if trust_remote_code:
+        from hfadapt.errors import option
+        from hfadapt.isolation import require_isolation
+
+        # before the database is touched; worded as the library words it
+        require_isolation(
+            unsafe=unsafe_no_isolation, what=f"the model's own code ({option('trust_remote_code')})"
+        )
+    if profile is not None:
+        from hfadapt.spyre.profile import load_profile
+
+        load_profile(profile)  # an unknown profile is refused before anything is written
+    engine = writing_engine(db)
+    # Progress is for a person at a terminal: a live bar there, plain lines at least every 30 s
+    # otherwise (CI, nohup); both on stderr, and the bar leaves nothing behind (the tally is
+    # printed once, in the summary).
+    live = not as_json and err_console.is_terminal
     progress = _Bar(
         TextColumn("[bold]sweep {task.fields[sweep]}"),
         BarColumn(bar_width=20),
@@ -208,13 +256,17 @@ def sweep(
         TextColumn("{task.fields[rate]}"),
         TimeElapsedColumn(),
         TextColumn("{task.fields[eta]}"),
-        console=console,
-        transient=as_json,
-        disable=as_json,
+        console=err_console,
+        transient=True,
+        disable=not live,
     )
     bar: dict[str, Any] = {}
 
     def update(p: Any) -> None:
+        if "task" not in bar:
+            on_interrupt(
+                f"sweep {p.sweep_id} is recorded as interrupted; resume it with: {_resume_command()}"
+            )
         fields = {
             "sweep": p.sweep_id,
             "units": f"{p.units_done}/{p.units_total}",
@@ -232,8 +284,7 @@ def sweep(
             bar["task"] = progress.add_task("sweep", total=p.total, **fields)
         progress.update(bar["task"], completed=p.done, total=p.total, **fields)
 
-    # Without a terminal the bar prints nothing until the end: plain lines instead (CI, nohup).
-    log = None if as_json or console.is_terminal else ProgressLog(_log_line)
+    log = None if as_json or live else ProgressLog(_log_line)
     with progress, log or contextlib.nullcontext():
         result = run_sweep(
             engine,
@@ -248,27 +299,50 @@ def sweep(
             execution="compile" if compile_ else "eager",
             dtype=dtype.value if dtype is not None else None,
             profile=profile,
+            adapters=not no_adapters,
             narrow=not full_width,
             resume=not fresh,
             progress=update,
             trust_remote_code=trust_remote_code,
             unsafe_no_isolation=unsafe_no_isolation,
         )
+    on_interrupt("")
     if as_json:
         typer.echo(json.dumps({**vars(result), "db": describe(engine)}, indent=2, default=str))
         return
+    # What the sweep did is a summary (stderr); its data is `hfadapt report`'s.
     resumed = (
-        f" (resumed; {result.already_done:,} models were done before)" if result.resumed else ""
+        f" (resumed; {plural(result.already_done, 'model')} done before)" if result.resumed else ""
     )
-    console.print(
-        f"sweep {result.sweep_id}{resumed}: {result.models:,} models in {result.seconds:.0f} s "
-        f"({result.models_per_minute:,.0f} models/min); {result.units} units of work, {result.judged} judged now, "
-        f"dedupe factor {result.dedupe_factor}; recorded in {describe(engine)}",
+    err_console.print(
+        f"sweep {result.sweep_id}{resumed}: {plural(result.models, 'model')} in "
+        f"{result.seconds:.0f} s ({result.models_per_minute:,.0f} models/min); "
+        f"{plural(result.units, 'unit')} of work, {result.judged:,} judged now, dedupe factor "
+        f"{result.dedupe_factor}; recorded in {escape(describe(engine))}",
         highlight=False,
         soft_wrap=True,
     )
-    console.print(f"  {_counts(result.counts)}", highlight=False, soft_wrap=True)
-    console.print("  next: hfadapt failures; hfadapt report --html report.html", highlight=False)
+    snapshot = _snapshot_note(engine)
+    if snapshot:
+        err_console.print(f"  {snapshot}", highlight=False, soft_wrap=True)
+    err_console.print(f"  {_counts(result.counts)}", highlight=False, soft_wrap=True)
+    err_console.print(
+        "  next: hfadapt failures; hfadapt report --html report.html", highlight=False
+    )
+
+
+def _snapshot_note(engine: Any) -> str:
+    """Where the sweep's model list came from, when it is the bundled snapshot."""
+    from hfadapt.hub.catalog import latest_crawl
+    from hfadapt.hub.snapshot import SNAPSHOT_DATE
+
+    crawl = latest_crawl(engine)
+    if crawl is None or crawl.source != "snapshot":
+        return ""
+    return (
+        f"models: the bundled snapshot of the Hub's ranking ({SNAPSHOT_DATE}); "
+        "hfadapt crawl --online ranks today's Hub"
+    )
 
 
 @app.command()
@@ -276,16 +350,26 @@ def sweeps(db: DbOption = None, as_json: JsonOption = False) -> None:
     """The sweeps recorded in the database, newest first."""
     from hfadapt.sweep.store import list_sweeps
 
-    rows = list_sweeps(existing_engine(db, hint="`hfadapt sweep`"))
+    engine = existing_engine(db, hint="`hfadapt sweep`")
+    rows = list_sweeps(engine)
     if as_json:
         typer.echo(json.dumps([r.model_dump() for r in rows], indent=2, default=str))
+        return
+    if not rows:
+        from hfadapt.db.engine import describe
+
+        err_console.print(
+            f"no sweeps recorded in {escape(describe(engine))} yet: run hfadapt sweep",
+            highlight=False,
+            soft_wrap=True,
+        )
         return
     table = Table("id", "status", "mode", "top", "models", "units", "seconds", "verdicts")
     for r in rows:
         table.add_row(
             str(r.id),
-            r.status,
-            r.mode,
+            escape(r.status),
+            escape(r.mode),
             str(r.top or "all"),
             f"{r.models:,}",
             f"{r.units:,}",

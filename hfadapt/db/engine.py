@@ -25,6 +25,7 @@ from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.pool import StaticPool
 from sqlmodel import Session, create_engine
 
+from hfadapt.db.integrity import check_header, load_json, quick_check
 from hfadapt.db.postgres import is_postgres, postgres_engine, translate_postgres_error
 from hfadapt.db.urls import DEFAULT_URL, ENV_VAR, describe, resolve_url, sqlite_path
 from hfadapt.errors import DatabaseUnavailableError, StoreError, UsageError, option
@@ -33,7 +34,6 @@ DB_OPTION = option("db")  # the parameter, shown as its flag by the CLI
 
 # A sweep worker may wait this long for another process's write to finish before giving up.
 BUSY_TIMEOUT_S = 60.0
-_SQLITE_HEADER = b"SQLite format 3\x00"
 # Execution option read by the "begin" hook below: IMMEDIATE (default) or DEFERRED (readers).
 BEGIN_OPTION = "hfadapt_sqlite_begin"
 
@@ -54,9 +54,10 @@ __all__ = [
 def get_engine(url: str | None = None, *, migrate: bool = True) -> Engine:
     """Open (and by default migrate) the database at ``url`` (see ``resolve_url``).
 
-    Raises DatabaseUnavailableError for a corrupt, read-only or unreachable database and
-    SchemaVersionError for one written by a newer hfadapt or one that cannot be migrated;
-    in both cases the file is left exactly as it was.
+    Raises DatabaseUnavailableError for a corrupt (SQLite's quick_check), read-only or
+    unreachable database, or one whose folder does not exist, and SchemaVersionError for one
+    written by a newer hfadapt or one that cannot be migrated; in every case the file is left
+    exactly as it was and nothing is created.
     """
     resolved = resolve_url(url)
     try:
@@ -72,7 +73,7 @@ def get_engine(url: str | None = None, *, migrate: bool = True) -> Engine:
         engine = postgres_engine(parsed)
     else:
         try:
-            engine = create_engine(parsed, pool_pre_ping=True)
+            engine = create_engine(parsed, pool_pre_ping=True, json_deserializer=load_json)
         except (ImportError, sa_exc.ArgumentError, sa_exc.NoSuchModuleError) as exc:
             raise DatabaseUnavailableError(
                 f"cannot use database {describe(resolved)}: {exc}"
@@ -113,12 +114,14 @@ def _sqlite_engine(url: URL) -> Engine:
     if path is not None:
         _check_sqlite_file(path)
     connect_args: dict[str, Any] = {"timeout": BUSY_TIMEOUT_S, "check_same_thread": False}
-    kwargs: dict[str, Any] = {"connect_args": connect_args}
+    kwargs: dict[str, Any] = {"connect_args": connect_args, "json_deserializer": load_json}
     if path is None:
         # One shared connection, or every session would see its own empty in-memory database.
         kwargs["poolclass"] = StaticPool
     engine = create_engine(url, **kwargs)
     _install_sqlite_hooks(engine)
+    if path is not None and path.exists() and path.stat().st_size:
+        quick_check(engine)  # before anything writes: a damaged file is refused untouched
     return engine
 
 
@@ -135,20 +138,14 @@ def _check_sqlite_file(path: Path) -> None:
             raise DatabaseUnavailableError(
                 f"database {where} is read-only: make it writable (chmod u+w) or pass {DB_OPTION} / set {ENV_VAR} to another file"
             )
-        with path.open("rb") as fh:
-            head = fh.read(len(_SQLITE_HEADER))
-        if head and head != _SQLITE_HEADER:
-            raise DatabaseUnavailableError(
-                f"{where} is not an SQLite database (corrupt or another kind of file); it was left untouched: "
-                f"move it aside or pass {DB_OPTION} / set {ENV_VAR} to another file"
-            )
+        check_header(path)
     parent = path.parent if str(path.parent) else Path(".")
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
+    if not parent.is_dir():
+        # Never made: a mistyped --db must not leave folders behind.
         raise DatabaseUnavailableError(
-            f"cannot create the folder of database {where}: {exc.strerror}"
-        ) from exc
+            f"the folder of database {where} does not exist: create it first, or pass {DB_OPTION} / "
+            f"set {ENV_VAR} to a file in an existing folder"
+        )
     if not os.access(parent, os.W_OK | os.X_OK):
         raise DatabaseUnavailableError(
             f"the folder of database {where} is read-only (SQLite needs to write its journal beside the file): "

@@ -25,6 +25,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlmodel import create_engine
 
+from hfadapt.db.integrity import load_json
 from hfadapt.errors import DatabaseUnavailableError, StoreError
 
 DRIVER = "postgresql+psycopg"
@@ -85,7 +86,9 @@ def postgres_engine(url: URL) -> Engine:
         }
         connect_args = {k: v for k, v in defaults.items() if k not in url.query}
     try:
-        engine = create_engine(url, pool_pre_ping=True, connect_args=connect_args)
+        engine = create_engine(
+            url, pool_pre_ping=True, connect_args=connect_args, json_deserializer=load_json
+        )
     except (ImportError, sa_exc.ArgumentError, sa_exc.NoSuchModuleError) as exc:
         raise DatabaseUnavailableError(f"cannot use database {shown}: {exc}") from exc
     _forget_connections_after_fork(engine)

@@ -125,6 +125,7 @@ class Run(SQLModel, table=True):
 RUNNING = "running"
 DONE = "done"
 FAILED = "failed"
+INTERRUPTED = "interrupted"  # stopped by the user (Ctrl-C): resumable like a failed one
 
 
 class Sweep(SQLModel, table=True):
@@ -134,7 +135,7 @@ class Sweep(SQLModel, table=True):
 
     id: int | None = Field(default=None, primary_key=True)
     key: str = Field(index=True)  # the options that define it: a resumed sweep must match
-    status: str = Field(default=RUNNING, index=True)  # running | done | failed
+    status: str = Field(default=RUNNING, index=True)  # running | done | failed | interrupted
     mode: str = "structural"
     execution: str = "eager"
     dtype: str = "fp16"

@@ -11,6 +11,9 @@ Online or offline, decided once per crawl:
 * otherwise (the default): the Hub at huggingface.co if a quick probe reaches it, else the
   bundled snapshot, and the result says why (``CrawlResult.fallback``).
 
+Ids: a listing entry whose id is not a Hub model id (hfadapt.hub.ids; a mirror or a lying
+endpoint could send anything) is refused, counted (``CrawlResult.refused``) and never stored.
+
 Retries: every request of ``HfApi.list_models`` is retried by huggingface_hub on 429 and 5xx
 (up to 5 times, exponential backoff capped at 8 s, honouring ``Retry-After``); a crawl that
 still fails is recorded as failed and changes nothing stored.
@@ -18,7 +21,6 @@ still fails is recorded as failed and changes nothing stored.
 
 from __future__ import annotations
 
-import functools
 import os
 import re
 import time
@@ -33,6 +35,7 @@ from hfadapt.hub.catalog import HubRecord
 from hfadapt.hub.client import env_offline, hub_error, make_api, probe
 from hfadapt.hub.config_fetch import ConfigFetch, fetch_configs
 from hfadapt.hub.configs import fetch_config, known_model_types
+from hfadapt.hub.ids import invalid_model_id
 from hfadapt.hub.snapshot import SNAPSHOT_SOURCE, SnapshotModel, read_snapshot
 
 if TYPE_CHECKING:
@@ -74,9 +77,8 @@ class CrawlResult:
     fallback: str | None = None  # why the snapshot was read instead of the Hub
     notes: list[str] = field(default_factory=list)
     configs: ConfigFetch | None = None  # online: each kept model's config.json, or why not
+    refused: int = 0  # listing entries whose id is not a Hub model id: not stored
 
-
-@functools.cache
 
 # ---- listings -> records ----------------------------------------------------------------------
 
@@ -172,10 +174,14 @@ def list_hub_models(
     limit: int = DEFAULT_LIMIT,
     pipeline_tags: Iterable[str] = EMBEDDING_PIPELINE_TAGS,
     missing: Counter[str] | None = None,
+    refused: Counter[str] | None = None,
 ) -> list[HubRecord]:
-    """The top ``limit`` models of all ``pipeline_tags`` merged, deduplicated, most downloads first."""
+    """The top ``limit`` models of all ``pipeline_tags`` merged, deduplicated, most downloads
+    first. Entries whose id is not a Hub model id are left out and counted in ``refused``
+    (reason -> entries)."""
     by_id: dict[str, HubRecord] = {}
     missing = missing if missing is not None else Counter()
+    refused = refused if refused is not None else Counter()
     for tag in pipeline_tags:
         what = f"the {tag} listing"
         count = 0
@@ -184,8 +190,12 @@ def list_hub_models(
                 pipeline_tag=tag, sort="downloads", limit=limit, expand=EXPAND
             )
             for info in listing:
-                rec = record_from_info(info, missing)
                 count += 1
+                why = invalid_model_id(info.id)
+                if why:
+                    refused[why] += 1
+                    continue
+                rec = record_from_info(info, missing)
                 known = by_id.get(rec.id)
                 if known is None or rec.downloads > known.downloads:
                     by_id[rec.id] = rec
@@ -199,8 +209,15 @@ def list_hub_models(
 # ---- the crawl --------------------------------------------------------------------------------
 
 
-def _notes(ranked: list[HubRecord], missing: Counter[str]) -> list[str]:
+def _notes(ranked: list[HubRecord], missing: Counter[str], refused: Counter[str]) -> list[str]:
     notes = []
+    if refused:
+        total = sum(refused.values())
+        why = "; ".join(f"{reason} ({n})" for reason, n in refused.most_common(3))
+        notes.append(
+            f"refused {total} listing entr{'y' if total == 1 else 'ies'} whose id is not a Hub "
+            f"model id ({why}); not stored"
+        )
     if missing:
         fields = ", ".join(f"{name}: {n}" for name, n in missing.most_common())
         notes.append(
@@ -259,6 +276,7 @@ def crawl(
             use_snapshot, fallback = True, exc.one_line()
 
     missing: Counter[str] = Counter()
+    refused: Counter[str] = Counter()
     fetched: ConfigFetch | None = None
     source = SNAPSHOT if use_snapshot or api is None else api.endpoint
     crawl_id = catalog.start_crawl(engine, source=source, limit=limit)
@@ -266,7 +284,7 @@ def crawl(
         if use_snapshot or api is None:
             ranked = snapshot_records(limit)
         else:
-            ranked = list_hub_models(api, limit=limit, missing=missing)
+            ranked = list_hub_models(api, limit=limit, missing=missing, refused=refused)
             prefilter.apply(ranked)
             if configs:
                 fetched = fetch_configs(ranked, endpoint=api.endpoint, token=api.token,
@@ -277,7 +295,7 @@ def crawl(
         catalog.fail_crawl(engine, crawl_id, message)
         raise
 
-    notes = _notes(ranked, missing)
+    notes = _notes(ranked, missing, refused)
     if fetched is not None:
         notes.append(fetched.summary())
     if fallback:
@@ -294,4 +312,5 @@ def crawl(
         fallback=fallback,
         notes=notes,
         configs=fetched,
+        refused=sum(refused.values()),
     )

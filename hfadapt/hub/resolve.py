@@ -145,12 +145,10 @@ def resolve(ref: str | os.PathLike[str], hub: HubOptions | None = None) -> Model
         return ModelSource(text, str(path.resolve()), "folder", path.resolve())
     if looks_like_path(text):
         raise ModelNotFoundError(f"no such folder: {text}")
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
+    from hfadapt.hub.ids import invalid_model_id
 
-    try:
-        validate_repo_id(text)
-    except HFValidationError:
-        raise ModelNotFoundError(f"{text} is neither a folder nor a Hub model id") from None
+    if invalid_model_id(text):
+        raise ModelNotFoundError(f"{text} is neither a folder nor a Hub model id")
 
     cached = cached_file(text, "config.json", hub)
     if cached is not None:
@@ -173,9 +171,14 @@ def resolve(ref: str | os.PathLike[str], hub: HubOptions | None = None) -> Model
 
 def cached_file(repo_id: str, filename: str, hub: HubOptions | None = None) -> Path | None:
     """A file of a Hub repo from the HF cache (``hub.revision``, else the newest cached
-    revision), or None."""
+    revision), or None. ModelNotFoundError for a string that is not a Hub id (huggingface_hub
+    would raise its own validation error, which no caller expects)."""
     from huggingface_hub import try_to_load_from_cache
 
+    from hfadapt.hub.ids import invalid_model_id
+
+    if invalid_model_id(repo_id):
+        raise ModelNotFoundError(f"{repo_id} is neither a folder nor a Hub model id")
     hub = hub or _NO_OPTIONS
     found = try_to_load_from_cache(repo_id, filename, cache_dir=hub.cache(), revision=hub.revision)
     return Path(found) if isinstance(found, str) else None

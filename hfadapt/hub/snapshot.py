@@ -24,6 +24,7 @@ SNAPSHOT_FILE = DATA_DIR / "top_embedding_models.csv.gz"
 CONFIGS_DIR = DATA_DIR / "configs"
 # Where the snapshot comes from; shown wherever a crawl of it is reported.
 SNAPSHOT_SOURCE = "torch-spyre/hf-adapters@341f21c:resources/top_embedding_models_DEPRECATED.csv"
+SNAPSHOT_DATE = "July 2026"  # when that commit ranked the Hub
 
 _COLUMNS = [
     "rank",

@@ -11,9 +11,9 @@ from sqlalchemy.engine import Engine
 
 from hfadapt import verdicts
 from hfadapt.db.engine import describe
-from hfadapt.errors import UsageError
+from hfadapt.errors import NotFoundError, UsageError
 from hfadapt.judge.evidence import describe_source, level_label, pass_note
-from hfadapt.report.models import HUB_URL, latest_run
+from hfadapt.report.models import hub_url, latest_run
 
 __all__ = ["model_card"]
 
@@ -40,23 +40,46 @@ def _next_step(model_id: str, verdict: str, level: str | None, recorded: str | N
     return f"see the full evidence: hfadapt diagnose {model_id} --mode structural"
 
 
+# Stored rows are read as they are: a value of the wrong type (an old row, a hand-edited or
+# hostile database) is shown as absent, never raised on.
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _texts(value: Any) -> list[str]:
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _dicts(value: Any) -> list[dict[str, Any]]:
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
+
+
 def _violation(v: dict[str, Any]) -> dict[str, Any]:
-    loc = v.get("location") if isinstance(v.get("location"), dict) else {}
+    loc = _dict(v.get("location"))
     site = ""
-    if loc and loc.get("file"):
+    if _text(loc.get("file")):
         parts = str(loc["file"]).replace("\\", "/").split("/")
         anchor = next(
             (i for i, p in enumerate(parts) if p in ("site-packages", "dist-packages")), None
         )
         path = "/".join(parts[anchor + 1 :]) if anchor is not None else str(loc["file"])
-        site = f"{path}:{loc.get('line', '?')} in {loc.get('function', '?')}"
+        line = loc.get("line") if isinstance(loc.get("line"), int) else "?"
+        site = f"{path}:{line} in {_text(loc.get('function')) or '?'}"
     return {
-        "rule_id": v.get("rule_id"),
-        "op": v.get("op"),
-        "message": v.get("message"),
-        "fingerprint": v.get("fingerprint"),
+        "rule_id": _text(v.get("rule_id")),
+        "op": _text(v.get("op")),
+        "message": _text(v.get("message")),
+        "fingerprint": _text(v.get("fingerprint")),
         "site": site,
-        "code": (loc or {}).get("code"),
+        "code": _text(loc.get("code")),
     }
 
 
@@ -67,13 +90,13 @@ def model_card(engine: Engine, model_id: str) -> dict[str, Any]:
         raise UsageError("model_id must name a model, e.g. sentence-transformers/all-MiniLM-L6-v2")
     run, hub = latest_run(engine, model_id.strip())
     if run is None:
-        raise UsageError(
+        raise NotFoundError(
             f"no run of {model_id} in {describe(engine)}: run `hfadapt sweep` or "
             f"`hfadapt diagnose {model_id}` first"
         )
-    evidence = run.evidence or {}
-    sweep_ev = evidence.get("sweep") or {}
-    source = evidence.get("config_source")
+    evidence = _dict(run.evidence)
+    sweep_ev = _dict(evidence.get("sweep"))
+    source = _text(evidence.get("config_source"))
     level = run.evidence_level
     shared = sweep_ev.get("role") == "member"
     return {
@@ -89,17 +112,17 @@ def model_card(engine: Engine, model_id: str) -> dict[str, Any]:
         "model_type": run.model_type or (hub.model_type if hub else None),
         "rank": hub.rank if hub else None,
         "downloads": hub.downloads if hub else None,
-        "hub_url": HUB_URL + run.model_id,
+        "hub_url": hub_url(run.model_id),
         "mode": run.mode,
         "execution": run.execution,
         "dtype": run.dtype,
         "signature": run.signature,
-        "shared_with": sweep_ev.get("representative") if shared else None,
-        "representative_run": sweep_ev.get("representative_run") if shared else None,
-        "adapters": list(run.adapters or []),
-        "violations": [_violation(v) for v in (run.violations or []) if isinstance(v, dict)],
-        "fallbacks": dict(run.fallbacks or {}),
+        "shared_with": _text(sweep_ev.get("representative")) if shared else None,
+        "representative_run": _int(sweep_ev.get("representative_run")) if shared else None,
+        "adapters": _texts(run.adapters),
+        "violations": [_violation(v) for v in _dicts(run.violations)],
+        "fallbacks": {str(op): n for op, n in _dict(run.fallbacks).items() if isinstance(n, int)},
         "metrics": {k: getattr(run, k) for k in _METRICS if getattr(run, k) is not None},
-        "next_step": _next_step(run.model_id, run.verdict, level, evidence.get("next_step")),
+        "next_step": _next_step(run.model_id, run.verdict, level, _text(evidence.get("next_step"))),
         "finished_at": run.finished_at.isoformat() if run.finished_at else None,
     }

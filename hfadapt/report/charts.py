@@ -7,7 +7,7 @@ import math
 from collections.abc import Sequence
 from html import escape
 
-__all__ = ["bars", "cumulative_chart", "fmt_count", "plural"]
+__all__ = ["bars", "cumulative_chart", "fmt_count", "plural", "shorten"]
 
 FONT = 'font-family="system-ui, sans-serif" font-size="12"'
 PALETTE = ("#2e7d32", "#c62828", "#ef6c00", "#6a1b9a", "#1565c0", "#00838f", "#8d6e63", "#546e7a")
@@ -16,6 +16,19 @@ PALETTE = ("#2e7d32", "#c62828", "#ef6c00", "#6a1b9a", "#1565c0", "#00838f", "#8
 def plural(n: int, word: str) -> str:
     """``plural(1, "model")`` -> "1 model", ``plural(3, "model")`` -> "3 models"."""
     return f"{n:,} {word}" + ("" if n == 1 else "s")
+
+
+def shorten(text: str, width: int) -> str:
+    """``text`` in at most ``width`` characters, cut at a word boundary and ending in "…" when
+    cut (a single word longer than ``width`` is cut inside, as nothing else fits)."""
+    text = " ".join(text.split())
+    if len(text) <= width:
+        return text
+    head = text[: width - 1]
+    cut = max(head.rfind(" "), head.rfind("/") + 1 if "/" in head else -1)
+    if cut > width // 2:
+        head = head[:cut]
+    return head.rstrip(" ,;:(") + "…"
 
 
 def fmt_count(value: float) -> str:
@@ -102,32 +115,42 @@ def bars(
     colours: Sequence[str] | None = None,
     name: str = "bars",
     title: str = "",
+    beside: Sequence[float] | None = None,
+    beside_colour: str = "#f9a825",
 ) -> str:
     """Horizontal bars: (label, value, text shown after the bar); ``scale`` is the full length
-    (default: the largest value)."""
+    (default: the largest value). ``beside``: a second value per row, drawn right after the
+    first in ``beside_colour`` (a part to be read apart from the first, never added to it)."""
     row_h, gap, top = 20, 6, 6
     height = top * 2 + len(rows) * (row_h + gap)
-    full = scale or max((r[1] for r in rows), default=1) or 1
+    extra = list(beside) if beside is not None else [0.0] * len(rows)
+    full = scale or max((r[1] + e for r, e in zip(rows, extra, strict=True)), default=1) or 1
     room = width - label_width - 330  # leaves room for the note after the longest bar
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" role="img" viewBox="0 0 {width} {height}" '
         f'width="{width}" height="{height}" data-chart="{escape(name)}"><title>{escape(title)}</title>'
     ]
-    for i, (text, value, note) in enumerate(rows):
+    for i, ((text, value, note), more) in enumerate(zip(rows, extra, strict=True)):
         y0 = top + i * (row_h + gap)
         length = max(0.0, room * value / full)
+        second = max(0.0, room * more / full)
         colour = (colours or PALETTE)[i % len(colours or PALETTE)] if colours else PALETTE[4]
         # about 7 px a character at 12 px: a longer label would run past the label column
         limit = max(8, (label_width - 16) // 7)
-        shown = text if len(text) <= limit else text[: limit - 1] + "…"
+        shown = shorten(text, limit)
         parts.append(
             f'<text x="{label_width - 8}" y="{y0 + 14}" text-anchor="end" {FONT}><title>{escape(text)}</title>{escape(shown)}</text>'
         )
         parts.append(
             f'<rect x="{label_width}" y="{y0}" width="{length:.1f}" height="{row_h}" fill="{colour}" rx="2"/>'
         )
+        if second:
+            parts.append(
+                f'<rect x="{label_width + length:.1f}" y="{y0}" width="{second:.1f}" height="{row_h}" '
+                f'fill="{beside_colour}" rx="2" data-part="beside"/>'
+            )
         parts.append(
-            f'<text x="{label_width + length + 6:.1f}" y="{y0 + 14}" {FONT}>{escape(note)}</text>'
+            f'<text x="{label_width + length + second + 6:.1f}" y="{y0 + 14}" {FONT}>{escape(note)}</text>'
         )
     parts.append("</svg>")
     return "".join(parts)

@@ -16,6 +16,7 @@ from sqlalchemy.engine import Engine
 from hfadapt import verdicts
 from hfadapt.db.engine import describe
 from hfadapt.errors import UsageError
+from hfadapt.report.charts import shorten
 from hfadapt.report.diff import (
     FAIL,
     IMPROVED,
@@ -47,6 +48,7 @@ __all__ = [
     "LABELS",
     "PASS",
     "XFAIL",
+    "AdapterImpact",
     "Agreement",
     "DiffRow",
     "FailureFingerprint",
@@ -84,6 +86,21 @@ class Agreement:
 
 
 @dataclass
+class AdapterImpact:
+    """One adapter in a report's scope. ``applied``: passing models whose run applied it.
+    ``unblocked``: those of them that failed on the device (lowering or verification) in
+    another recorded run of the same mode without this adapter: the adapter (with whatever
+    else changed between the runs) is what made them pass. Applying is not unblocking: an
+    adapter applies wherever its target class occurs, needed or not."""
+
+    name: str
+    applied: int = 0
+    applied_downloads: int = 0
+    unblocked: int = 0
+    unblocked_downloads: int = 0
+
+
+@dataclass
 class TypeRow:
     """One model_type: ``passed`` counts passes on the models' own weights or config only;
     ``passed_architecture`` the passes that rest on the type's defaults (shapes unchecked)."""
@@ -95,6 +112,7 @@ class TypeRow:
     passed_downloads: int
     passed_architecture: int = 0
     passed_unknown: int = 0
+    passed_architecture_downloads: int = 0
 
 
 @dataclass
@@ -113,7 +131,7 @@ class Report:
     by_model_type: list[TypeRow]
     cumulative: list[tuple[int, float, float]]  # rank, share of downloads (all), (passing)
     fingerprints: list[FailureFingerprint]
-    adapters: list[tuple[str, int, int]]  # adapter, models it unblocks, their downloads
+    adapters: list[AdapterImpact]
     agreement: Agreement
     diff: SweepDiff | None = None
     other_failures: list[tuple[str, str, int, int]] = field(default_factory=list)
@@ -196,20 +214,70 @@ def _by_type(runs: list[ModelRun]) -> list[TypeRow]:
             row.passed_downloads += r.downloads
         elif r.passed and r.evidence_level == "architecture":
             row.passed_architecture += 1
+            row.passed_architecture_downloads += r.downloads
         elif r.passed:
             row.passed_unknown += 1
     return sorted(rows.values(), key=lambda t: (-t.models, -t.downloads, t.model_type))
 
 
-def _adapters(runs: list[ModelRun]) -> list[tuple[str, int, int]]:
-    """Per adapter: the passing models whose run applied it (what it unblocks), downloads."""
-    impact: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    for r in runs:
-        if r.passed:
-            for name in dict.fromkeys(r.adapters):
-                impact[name][0] += 1
-                impact[name][1] += r.downloads
-    return sorted(((k, v[0], v[1]) for k, v in impact.items()), key=lambda t: (-t[2], -t[1], t[0]))
+# Failures an adapter can turn into a pass: the device refused or miscomputed the model.
+DEVICE_FAILURES = (
+    verdicts.LOWERING_FAILED,
+    verdicts.VERIFICATION_FAILED,
+    verdicts.UNSUPPORTED_MODEL,
+)
+
+
+def _adapters(engine: Engine, runs: list[ModelRun]) -> list[AdapterImpact]:
+    """Per adapter: the passing models it was applied to, and the ones it unblocked (see
+    AdapterImpact), with their downloads; most unblocked downloads first."""
+    impact: dict[str, AdapterImpact] = {}
+    passing = {r.model_id: r for r in runs if r.passed and r.adapters}
+    without = _device_failures_elsewhere(engine, passing)
+    for model_id, r in passing.items():
+        for name in dict.fromkeys(r.adapters):
+            row = impact.setdefault(name, AdapterImpact(name))
+            row.applied += 1
+            row.applied_downloads += r.downloads
+            if any(name not in others for others in without.get(model_id, [])):
+                row.unblocked += 1
+                row.unblocked_downloads += r.downloads
+    return sorted(
+        impact.values(),
+        key=lambda a: (-a.unblocked_downloads, -a.unblocked, -a.applied_downloads, a.name),
+    )
+
+
+def _device_failures_elsewhere(
+    engine: Engine, passing: dict[str, ModelRun]
+) -> dict[str, list[set[str]]]:
+    """model id -> the adapter sets of its other runs that failed on the device, in the mode
+    of its passing run."""
+    from sqlalchemy import select
+
+    from hfadapt.db.engine import session
+    from hfadapt.db.tables import Run
+
+    if not passing:
+        return {}
+    table = Run.__table__  # type: ignore[attr-defined]
+    stmt = select(table.c.id, table.c.model_id, table.c.mode, table.c.verdict, table.c.adapters)
+    ids = list(passing)
+    rows: list[Any] = []
+    with session(engine, write=False) as sess:
+        for start in range(0, len(ids), 500):  # SQLite's bound-parameter limit
+            rows += sess.execute(stmt.where(table.c.model_id.in_(ids[start : start + 500]))).all()
+    modes = {row[0]: row[2] for row in rows}
+    out: dict[str, list[set[str]]] = defaultdict(list)
+    for run_id, model_id, mode, verdict, adapters in rows:
+        here = passing[model_id]
+        if run_id == here.run_id or verdict not in DEVICE_FAILURES:
+            continue
+        if mode != modes.get(here.run_id):
+            continue
+        names = adapters if isinstance(adapters, list) else []
+        out[model_id].append({str(a) for a in names})
+    return out
 
 
 def _other_failures(runs: list[ModelRun], top: int = 15) -> list[tuple[str, str, int, int]]:
@@ -227,7 +295,7 @@ def _other_failures(runs: list[ModelRun], top: int = 15) -> list[tuple[str, str,
                 if blocker.group(1) in ("config_class", "auto_map.AutoConfig"):
                     what += f" {blocker.group(2)}"
             reason = "needs the repository's own code" + what
-        key = (r.verdict, reason[:90])
+        key = (r.verdict, shorten(reason, 90))
         groups[key][0] += 1
         groups[key][1] += r.downloads
     ranked = sorted(groups.items(), key=lambda kv: (-kv[1][1], -kv[1][0], kv[0]))
@@ -285,7 +353,7 @@ def build_report(
         by_model_type=_by_type(runs),
         cumulative=_cumulative(runs),
         fingerprints=census(runs, top),
-        adapters=_adapters(runs),
+        adapters=_adapters(engine, runs),
         agreement=_agreement(runs),
         diff=diff,
         other_failures=_other_failures(runs),

@@ -14,7 +14,7 @@ from sqlalchemy.engine import Engine
 from hfadapt import verdicts
 from hfadapt.db.engine import describe, session
 from hfadapt.db.tables import HubModel, Run
-from hfadapt.errors import UsageError
+from hfadapt.errors import NotFoundError
 from hfadapt.options import EvidenceLevel
 from hfadapt.sweep.store import Sweep, get_sweep, latest_sweep
 
@@ -109,8 +109,19 @@ def resolve_sweep(engine: Engine, sweep_id: int | None) -> Sweep | None:
         return latest_sweep(engine)
     found = get_sweep(engine, sweep_id)
     if found is None:
-        raise UsageError(f"no sweep {sweep_id} in {describe(engine)} (see `hfadapt sweeps`)")
+        raise NotFoundError(f"no sweep {sweep_id} in {describe(engine)} (see `hfadapt sweeps`)")
     return found
+
+
+def _list(value: Any) -> list[Any]:
+    """A stored JSON list, or [] for anything else (an old, hand-edited or hostile row)."""
+    return value if isinstance(value, list) else []
+
+
+def _family(evidence: Any) -> str | None:
+    translated = evidence.get("translated_from") if isinstance(evidence, dict) else None
+    family = translated.get("family") if isinstance(translated, dict) else None
+    return family if isinstance(family, str) else None
 
 
 def scope_runs(engine: Engine, sweep_id: int | None = None) -> tuple[Sweep | None, list[ModelRun]]:
@@ -135,13 +146,13 @@ def scope_runs(engine: Engine, sweep_id: int | None = None) -> tuple[Sweep | Non
                 model_type=r[3] or r[9] or "(none)",
                 downloads=int(r[7] or 0),
                 rank=r[8],
-                fingerprints=[str(f) for f in (r[4] or [])],
-                violations=[v for v in (r[5] or []) if isinstance(v, dict)],
-                adapters=[str(a) for a in (r[6] or [])],
+                fingerprints=[str(f) for f in _list(r[4])],
+                violations=[v for v in _list(r[5]) if isinstance(v, dict)],
+                adapters=[str(a) for a in _list(r[6])],
                 reference_supported=r[10],
                 evidence_level=r[11],
                 run_id=r[12],
-                translated_from=((r[13] or {}).get("translated_from") or {}).get("family"),
+                translated_from=_family(r[13]),
             )
     return sweep, list(latest.values())
 

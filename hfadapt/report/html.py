@@ -116,24 +116,54 @@ def _summary(r: Report) -> str:
     return f'<div class="cards" id="summary">{body}</div>'
 
 
+ARCHITECTURE_COLOUR = "#f9a825"  # architecture-only passes: never part of a headline
+UNKNOWN_COLOUR = PALETTE[7]
+
+
 def _verdicts(r: Report) -> str:
-    rows = [
-        (v, float(n), f"{plural(n, 'model')}, {_pct(d, r.downloads)} of downloads")
-        for v, n, d in r.verdicts
-    ]
-    colours = [VERDICT_COLOURS.get(v, PALETTE[7]) for v, _, _ in r.verdicts]
-    return bars(rows, colours=colours, name="verdicts", title="models by verdict")
+    """Models by verdict; a pass is split by what it rests on, so the bar beside the headline
+    counts what the headline counts."""
+    rows: list[tuple[str, int, int, str]] = []
+    for v, n, d in r.verdicts:
+        if v != "pass":
+            rows.append((v, n, d, VERDICT_COLOURS.get(v, PALETTE[7])))
+            continue
+        for label, count, downloads, colour in (
+            ("pass: own weights or config", r.passed, r.passed_downloads, VERDICT_COLOURS["pass"]),
+            ("pass: architecture only", r.passed_architecture, r.passed_architecture_downloads,
+             ARCHITECTURE_COLOUR),
+            ("pass: no evidence level", r.passed_unknown, r.passed_unknown_downloads, UNKNOWN_COLOUR),
+        ):  # fmt: skip
+            if count:
+                rows.append((label, count, downloads, colour))
+    rows.sort(key=lambda t: (-t[1], t[0]))
+    return bars(
+        [(v, float(n), f"{plural(n, 'model')}, {_pct(d, r.downloads)} of downloads") for v, n, d, _ in rows],
+        colours=[c for *_, c in rows],
+        name="verdicts",
+        title="models by verdict (passes by what they rest on)",
+    )  # fmt: skip
 
 
 def _types(r: Report, top: int = 20) -> str:
     shown = r.by_model_type[:top]
     chart = bars(
-        [(t.model_type, t.passed_downloads / t.downloads if t.downloads else 0.0, f"{_pct(t.passed, t.models)} of {plural(t.models, 'model')}, {_pct(t.passed_downloads, t.downloads)} of downloads") for t in shown],
+        [(t.model_type, t.passed_downloads / t.downloads if t.downloads else 0.0,
+          f"{_pct(t.passed, t.models)} own, {_pct(t.passed_architecture, t.models)} arch., "
+          f"of {plural(t.models, 'model')}") for t in shown],
         scale=1.0,
         colours=[PALETTE[0]],
+        beside=[t.passed_architecture_downloads / t.downloads if t.downloads else 0.0 for t in shown],
+        beside_colour=ARCHITECTURE_COLOUR,
         name="model-types",
-        title="pass rate by downloads, per model_type",
+        title="pass rate by downloads, per model_type: own weights or config (green), "
+        "architecture only (amber, beside it)",
     )  # fmt: skip
+    legend = (
+        "<p class='sub'>Bars: share of the type's downloads that pass on the models' own weights "
+        "or config (green), and, beside it, architecture-only passes (amber: the type lowers; "
+        "these models' shapes were not checked).</p>"
+    )
     rows = [
         [
             t.model_type,
@@ -153,19 +183,23 @@ def _types(r: Report, top: int = 20) -> str:
             for a in ("models", "passed", "passed_architecture", "downloads", "passed_downloads")
         )
         rows.append([f"{len(rest)} other types", n, p, pa, _pct(p, n), fmt_count(d), _pct(pd, d)])
-    return chart + _table(
-        [
-            "model_type",
-            "models",
-            "pass",
-            "arch. pass",
-            "pass rate",
-            "downloads",
-            "pass rate (downloads)",
-        ],
-        rows,
-        {1, 2, 3, 4, 5, 6},
-        "types",
+    return (
+        chart
+        + legend
+        + _table(
+            [
+                "model_type",
+                "models",
+                "pass",
+                "arch. pass",
+                "pass rate",
+                "downloads",
+                "pass rate (downloads)",
+            ],
+            rows,
+            {1, 2, 3, 4, 5, 6},
+            "types",
+        )
     )
 
 
@@ -193,9 +227,30 @@ def _fingerprints(r: Report) -> str:
 def _adapters(r: Report) -> str:
     if not r.adapters:
         return "<p>No passing run applied an adapter.</p>"
-    rows = [[name, n, fmt_count(d), _pct(d, r.downloads)] for name, n, d in r.adapters]
-    return _table(
-        ["adapter", "models it unblocks", "downloads", "share"], rows, {1, 2, 3}, "adapters"
+    rows = [
+        [a.name, a.unblocked, fmt_count(a.unblocked_downloads), _pct(a.unblocked_downloads, r.downloads),
+         a.applied, fmt_count(a.applied_downloads)]
+        for a in r.adapters
+    ]  # fmt: skip
+    text = (
+        "<p><b>Unblocked</b>: passing models that failed on the device (lowering or "
+        "verification) in another recorded run of the same mode without the adapter, e.g. a "
+        "sweep with <code>--no-adapters</code> or an earlier sweep. <b>Applied</b>: every passing "
+        "model the adapter was applied to: an adapter applies wherever its target occurs, "
+        "needed or not.</p>"
+    )
+    return text + _table(
+        [
+            "adapter",
+            "models it unblocked",
+            "their downloads",
+            "share",
+            "applied, passing",
+            "downloads",
+        ],
+        rows,
+        {1, 2, 3, 4, 5},
+        "adapters",
     )
 
 
@@ -211,7 +266,7 @@ def _agreement(r: Report) -> str:
         "agreement",
     )
     text = (
-        f"<p>Agreement on {a.compared:,} models: {a.rate:.1%} "
+        f"<p>Agreement on {plural(a.compared, 'model')}: {a.rate:.1%} "
         f"({a.both_yes:,} both yes, {a.both_no:,} both no, {a.only_ours:,} only hfadapt passes, "
         f"{a.only_theirs:,} only hf-adapters supports; {a.unknown:,} without a reference value).</p>"
     )
@@ -255,7 +310,7 @@ def _diff(r: Report) -> str:
         if rows
         else "<p>No model changed between pass and fail.</p>"
     )
-    extra = f"<p>{d.only_current:,} models only in sweep {d.current}, {d.only_baseline:,} only in sweep {d.baseline}.</p>"
+    extra = f"<p>{plural(d.only_current, 'model')} only in sweep {d.current}, {d.only_baseline:,} only in sweep {d.baseline}.</p>"
     return f'<h2 id="diff">Sweep {d.current} against sweep {d.baseline}</h2><p>{chips}</p>{extra}{table}'
 
 
@@ -285,7 +340,7 @@ def render_html(r: Report) -> str:
     title = f"hfadapt coverage: sweep {s['id']}" if s else "hfadapt coverage"
     sub = (
         f"{s.get('mode')} mode, {s.get('execution')}, {s.get('dtype')}; profile {s.get('profile')}; "
-        f"{s.get('status')}; {s.get('units', 0):,} units of work; {float(s.get('seconds') or 0):.0f} s; database {r.db}"
+        f"{s.get('status')}; {plural(s.get('units') or 0, 'unit')} of work; {float(s.get('seconds') or 0):.0f} s; database {r.db}"
         if s
         else f"latest run of every model in {r.db}"
     )

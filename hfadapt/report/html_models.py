@@ -30,7 +30,10 @@ table.models col.level { width: 7rem; } table.models col.dl { width: 7rem; }
 .evidence-architecture { color: #8a5a00; } .evidence-unknown { color: #777; }
 """
 
-# Sort and filter the rows in the page; the data is the JSON in #model-rows.
+# Sort and filter the rows in the page; the data is the JSON in #model-rows. Every row is built
+# with DOM calls (createElement, textContent, setAttribute): no markup is ever assembled from
+# strings, so a model id or reason from the Hub is text wherever it lands, and a link goes only
+# to an https Hub page.
 MODELS_SCRIPT = """
 document.addEventListener("DOMContentLoaded", function () {
   var data = document.getElementById("model-rows"); if (!data) return;
@@ -38,19 +41,33 @@ document.addEventListener("DOMContentLoaded", function () {
   var state = {key: "rank", dir: 1}, shown = SHOWN;
   var f = {verdict: document.getElementById("f-verdict"), type: document.getElementById("f-type"),
            level: document.getElementById("f-level"), text: document.getElementById("f-text")};
-  function esc(s) { return String(s).replace(/[&<>"]/g, function (c) { return {"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;"}[c]; }); }
+  function text(v) { return v === null || v === undefined ? "" : String(v); }
   function cmp(a, b) { var x = a[state.key], y = b[state.key];
     if (x === null || x === "") return 1; if (y === null || y === "") return -1;
     return (x < y ? -1 : x > y ? 1 : 0) * state.dir; }
+  function cell(tr, value, cls) { var td = document.createElement("td");
+    if (cls) td.className = cls; td.textContent = text(value); tr.appendChild(td); return td; }
+  function row(r) {
+    var tr = document.createElement("tr");
+    cell(tr, r.rank, "n");
+    var id = cell(tr, "", ""), url = text(r.hub_url);
+    if (url.indexOf("https://huggingface.co/") === 0) {
+      var a = document.createElement("a"); a.setAttribute("href", url); a.textContent = text(r.model_id);
+      id.appendChild(a);
+    } else { id.textContent = text(r.model_id); }
+    cell(tr, r.model_type, ""); cell(tr, r.verdict, "");
+    cell(tr, r.evidence_level, "evidence-" + text(r.evidence_level).replace(/[^a-z]/g, ""));
+    cell(tr, typeof r.downloads === "number" ? r.downloads.toLocaleString("en") : "", "n");
+    cell(tr, r.note, "");
+    return tr;
+  }
   function draw() {
     var t = f.text.value.toLowerCase(), hit = rows.filter(function (r) {
       return (!f.verdict.value || r.verdict === f.verdict.value) && (!f.type.value || r.model_type === f.type.value)
-        && (!f.level.value || r.evidence_level === f.level.value) && (!t || r.model_id.toLowerCase().indexOf(t) >= 0); });
+        && (!f.level.value || r.evidence_level === f.level.value) && (!t || text(r.model_id).toLowerCase().indexOf(t) >= 0); });
     hit.sort(cmp);
-    body.innerHTML = hit.slice(0, shown).map(function (r) {
-      return "<tr><td class='n'>" + (r.rank === null ? "" : r.rank) + "</td><td><a href='" + esc(r.hub_url) + "'>" + esc(r.model_id) +
-        "</a></td><td>" + esc(r.model_type) + "</td><td>" + esc(r.verdict) + "</td><td class='evidence-" + esc(r.evidence_level) + "'>" +
-        esc(r.evidence_level) + "</td><td class='n'>" + r.downloads.toLocaleString("en") + "</td><td>" + esc(r.note) + "</td></tr>"; }).join("");
+    while (body.firstChild) body.removeChild(body.firstChild);
+    hit.slice(0, shown).forEach(function (r) { body.appendChild(row(r)); });
     document.getElementById("models-count").textContent = "showing " + Math.min(shown, hit.length).toLocaleString("en") +
       " of " + hit.length.toLocaleString("en") + " matching models (" + rows.length.toLocaleString("en") + " in all)";
     document.body.setAttribute("data-models-shown", String(Math.min(shown, hit.length)));
@@ -120,7 +137,14 @@ def models_section(r: Report) -> str:
     verdicts = sorted({m.verdict for m in r.model_rows})
     types = sorted({m.model_type for m in r.model_rows})
     levels = [lv.level for lv in r.by_evidence]
-    payload = json.dumps(rows, separators=(",", ":")).replace("</", "<\\/")
+    # No "<", ">" or "&" in the script element at all (JSON escapes them inside strings): no
+    # "</script>" or "<!--" in the data can end or bend it.
+    payload = (
+        json.dumps(rows, separators=(",", ":"))
+        .replace("<", "\\u003c")
+        .replace(">", "\\u003e")
+        .replace("&", "\\u0026")
+    )
     filters = (
         "<div class='filters'>"
         f"<select id='f-verdict' aria-label='verdict'>{_options(verdicts, 'verdict')}</select>"

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import csv
 import io
-import textwrap
 from dataclasses import asdict, dataclass, fields
 from typing import Any
+from urllib.parse import quote
 
 from sqlalchemy import select
 from sqlalchemy.engine import Engine
@@ -19,6 +19,7 @@ from sqlmodel import col
 from hfadapt.db.engine import session
 from hfadapt.db.tables import HubModel, Run
 from hfadapt.judge.evidence import LEVELS, UNKNOWN, level_label, pass_note
+from hfadapt.report.charts import shorten
 from hfadapt.report.failures import ModelRun
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "LevelRow",
     "ModelRow",
     "by_evidence",
+    "hub_url",
     "latest_run",
     "latest_verdicts",
     "model_rows",
@@ -33,6 +35,12 @@ __all__ = [
 ]
 
 HUB_URL = "https://huggingface.co/"
+
+
+def hub_url(model_id: str) -> str:
+    """The model's Hub page; the id percent-encoded (an id stored before crawls validated them
+    may hold anything)."""
+    return HUB_URL + quote(model_id, safe="/")
 
 
 @dataclass
@@ -87,8 +95,8 @@ def model_rows(runs: list[ModelRun]) -> list[ModelRow]:
             downloads=r.downloads,
             note=pass_note(r.evidence_level)
             if r.passed
-            else textwrap.shorten(r.reason.removeprefix("[structural] "), 160, placeholder=" …"),
-            hub_url=HUB_URL + r.model_id,
+            else shorten(r.reason.removeprefix("[structural] "), 160),
+            hub_url=hub_url(r.model_id),
             run_id=r.run_id,
         )
         for r in ordered

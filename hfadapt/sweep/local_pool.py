@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import os
+import signal
+import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -26,6 +28,21 @@ MAX_START_FAILURES = 3
 START_TIMEOUT_S = 300.0
 
 __all__ = ["LocalExecutor"]
+
+
+@contextlib.contextmanager
+def _ctrl_c_ignored() -> Iterator[None]:
+    """SIGINT ignored while a worker is spawned, so the new process inherits that (Python keeps
+    an ignored SIGINT at startup): a Ctrl-C that reaches the whole process group while a worker
+    is still importing must not print its traceback. The worker ignores it anyway once serving."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @dataclass
@@ -78,7 +95,8 @@ class LocalExecutor:
             name="hfadapt-sweep-worker",
             daemon=True,
         )
-        process.start()
+        with _ctrl_c_ignored():
+            process.start()  # the child starts with Ctrl-C ignored: it is the driver's to handle
         child.close()
         return _Slot(process, parent, started=time.monotonic())
 

@@ -14,6 +14,7 @@ from hfadapt import verdicts
 from hfadapt.db.tables import HubModel
 from hfadapt.errors import HfadaptError
 from hfadapt.hub.config_fetch import has_shapes
+from hfadapt.hub.ids import invalid_model_id
 from hfadapt.judge.evidence import level_of_source
 from hfadapt.sweep.narrow import Narrowed, narrowed
 
@@ -163,6 +164,15 @@ def plan_sweep(
                     _direct(model, verdicts.SKIPPED, model.excluded_reason, mode, source,
                             prefilter=model.excluded_reason)
                 )  # fmt: skip
+                continue
+            bad_id = invalid_model_id(model.id)
+            if bad_id:  # stored before crawls refused such ids: recorded, never looked up
+                plan.sources[model.id] = None
+                plan.direct.append(
+                    _direct(
+                        model, verdicts.LOAD_FAILED, f"not a Hub model id: {bad_id}", mode, None
+                    )
+                )
                 continue
             raw: dict[str, Any] | None = crawled
             error: str | None = None

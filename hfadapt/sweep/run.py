@@ -25,7 +25,7 @@ from hfadapt.sweep.executor import make_executor
 from hfadapt.sweep.limits import default_memory_limit_mb, max_local_workers
 from hfadapt.sweep.plan import Plan, Unit, plan_sweep
 from hfadapt.sweep.rows import member_rows, unit_rows
-from hfadapt.sweep.store import FAILED, done_rows, finish_sweep, open_sweep, write_rows
+from hfadapt.sweep.store import FAILED, INTERRUPTED, done_rows, finish_sweep, open_sweep, write_rows
 from hfadapt.sweep.worker import DEFAULT_WORKER, Task
 
 DEFAULT_TIMEOUT_S = 600.0  # hf-adapters' weekly scan: ten minutes per model
@@ -280,12 +280,13 @@ def run_sweep(
         )  # fmt: skip
     except BaseException as exc:
         pool.close()
+        stopped = isinstance(exc, KeyboardInterrupt)
         finish_sweep(
             engine,
             sweep.id,
             seconds=time.perf_counter() - started,
-            status=FAILED,
-            error=f"{type(exc).__name__}: {exc}"[:500],
+            status=INTERRUPTED if stopped else FAILED,
+            error=None if stopped else f"{type(exc).__name__}: {exc}"[:500],
         )
         raise
 

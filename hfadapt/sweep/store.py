@@ -15,11 +15,12 @@ from sqlalchemy import Table, func, insert, select, update
 from sqlalchemy.engine import Connection, Engine
 
 from hfadapt.db.engine import describe, session
-from hfadapt.db.tables import DONE, FAILED, RUNNING, Run, Sweep, utcnow
+from hfadapt.db.tables import DONE, FAILED, INTERRUPTED, RUNNING, Run, Sweep, utcnow
 
 __all__ = [
     "DONE",
     "FAILED",
+    "INTERRUPTED",
     "RUNNING",
     "Sweep",
     "done_rows",
