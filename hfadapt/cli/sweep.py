@@ -152,6 +152,15 @@ def sweep(
         ),
     ] = True,
     dtype: DTypeOption = None,
+    without_adapter: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--without-adapter",
+            metavar="NAME",
+            help="Leave this registry adapter out of every unit (repeatable).",
+            show_default=False,
+        ),
+    ] = None,
     full_width: Annotated[
         bool,
         typer.Option(
@@ -248,6 +257,7 @@ def sweep(
             execution="compile" if compile_ else "eager",
             dtype=dtype.value if dtype is not None else None,
             profile=profile,
+            without_adapters=tuple(without_adapter or ()),
             narrow=not full_width,
             resume=not fresh,
             progress=update,

@@ -45,21 +45,27 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import fx
 
 from hfadapt.errors import ProfileError
 from hfadapt.spyre.compile.graph_rules import op_name, source_location
+from hfadapt.spyre.kernels import sdpa_softmax
 from hfadapt.spyre.lowering_report import DefectFiring
+from hfadapt.spyre.op_defects import TRIGGERS as OP_TRIGGERS
+from hfadapt.spyre.op_defects import exp_first_stick_reread, memory_order, misread_layout
 from hfadapt.spyre.profile import Defect, Profile
 
 __all__ = [
     "CROSS_GRAPH_TRIGGERS",
     "TRIGGERS",
     "Corruption",
+    "exp_first_stick_reread",
     "find_defects",
     "firing_at",
+    "memory_order",
     "misread_layout",
     "module_path",
 ]
@@ -88,6 +94,7 @@ class Corruption:
     shape: tuple[int, ...]
     anchor: fx.Node | None = None
     replace: Callable[..., torch.Tensor] | None = None
+    runtime: bool = False  # recorded when it fires at run time (host data), not at build
 
 
 # the magnitude of 0xEFFF, the code a -inf fill has on the device (hf-adapters hf_common.py)
@@ -103,34 +110,38 @@ def softmax_amax_misread(x: torch.Tensor, dim: int, half_to_float: bool = False)
     return e / e.sum(dim, keepdim=True)
 
 
-def misread_layout(x: torch.Tensor, order: tuple[int, ...], shape: tuple[int, ...]) -> torch.Tensor:
-    """``x`` as a kernel that ignores its strides sees it: its data in memory order, read as a
-    contiguous tensor of its own logical shape."""
-    # .contiguous(): when the permuted shape equals the logical one (e.g. S == H), reshape is a
-    # no-op view and the value would stay a strided view that later views cannot take
-    return x.permute(order).reshape(shape).contiguous()
+def _sdpa_softmax(
+    profile: Profile, fired: list[DefectFiring] | None, firing: DefectFiring | None
+) -> Callable[..., torch.Tensor]:
+    """The card's softmax inside SDPA (hfadapt.spyre.kernels.sdpa_softmax, with the profile's
+    leak); ``fired`` gets ``firing`` when a row is misread at run time (a host -inf mask)."""
+    spec = profile.numerics.get("softmax_exp_floor", {})
+    floor = float(spec.get("exp_floor", 0.0)) if spec.get("enabled", False) else 0.0
+    code = profile.dl16.host_inf
+
+    def softmax(x: torch.Tensor, dim: int, half_to_float: bool = False) -> torch.Tensor:
+        out, misread = sdpa_softmax(x, dim, floor, code, True)
+        if misread and fired is not None and firing is not None:
+            fired.append(firing)
+        return out
+
+    softmax.__name__ = "spyre_sdpa_softmax"
+    return softmax
+
+
+def _sdpa_softmaxes(gm: fx.GraphModule) -> list[fx.Node]:
+    return [
+        n
+        for n in gm.graph.nodes
+        if n.op == "call_function"
+        and op_name(n.target).split(".", 1)[0] in ("aten::_softmax", "aten::softmax")
+        and _sdpa_group(n) is not None
+    ]
 
 
 def _val(node: fx.Node) -> torch.Tensor | None:
     value = node.meta.get("val")
     return value if isinstance(value, torch.Tensor) else None
-
-
-def memory_order(t: torch.Tensor) -> tuple[int, ...] | None:
-    """The dimension order of ``t``'s storage when ``t`` is a permutation of a dense tensor that
-    is not contiguous; None when it is contiguous, broadcast (zero strides) or has gaps."""
-    if t.is_contiguous() or t.numel() == 0:
-        return None
-    sizes, strides = list(t.shape), list(t.stride())
-    if any(s == 0 for s, n in zip(strides, sizes, strict=True) if n > 1):
-        return None
-    order = tuple(sorted(range(t.dim()), key=lambda d: (-strides[d], -sizes[d])))
-    expected = 1
-    for d in reversed(order):
-        if sizes[d] > 1 and strides[d] != expected:
-            return None
-        expected *= sizes[d]
-    return order if order != tuple(range(t.dim())) else None
 
 
 def _float4d(node: fx.Node) -> torch.Tensor | None:
@@ -172,19 +183,6 @@ def sdpa_noncontiguous_qkv(gm: fx.GraphModule) -> list[Match]:
             if any(op_name(c.target).split(".", 1)[0] in _MASK_CONSUMERS for c in consumers):
                 continue  # the attention mask, not Q, K or V
             found.append(Match(inp, frozenset(consumers), min(consumers, key=_position(gm))))
-    return found
-
-
-def rms_norm_noncontiguous_view(gm: fx.GraphModule) -> list[Match]:
-    found = []
-    for node in gm.graph.nodes:
-        if node.op != "call_function" or not node.args:
-            continue
-        if op_name(node.target).split(".", 1)[0] not in ("aten::rms_norm", "aten::_fused_rms_norm"):
-            continue
-        inp = node.args[0]
-        if isinstance(inp, fx.Node) and (t := _float4d(inp)) is not None and memory_order(t):
-            found.append(Match(inp, frozenset({node}), node))
     return found
 
 
@@ -283,33 +281,6 @@ def add_minus_infs_nan(a: torch.Tensor, b: torch.Tensor, *, alpha: float = 1) ->
     return out.masked_fill(both, float("nan"))
 
 
-# the device's stick: 64 fp16 elements along the last dimension
-STICK = 64
-
-
-def exp_unaligned_stick(gm: fx.GraphModule) -> list[Match]:
-    found = []
-    for node in gm.graph.nodes:
-        if node.op != "call_function" or op_name(node.target).split(".", 1)[0] != "aten::exp":
-            continue
-        out = _val(node)
-        if out is None or out.dtype != torch.float16 or out.dim() == 0:
-            continue
-        width = int(out.shape[-1])
-        if width > STICK and width % STICK:
-            found.append(Match(node, frozenset({node}), node))
-    return found
-
-
-def exp_first_stick_reread(x: torch.Tensor) -> torch.Tensor:
-    """exp as the card computes it on a row wider than a stick and not a whole number of sticks
-    (torch-spyre#3799): the loads past the first stick land on the first stick's base address,
-    so element j is exp(x[j mod 64]) (#3339's mechanism; the element mapping is inferred)."""
-    width = x.shape[-1]
-    index = torch.arange(width, device=x.device) % STICK
-    return torch.exp(x.index_select(-1, index))
-
-
 _VIEWS = frozenset({"aten::view", "aten::_unsafe_view", "aten::reshape"})
 HEAD_LAYOUT_SEQ = 64  # the only sequence length torch-spyre#1783 shows failing
 
@@ -371,13 +342,56 @@ def _position(gm: fx.GraphModule) -> Callable[[fx.Node], int]:
     return lambda n: index[n]
 
 
+def _node_values(node: fx.Node) -> tuple[Any, dict[str, Any]]:
+    """A call node's args and kwargs with each input node replaced by its recorded value."""
+    args = fx.node.map_arg(node.args, lambda n: n.meta.get("val"))
+    kwargs = fx.node.map_arg(node.kwargs, lambda n: n.meta.get("val"))
+    return args, dict(kwargs)
+
+
+def _op_trigger(name: str) -> Callable[[fx.GraphModule], list[Match]]:
+    """A per-op trigger of hfadapt.spyre.op_defects, matched on each call node's values."""
+    spec = OP_TRIGGERS[name]
+
+    def trigger(gm: fx.GraphModule) -> list[Match]:
+        found = []
+        for node in gm.graph.nodes:
+            if node.op != "call_function":
+                continue
+            op = op_name(node.target)
+            if op.split(".", 1)[0] not in spec.ops:
+                continue
+            args, kwargs = _node_values(node)
+            if not spec.matches(op, args, kwargs):
+                continue
+            if spec.misread_input:
+                inp = node.args[0]
+                if isinstance(inp, fx.Node):
+                    found.append(Match(inp, frozenset({node}), node))
+            else:
+                found.append(Match(node, frozenset({node}), node))
+        return found
+
+    return trigger
+
+
+def _op_replacement(name: str, op: str) -> Callable[..., torch.Tensor]:
+    compute = OP_TRIGGERS[name].compute
+    assert compute is not None
+
+    def replaced(*args: Any, **kwargs: Any) -> torch.Tensor:
+        return compute(op, args, kwargs)
+
+    replaced.__name__ = f"spyre_defect_{name}"
+    return replaced
+
+
 TRIGGERS: dict[str, Callable[[fx.GraphModule], list[Match]]] = {
     "sdpa_noncontiguous_qkv": sdpa_noncontiguous_qkv,
-    "rms_norm_noncontiguous_view": rms_norm_noncontiguous_view,
     "minus_inf_fill_into_sdpa_softmax": minus_inf_fill_into_sdpa_softmax,
     "bf16_add_of_minus_infs": bf16_add_of_minus_infs,
-    "exp_unaligned_stick": exp_unaligned_stick,
     "view_transpose_64": view_transpose_64,
+    **{name: _op_trigger(name) for name in OP_TRIGGERS},
 }
 # triggers that span two graphs: matched when the graphs run, not here (the post-LayerNorm
 # handoff: hfadapt.spyre.compile.handoff, which names the same trigger)
@@ -386,7 +400,6 @@ CROSS_GRAPH_TRIGGERS = frozenset({"post_ln_output_into_next_graph_matmul"})
 REPLACEMENTS: dict[str, Callable[..., torch.Tensor]] = {
     "minus_inf_fill_into_sdpa_softmax": softmax_amax_misread,
     "bf16_add_of_minus_infs": add_minus_infs_nan,
-    "exp_unaligned_stick": exp_first_stick_reread,
 }
 
 
@@ -432,8 +445,12 @@ def firing_at(
     )
 
 
-def find_defects(gm: fx.GraphModule, profile: Profile) -> list[Corruption]:
-    """Every firing of the profile's compile-mode defects in this graph."""
+def find_defects(
+    gm: fx.GraphModule, profile: Profile, fired: list[DefectFiring] | None = None
+) -> list[Corruption]:
+    """Every firing of the profile's compile-mode defects in this graph. ``fired``: where the
+    program appends the firings only its data shows (a host -inf mask reaching SDPA's
+    softmax: its code lands on 0xEFFF like an in-graph fill's)."""
     out = []
     for defect in profile.active_defects("compile"):
         if defect.trigger in CROSS_GRAPH_TRIGGERS:
@@ -446,11 +463,38 @@ def find_defects(gm: fx.GraphModule, profile: Profile) -> list[Corruption]:
             )
         for match in trigger(gm):
             out.append(_corruption(defect, match, profile))
+        if defect.trigger == "minus_inf_fill_into_sdpa_softmax":
+            out += _runtime_amax(gm, defect, profile, {c.anchor for c in out}, fired)
+    return out
+
+
+def _runtime_amax(
+    gm: fx.GraphModule,
+    defect: Defect,
+    profile: Profile,
+    anchored: set[fx.Node | None],
+    fired: list[DefectFiring] | None,
+) -> list[Corruption]:
+    """SDPA softmaxes no in-graph fill reaches: their mask may still carry a host -inf (data
+    of a graph input), which the card misreads the same way; checked when the program runs."""
+    out = []
+    for node in _sdpa_softmaxes(gm):
+        if node in anchored or (t := _val(node)) is None:
+            continue
+        firing = firing_at(node, t, defect.id, profile.defect_source(defect), defect.effect)
+        replace = _sdpa_softmax(profile, fired, firing)
+        shape = tuple(int(s) for s in t.shape)
+        out.append(Corruption(firing, node, frozenset(), (), shape, node, replace, runtime=True))
     return out
 
 
 def _corruption(defect: Defect, match: Match, profile: Profile) -> Corruption:
     replace = REPLACEMENTS.get(defect.trigger)
+    spec = OP_TRIGGERS.get(defect.trigger)
+    if spec is not None and spec.compute is not None:
+        replace = _op_replacement(defect.trigger, op_name(match.anchor.target))
+    if defect.trigger == "minus_inf_fill_into_sdpa_softmax":
+        replace = _sdpa_softmax(profile, None, None)  # recorded at build: the fill is in-graph
     # the value read wrongly, or (an op computing wrongly) the op's own result
     t = _val(match.value if replace is None else match.anchor)
     assert t is not None
