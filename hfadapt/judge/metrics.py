@@ -19,11 +19,14 @@ import torch
 TOKEN_COSINE_MIN = 0.99
 # Guards the cosine of an all-zero vector (it is 0 against anything, not NaN).
 COSINE_EPS = 1e-12
-# ... and the norm of every real token's row must stay within this relative error of the
-# reference's (| |dev| / |ref| - 1 |). Set between what the real all-MiniLM-L6-v2 with the
-# bundled adapters shows on the simulated card (max 0.0021, compiled; 0.0016 eager) and a row
-# scaled by 2% (0.02), which cosine alone passes (docs/design.md, "Verdicts").
-NORM_ERROR_MAX = 0.01
+# ... and every real token's row must keep its length along the reference within this relative
+# error (| <dev, ref> / <ref, ref> - 1 |: a row scaled by s shows s; an error across the row,
+# which cosine measures, hardly shows). Set between what the real all-MiniLM-L6-v2 with the
+# bundled adapters shows on the simulated card and a row scaled by 2% (0.02), which cosine
+# alone passes (docs/design.md, "Verdicts"). Measured (probes of hfadapt.judge.probes, the
+# profile spyre-2026.07): all-MiniLM-L6-v2 at most 0.0119 compiled, 0.0102 eager (median 0.0016;
+# its worst tokens are short rows, norm 2.0 against a median 3.7); a 2% scale: 0.0200.
+NORM_ERROR_MAX = 0.015
 # A reference row whose norm is below this fraction of the median real row's norm counts as
 # zero (a fully masked probe row, a padding position the model zeroes): it has no direction.
 ZERO_ROW_FRACTION = 1e-4
@@ -141,7 +144,8 @@ class Metrics:
     worst_token: tuple[int, int] | None  # (sentence, position) of the min cosine
     pooling: str = "mean"
     threshold: float = TOKEN_COSINE_MIN
-    # the largest | |dev| / |ref| - 1 | over real tokens with a non-zero reference row
+    # the largest | <dev, ref> / <ref, ref> - 1 | (the row's length along its reference,
+    # relative) over real tokens with a non-zero reference row
     max_norm_error: float | None = None
     worst_norm_token: tuple[int, int] | None = None
     norm_threshold: float = NORM_ERROR_MAX
@@ -226,7 +230,7 @@ class _Rows:
 
 def _compare_rows(ref: torch.Tensor, dev: torch.Tensor, coords: torch.Tensor) -> _Rows:
     ref64, dev64 = ref.double(), dev.double()
-    ref_norm, dev_norm = ref64.norm(dim=-1), dev64.norm(dim=-1)
+    ref_norm = ref64.norm(dim=-1)
     typical = float(ref_norm.median()) if ref_norm.numel() else 0.0
     zero = ref_norm <= ZERO_ROW_FRACTION * typical if typical > 0 else ref_norm == 0
     zero_error = None
@@ -236,7 +240,10 @@ def _compare_rows(ref: torch.Tensor, dev: torch.Tensor, coords: torch.Tensor) ->
         zero_error = float(err / typical) if typical > 0 else (0.0 if float(err) == 0 else 1.0)
     keep = ~zero
     cos = cosine_rows(ref[keep], dev[keep])
-    norm_error = (dev_norm[keep] / ref_norm[keep] - 1).abs()
+    # the row's length along its reference, relative: <dev, ref> / <ref, ref> - 1. A scaled
+    # row shows here whole; an error across the reference (what cosine measures) hardly does
+    along = (dev64[keep] * ref64[keep]).sum(dim=-1) / (ref_norm[keep] ** 2)
+    norm_error = (along - 1).abs()
     return _Rows(cos, norm_error, coords[keep], int(zero.sum()), zero_error)
 
 

@@ -36,6 +36,7 @@ from hfadapt.spyre.eager.tensor import (
 from hfadapt.spyre.eager.transfers import TRANSFERS
 from hfadapt.spyre.op_rules import judge
 from hfadapt.spyre.profile import FALLBACK, UNSUPPORTED, Profile
+from hfadapt.spyre.scalars import device_numbers
 from hfadapt.spyre.tracking import (
     Collector,
     SpyreFallbackWarning,
@@ -245,6 +246,11 @@ def _native(
         refuse(collector, found)
         judged = True
     uargs, ukwargs, seen = _unwrap_all(entry, args, kwargs)
+    if seen.mapped:
+        # numbers the op takes as values are device constants (DL16; -inf on 0xEFFF), as the
+        # compile backend holds them
+        uargs_t, ukwargs = device_numbers(func, uargs, ukwargs, collector.profile.dl16)
+        uargs = list(uargs_t)
     dl16_kernel = (
         entry.kernel is not None
         and bool(args)
