@@ -76,7 +76,7 @@ def apply_adapters(
     except ImportError:
         return [], []
     try:
-        handle = registry.apply(model, exclude=tuple(without))
+        handle = registry.apply(model, exclude=tuple(without)) if without else registry.apply(model)
     except Exception as exc:
         return [], [
             f"adapters not applied: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"

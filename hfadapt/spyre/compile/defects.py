@@ -54,8 +54,8 @@ from hfadapt.errors import ProfileError
 from hfadapt.spyre.compile.graph_rules import op_name, source_location
 from hfadapt.spyre.kernels import sdpa_softmax
 from hfadapt.spyre.lowering_report import DefectFiring
+from hfadapt.spyre.op_defects import STICK, exp_first_stick_reread, memory_order, misread_layout
 from hfadapt.spyre.op_defects import TRIGGERS as OP_TRIGGERS
-from hfadapt.spyre.op_defects import exp_first_stick_reread, memory_order, misread_layout
 from hfadapt.spyre.profile import Defect, Profile
 
 __all__ = [
@@ -337,6 +337,54 @@ def view_transpose_64(gm: fx.GraphModule) -> list[Match]:
     return found
 
 
+def _stick(t: torch.Tensor) -> int:
+    return 32 if t.dtype == torch.float32 else STICK
+
+
+def rotate_half_slice(gm: fx.GraphModule) -> list[Match]:
+    """torch-spyre#3133: rotate_half's slicing of the last dim at a stick-aligned offset
+    (cat((-x2, x1), -1) with x2 = x[..., d/2:]) compiles but computes wrong numbers."""
+    found = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or op_name(node.target).split(".", 1)[0] != "aten::slice":
+            continue
+        t, src = _val(node), node.args[0] if node.args else None
+        if t is None or not isinstance(src, fx.Node) or (whole := _val(src)) is None:
+            continue
+        dim = int(node.args[1]) if len(node.args) > 1 else 0
+        start = node.args[2] if len(node.args) > 2 else 0
+        if dim % whole.dim() != whole.dim() - 1 or not isinstance(start, int) or start <= 0:
+            continue
+        if start >= whole.shape[-1] or start % _stick(whole):
+            continue  # past the end, or off a stick (layout.stick_slice refuses that)
+        readers = [u for u in node.users if u.op == "call_function"]
+        hops = readers + [v for u in readers if _packet(u) == "aten::neg" for v in u.users]
+        if any(_packet(u) == "aten::cat" and _cat_last(u) for u in hops):
+            found.append(Match(node, frozenset({node}), node))
+    return found
+
+
+def _packet(node: fx.Node) -> str:
+    return op_name(node.target).split(".", 1)[0] if node.op == "call_function" else ""
+
+
+def _cat_last(node: fx.Node) -> bool:
+    out = _val(node)
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+    return out is not None and isinstance(dim, int) and dim % out.dim() == out.dim() - 1
+
+
+def slice_from_start(
+    x: torch.Tensor, dim: int = 0, start: Any = None, end: Any = None, step: int = 1
+) -> torch.Tensor:
+    """The slice as the card computes it under #3133 (inferred: the stick-aligned offset is
+    dropped, so x[..., d/2:] reads x[..., :d/2])."""
+    size = x.shape[dim]
+    begin = 0 if start is None else (start + size if start < 0 else start)
+    stop = size if end is None else min(size, end + size if end < 0 else end)
+    return x.narrow(dim, 0, max(0, stop - begin))
+
+
 def _position(gm: fx.GraphModule) -> Callable[[fx.Node], int]:
     index = {n: i for i, n in enumerate(gm.graph.nodes)}
     return lambda n: index[n]
@@ -391,6 +439,7 @@ TRIGGERS: dict[str, Callable[[fx.GraphModule], list[Match]]] = {
     "minus_inf_fill_into_sdpa_softmax": minus_inf_fill_into_sdpa_softmax,
     "bf16_add_of_minus_infs": bf16_add_of_minus_infs,
     "view_transpose_64": view_transpose_64,
+    "rotate_half_slice": rotate_half_slice,
     **{name: _op_trigger(name) for name in OP_TRIGGERS},
 }
 # triggers that span two graphs: matched when the graphs run, not here (the post-LayerNorm
@@ -400,6 +449,7 @@ CROSS_GRAPH_TRIGGERS = frozenset({"post_ln_output_into_next_graph_matmul"})
 REPLACEMENTS: dict[str, Callable[..., torch.Tensor]] = {
     "minus_inf_fill_into_sdpa_softmax": softmax_amax_misread,
     "bf16_add_of_minus_infs": add_minus_infs_nan,
+    "rotate_half_slice": slice_from_start,
 }
 
 
