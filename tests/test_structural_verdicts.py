@@ -48,11 +48,15 @@ def test_a_structural_model_is_drawn_at_that_scale(minilm_path: Path) -> None:
     assert sum(norms) / len(norms) == pytest.approx(MINILM.norm_gain_mean, rel=0.05)
     assert any("trained scale" in n for n in loaded.notes), loaded.notes
     again = structural.build(minilm_path).model
-    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), again.parameters(), strict=True))
+    assert all(
+        torch.equal(a, b) for a, b in zip(model.parameters(), again.parameters(), strict=True)
+    )
 
 
 def _judge(path: Path, mode: str, without: tuple[str, ...] = ()) -> Any:
-    return diagnose(path, mode=mode, without_adapters=without, record=False, localize_failures=False)
+    return diagnose(
+        path, mode=mode, without_adapters=without, record=False, localize_failures=False
+    )
 
 
 @pytest.mark.slow
@@ -138,5 +142,7 @@ def test_the_cli_takes_without_adapter_repeatedly(
     assert "attention-mask-host" not in data["adapters"] and code in (0, 1)
     code, _, err = run_cli(["diagnose", folder, "--without-adapter", "nope"], monkeypatch, capsys)
     assert code == 2 and "no adapter named 'nope'" in err, err
-    code, _, err = run_cli(["sweep", "--without-adapter", "nope", "--top", "1"], monkeypatch, capsys)
+    code, _, err = run_cli(
+        ["sweep", "--without-adapter", "nope", "--top", "1"], monkeypatch, capsys
+    )
     assert code == 2 and "no adapter named 'nope'" in err, err

@@ -194,10 +194,16 @@ def _softmax_floor(x: torch.Tensor, dim: int, floor: float, code: float) -> torc
     finite fill (finfo.min / 2, hf-adapters' masks) gets exactly 0, as ``hf_common.py`` says.
     A row with every key masked stays uniform, as on the CPU.
 
-    The exponent is clamped first, below log(floor) for the coded keys (every exp there ends
-    at the floor anyway) and at -200 for the others (exp underflows to 0 well before): the
-    CPU's exp is 5-10x slower on large negative arguments (-3.35e7) than on ordinary ones."""
-    shifted = (x - x.amax(dim, keepdim=True)).clamp_min_(-200.0)
+    The exponent is clamped first at -87 (exp there is below fp32's smallest normal, far below
+    any probability DL16 keeps): the CPU's exp is 5-10x slower on large negative arguments
+    (the coded keys' -3.35e7) than on ordinary ones."""
+    return _softmax_shifted(x, x.amax(dim, keepdim=True), dim, floor, code)
+
+
+def _softmax_shifted(
+    x: torch.Tensor, top: torch.Tensor, dim: int, floor: float, code: float
+) -> torch.Tensor:
+    shifted = (x - top).clamp_min_(-87.0)
     e = torch.exp(shifted)
     if floor > 0:
         coded = x <= -code
@@ -214,10 +220,11 @@ def sdpa_softmax(
     ``hf_common.py``): a row holding nothing but the code has exp(x - code) = 0 everywhere and
     becomes 0/0 = NaN (a padded query row of a left-padded batch), which the next attention's
     P @ V carries into every row. Returns (probabilities, whether a row was misread)."""
-    out = _softmax_floor(x, dim, floor, code)
+    top = x.amax(dim, keepdim=True)
+    out = _softmax_shifted(x, top, dim, floor, code)
     if not misread:
         return out, False
-    coded = x.amax(dim, keepdim=True) <= -code
+    coded = top <= -code
     if not bool(coded.any()):
         return out, False
     return out.masked_fill(coded, math.nan), True
