@@ -278,3 +278,46 @@ def test_rotate_half_on_a_stick_lowers_and_mis_lowers(spyre_backend: object) -> 
     torch._dynamo.reset()
     with pytest.raises(SpyreLoweringError, match="offset 32"):
         torch.compile(rotate_half, backend="spyre")(x[..., :64].contiguous())
+
+
+@pytest.mark.parametrize("execution", ["eager", "compile"])
+def test_a_host_minus_inf_mask_is_misread_at_sdpa(
+    spyre: object, spyre_backend: object, execution: str
+) -> None:
+    """hf-adapters hf_common.py: a host fp16 -inf lands on 0xEFFF, which SDPA's amax reads as
+    +3.35e7, corrupting heavily left-padded rows: a padded query row that sees only masked keys
+    (causal + left padding) becomes NaN, eagerly and compiled (it gave cosine 1.0: only fills
+    made in the graph were matched). A finfo.min / 2 mask is right."""
+    from hfadapt.spyre.eager.device import tracking
+
+    seq, pad = 64, 24
+    q = torch.randn(1, 2, seq, 64, generator=torch.Generator().manual_seed(3)).half()
+    keep = torch.ones(seq, seq).tril().bool()
+    keep[:, :pad] = False  # left padding: the first 24 keys are padding
+    results = {}
+    for name, fill in (
+        ("-inf", float("-inf")),
+        ("finfo.min/2", torch.finfo(torch.float16).min / 2),
+    ):
+        mask = torch.zeros(1, 1, seq, seq).masked_fill(~keep, fill).half()
+
+        def attend(t: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.scaled_dot_product_attention(t, t, t, attn_mask=m)
+
+        if execution == "eager":
+            with tracking(collect=True) as report:
+                out = attend(q.to("spyre"), mask.to("spyre")).cpu()
+            ids = report.defect_ids()
+        else:
+            torch._dynamo.reset()
+            with torch.no_grad():
+                out = torch.compile(attend, backend="spyre")(q, mask)
+            ids = spyre_backend.last_report().defect_ids()
+        results[name] = (out, ids)
+    (bad, bad_ids), (good, good_ids) = results["-inf"], results["finfo.min/2"]
+    nan_rows = int(bad[0, 0].isnan().all(-1).sum())
+    print(f"{execution}: -inf mask {nan_rows} NaN query rows, {bad_ids}; finfo.min/2 "
+          f"{int(good.isnan().sum())} NaN, {good_ids}")  # fmt: skip
+    assert nan_rows == pad and bad_ids == ["defect.minus_inf_amax"]
+    assert not bool(good.isnan().any()) and good_ids == []
+    assert not bool(bad[0, 0, pad:].isnan().any())  # the real rows read right

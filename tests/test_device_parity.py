@@ -46,6 +46,12 @@ def test_a_plain_fp16_product(card: object) -> None:
     _same(results)
     expected = (x.float() * x.float()).half()
     assert float((results["resident"].float() - expected.float()).abs().max()) < 0.05
+    # one compiled function called on host tensors, then on device tensors (the issue's order)
+    torch._dynamo.reset()
+    square = torch.compile(lambda t: t * t, backend="spyre")
+    host = square(x)
+    resident = square(x.to("spyre")).cpu()
+    assert torch.equal(host, resident), float((host.float() - resident.float()).abs().max())
 
 
 def test_softmax_leaks_the_same_way_everywhere(card: object) -> None:
@@ -170,3 +176,27 @@ def test_minilm_compiled_on_the_device(minilm_path: object) -> None:
     cos = float(F.cosine_similarity(eager, compiled, -1)[batch["attention_mask"].bool()].min())
     print(f"min per-token cosine, compiled on the device vs eager: {cos:.6f}")
     assert cos > 0.9999, cos
+
+
+def test_a_fresh_process_compiles_on_device_tensors_first_thing() -> None:
+    """In a fresh process (nothing warmed up), the first thing a user does, torch-spyre's way:
+    compile, call on spyre tensors. Dynamo used to trace the device's own code there and fail
+    ("Tensor.item() cannot be called on meta tensors")."""
+    import subprocess
+    import sys
+
+    script = (
+        "import torch, hfadapt.spyre.eager.device as d\n"
+        "from hfadapt.spyre.compile import backend\n"
+        "d.register(); backend.register()\n"
+        "x = torch.randn(4, 64).half()\n"
+        "out = torch.compile(lambda t: t * t, backend='spyre')(x.to('spyre'))\n"
+        "print(out.device, float((out.cpu().float() - (x.float() * x.float())).abs().max()))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
+    print(done.stdout, done.stderr[-2000:])
+    assert done.returncode == 0, done.stderr[-2000:]
+    device, err = done.stdout.split()
+    assert device == "spyre:0" and float(err) < 0.05
