@@ -9,8 +9,8 @@ defect.fp32_reduction_rows), and an eager fp32 -> fp16 cast scrambles its elemen
 reduced-precision (torch-spyre#2400), so the statistics here are sums of prescaled terms in the
 model dtype: mean = sum(x / n); the mean is refined once by the sum of the centred values (its
 own DL16 rounding would otherwise shift every row by up to 2^-10 of a large mean);
-var = sum((d / sqrt(n))^2). The same function in real arithmetic; no cast, no fp32 reduction,
-no square that can overflow.
+var = sum((d / sqrt(n))^2); a zero variance is not handed to rsqrt (``guarded_rsqrt``). The same
+function in real arithmetic; no cast, no fp32 reduction, no square that can overflow.
 """
 
 from __future__ import annotations
@@ -47,6 +47,15 @@ def centred_stats(x: Tensor, dims: tuple[int, ...]) -> tuple[Tensor, Tensor]:
     return centred, (scaled * scaled).sum(dim=dims, keepdim=True)
 
 
+def guarded_rsqrt(var: Tensor, eps: float) -> Tensor:
+    """rsqrt(var + eps), and 0 where var is 0. A BERT-style eps (1e-12) is below DL16's
+    smallest normal (4.7e-10): on the card var + eps of a constant row (a padding position
+    whose embedding is one table row) is 0, its rsqrt overflows to the NaN code and
+    ``0 * NaN`` spreads through attention. Where var is 0 the centred row is 0 too, so the
+    product is the stock one, 0, in real arithmetic."""
+    return torch.where(var > 0, torch.rsqrt(var + eps), torch.zeros_like(var))
+
+
 @adapter(
     name="layer-norm-unfused",
     target="torch.nn.modules.normalization:LayerNorm.forward",
@@ -57,7 +66,7 @@ def layer_norm(self, input: Tensor) -> Tensor:
     """(x - mean) * rsqrt(var + eps) * weight + bias, statistics as prescaled sums."""
     dims = tuple(range(-len(self.normalized_shape), 0))
     centred, var = centred_stats(input, dims)
-    y = centred * torch.rsqrt(var + self.eps)
+    y = centred * guarded_rsqrt(var, self.eps)
     if self.weight is not None:
         y = y * self.weight
     if self.bias is not None:

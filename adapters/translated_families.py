@@ -36,4 +36,9 @@ def eurobert_rms_norm(self: torch.nn.Module, hidden_states: Tensor) -> Tensor:
     """weight * (x * rsqrt(mean(x*x) + eps)), in the model dtype (a prescaled sum)."""
     scaled = hidden_states * (1.0 / math.sqrt(hidden_states.shape[-1]))
     variance = (scaled * scaled).sum(-1, keepdim=True)
-    return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
+    # 0 where the variance is 0 (then x is 0): an eps below DL16's smallest normal flushes on
+    # the card, and rsqrt(0) would be the NaN code (adapters/rms_norm.py)
+    inv = torch.where(
+        variance > 0, torch.rsqrt(variance + self.variance_epsilon), torch.zeros_like(variance)
+    )
+    return self.weight * (hidden_states * inv)

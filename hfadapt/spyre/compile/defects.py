@@ -17,15 +17,19 @@ Triggers (by name, as the profile's ``defects[].trigger``):
   ``is_causal``) reaching the softmax of an SDPA call. The card's amax takes the fill's code
   (0xEFFF, -3.35e7) for +3.35e7: a row with nothing but fill (a fully masked, padded query row)
   has exp(x - 3.35e7) = 0 everywhere and becomes 0/0 = NaN, which the next layer's P @ V
-  carries into every row (0 * NaN). A -inf arriving from the host as data is not seen here.
+  carries into every row (0 * NaN).
+
+  A -inf arriving from the host as data lands on the same code: every other SDPA softmax checks
+  its rows when the program runs, and the firing is recorded then (``runtime``).
 
 - ``bf16_add_of_minus_infs``: an add (or sub of a negated fill) in bf16 whose two operands
   both carry a ``-inf`` fill made in the graph (two masks combined). The card's bf16 add gives
   NaN for ``-inf + -inf`` where IEEE gives ``-inf``: the masked positions turn to NaN.
-- ``exp_unaligned_stick``: an fp16 ``exp`` whose input's last dimension spans more than one
-  stick and is not a whole number of sticks (torch-spyre#3799). The op is replaced: every
-  element past the first stick of a row is computed from the first stick's data (element j
-  reads element j mod 64; the address mix-up #3339 describes).
+- the per-op triggers of hfadapt.spyre.op_defects (``exp_unaligned_stick``,
+  ``rms_norm_noncontiguous_view``, ``fp32_row_reduction_past_cores``, ``rank5_full_reduction``),
+  matched on each call node's recorded values; the eager device runs the same ones.
+- ``rotate_half_slice`` (torch-spyre#3133): a slice of the last dim at a stick-aligned offset
+  concatenated back along it (``rotate_half``): the slice reads from the row's start (inferred).
 - ``view_transpose_64``: a head split ``x.view(B, S, H, D).transpose(1, 2)`` (or the permute
   (0, 2, 1, 3)) of fp16 data with S == 64 (torch-spyre#1783). The ops that read the transposed
   value read it with the wrong layout (its storage taken as if contiguous); a view op whose
