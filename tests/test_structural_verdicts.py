@@ -64,6 +64,9 @@ def test_minilm_without_the_handoff_clone_fails_structurally_too(minilm_path: Pa
     """The real all-MiniLM-L6-v2 without post-ln-handoff-clone: per-token cosine near 0 (the
     defect wrecks it). Its structural stand-in used to pass at 0.992 on initializer weights;
     now it fails on the fired defect (and at trained scale its numbers fail as well)."""
+    real = _judge(minilm_path, "full")  # the real weights with every adapter: the scale bound
+    assert real.verdict == verdicts.PASS and real.metrics.max_norm_error < 0.015, real.reason
+    print(f"real, adapted: max norm error {real.metrics.max_norm_error:.4f}")
     full = _judge(minilm_path, "full", (HANDOFF,))
     structural = _judge(minilm_path, "structural", (HANDOFF,))
     adapted = _judge(minilm_path, "structural")
