@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from defect_models import adapters_without, tiny_bert_folder
+from defect_models import tiny_bert_folder
 from torch.nn import functional as F
 
 from hfadapt.errors import ProfileError
@@ -330,22 +330,19 @@ def test_a_minus_inf_fill_at_sdpa_amax_poisons_the_batch_and_additive_masks_avoi
 
 @pytest.mark.slow
 def test_diagnose_localizes_the_sdpa_defect_and_the_adapter_fixes_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
     import hfadapt.judge.diagnose as diagnose_module
     from hfadapt.cli import diagnose as cli_diagnose
 
     folder = tiny_bert_folder(tmp_path / "bert-sdpa")
-    stock_apply = diagnose_module.apply_adapters
     # attention-heads-select runs attention-sdpa-contiguous's attention too
-    without_the_fix = adapters_without("attention-sdpa-contiguous", "attention-heads-select")
+    without_the_fix = ("attention-sdpa-contiguous", "attention-heads-select")
 
     options = {"mode": "structural", "execution": "compile", "record": False}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        monkeypatch.setattr(diagnose_module, "apply_adapters", without_the_fix)
-        stock = diagnose_module.diagnose(str(folder), **options)
-        monkeypatch.setattr(diagnose_module, "apply_adapters", stock_apply)
+        stock = diagnose_module.diagnose(str(folder), without_adapters=without_the_fix, **options)
         adapted = diagnose_module.diagnose(str(folder), **options)
 
     m = stock.metrics
