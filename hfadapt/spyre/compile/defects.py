@@ -28,9 +28,9 @@ Triggers (by name, as the profile's ``defects[].trigger``):
 - the per-op triggers of hfadapt.spyre.op_defects (``exp_unaligned_stick``,
   ``rms_norm_noncontiguous_view``, ``fp32_row_reduction_past_cores``, ``rank5_full_reduction``),
   matched on each call node's recorded values; the eager device runs the same ones.
-- ``rotate_half_slice`` (torch-spyre#3133): a slice of the last dim at a stick-aligned offset
-  concatenated back along it (``rotate_half``): the slice reads from the row's start (inferred).
-- ``view_transpose_64``: a head split ``x.view(B, S, H, D).transpose(1, 2)`` (or the permute
+- the layout triggers (hfadapt.spyre.compile.layout_defects): ``rotate_half_slice`` (torch-spyre#3133): a slice of the last dim at a stick-aligned offset
+  concatenated back along it (``rotate_half``): the slice reads from the row's start (inferred);
+  ``view_transpose_64``: a head split ``x.view(B, S, H, D).transpose(1, 2)`` (or the permute
   (0, 2, 1, 3)) of fp16 data with S == 64 (torch-spyre#1783). The ops that read the transposed
   value read it with the wrong layout (its storage taken as if contiguous); a view op whose
   result is contiguous again (the transpose undone) reads nothing and is not corrupted.
@@ -55,11 +55,17 @@ import torch
 from torch import fx
 
 from hfadapt.errors import ProfileError
+from hfadapt.spyre.compile.defect_match import Match, float4d, node_value, position
 from hfadapt.spyre.compile.graph_rules import op_name, source_location
+from hfadapt.spyre.compile.layout_defects import (
+    rotate_half_slice,
+    slice_from_start,
+    view_transpose_64,
+)
 from hfadapt.spyre.kernels import sdpa_softmax
 from hfadapt.spyre.lowering_report import DefectFiring
-from hfadapt.spyre.op_defects import STICK, exp_first_stick_reread, memory_order, misread_layout
 from hfadapt.spyre.op_defects import TRIGGERS as OP_TRIGGERS
+from hfadapt.spyre.op_defects import exp_first_stick_reread, memory_order, misread_layout
 from hfadapt.spyre.profile import Defect, Profile
 
 __all__ = [
@@ -73,17 +79,6 @@ __all__ = [
     "misread_layout",
     "module_path",
 ]
-
-
-@dataclass(frozen=True)
-class Match:
-    """What a trigger found: ``value`` is read wrongly by ``consumers``; ``anchor`` is the node
-    reported (the op that misreads)."""
-
-    value: fx.Node
-    consumers: frozenset[fx.Node]
-    anchor: fx.Node
-    order: tuple[int, ...] | None = None  # the misread's memory order, when not the value's own
 
 
 @dataclass(frozen=True)
@@ -143,16 +138,6 @@ def _sdpa_softmaxes(gm: fx.GraphModule) -> list[fx.Node]:
     ]
 
 
-def _val(node: fx.Node) -> torch.Tensor | None:
-    value = node.meta.get("val")
-    return value if isinstance(value, torch.Tensor) else None
-
-
-def _float4d(node: fx.Node) -> torch.Tensor | None:
-    t = _val(node)
-    return t if t is not None and t.dim() == 4 and t.is_floating_point() else None
-
-
 # -- triggers --------------------------------------------------------------------------------
 
 _MASK_CONSUMERS = frozenset({"aten::add", "aten::where", "aten::masked_fill", "aten::sub"})
@@ -181,12 +166,12 @@ def sdpa_noncontiguous_qkv(gm: fx.GraphModule) -> list[Match]:
                 if inp not in members:
                     readers.setdefault(inp, set()).add(node)
         for inp, consumers in readers.items():
-            t = _float4d(inp)
+            t = float4d(inp)
             if t is None or memory_order(t) is None:
                 continue
             if any(op_name(c.target).split(".", 1)[0] in _MASK_CONSUMERS for c in consumers):
                 continue  # the attention mask, not Q, K or V
-            found.append(Match(inp, frozenset(consumers), min(consumers, key=_position(gm))))
+            found.append(Match(inp, frozenset(consumers), min(consumers, key=position(gm))))
     return found
 
 
@@ -268,7 +253,7 @@ def bf16_add_of_minus_infs(gm: fx.GraphModule) -> list[Match]:
     for node in gm.graph.nodes:
         if node.op != "call_function" or op_name(node.target).split(".", 1)[0] != "aten::add":
             continue
-        out = _val(node)
+        out = node_value(node)
         operands = [a for a in node.args[:2] if isinstance(a, fx.Node)]
         if out is None or out.dtype != torch.bfloat16 or len(operands) != 2:
             continue
@@ -283,115 +268,6 @@ def add_minus_infs_nan(a: torch.Tensor, b: torch.Tensor, *, alpha: float = 1) ->
     out = torch.add(a, b, alpha=alpha)
     both = (a <= -FILL_CODE) & ((b if alpha > 0 else -b) <= -FILL_CODE)
     return out.masked_fill(both, float("nan"))
-
-
-_VIEWS = frozenset({"aten::view", "aten::_unsafe_view", "aten::reshape"})
-HEAD_LAYOUT_SEQ = 64  # the only sequence length torch-spyre#1783 shows failing
-
-
-def _is_view(node: fx.Node) -> bool:
-    return bool(getattr(node.target, "is_view", False)) or op_name(node.target).split(".", 1)[
-        0
-    ] in ("aten::_unsafe_view", "aten::alias")
-
-
-def _head_transpose(node: fx.Node) -> bool:
-    """transpose(1, 2) or permute(0, 2, 1, 3) of a 4-D value."""
-    packet = op_name(node.target).split(".", 1)[0]
-    args = list(node.args[1:])
-    if packet == "aten::transpose" and len(args) == 2 and all(isinstance(d, int) for d in args):
-        return sorted(int(d) % 4 for d in args) == [1, 2]  # type: ignore[arg-type]
-    if packet == "aten::permute" and args and isinstance(args[0], (list, tuple)):
-        return [int(d) % 4 for d in args[0]] == [0, 2, 1, 3]  # type: ignore[arg-type]
-    return False
-
-
-def view_transpose_64(gm: fx.GraphModule) -> list[Match]:
-    found = []
-    position = _position(gm)
-    for node in gm.graph.nodes:
-        if node.op != "call_function" or not _head_transpose(node):
-            continue
-        t, src = _float4d(node), node.args[0]
-        if t is None or t.dtype != torch.float16 or t.shape[2] != HEAD_LAYOUT_SEQ:
-            continue
-        if t.shape[1] < 2 or memory_order(t) not in (None, (0, 2, 1, 3)):
-            continue
-        # the head split: a view of [B, S, H * D] as [B, S, H, D]
-        if not isinstance(src, fx.Node) or src.op != "call_function":
-            continue
-        if op_name(src.target).split(".", 1)[0] not in _VIEWS or not src.all_input_nodes:
-            continue
-        whole, heads = _val(src.all_input_nodes[0]), _val(src)
-        if whole is None or heads is None or whole.dim() != 3 or heads.dim() != 4:
-            continue
-        split = tuple(whole.shape[:2]) == tuple(heads.shape[:2])
-        if not split or whole.shape[2] != heads.shape[2] * heads.shape[3]:
-            continue
-        readers = [
-            user
-            for user in node.users
-            if user.op == "call_function"
-            and not (_is_view(user) and (v := _val(user)) is not None and v.is_contiguous())
-        ]
-        if readers:
-            # contiguous or strided source: the card walks the [B, S, H, D] data as [B, H, S, D]
-            anchor = min(readers, key=position)
-            found.append(Match(node, frozenset(readers), anchor, (0, 2, 1, 3)))
-    return found
-
-
-def _stick(t: torch.Tensor) -> int:
-    return 32 if t.dtype == torch.float32 else STICK
-
-
-def rotate_half_slice(gm: fx.GraphModule) -> list[Match]:
-    """torch-spyre#3133: rotate_half's slicing of the last dim at a stick-aligned offset
-    (cat((-x2, x1), -1) with x2 = x[..., d/2:]) compiles but computes wrong numbers."""
-    found = []
-    for node in gm.graph.nodes:
-        if node.op != "call_function" or op_name(node.target).split(".", 1)[0] != "aten::slice":
-            continue
-        t, src = _val(node), node.args[0] if node.args else None
-        if t is None or not isinstance(src, fx.Node) or (whole := _val(src)) is None:
-            continue
-        dim = int(node.args[1]) if len(node.args) > 1 else 0
-        start = node.args[2] if len(node.args) > 2 else 0
-        if dim % whole.dim() != whole.dim() - 1 or not isinstance(start, int) or start <= 0:
-            continue
-        if start >= whole.shape[-1] or start % _stick(whole):
-            continue  # past the end, or off a stick (layout.stick_slice refuses that)
-        readers = [u for u in node.users if u.op == "call_function"]
-        hops = readers + [v for u in readers if _packet(u) == "aten::neg" for v in u.users]
-        if any(_packet(u) == "aten::cat" and _cat_last(u) for u in hops):
-            found.append(Match(node, frozenset({node}), node))
-    return found
-
-
-def _packet(node: fx.Node) -> str:
-    return op_name(node.target).split(".", 1)[0] if node.op == "call_function" else ""
-
-
-def _cat_last(node: fx.Node) -> bool:
-    out = _val(node)
-    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
-    return out is not None and isinstance(dim, int) and dim % out.dim() == out.dim() - 1
-
-
-def slice_from_start(
-    x: torch.Tensor, dim: int = 0, start: Any = None, end: Any = None, step: int = 1
-) -> torch.Tensor:
-    """The slice as the card computes it under #3133 (inferred: the stick-aligned offset is
-    dropped, so x[..., d/2:] reads x[..., :d/2])."""
-    size = x.shape[dim]
-    begin = 0 if start is None else (start + size if start < 0 else start)
-    stop = size if end is None else min(size, end + size if end < 0 else end)
-    return x.narrow(dim, 0, max(0, stop - begin))
-
-
-def _position(gm: fx.GraphModule) -> Callable[[fx.Node], int]:
-    index = {n: i for i, n in enumerate(gm.graph.nodes)}
-    return lambda n: index[n]
 
 
 def _node_values(node: fx.Node) -> tuple[Any, dict[str, Any]]:
@@ -533,7 +409,7 @@ def _runtime_amax(
     of a graph input), which the card misreads the same way; checked when the program runs."""
     out = []
     for node in _sdpa_softmaxes(gm):
-        if node in anchored or (t := _val(node)) is None:
+        if node in anchored or (t := node_value(node)) is None:
             continue
         firing = firing_at(node, t, defect.id, profile.defect_source(defect), defect.effect)
         replace = _sdpa_softmax(profile, fired, firing)
@@ -550,7 +426,7 @@ def _corruption(defect: Defect, match: Match, profile: Profile) -> Corruption:
     if defect.trigger == "minus_inf_fill_into_sdpa_softmax":
         replace = _sdpa_softmax(profile, None, None)  # recorded at build: the fill is in-graph
     # the value read wrongly, or (an op computing wrongly) the op's own result
-    t = _val(match.value if replace is None else match.anchor)
+    t = node_value(match.value if replace is None else match.anchor)
     assert t is not None
     order = (match.order or memory_order(t)) if replace is None else ()
     assert order is not None
