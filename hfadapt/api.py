@@ -169,6 +169,7 @@ def load(
     device: str | None = "spyre",
     dtype: torch.dtype | str = torch.float16,
     adapters: bool = True,
+    without_adapters: list[str] | tuple[str, ...] = (),
     trust_remote_code: bool = False,
     sentence_transformers: bool | None = None,
     registry: Registry | None = None,
@@ -184,7 +185,8 @@ def load(
     ``SentenceTransformer`` whose ``encode()`` runs on the device and returns float32 on the
     host, as the stock model does (``sentence_transformers`` None: decide by the presence of
     modules.json). ``revision``, ``token``, ``cache_dir`` and ``local_files_only`` mean what
-    they mean to ``from_pretrained``. The applied adapters are at ``model._hfadapt_applied``.
+    they mean to ``from_pretrained``. The applied adapters are at ``model._hfadapt_applied``;
+    ``without_adapters`` names registry adapters to leave out (UsageError for an unknown name).
 
     ``trust_remote_code=True`` returns a model whose repository code runs in THIS process, so
     it is refused (UsageError) unless ``run_remote_code_in_process=True`` says so explicitly;
@@ -200,6 +202,11 @@ def load(
     from hfadapt.hub import resolve as locate
     from hfadapt.judge import load as loading
 
+    if adapters and without_adapters:  # before any download: a misspelt name would stay applied
+        known = {a.name for a in (registry or default_registry()).adapters}
+        unknown = [n for n in without_adapters if n not in known]
+        if unknown:
+            raise UsageError(f"no adapter named {unknown[0]!r}; see 'hfadapt adapters list'")
     ref = os.fspath(model_id_or_path)
     cache = os.fspath(cache_dir) if cache_dir is not None else None
     hub = locate.HubOptions(
@@ -229,7 +236,12 @@ def load(
     model.eval()
     if adapters:
         on_spyre = device is not None and device.split(":")[0] == "spyre"
-        adapt(model, device="spyre" if on_spyre else None, registry=registry)
+        adapt(
+            model,
+            device="spyre" if on_spyre else None,
+            registry=registry,
+            exclude=tuple(without_adapters),
+        )
     model.to(torch_dtype)
     if device is not None:
         if device.split(":")[0] == "spyre":

@@ -103,6 +103,15 @@ def diagnose(
     no_adapters: Annotated[
         bool, typer.Option("--no-adapters", help="Run the stock model, without registry adapters.")
     ] = False,
+    without_adapter: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--without-adapter",
+            metavar="NAME",
+            help="Leave this registry adapter out (repeatable): what does it buy?",
+            show_default=False,
+        ),
+    ] = None,
     trust_remote_code: Annotated[
         bool,
         typer.Option(
@@ -148,6 +157,8 @@ def diagnose(
     check_model_ref(model)
     if unsafe_no_isolation and not trust_remote_code:
         raise UsageError("--unsafe-no-isolation applies only with --trust-remote-code")
+    if no_adapters and without_adapter:
+        raise UsageError("--without-adapter applies only with adapters (not with --no-adapters)")
     if trust_remote_code:
         from hfadapt.errors import option
         from hfadapt.isolation import require_isolation
@@ -164,6 +175,7 @@ def diagnose(
             dtype=dtype.value if dtype is not None else None,
             execution="compile" if compile_ else "eager",
             adapters=not no_adapters,
+            without_adapters=tuple(without_adapter or ()),
             trust_remote_code=trust_remote_code,
             profile=profile,
             db=db,
@@ -266,6 +278,8 @@ def render(diag: Any) -> None:
         _say("    source: ", str(defect.get("source", "")), style="dim")
     if diag.adapters:
         _say("  adapters applied: ", ", ".join(diag.adapters))
+    if diag.evidence.get("without_adapters"):
+        _say("  adapters left out: ", ", ".join(diag.evidence["without_adapters"]))
     m = diag.metrics
     if m is not None:
         table = _table("metrics (real tokens only)", "metric", "value")

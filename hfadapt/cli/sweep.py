@@ -183,6 +183,15 @@ def sweep(
             "measures what adapters unblock against).",
         ),
     ] = False,
+    without_adapter: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--without-adapter",
+            metavar="NAME",
+            help="Leave this registry adapter out of every unit (repeatable).",
+            show_default=False,
+        ),
+    ] = None,
     full_width: Annotated[
         bool,
         typer.Option(
@@ -300,6 +309,7 @@ def sweep(
             dtype=dtype.value if dtype is not None else None,
             profile=profile,
             adapters=not no_adapters,
+            without_adapters=tuple(without_adapter or ()),
             narrow=not full_width,
             resume=not fresh,
             progress=update,

@@ -35,6 +35,7 @@ def judge_custom_code(
     profile: str | None,
     adapters: bool,
     unsafe_no_isolation: bool,
+    without_adapters: tuple[str, ...] = (),
 ) -> list[dict[str, Any]]:
     """``direct`` with every ``custom_code`` row not in ``skip`` replaced by the sandbox's
     verdict (ValueError-free: a sandbox that fails gives a worker_crashed/timeout row)."""
@@ -55,6 +56,7 @@ def judge_custom_code(
                 localize_failures=False,
                 hub=HubOptions(local_files_only=True),
                 unsafe_no_isolation=unsafe_no_isolation,
+                without_adapters=without_adapters,
             )
         except InputError as exc:  # not in the HF cache (no network in the sandbox): no model
             out.append({**row, "verdict": verdicts.LOAD_FAILED, "error": type(exc).__name__,

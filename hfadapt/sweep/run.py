@@ -166,6 +166,7 @@ def run_sweep(
     dtype: str | None = None,
     profile: str | None = None,
     adapters: bool = True,
+    without_adapters: tuple[str, ...] | list[str] = (),
     dedupe: bool | None = None,
     narrow: bool = True,
     resume: bool | int = True,
@@ -194,6 +195,7 @@ def run_sweep(
     their own code (and have no native translation) are judged in the OS sandbox
     (hfadapt.sweep.remote), never in this process or a worker; IsolationUnavailableError
     before any work where bubblewrap cannot isolate them, unless ``unsafe_no_isolation``.
+    ``without_adapters``: registry adapters left out of every unit (the rest apply).
     """
     from hfadapt.spyre.profile import load_profile
 
@@ -213,6 +215,7 @@ def run_sweep(
             unsafe=unsafe_no_isolation, what=f"the model's own code ({option('trust_remote_code')})"
         )
     prof = load_profile(profile)
+    without = _without(adapters, without_adapters)
     if memory_limit is None:
         memory_limit = default_memory_limit_mb(workers)
     dedupe = (mode == "structural") if dedupe is None else dedupe
@@ -253,6 +256,8 @@ def run_sweep(
     }
     if trust_remote_code:  # only then: sweeps started before this option resume as before
         options["trust_remote_code"] = True
+    if without:  # likewise
+        options["without_adapters"] = list(without)
     try:
         sweep, resumed = open_sweep(
             engine, options, resume=resume, mode=mode, execution=execution, dtype=dtype,
@@ -271,12 +276,12 @@ def run_sweep(
             plan.direct = judge_custom_code(
                 plan.direct, done_rows(engine, sweep.id), mode=mode, execution=execution,
                 dtype=dtype, profile=profile, adapters=adapters,
-                unsafe_no_isolation=unsafe_no_isolation,
+                unsafe_no_isolation=unsafe_no_isolation, without_adapters=without,
             )  # fmt: skip
         return _drive(
             engine, sweep.id, resumed, plan, started, progress,
             executor=pool,
-            task_options={"mode": mode, "execution": execution, "dtype": dtype, "profile": profile, "adapters": adapters, "runner": runner},
+            task_options={"mode": mode, "execution": execution, "dtype": dtype, "profile": profile, "adapters": adapters, "runner": runner, "without_adapters": without},
         )  # fmt: skip
     except BaseException as exc:
         pool.close()
@@ -289,6 +294,15 @@ def run_sweep(
             error=None if stopped else f"{type(exc).__name__}: {exc}"[:500],
         )
         raise
+
+
+def _without(adapters: bool, names: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """The adapter names to leave out, checked against the registry before any work."""
+    if not adapters or not names:
+        return ()
+    from hfadapt.judge.diagnose import check_adapter_names
+
+    return check_adapter_names(names)
 
 
 def _drive(

@@ -53,6 +53,7 @@ class Task:
     dtype: str = "auto"  # "auto": the profile's dtype for the model's family
     profile: str | None = None
     adapters: bool = True
+    without_adapters: tuple[str, ...] = ()  # registry adapters left out (the rest apply)
     config: dict[str, Any] | None = None  # the crawled config.json, when the crawl had it
     runner: str | None = None  # "module:attr" of a device runner (None: the simulated device)
     localize: bool = False  # sweeps keep the cost down: localization is for `hfadapt diagnose`
@@ -177,6 +178,7 @@ def _diagnose(
                 dtype=task.dtype,
                 execution=task.execution,
                 adapters=task.adapters,
+                without_adapters=task.without_adapters,
                 profile=task.profile,
                 runner=runner,
                 record=False,

@@ -95,6 +95,29 @@ class SpyreTensor(torch.Tensor):
         return f"{text[:-1]}, device='{self.device}')" if text.endswith(")") else text
 
 
+def _not_traced_by_dynamo() -> None:
+    """The device's dispatch is the card's runtime, not model code: Dynamo must never trace
+    it (a compiled function called on device tensors falls back to running op by op; tracing
+    the simulator's own rounding on fake tensors failed with "Tensor.item() cannot be called
+    on meta tensors"). Skips the dispatch frame and every frame it calls (a private Dynamo
+    API; where it is missing, the dispatch is disabled for Dynamo the public way)."""
+    try:
+        from torch._dynamo import eval_frame
+
+        strategy = eval_frame.FrameExecStrategy(
+            eval_frame.FrameAction.SKIP, eval_frame.FrameAction.SKIP
+        )
+        eval_frame.set_code_exec_strategy(
+            SpyreTensor.__dict__["__torch_dispatch__"].__func__.__code__, strategy
+        )
+    except Exception:
+        original = SpyreTensor.__dict__["__torch_dispatch__"].__func__
+        SpyreTensor.__torch_dispatch__ = classmethod(torch.compiler.disable(original))  # type: ignore[assignment,method-assign]
+
+
+_not_traced_by_dynamo()
+
+
 def wrap(held: torch.Tensor, dtype: torch.dtype, device: torch.device) -> SpyreTensor:
     return SpyreTensor(held, dtype, device)
 
