@@ -157,7 +157,10 @@ def test_draft_for_a_recorded_fingerprint_follows_its_runs_mode_and_accepts(
     monkeypatch.setenv("HFADAPT_HOME", str(tmp_path / "home"))
     db = str(tmp_path / "runs.db")
     code, out, err = run(
-        ["diagnose", str(folder), "--mode", "structural", "--no-adapters", "--json", "--db", db],
+        [
+            *("diagnose", str(folder), "--mode", "structural"),
+            *("--without-adapter", "gelu-new-cube", "--json", "--db", db),
+        ],
         monkeypatch,
         capsys,
     )
@@ -173,7 +176,9 @@ def test_draft_for_a_recorded_fingerprint_follows_its_runs_mode_and_accepts(
         return f"```python\n{solution}```\n"
 
     openai_server.script = [answer] * 3
-    args = ["draft", "--fingerprint", pow_fp[:8], "--no-adapters", "--base-url", openai_server.url]
+    # no --without-adapter: the draft leaves out what the recorded run left out (with every
+    # other adapter applied, the structural BERT passes once the cube is right)
+    args = ["draft", "--fingerprint", pow_fp[:8], "--base-url", openai_server.url]
     args += [
         "--model",
         "scripted-model",
@@ -189,6 +194,8 @@ def test_draft_for_a_recorded_fingerprint_follows_its_runs_mode_and_accepts(
     assert code == 0, (out[-3000:], err)
     (outcome,) = json.loads(out)
     assert outcome["outcome"] == "accepted", outcome
+    manifest_case = json.loads((Path(outcome["adapter_path"]) / "adapter.json").read_text())["case"]
+    assert manifest_case["without_adapters"] == ["gelu-new-cube"], manifest_case
     path = Path(outcome["adapter_path"])
     assert path == tmp_path / "home" / "adapters" / "gelu-new-agent" and path.is_dir()
     assert outcome["steps"][-1] == {

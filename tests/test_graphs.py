@@ -225,3 +225,30 @@ def test_a_graph_adapter_is_scoped_dormant_on_the_cpu_and_reversible(
     assert not any(
         "_hfadapt_stack" in m.__dict__ or "forward" in m.__dict__ for m in model.modules()
     )
+
+
+def test_a_graph_adapter_compiles_into_the_models_graph_without_a_break(
+    programs: dict[str, Any],
+) -> None:
+    """Dynamo inlines the graph: no build, lock or counter breaks the model's graph there (on
+    the card a break after a post-LayerNorm output is the handoff defect)."""
+    from hfadapt.adapters.graph_adapter import graph_adapter
+    from hfadapt.adapters.registry import Registry
+
+    program, _ = programs["softsign"]
+    fresh = GraphProgram(program.artifact)  # as loaded: nothing run yet
+    a = graph_adapter(
+        fresh,
+        name="softsign-graph",
+        target="hfadapt.agent.evalcases:Softsign.forward",
+        rule="op.pow.square",
+        reads={},
+    )
+    model, inputs = ec.softsign_model(0)
+    Registry(adapters=[a]).apply(model, device=None)  # active when traced by torch.compile
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(model)(**inputs)
+    breaks = [str(b.reason)[:200] for b in explained.break_reasons]
+    assert explained.graph_break_count == 0 and explained.graph_count == 1, (
+        f"{explained.graph_count} graphs, {explained.graph_break_count} breaks: {breaks}"
+    )

@@ -41,6 +41,7 @@ class FailureCase:
     execution: str = "eager"
     run_dtype: str = "float16"
     registry: str = "default"  # the adapters applied besides the draft: default | none
+    without_adapters: list[str] = field(default_factory=list)  # left out of "default"
     # How the device step recognises this failure: by fingerprint (rule, op, dtype, call site),
     # or by rule and op alone ("rule_op") for the eval suite's one-site modules, whose call
     # site lies in hfadapt and so is attributed to whichever caller runs them.

@@ -397,7 +397,8 @@ def _registry(case: FailureCase, adapter: Adapter | None) -> Any:
     from hfadapt.adapters.registry import Registry, discover
 
     base = discover() if case.registry == "default" else Registry()
-    adapters = list(base.adapters)
+    left_out = set(case.without_adapters)
+    adapters = [a for a in base.adapters if a.name not in left_out]
     if adapter is not None:
         # the graph takes the place of any adapter that patches the same code
         adapters = [a for a in adapters if a.target != adapter.target] + [adapter]

@@ -43,9 +43,12 @@ def cases_for_model(
     db: Any = None,
     record: bool = True,
     adapters: bool = True,
+    without_adapters: tuple[str, ...] = (),
 ) -> tuple[Any, list[FailureCase]]:
     """Diagnose the model (recording the run) and make one case per violation fingerprint.
-    ``adapters=False`` drafts against the stock model (no registry adapters anywhere)."""
+    ``adapters=False`` drafts against the stock model (no registry adapters anywhere);
+    ``without_adapters`` leaves those registry adapters out (the rest apply), in the diagnosis
+    and in every proof on the model."""
     from hfadapt.agent.models import remember
     from hfadapt.judge.diagnose import _load, build_probes, diagnose
     from hfadapt.judge.probes import model_inputs
@@ -65,6 +68,7 @@ def cases_for_model(
         db=db,
         record=record,
         adapters=adapters,
+        without_adapters=without_adapters,
         localize_failures=False,
     )
     report = getattr(diag, "report", None)
@@ -89,6 +93,7 @@ def cases_for_model(
             evidence={"model": loaded.model_id, "verdict": diag.verdict},
         )
         case.registry = "default" if adapters else "none"
+        case.without_adapters = list(without_adapters) if adapters else []
         if case.target:
             path = workdir / f"{fp}.pt"
             try:
@@ -186,9 +191,10 @@ def plan_drafts(
     return {model: None}
 
 
-def recorded_run(engine: Engine, model_id: str) -> tuple[str, str] | None:
-    """(mode, execution) of the model's latest recorded run: what a draft for its recorded
-    fingerprints uses, so that they occur again (a structural sweep's need no weights)."""
+def recorded_run(engine: Engine, model_id: str) -> tuple[str, str, tuple[str, ...]] | None:
+    """(mode, execution, adapters left out) of the model's latest recorded run: what a draft
+    for its recorded fingerprints uses, so that they occur again (a structural sweep's need no
+    weights; a fingerprint found without an adapter needs that adapter left out again)."""
     from hfadapt.db.engine import session
     from hfadapt.db.tables import Run
 
@@ -196,7 +202,12 @@ def recorded_run(engine: Engine, model_id: str) -> tuple[str, str] | None:
         run = s.exec(
             select(Run).where(Run.model_id == model_id).order_by(Run.id.desc()).limit(1)  # type: ignore[union-attr]
         ).first()
-    return (run.mode, run.execution) if run is not None else None
+    if run is None:
+        return None
+    evidence = run.evidence if isinstance(run.evidence, dict) else {}
+    left_out = evidence.get("without_adapters") or ()
+    names = tuple(str(n) for n in left_out) if isinstance(left_out, list) else ()
+    return run.mode, run.execution, names
 
 
 def wanted_cases(

@@ -131,6 +131,16 @@ def draft(
             "--no-adapters", help="Draft against the stock model, without registry adapters."
         ),
     ] = False,
+    without_adapter: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--without-adapter",
+            metavar="NAME",
+            help="Leave this registry adapter out, in the diagnosis and every proof (repeatable; "
+            "for --top/--fingerprint, default: what each model's recorded run left out).",
+            show_default=False,
+        ),
+    ] = None,
     profile: ProfileOption = None,
     db: DbOption = None,
     as_json: JsonOption = False,
@@ -141,6 +151,8 @@ def draft(
 
     if sum(x is not None for x in (model_ref, fingerprint, top)) != 1:
         raise UsageError("give exactly one of MODEL, --fingerprint ID or --top K")
+    if no_adapters and without_adapter:
+        raise UsageError("--without-adapter applies only with adapters (not with --no-adapters)")
     if list_only and top is None:
         raise UsageError("--list lists the fingerprints --top K would draft for: pass --top K")
     if top is not None and list_only:  # read only: nothing created or written
@@ -174,6 +186,7 @@ def draft(
                 profile=profile,
                 db=engine,
                 adapters=not no_adapters,
+                without_adapters=tuple(without_adapter or ()) or (recorded[2] if recorded else ()),
             )
             cases, missing = workflows.wanted_cases(cases, wanted)
             if missing:

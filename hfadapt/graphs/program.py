@@ -71,6 +71,9 @@ class HostSegment(torch.nn.Module):
         return tuple(env[i] for i in self.output_ids)
 
 
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
 class GraphProgram:
     """A validated artifact, ready to run (thread-safe; one fx module per dtype and device)."""
 
@@ -80,6 +83,20 @@ class GraphProgram:
         self.placement = self._placements()
         self._modules: dict[tuple[torch.dtype, str], torch.fx.GraphModule] = {}
         self._lock = threading.Lock()
+        self._prebuild()
+
+    def _prebuild(self) -> None:
+        """Build the fx module for every floating dtype on the CPU and on the accelerator
+        torch knows (the simulated device registers as PrivateUse1), so that no build, and no
+        lock, happens while Dynamo traces a model that calls the graph: either would be a graph
+        break, and on the card a break after a post-LayerNorm output is the handoff defect."""
+        devices = [torch.device("cpu")]
+        accelerator = torch._C._get_privateuse1_backend_name()
+        if accelerator != "privateuseone":
+            devices.append(torch.device(accelerator))
+        for device in devices:
+            for dtype in _FLOAT_DTYPES:
+                self._modules[(dtype, str(device))] = self._build(dtype, device)
 
     # -- static facts -----------------------------------------------------------------------------
 
