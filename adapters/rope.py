@@ -80,11 +80,15 @@ def _rotation(dim: int, dtype: torch.dtype) -> Tensor:
     return r
 
 
+_STICK_FP16 = 64  # elements of a 128-byte stick in fp16/bf16
+
+
 def rotate_half_matmul(x: Tensor) -> Tensor:
     """rotate_half without slicing the stick dimension. fp16/bf16: ``x @ R`` (hf-adapters'
-    rewrite). fp32 (ModernBERT rotates in fp32, and the device has no fp32 matmul): the halves
-    are selected along a new second-to-last axis, negated and concatenated back."""
-    if x.dtype == torch.float32:
+    rewrite). fp32 (the device has no fp32 matmul), and a head size that is not a whole number
+    of sticks (the matmul's K would be off the stick boundary: granite-embedding-small's 32):
+    the halves are selected along a new second-to-last axis, negated and concatenated back."""
+    if x.dtype == torch.float32 or x.shape[-1] % _STICK_FP16 != 0:
         halves = x.unflatten(-1, (2, x.shape[-1] // 2))
         x1, x2 = halves.select(-2, 0), halves.select(-2, 1)
         return torch.cat((-x2, x1), dim=-1)

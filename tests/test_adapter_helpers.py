@@ -158,3 +158,18 @@ def test_bundled_adapter_files_use_the_api_helpers(path: Path) -> None:
     text = path.read_text(encoding="utf-8")
     found = {what: m.group(0) for what, rx in _COPIES.items() if (m := rx.search(text))}
     assert not found, f"{path.name} writes {found}"
+
+
+@pytest.mark.parametrize("dim", [32, 64, 96, 128])
+def test_rotate_half_matmul_is_rotate_half_at_any_head_size(dim: int) -> None:
+    """Exact in fp16 whether the head size is a whole number of sticks (x @ R) or not (the
+    halves taken along a new axis: a matmul there would have K off the stick boundary)."""
+    from transformers.models.llama.modeling_llama import rotate_half
+
+    from hfadapt.adapters.registry import discover
+
+    (rope,) = [a for a in discover().adapters if a.name == "rope-rotate-matmul-qwen3"]
+    rotate_half_matmul = rope.fn.__globals__["rotate_half_matmul"]  # the bundled file's own
+    x = torch.randn(2, 3, 7, dim, generator=torch.Generator().manual_seed(dim)).half()
+    err = float((rotate_half_matmul(x) - rotate_half(x)).abs().max())
+    assert err == 0.0, f"head size {dim}: max abs err {err}"

@@ -267,3 +267,20 @@ def test_a_config_without_probe_ids_is_built_without_weights(tmp_path: Path) -> 
     bert.mkdir()
     (bert / "config.json").write_text(json.dumps({"model_type": "bert"}))
     assert {p.device.type for p in structural.build(bert).model.parameters()} == {"cpu"}
+
+
+@pytest.mark.slow
+def test_a_modernbert_with_32_wide_heads_passes_compiled() -> None:
+    """granite-embedding-small-english-r2 (ModernBERT, head_dim 32, its own bundled config):
+    its rotation runs in fp16, and a 32-wide rotate_half as ``x @ R`` would be a matmul whose
+    K is off the stick boundary; the adapter takes the halves along a new axis there."""
+    from hfadapt.judge.diagnose import diagnose
+
+    diag = diagnose(
+        "ibm-granite/granite-embedding-small-english-r2",
+        mode="structural",
+        execution="compile",
+        record=False,
+    )
+    cos = diag.metrics.min_token_cosine if diag.metrics else None
+    assert diag.verdict == "pass", f"{diag.verdict}: {diag.reason} (min token cosine {cos})"
