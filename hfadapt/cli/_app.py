@@ -91,6 +91,15 @@ DTypeOption = Annotated[
         show_default=False,
     ),
 ]
+WithoutAdapterOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--without-adapter",
+        metavar="NAME",
+        help="Leave this registry adapter out (repeatable): what does it buy?",
+        show_default=False,
+    ),
+]
 ProfileOption = Annotated[
     str | None,
     typer.Option(

@@ -16,6 +16,7 @@ from hfadapt.cli._app import (
     DbOption,
     JsonOption,
     ProfileOption,
+    WithoutAdapterOption,
     app,
     console,
     count_option,
@@ -131,16 +132,7 @@ def draft(
             "--no-adapters", help="Draft against the stock model, without registry adapters."
         ),
     ] = False,
-    without_adapter: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--without-adapter",
-            metavar="NAME",
-            help="Leave this registry adapter out, in the diagnosis and every proof (repeatable; "
-            "for --top/--fingerprint, default: what each model's recorded run left out).",
-            show_default=False,
-        ),
-    ] = None,
+    without_adapter: WithoutAdapterOption = None,
     profile: ProfileOption = None,
     db: DbOption = None,
     as_json: JsonOption = False,

@@ -18,6 +18,7 @@ from hfadapt.cli._app import (
     DTypeOption,
     JsonOption,
     ProfileOption,
+    WithoutAdapterOption,
     app,
     console,
     err_console,
@@ -103,15 +104,7 @@ def diagnose(
     no_adapters: Annotated[
         bool, typer.Option("--no-adapters", help="Run the stock model, without registry adapters.")
     ] = False,
-    without_adapter: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--without-adapter",
-            metavar="NAME",
-            help="Leave this registry adapter out (repeatable): what does it buy?",
-            show_default=False,
-        ),
-    ] = None,
+    without_adapter: WithoutAdapterOption = None,
     trust_remote_code: Annotated[
         bool,
         typer.Option(

@@ -23,6 +23,7 @@ from hfadapt.cli._app import (
     DTypeOption,
     JsonOption,
     ProfileOption,
+    WithoutAdapterOption,
     app,
     console,
     count_option,
@@ -183,15 +184,7 @@ def sweep(
             "measures what adapters unblock against).",
         ),
     ] = False,
-    without_adapter: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--without-adapter",
-            metavar="NAME",
-            help="Leave this registry adapter out of every unit (repeatable).",
-            show_default=False,
-        ),
-    ] = None,
+    without_adapter: WithoutAdapterOption = None,
     full_width: Annotated[
         bool,
         typer.Option(
