@@ -307,8 +307,13 @@ def _native_dl16_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Non
     old = {name: os.environ.get(name) for name in ("HFADAPT_CACHE_DIR", "HFADAPT_COMPILE_CACHE")}
     os.environ["HFADAPT_CACHE_DIR"] = str(tmp_path_factory.mktemp("hfadapt-cache"))
     # The persistent compile cache is off: a test that patches the backend must compile afresh
-    # (tests/test_compile_cache.py turns it on where it is the subject).
-    os.environ["HFADAPT_COMPILE_CACHE"] = "0"
+    # (tests/test_compile_cache.py turns it on where it is the subject). To check that verdicts
+    # hold when graphs come from the cache, run a test file twice with
+    # HFADAPT_TEST_COMPILE_CACHE=<folder>: the cache is then on, in that folder.
+    shared = os.environ.get("HFADAPT_TEST_COMPILE_CACHE")
+    if shared:
+        os.environ["HFADAPT_CACHE_DIR"] = shared
+    os.environ["HFADAPT_COMPILE_CACHE"] = "1" if shared else "0"
     yield
     for name, value in old.items():
         if value is None:

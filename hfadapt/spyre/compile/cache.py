@@ -43,9 +43,11 @@ from typing import Any
 import torch
 from torch import fx
 
+from hfadapt.errors import UntrustedDataError
 from hfadapt.spyre.cache_home import cache_dir
 from hfadapt.spyre.compile.graph_codec import GraphCodecError, decode, encode, input_meta
 from hfadapt.spyre.profile import Profile
+from hfadapt.untrusted import parse_json
 
 __all__ = ["CompileCache", "Entry", "cache_info", "clear", "default_cache", "stats"]
 
@@ -56,6 +58,7 @@ ENV_OFF = "HFADAPT_COMPILE_CACHE"
 ENV_SIZE = "HFADAPT_COMPILE_CACHE_MB"
 DEFAULT_MB = 256
 SUFFIX = ".json"
+MAX_ENTRY_BYTES = 256 * 2**20
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter, torch.nn.Buffer)
 _lock = threading.Lock()
@@ -156,7 +159,7 @@ class CompileCache:
             return None
         try:
             entry = self._parse(raw, key, inputs)
-        except (GraphCodecError, ValueError, KeyError, TypeError) as exc:
+        except (GraphCodecError, UntrustedDataError, ValueError, KeyError, TypeError) as exc:
             log.info("compile cache: ignoring entry %s (%s)", path.name, exc)
             _count("rejected")
             _count("misses")
@@ -167,7 +170,7 @@ class CompileCache:
         return entry
 
     def _parse(self, raw: bytes, key: str, inputs: Sequence[Any]) -> Entry:
-        data = json.loads(raw.decode("utf-8"))
+        data = parse_json(raw, max_bytes=MAX_ENTRY_BYTES, max_depth=32)
         if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("key") != key:
             raise ValueError("another format or key")
         if data.get("inputs") != input_meta(inputs):
