@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from hfadapt.adapters.api import adapter, forward_arg, on_host, replace_forward_arg
+from hfadapt.adapters.api import adapter, forward_arg, inline_only, on_host, replace_forward_arg
 from hfadapt.adapters.examples import tiny_model
 
 _ROOT = "transformers.modeling_utils:PreTrainedModel"
@@ -51,6 +51,7 @@ def _token_type_hook(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dic
     applies=lambda module, config: hasattr(getattr(module, "embeddings", None), "token_type_ids"),
     example=_token_type_example,
 )
+@inline_only  # the host hook does the work: no frame of its own to compile
 def token_type_ids_host(
     module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
@@ -95,6 +96,7 @@ def _positions(input_ids: Tensor, pad: int) -> Tensor:
     applies=lambda module, config: _counts_positions(module),
     example=_position_example,
 )
+@inline_only
 def position_ids_host(
     module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from hfadapt.adapters.api import MASKED, adapter, on_host
+from hfadapt.adapters.api import MASKED, adapter, inline_only, on_host
 from hfadapt.adapters.examples import tiny_model
 from hfadapt.adapters.rebind import rebind, stock_method
 
@@ -117,6 +117,7 @@ def _example_direct(seed: int):
     example=_example_direct,
     proof="model",
 )
+@inline_only  # routes the call to the rebound forward: no frame of its own to compile
 def masks_on_host(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
     """The model's own forward, with its mask builders running on the host."""
     return _with_host_masks(self, "forward")(self, *args, **kwargs)
@@ -132,6 +133,7 @@ def masks_on_host(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
     example=_example,
     proof="model",
 )
+@inline_only
 def mask_helper_on_host(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
     """BERT-family models build masks in a helper method: the same swap there."""
     return _with_host_masks(self, "_create_attention_masks")(self, *args, **kwargs)

@@ -18,6 +18,7 @@ from hfadapt.adapters.api import (
     adapter,
     forward_arg,
     head_dim,
+    inline_only,
     on_host,
     replace_forward_arg,
 )
@@ -133,6 +134,7 @@ def _pad_example(seed: int):
     example=_pad_example,
     proof="model",
 )
+@inline_only  # the host padding does the work: no frame of its own to compile
 def pad_to_sticks(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Pad the token batch to a whole number of sticks (64) with masked pad tokens: shapes on
     the device are static and a sequence length off a stick boundary is a matmul K the

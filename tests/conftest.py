@@ -301,16 +301,25 @@ def one_thread() -> Iterator[None]:
 @pytest.fixture(scope="session", autouse=True)
 def _native_dl16_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """The C DL16 kernel (hfadapt.spyre.dl16_native) is built into a session tmp dir, not
-    into the user's cache."""
+    into the user's cache; the compile cache is off."""
     import os
 
-    old = os.environ.get("HFADAPT_CACHE_DIR")
+    old = {name: os.environ.get(name) for name in ("HFADAPT_CACHE_DIR", "HFADAPT_COMPILE_CACHE")}
     os.environ["HFADAPT_CACHE_DIR"] = str(tmp_path_factory.mktemp("hfadapt-cache"))
+    # The persistent compile cache is off: a test that patches the backend must compile afresh
+    # (tests/test_compile_cache.py turns it on where it is the subject). To check that verdicts
+    # hold when graphs come from the cache, run a test file twice with
+    # HFADAPT_TEST_COMPILE_CACHE=<folder>: the cache is then on, in that folder.
+    shared = os.environ.get("HFADAPT_TEST_COMPILE_CACHE")
+    if shared:
+        os.environ["HFADAPT_CACHE_DIR"] = shared
+    os.environ["HFADAPT_COMPILE_CACHE"] = "1" if shared else "0"
     yield
-    if old is None:
-        os.environ.pop("HFADAPT_CACHE_DIR", None)
-    else:
-        os.environ["HFADAPT_CACHE_DIR"] = old
+    for name, value in old.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 @pytest.fixture

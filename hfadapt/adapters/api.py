@@ -6,7 +6,8 @@ Everything an adapter file needs comes from here: the decorator, ``STICK`` (the 
 64-element stick), ``MASKED`` (the additive value of a masked attention position), ``forward_arg`` / ``replace_forward_arg`` (read and replace one argument of a
 forward, for ``pre_hook`` adapters), and the host helpers ``on_host``, ``host_copy`` and
 ``host_constant`` (run stock code on the host, result back on the device; build a constant once;
-see ``hfadapt.adapters.host``). How to write
+see ``hfadapt.adapters.host``), and ``inline_only`` for an adapter that only routes the call to
+other code (``hfadapt.spyre.frames``: Dynamo then never compiles it as a frame of its own). How to write
 and prove one: docs/adapters.md."""
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 
 from hfadapt.adapters.host import host_constant, host_copy, on_host, to_device, to_host
 from hfadapt.errors import AdapterError
+from hfadapt.spyre.frames import inline_only
 
 __all__ = [
     "MASKED",
@@ -32,6 +34,7 @@ __all__ = [
     "head_dim",
     "host_constant",
     "host_copy",
+    "inline_only",
     "on_host",
     "replace_forward_arg",
     "to_device",

@@ -15,6 +15,13 @@ from typing import Any
 
 import torch
 
+from hfadapt.spyre.frames import inline_only
+
+# transformers' forward decorators (can_return_tuple, merge_with_config_defaults,
+# capture_outputs, deprecate_kwarg) route arguments and collect outputs, and compute nothing:
+# their copies are glue (hfadapt.spyre.frames.inline_only)
+_GLUE_DECORATORS = ("transformers.utils.",)
+
 _CACHE: dict[tuple[int, tuple[tuple[str, int], ...]], Callable[..., Any]] = {}
 _LOCK = threading.Lock()
 
@@ -45,6 +52,8 @@ def _rebind(fn: Any, replacements: dict[str, Any]) -> Any:
         closure = tuple(types.CellType(new_inner) if _holds(c, inner) else c for c in cells)
         new = _copy(fn, fn.__globals__, closure)
         new.__wrapped__ = new_inner  # type: ignore[attr-defined]
+        if str(fn.__globals__.get("__name__", "")).startswith(_GLUE_DECORATORS):
+            inline_only(new)  # argument and output plumbing only: no frame of its own
         return new
     globals_ = dict(fn.__globals__)
     globals_.update(replacements)

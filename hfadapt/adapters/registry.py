@@ -35,6 +35,7 @@ from hfadapt.adapters import api as adapter_api
 from hfadapt.adapters.api import Adapter
 from hfadapt.adapters.graph_adapter import is_graph_folder, load_graph_adapter
 from hfadapt.errors import AdapterError
+from hfadapt.spyre.frames import compile_running, inline_only
 
 log = logging.getLogger(__name__)
 
@@ -316,9 +317,10 @@ def _first_tensor(values: Iterable[Any], depth: int = 0) -> torch.Tensor | None:
 
 def runs_for_device(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     """Whether this call runs for the device: its (first) tensor input is on ``spyre``, or
-    torch.compile is tracing it (a compiled graph is what a device backend lowers). An eager
-    CPU call is not: there the patches stay dormant and the stock code runs."""
-    if torch.compiler.is_compiling():
+    torch.compile is tracing or running it (a compiled graph is what a device backend lowers;
+    the dispatch glue below runs uncompiled between graphs). An eager CPU call is not: there
+    the patches stay dormant and the stock code runs."""
+    if compile_running():
         return True
     first = _first_tensor((*args, *kwargs.values()))
     return first is not None and first.device.type == "spyre"
@@ -332,7 +334,9 @@ def _method_dispatch(method: str) -> Any:
         return getattr(type(self), method)(self, *args, **kwargs)
 
     dispatch.__name__ = f"hfadapt_{method}"
-    return dispatch
+    # glue: inlined into the caller's graph, never traced again as a frame of its own after a
+    # graph break below it (hfadapt.spyre.frames)
+    return inline_only(dispatch)
 
 
 class AppliedAdapters:
@@ -387,6 +391,7 @@ class AppliedAdapters:
     def _add_pre_hook(self, a: Adapter, module: torch.nn.Module) -> None:
         state = self.state
 
+        @inline_only  # glue, as _method_dispatch's
         def hook(mod: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             if state.enabled or runs_for_device(args, kwargs):
                 return a.fn(mod, args, kwargs)

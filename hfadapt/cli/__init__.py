@@ -22,6 +22,7 @@ from typer import _click  # typer vendors click; its exceptions are these, not c
 from hfadapt.cli import adapters as _adapters  # noqa: F401
 from hfadapt.cli import agent as _agent  # noqa: F401
 from hfadapt.cli import attempts as _attempts  # noqa: F401
+from hfadapt.cli import cache as _cache  # noqa: F401
 from hfadapt.cli import diagnose as _diagnose  # noqa: F401
 from hfadapt.cli import hub as _hub  # noqa: F401
 from hfadapt.cli import report as _report  # noqa: F401

@@ -63,6 +63,8 @@ def _env(isolated: bool, scratch: Path) -> dict[str, str]:
         # transformers copies remote code here before importing it: never the user's cache
         "HF_MODULES_CACHE": f"{tmp}/hf_modules",
         "TORCHINDUCTOR_CACHE_DIR": f"{tmp}/inductor",
+        # untrusted code never writes graphs other processes would compile from
+        "HFADAPT_COMPILE_CACHE": "0",
     }
     for name in ("HFADAPT_HOME", "HFADAPT_ADAPTERS_PATH", "HFADAPT_CACHE_DIR"):
         if os.environ.get(name):

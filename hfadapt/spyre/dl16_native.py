@@ -20,6 +20,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from hfadapt.spyre.cache_home import cache_dir
+
 log = logging.getLogger(__name__)
 
 # hfadapt_round_dl16: the same steps as dl16._round_inplace: with a transfer, +-inf becomes +-host_inf; clamp to
@@ -117,14 +119,6 @@ CLONES void hfadapt_sum_truncated_round(const float* parts, int64_t pieces, int6
 # No -ffast-math: (v + m) - m must not be simplified away, nor contracted. OpenMP shares
 # torch's libgomp (same soname), so torch.set_num_threads bounds both.
 _FLAGS = ["-O3", "-fPIC", "-shared", "-fopenmp", "-fno-fast-math", "-ffp-contract=off"]
-
-
-def cache_dir() -> Path:
-    base = os.environ.get("HFADAPT_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
-        "hfadapt",
-    )
-    return Path(base)
 
 
 def _build(target: Path) -> None:

@@ -28,6 +28,7 @@ from torch._inductor.exc import InductorError
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hfadapt.errors import DeviceError, SpyreLoweringError
+from hfadapt.spyre.compile.cache import default_cache
 from hfadapt.spyre.compile.defects import find_defects
 from hfadapt.spyre.compile.graph_exec import build_executable
 from hfadapt.spyre.compile.graph_rules import check_graph
@@ -142,10 +143,34 @@ def _is_top_frame() -> bool:
         return True
 
 
-def _static_inputs() -> list[int]:
+def _fw_metadata() -> Any:
     ctx = torch._guards.TracingContext.try_get()
-    meta = getattr(ctx, "fw_metadata", None) if ctx is not None else None
-    return list(getattr(meta, "static_input_indices", None) or [])
+    return getattr(ctx, "fw_metadata", None) if ctx is not None else None
+
+
+def _static_inputs() -> list[int]:
+    return list(getattr(_fw_metadata(), "static_input_indices", None) or [])
+
+
+def _plain_inference(inputs: int) -> bool:
+    """Whether aot_autograd's inference graph is all there is to the compiled call: no input
+    mutated, every output a fresh tensor, no hidden state, one graph input per Dynamo input.
+    Only such graphs go into the compile cache (a hit skips aot_autograd's runtime wrappers)."""
+    from torch._functorch._aot_autograd.schemas import OutputType
+
+    meta = _fw_metadata()
+    if meta is None:
+        return False
+    try:
+        return (
+            len(meta.input_info) == inputs
+            and not any(i.mutates_data or i.mutates_metadata for i in meta.input_info)
+            and all(o.output_type == OutputType.non_alias for o in meta.output_info)
+            and meta.num_intermediate_bases == 0
+            and not meta.tokens
+        )
+    except AttributeError:  # another torch's metadata: compile without the cache
+        return False
 
 
 @dataclass
@@ -174,14 +199,31 @@ class SpyreBackend:
         # rms_norm, softmax(dtype=): judged whole, as the card lowers them (with grad enabled
         # too: the custom ops carry their derivatives, the card runs the forward)
         keep_native(gm)
+        # the persistent compile cache (hfadapt.spyre.compile.cache): aot_autograd's graph of
+        # this Dynamo graph, from an earlier process
+        cache = default_cache()
+        key = cache.key(gm, example_inputs, self.profile) if cache is not None else None
+        if cache is not None and key is not None:
+            hit = cache.load(key, example_inputs)
+            if hit is not None:
+                return self.compile_graph(hit.gm, top, hit.static)
+
+        def inference(aten_gm: torch.fx.GraphModule, _inputs: Sequence[Any]) -> Any:
+            static = _static_inputs()
+            if cache is not None and key is not None and _plain_inference(len(example_inputs)):
+                cache.store(key, aten_gm, example_inputs, static)
+            return self.compile_graph(aten_gm, top, static)
+
         return aot_autograd(
             fw_compiler=compile_graph,
             bw_compiler=compile_graph,
-            inference_compiler=compile_graph,
+            inference_compiler=inference,
             decompositions=decomposition_table(),
         )(gm, example_inputs)
 
-    def compile_graph(self, gm: torch.fx.GraphModule, top: bool) -> Callable[..., Any]:
+    def compile_graph(
+        self, gm: torch.fx.GraphModule, top: bool, static: list[int] | None = None
+    ) -> Callable[..., Any]:
         """Judge one ATen graph; refuse it or build its DL16 program."""
         start = time.perf_counter()
         report = LoweringReport(
@@ -207,7 +249,7 @@ class SpyreBackend:
             if not corruption.runtime:
                 report.add_defect(corruption.firing)
         # across graphs (defect.post_ln_handoff): outputs marked, inputs checked at each call
-        static = _static_inputs()
+        static = _static_inputs() if static is None else static
         handoff = plan_handoff(gm, self.profile, static)
         program, _runtime = build_executable(gm, check, self.profile, static, corruptions, handoff)
         report.compile_seconds = time.perf_counter() - start

@@ -1,0 +1,322 @@
+"""The persistent compile cache of the spyre backend: the ATen graph aot_autograd made of a
+Dynamo graph, kept on disk so that another process compiling the same graph skips aot_autograd.
+
+What a compile costs (all-MiniLM-L6-v2, benchmarks/bench_diagnose.py): Dynamo's tracing of the
+Python frames, then aot_autograd (functionalization and the decompositions, traced with fake
+tensors), then the backend's own judging and code generation (~0.2 s). torch's own caches do
+not fit a custom backend: AOTAutogradCache stores Inductor's compiled output (and needs the FX
+graph cache), and Dynamo's precompile packages (torch._dynamo.package) hold the guards and
+bytecode as pickles. So this cache sits between the two halves: keyed by the Dynamo graph, it
+stores aot_autograd's ATen graph as data, and a hit hands that graph to the backend, which
+judges it and generates its program again (so reports and defects are always this build's).
+
+- key: sha256 of the Dynamo graph's code, its tensor constants, every input's shape, stride,
+  dtype, device and requires_grad, grad mode, the device profile's name and version, the
+  hfadapt version and the source of the decompositions, and torch's version;
+- stored: only inference graphs aot_autograd compiled without runtime wrappers of its own (no
+  input mutation, every output a fresh tensor, one graph input per Dynamo input);
+- entry: one JSON file (``<key>.json``: the graph, hfadapt.spyre.compile.graph_codec, its
+  constants as base64 safetensors); never pickles. Written to a temporary file and renamed
+  (concurrent sweep workers see a whole entry or none); an entry that does not parse, names
+  another key, or does not fit the inputs is ignored and written again;
+- where: ``<cache home>/compile`` (hfadapt.spyre.cache_home); bounded by
+  ``HFADAPT_COMPILE_CACHE_MB`` (default 256), least recently used entries removed first (a hit
+  touches its file); ``HFADAPT_COMPILE_CACHE=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import fx
+
+from hfadapt.errors import UntrustedDataError
+from hfadapt.spyre.cache_home import cache_dir
+from hfadapt.spyre.compile.graph_codec import GraphCodecError, decode, encode, input_meta
+from hfadapt.spyre.profile import Profile
+from hfadapt.untrusted import parse_json
+
+__all__ = ["CompileCache", "Entry", "cache_info", "clear", "default_cache", "stats"]
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1
+ENV_OFF = "HFADAPT_COMPILE_CACHE"
+ENV_SIZE = "HFADAPT_COMPILE_CACHE_MB"
+DEFAULT_MB = 256
+SUFFIX = ".json"
+MAX_ENTRY_BYTES = 256 * 2**20
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter, torch.nn.Buffer)
+_lock = threading.Lock()
+_stats = {"hits": 0, "misses": 0, "stored": 0, "rejected": 0, "evicted": 0}
+
+
+def stats() -> dict[str, int]:
+    """This process's counts: hits, misses, entries stored, rejected (corrupt) and evicted."""
+    with _lock:
+        return dict(_stats)
+
+
+def _count(name: str, n: int = 1) -> None:
+    with _lock:
+        _stats[name] += n
+
+
+def directory() -> Path:
+    return cache_dir() / "compile"
+
+
+@lru_cache(maxsize=1)
+def _code_fingerprint() -> str:
+    """The hfadapt version and the source of what shapes the stored graph (the decompositions
+    and the native ops kept whole), so a changed checkout never reads an old graph."""
+    from hfadapt.spyre import decompositions, native_ops
+    from hfadapt.spyre.compile import graph_codec
+    from hfadapt.version import __version__
+
+    digest = hashlib.sha256(__version__.encode())
+    for module in (decompositions, native_ops, graph_codec):
+        try:
+            digest.update(Path(str(module.__file__)).read_bytes())
+        except OSError:
+            digest.update(str(module).encode())
+    return digest.hexdigest()
+
+
+@dataclass
+class Entry:
+    """A hit: the ATen graph and the indices of its parameter and buffer inputs."""
+
+    gm: fx.GraphModule
+    static: list[int]
+
+
+class CompileCache:
+    """One cache folder, bounded to ``max_bytes``."""
+
+    def __init__(self, root: Path, max_bytes: int) -> None:
+        self.root = Path(root)
+        self.max_bytes = max_bytes
+
+    # -- keys -----------------------------------------------------------------------------------
+    def key(self, gm: fx.GraphModule, inputs: Sequence[Any], profile: Profile) -> str | None:
+        """The key of a Dynamo graph with these inputs; None when it cannot be keyed (symbolic
+        sizes, an input of a kind the cache does not describe)."""
+        if any(isinstance(x, torch.Tensor) and type(x) not in _PLAIN for x in inputs):
+            return None  # tensor subclasses (a fake or functional tensor): not described
+        try:
+            metas = input_meta(inputs)
+        except GraphCodecError:
+            return None
+        grads = [bool(getattr(x, "requires_grad", False)) for x in inputs]
+        ids = [id(x) for x in inputs]  # repeated inputs: aot_autograd dedups them
+        same = [ids.index(i) for i in ids]
+        digest = hashlib.sha256()
+        for name, buf in sorted(gm.named_buffers()):
+            digest.update(name.encode())
+            digest.update(_tensor_bytes(buf))
+        parts = {
+            "format": FORMAT,
+            "code": gm.code,
+            "constants": digest.hexdigest(),
+            "inputs": metas,
+            "requires_grad": grads,
+            "same": same,
+            "grad_enabled": torch.is_grad_enabled(),
+            "profile": [profile.name, profile.version],
+            "hfadapt": _code_fingerprint(),
+            "torch": torch.__version__,
+        }
+        text = json.dumps(parts, sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def _path(self, key: str) -> Path:
+        return self.root / f"{key}{SUFFIX}"
+
+    # -- reading ----------------------------------------------------------------------------------
+    def load(self, key: str, inputs: Sequence[Any]) -> Entry | None:
+        """The entry for ``key``, checked against ``inputs``; None on a miss or a bad entry
+        (which the next store replaces)."""
+        path = self._path(key)
+        try:
+            raw = path.read_bytes()
+        except OSError:
+            _count("misses")
+            return None
+        try:
+            entry = self._parse(raw, key, inputs)
+        except (GraphCodecError, UntrustedDataError, ValueError, KeyError, TypeError) as exc:
+            log.info("compile cache: ignoring entry %s (%s)", path.name, exc)
+            _count("rejected")
+            _count("misses")
+            return None
+        with contextlib.suppress(OSError):
+            os.utime(path)  # least recently used goes first
+        _count("hits")
+        return entry
+
+    def _parse(self, raw: bytes, key: str, inputs: Sequence[Any]) -> Entry:
+        data = parse_json(raw, max_bytes=MAX_ENTRY_BYTES, max_depth=32)
+        if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("key") != key:
+            raise ValueError("another format or key")
+        if data.get("inputs") != input_meta(inputs):
+            raise ValueError("inputs differ")
+        constants: dict[str, torch.Tensor] = {}
+        if data.get("constants"):
+            from safetensors.torch import load as load_tensors
+
+            constants = load_tensors(base64.b64decode(data["constants"], validate=True))
+        gm = decode(data["graph"], constants)
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        if len(placeholders) != len(inputs):
+            raise ValueError("the graph takes other inputs")
+        static = data.get("static")
+        if not isinstance(static, list) or not all(
+            isinstance(i, int) and 0 <= i < len(inputs) for i in static
+        ):
+            raise ValueError("malformed static inputs")
+        return Entry(gm=gm, static=static)
+
+    # -- writing ----------------------------------------------------------------------------------
+    def store(
+        self, key: str, gm: fx.GraphModule, inputs: Sequence[Any], static: Sequence[int]
+    ) -> bool:
+        """Write the entry (atomically); False when the graph cannot be stored."""
+        try:
+            graph, constants = encode(gm)
+        except GraphCodecError as exc:
+            log.info("compile cache: not storing a graph (%s)", exc)
+            return False
+        blob = ""
+        if constants:
+            from safetensors.torch import save as save_tensors
+
+            blob = base64.b64encode(save_tensors(constants)).decode("ascii")
+        data = {
+            "format": FORMAT,
+            "key": key,
+            "inputs": input_meta(inputs),
+            "static": [int(i) for i in static],
+            "graph": graph,
+            "constants": blob,
+        }
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".tmp-", suffix=SUFFIX)
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                    json.dump(data, fh, separators=(",", ":"))
+                os.replace(tmp, self._path(key))
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+        except OSError as exc:  # a read-only or full disk: compiling still works
+            log.info("compile cache: cannot write (%s)", exc)
+            return False
+        _count("stored")
+        self.evict()
+        return True
+
+    def entries(self) -> list[Path]:
+        try:
+            return [
+                p for p in self.root.iterdir() if p.suffix == SUFFIX and not p.name.startswith(".")
+            ]
+        except OSError:
+            return []
+
+    def evict(self) -> int:
+        """Remove the least recently used entries until the folder fits ``max_bytes``."""
+        sized = []
+        for p in self.entries():
+            try:
+                st = p.stat()
+            except OSError:
+                continue
+            sized.append((st.st_mtime, st.st_size, p))
+        total = sum(s for _, s, _ in sized)
+        removed = 0
+        for _, size, p in sorted(sized, key=lambda e: e[0]):
+            if total <= self.max_bytes:
+                break
+            try:
+                p.unlink()
+                removed += 1
+            except OSError:
+                pass  # another worker removed it
+            total -= size
+        _count("evicted", removed)
+        return removed
+
+    def clear(self) -> int:
+        removed = 0
+        for p in [*self.entries(), *self.root.glob(".tmp-*")]:
+            try:
+                p.unlink()
+                removed += 1
+            except OSError:
+                pass
+        return removed
+
+    def info(self) -> dict[str, Any]:
+        sizes = []
+        for p in self.entries():
+            try:
+                sizes.append(p.stat().st_size)
+            except OSError:
+                continue
+        return {
+            "path": str(self.root),
+            "entries": len(sizes),
+            "bytes": sum(sizes),
+            "max_bytes": self.max_bytes,
+            "enabled": enabled(),
+        }
+
+
+def _tensor_bytes(t: torch.Tensor) -> bytes:
+    t = t.detach().cpu().contiguous()
+    return str((t.dtype, tuple(t.shape))).encode() + t.view(torch.uint8).numpy().tobytes()
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV_OFF, "1") != "0"
+
+
+def max_bytes() -> int:
+    raw = os.environ.get(ENV_SIZE, "")
+    try:
+        mb = float(raw) if raw else DEFAULT_MB
+    except ValueError:
+        mb = DEFAULT_MB
+    return max(int(mb * 2**20), 0)
+
+
+def default_cache() -> CompileCache | None:
+    """The cache in the cache home, None when turned off."""
+    if not enabled():
+        return None
+    return CompileCache(directory(), max_bytes())
+
+
+def cache_info() -> dict[str, Any]:
+    return CompileCache(directory(), max_bytes()).info()
+
+
+def clear() -> int:
+    """Remove every entry; the number removed."""
+    return CompileCache(directory(), max_bytes()).clear()
