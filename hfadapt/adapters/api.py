@@ -11,8 +11,8 @@ and prove one: docs/adapters.md."""
 
 from __future__ import annotations
 
-import importlib
 import inspect
+import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
@@ -121,12 +121,13 @@ class Adapter:
             raise AdapterError(
                 f"adapter {self.name}: target {self.target!r} is not 'module:Class[.method]'"
             )
+        cls_name = qual.split(".")[0]
         try:
-            obj: Any = importlib.import_module(module_name)
+            obj: Any = pkgutil.resolve_name(f"{module_name}:{cls_name}")
         except ImportError as exc:
             raise AdapterError(f"adapter {self.name}: cannot import {module_name}: {exc}") from exc
-        cls_name = qual.split(".")[0]
-        obj = getattr(obj, cls_name, None)
+        except AttributeError:
+            obj = None
         if not isinstance(obj, type):
             raise AdapterError(f"adapter {self.name}: {module_name} has no class {cls_name}")
         return obj

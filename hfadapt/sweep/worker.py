@@ -7,9 +7,9 @@ Ray) call the same function, named by an import path so any process can load it.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import os
+import pkgutil
 import resource
 import shutil
 import signal
@@ -85,10 +85,7 @@ def resolve(ref: str | Callable[..., Any]) -> Callable[..., Any]:
     """A callable from ``"package.module:attr"`` (or the callable itself)."""
     if callable(ref):
         return ref
-    module, _, attr = ref.partition(":")
-    target: Any = importlib.import_module(module)
-    for part in attr.split("."):
-        target = getattr(target, part)
+    target = pkgutil.resolve_name(ref)
     if not callable(target):
         raise TypeError(f"{ref} is not callable")
     return target  # type: ignore[no-any-return]
