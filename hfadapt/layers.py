@@ -1,7 +1,9 @@
 """The package's layers, lowest first: a module may import its own layer's modules and any
 lower layer, never a higher one, and no two modules may import each other (directly or round
-a loop). ``tests/test_layers.py`` parses every import in the package (function-level ones
-too) and checks both. A module belongs to the layer of the longest prefix listed here."""
+a loop). Siblings in one layer are separate parts and never import each other; a package's
+``__init__`` is the front of its package and may reach any module inside it. A module belongs
+to the layer of the longest prefix listed here. ``tests/test_layers.py`` parses every import
+in the package (function-level ones too) and checks all of this."""
 
 from __future__ import annotations
 
@@ -40,14 +42,6 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # the package itself: ``hfadapt.load`` / ``hfadapt.adapt`` forward to hfadapt.api lazily
     ("hfadapt",),
 )
-
-# Siblings in one layer are separate parts: they may not import each other.
-SIBLINGS_ISOLATED = True
-
-# A package's ``__init__`` is the front of its package: it may reach any module inside it (as
-# ``hfadapt.spyre.register`` reaches the eager device), never outside its own layer's rules.
-PACKAGE_FRONTS_REACH_INSIDE = True
-
 
 def layer_of(module: str) -> tuple[int, str]:
     """(layer index, the prefix that placed it) for a module of the package."""

@@ -30,7 +30,6 @@ VARIANTS = ("random", "zeros", "large", "negative")
 RTOL = 1e-6
 ATOL = 1e-12
 LARGE = 1e4  # "large magnitudes": far past fp16 range, still exact-ish in float64
-CONTROLS = ("identity", "zero", "constant", "scaled")
 SCALED = 1.001  # the scaled control: the true output times this (a 0.1 % scale error)
 
 

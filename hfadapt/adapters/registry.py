@@ -23,7 +23,7 @@ import os
 import sys
 import threading
 import types
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -553,6 +553,3 @@ def apply(
     """Apply every matching adapter of the (default) registry to this model instance."""
     return (registry or default_registry()).apply(model, device=device, only=only, exclude=exclude)
 
-
-def iter_adapters(registry: Registry | None = None) -> Iterator[Adapter]:
-    yield from (registry or default_registry()).adapters

@@ -9,7 +9,6 @@ from __future__ import annotations
 import csv
 import io
 from dataclasses import asdict, dataclass, fields
-from typing import Any
 from urllib.parse import quote
 
 from sqlalchemy import select
@@ -146,7 +145,3 @@ def latest_verdicts(engine: Engine, model_ids: list[str]) -> dict[str, tuple[str
             out[model_id] = (verdict, level_label(level))
     return out
 
-
-def describe_level(level: str | None) -> dict[str, Any]:
-    """The level and what a pass at it means (for ``show --json``)."""
-    return {"evidence_level": level_label(level), "pass_means": pass_note(level)}
