@@ -10,6 +10,8 @@ from __future__ import annotations
 LAYERS: tuple[tuple[str, ...], ...] = (
     # the core: typed errors; then option types, verdict strings, the version, this table
     ("hfadapt.errors",),
+    # every environment variable hfadapt reads
+    ("hfadapt.settings",),
     # reading what untrusted code or servers produced: bounded JSON, clean text, redaction
     ("hfadapt.untrusted",),
     # the sandbox's seccomp filter (libseccomp through ctypes)
@@ -42,6 +44,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # the package itself: ``hfadapt.load`` / ``hfadapt.adapt`` forward to hfadapt.api lazily
     ("hfadapt",),
 )
+
 
 def layer_of(module: str) -> tuple[int, str]:
     """(layer index, the prefix that placed it) for a module of the package."""

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import sys
 import threading
 import types
@@ -31,6 +30,7 @@ from typing import Any
 
 import torch
 
+from hfadapt import settings
 from hfadapt.adapters import api as adapter_api
 from hfadapt.adapters.api import Adapter
 from hfadapt.adapters.graph_adapter import is_graph_folder, load_graph_adapter
@@ -64,16 +64,11 @@ def bundled_dir() -> Path:
 
 def user_dirs() -> list[Path]:
     """Folders named by HFADAPT_ADAPTERS_PATH, then the folder accepted agent drafts go to."""
-    dirs = [Path(p) for p in os.environ.get("HFADAPT_ADAPTERS_PATH", "").split(os.pathsep) if p]
-    dirs.append(user_adapters_dir())
-    return dirs
+    return [*settings.adapter_folders(), user_adapters_dir()]
 
 
 def user_adapters_dir() -> Path:
-    home = os.environ.get("HFADAPT_HOME") or os.path.join(
-        os.path.expanduser("~"), ".local", "share", "hfadapt"
-    )
-    return Path(home) / "adapters"
+    return settings.drafts_home() / "adapters"
 
 
 def _one_line(exc: BaseException) -> str:
@@ -552,4 +547,3 @@ def apply(
 ) -> AppliedAdapters:
     """Apply every matching adapter of the (default) registry to this model instance."""
     return (registry or default_registry()).apply(model, device=device, only=only, exclude=exclude)
-

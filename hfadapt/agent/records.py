@@ -70,4 +70,3 @@ def get_attempt(engine: Engine, attempt_id: int) -> tuple[AgentAttempt | None, D
         attempt = s.get(AgentAttempt, attempt_id)
         sess = s.get(DraftSession, attempt.session_id) if attempt and attempt.session_id else None
         return attempt, sess
-

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hfadapt import isolation
+from hfadapt import isolation, settings
 from hfadapt.errors import SandboxError, UntrustedDataError
 from hfadapt.untrusted import bounded, clean_text, parse_json
 
@@ -83,8 +83,8 @@ def clean_env(secrets: list[str] | None = None, workdir: Path | None = None) -> 
     tmp = str(workdir) if workdir is not None else "/tmp"
     package_root = str(Path(__file__).resolve().parents[2])
     extra = {
-        "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p),
-        "HFADAPT_SANDBOX": "1",
+        "PYTHONPATH": os.pathsep.join([package_root, *settings.python_path()]),
+        settings.HFADAPT_SANDBOX.name: "1",
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "HF_HUB_DISABLE_TELEMETRY": "1",

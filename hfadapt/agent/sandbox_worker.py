@@ -9,12 +9,12 @@ record and proves the graph itself."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 import traceback
 from typing import Any
 
+from hfadapt import settings
 from hfadapt.isolation import guard, limit_self, result_stream
 
 
@@ -40,7 +40,7 @@ def main(argv: list[str]) -> int:
     from hfadapt.agent import steps
 
     limit_self(job)
-    guard(os.environ.get("TMPDIR", "/tmp"))
+    guard(settings.scratch_dir())
     ctx = steps.Context(job, emit)
     for name in job["steps"]:
         emit({"start": name})

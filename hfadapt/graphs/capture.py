@@ -12,13 +12,15 @@ code branches on the dtype, which one graph cannot hold: refused with the node t
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch.export import Dim
 
+from hfadapt import settings
 from hfadapt.errors import GraphError
 from hfadapt.graphs import ops, values
 from hfadapt.graphs.artifact import GraphArtifact, Node, Slot, TensorInput
@@ -146,7 +148,7 @@ def capture_method(
     # Once more, with the process in another state: more threads, the code already called,
     # an environment variable changed, the clock later. A graph holds no Python state; code
     # whose graph changes with it would behave one way when proven and another when used.
-    with _AnotherState(module, fn, args, kwargs):
+    with _another_state(module, fn, args, kwargs):
         again = export_once(module, fn, args, kwargs, dtypes[1])
     where = _first_difference(exported[1], again)
     if where:
@@ -190,30 +192,21 @@ def global_bindings() -> dict[str, Any]:
     return found
 
 
-class _AnotherState:
-    def __init__(
-        self, module: torch.nn.Module, fn: Callable[..., Any], args: Any, kwargs: Any
-    ) -> None:
-        self.module, self.fn, self.args, self.kwargs = module, fn, args, kwargs
-
-    def __enter__(self) -> None:
-        import os
-
-        self.threads = torch.get_num_threads()
-        self.env = os.environ.get("HFADAPT_CAPTURE_ROUND")
-        torch.set_num_threads(1 if self.threads > 1 else 2)
-        os.environ["HFADAPT_CAPTURE_ROUND"] = "2"
-        with torch.no_grad():  # a real call first: counters move, caches fill
-            self.fn(self.module, *self.args, **self.kwargs)
-
-    def __exit__(self, *exc: object) -> None:
-        import os
-
-        torch.set_num_threads(self.threads)
-        if self.env is None:
-            os.environ.pop("HFADAPT_CAPTURE_ROUND", None)
-        else:
-            os.environ["HFADAPT_CAPTURE_ROUND"] = self.env
+@contextlib.contextmanager
+def _another_state(
+    module: torch.nn.Module, fn: Callable[..., Any], args: Any, kwargs: Any
+) -> Iterator[None]:
+    """Change what a draft could read besides its inputs (the thread count, the environment,
+    whatever a first real call moves) for the second export."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1 if threads > 1 else 2)
+    try:
+        with settings.exported({settings.HFADAPT_CAPTURE_ROUND.name: "2"}):
+            with torch.no_grad():  # a real call first: counters move, caches fill
+                fn(module, *args, **kwargs)
+            yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _first_difference(a: Any, b: Any) -> str:

@@ -24,7 +24,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from hfadapt import isolation, verdicts
+from hfadapt import isolation, settings, verdicts
 from hfadapt.db.tables import utcnow
 from hfadapt.errors import SandboxError, UsageError, option
 from hfadapt.hub.resolve import HubOptions
@@ -51,22 +51,25 @@ def _env(isolated: bool, scratch: Path) -> dict[str, str]:
     Hub settings, and scratch places for the model's copied code and compile caches."""
     tmp = "/tmp" if isolated else str(scratch)
     extra = {
-        "PYTHONPATH": os.pathsep.join(
-            p for p in (str(_package_root()), os.environ.get("PYTHONPATH")) if p
-        ),
-        "HFADAPT_SANDBOX": "1",
+        "PYTHONPATH": os.pathsep.join([str(_package_root()), *settings.python_path()]),
+        settings.HFADAPT_SANDBOX.name: "1",
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "HF_HUB_DISABLE_TELEMETRY": "1",
         "PYTHONDONTWRITEBYTECODE": "1",
-        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+        "OMP_NUM_THREADS": settings.threads() or "1",
         # transformers copies remote code here before importing it: never the user's cache
         "HF_MODULES_CACHE": f"{tmp}/hf_modules",
         "TORCHINDUCTOR_CACHE_DIR": f"{tmp}/inductor",
     }
-    for name in ("HFADAPT_HOME", "HFADAPT_ADAPTERS_PATH", "HFADAPT_CACHE_DIR"):
-        if os.environ.get(name):
-            extra[name] = os.environ[name]
+    for variable in (
+        settings.HFADAPT_HOME,
+        settings.HFADAPT_ADAPTERS_PATH,
+        settings.HFADAPT_CACHE_DIR,
+    ):
+        value = variable.value()
+        if value:
+            extra[variable.name] = value
     from huggingface_hub import constants
 
     # Only the hub cache (model files): HF_HOME, where the login token lives, is a scratch
@@ -229,7 +232,7 @@ def _raise_input_error(data: Any) -> None:
 def _scrub(text: str) -> str:
     """A second fence: any value of a credential-named variable of this process is cut out
     of what the worker returned (the worker never had them; this makes sure)."""
-    for key, value in os.environ.items():
+    for key, value in settings.environment().items():
         if isolation.SECRET_NAME.search(key) and len(value) >= 6:
             text = text.replace(value, "[redacted]")
     return redact(text, known_secrets())

@@ -144,4 +144,3 @@ def latest_verdicts(engine: Engine, model_ids: list[str]) -> dict[str, tuple[str
         for model_id, verdict, level in sess.execute(stmt):
             out[model_id] = (verdict, level_label(level))
     return out
-

@@ -20,6 +20,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from hfadapt import settings
+
 log = logging.getLogger(__name__)
 
 # hfadapt_round_dl16: the same steps as dl16._round_inplace: with a transfer, +-inf becomes +-host_inf; clamp to
@@ -118,15 +120,11 @@ _FLAGS = ["-O3", "-fPIC", "-shared", "-fopenmp", "-fno-fast-math", "-ffp-contrac
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("HFADAPT_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
-        "hfadapt",
-    )
-    return Path(base)
+    return settings.kernel_cache()
 
 
 def _build(target: Path) -> None:
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    compiler = settings.c_compiler() or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise OSError("no C compiler")
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -156,7 +154,7 @@ def _build(target: Path) -> None:
 def _library() -> ctypes.CDLL | None:
     """The built library, built on first use; None without a C compiler or with
     HFADAPT_NATIVE_DL16=0."""
-    if os.environ.get("HFADAPT_NATIVE_DL16", "1") == "0":
+    if not settings.native_dl16():
         return None
     key = hashlib.sha1("|".join([_SOURCE, *_FLAGS, platform.machine()]).encode()).hexdigest()
     target = cache_dir() / f"dl16-{key[:16]}.so"

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from hfadapt import verdicts
+from hfadapt import settings, verdicts
 from hfadapt.errors import SweepError
 from hfadapt.sweep.worker import DEFAULT_WORKER, Outcome, Task, crashed
 
@@ -74,7 +74,7 @@ def ray_task(
         setup_process(threads, None)
         _prepared = True
     if env:
-        os.environ.update(env)
+        settings.export(env)
     limit = _address_space_mb() + limit_mb if limit_mb else None
     out = run_task(resolve(worker), task, limit_mb=limit)
     out.host = platform.node()

@@ -13,12 +13,13 @@ import os
 import resource
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy.engine import Engine
 
+from hfadapt import settings
 from hfadapt.errors import SweepError, UsageError, option
 from hfadapt.options import DType, Execution, Executor, Mode
 from hfadapt.sweep.executor import make_executor
@@ -90,20 +91,6 @@ class SweepResult:
     def models_per_minute(self) -> float:
         new = self.models - self.already_done
         return 60.0 * new / self.seconds if self.seconds > 0 else 0.0
-
-
-@contextlib.contextmanager
-def _env(values: dict[str, str]) -> Iterator[None]:
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, old in saved.items():
-            if old is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = old
 
 
 def _check(
@@ -222,7 +209,7 @@ def run_sweep(
     if offline is None:
         offline = crawl is not None and crawl.source == "snapshot"
     env = {"HF_HUB_OFFLINE": "1"} if offline else {}
-    with _env(env):
+    with settings.exported(env):
         plan = plan_sweep(models, mode=mode, dedupe=dedupe, narrow=narrow)
     # Workers start only once the plan stands: bad input or a failed plan spawns nothing, and
     # there are never more workers than units of work.

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hfadapt import verdicts
+from hfadapt import settings, verdicts
 from hfadapt.judge.evidence import level_of_source
 
 DEFAULT_WORKER = "hfadapt.sweep.worker:judge"
@@ -288,10 +288,10 @@ def setup_process(threads: int | None, env: dict[str, str] | None) -> None:
     """Environment and thread count of a worker process. torch reads the thread variables
     when it is imported (by the worker function, not here: a stand-in worker never needs it)."""
     if env:
-        os.environ.update(env)
+        settings.export(env)
     if threads:
-        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-            os.environ[var] = str(threads)
+        names = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+        settings.export(dict.fromkeys(names, str(threads)))
         torch = sys.modules.get("torch")
         if torch is not None:
             torch.set_num_threads(threads)

@@ -20,17 +20,14 @@ Explicit use, with or without the entry point::
 
 from __future__ import annotations
 
-import os
+from hfadapt import settings
 
-ENV = "HFADAPT_SPYRE_AUTOLOAD"
+ENV = settings.HFADAPT_SPYRE_AUTOLOAD.name
 
 
 def enabled() -> bool:
     """Whether the entry point should register the simulator in this process."""
-    return (
-        os.environ.get(ENV, "1") != "0"
-        and os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD", "1") == "1"
-    )
+    return settings.spyre_autoload()
 
 
 def _autoload() -> None:
