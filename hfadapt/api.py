@@ -1,8 +1,10 @@
-"""Load-time use of the adapter registry: ``hfadapt.load`` and ``hfadapt.adapt``.
+"""Load-time use of the adapter registry: ``hfadapt.load``, ``hfadapt.adapt``,
+``hfadapt.applied`` and ``hfadapt.register_device``.
 
 import hfadapt
 model = hfadapt.load("sentence-transformers/all-MiniLM-L6-v2")   # adapted, fp16, on spyre
 embeddings = model.encode(["hello world"])                       # float32, as stock
+hfadapt.applied(model).names                                     # the adapters it runs
 
 The adapters of ``adapt`` are dormant in eager CPU runs (stock code, bit-identical results) and
 take over when a call runs for the device: inputs on ``spyre``, or traced by torch.compile.
@@ -18,20 +20,35 @@ from typing import Any
 
 import torch
 
-from hfadapt.adapters.registry import AppliedAdapters, Registry, default_registry, runs_for_device
+from hfadapt.adapters.registry import (
+    AppliedAdapters,
+    Registry,
+    applied_to,
+    default_registry,
+    runs_for_device,
+)
 from hfadapt.errors import DeviceError, UsageError
 from hfadapt.options import DType
 
 
-def _register_device() -> None:
-    """The simulated ``spyre`` device and the ``backend="spyre"`` compiler, unless the real
-    torch-spyre is installed (then the card's own device is used)."""
+def register_device() -> None:
+    """Make ``"spyre"`` a torch device and ``backend="spyre"`` a torch.compile backend in this
+    process: the simulated device, unless the real torch-spyre is installed (then the card's
+    own device stays). Idempotent. ``import torch`` already registers the simulated device
+    unless ``HFADAPT_SPYRE_AUTOLOAD=0``; ``adapt`` and ``load`` call this themselves."""
     from hfadapt.spyre.compile import backend
     from hfadapt.spyre.eager import device as spyre_device
 
     if spyre_device.real_torch_spyre() is None:
         spyre_device.register()
     backend.register()
+
+
+def applied(model: Any) -> AppliedAdapters | None:
+    """The adapters ``adapt`` (or ``load``) applied to this model instance: a handle with
+    ``.names``, ``.applied`` (adapter name -> the modules it patched) and ``.remove()``; None
+    when nothing was applied."""
+    return applied_to(model)
 
 
 def _first_float_parameter(model: torch.nn.Module) -> torch.Tensor | None:
@@ -79,7 +96,7 @@ def adapt(
     reg = registry or default_registry()
     handle = reg.apply(model, device="spyre" if always else None, only=only, exclude=exclude)
     if device is not None:
-        _register_device()
+        register_device()
         if "_hfadapt_fp32_guard" not in model.__dict__:
             hook = model.register_forward_pre_hook(_refuse_fp32, with_kwargs=True)
             model.__dict__["_hfadapt_fp32_guard"] = hook
@@ -184,7 +201,7 @@ def load(
     ``SentenceTransformer`` whose ``encode()`` runs on the device and returns float32 on the
     host, as the stock model does (``sentence_transformers`` None: decide by the presence of
     modules.json). ``revision``, ``token``, ``cache_dir`` and ``local_files_only`` mean what
-    they mean to ``from_pretrained``. The applied adapters are at ``model._hfadapt_applied``.
+    they mean to ``from_pretrained``. ``applied(model)`` says which adapters it runs.
 
     ``trust_remote_code=True`` returns a model whose repository code runs in THIS process, so
     it is refused (UsageError) unless ``run_remote_code_in_process=True`` says so explicitly;
@@ -193,7 +210,7 @@ def load(
     if trust_remote_code and not run_remote_code_in_process:
         raise UsageError(
             "trust_remote_code: hfadapt.load would run the model repository's code in your own "
-            "process, outside any sandbox; judge it sandboxed with hfadapt.judge.diagnose.diagnose(..., "
+            "process, outside any sandbox; judge it sandboxed with hfadapt.diagnose(..., "
             "trust_remote_code=True) (CLI: hfadapt diagnose MODEL --trust-remote-code), or "
             "pass run_remote_code_in_process=True to load it here anyway"
         )
@@ -234,6 +251,6 @@ def load(
     if device is not None:
         if device.split(":")[0] == "spyre":
             with contextlib.suppress(DeviceError):  # the real torch-spyre: its own device
-                _register_device()
+                register_device()
         model.to(device)
     return model

@@ -3,11 +3,13 @@ replaces (a module class's method, a model's forward inputs, or the attention fu
 it applies, which device rule it works around, and where it came from.
 
 Everything an adapter file needs comes from here: the decorator, ``STICK`` (the device's
-64-element stick), ``MASKED`` (the additive value of a masked attention position), ``forward_arg`` / ``replace_forward_arg`` (read and replace one argument of a
-forward, for ``pre_hook`` adapters), and the host helpers ``on_host``, ``host_copy`` and
-``host_constant`` (run stock code on the host, result back on the device; build a constant once;
-see ``hfadapt.adapters.host``). How to write
-and prove one: docs/adapters.md."""
+64-element stick), ``MASKED`` (the additive value of a masked attention position),
+``forward_arg`` / ``replace_forward_arg`` (read and replace one argument of a forward, for
+``pre_hook`` adapters), the host helpers ``on_host``, ``host_copy`` and ``host_constant`` (run
+stock code on the host, result back on the device; build a constant once), ``stock_method`` and
+``rebind`` (run the model's own code with one name swapped), and example builders for the
+proofs (``tiny_model``, ``bert_at_trained_scale``, ``ExpFeatures``). How to write and prove
+one: docs/adapters.md."""
 
 from __future__ import annotations
 
@@ -19,21 +21,28 @@ from typing import Any, Literal, get_args
 
 import torch
 
+from hfadapt.adapters.examples import ExpFeatures, bert_at_trained_scale, tiny_model
 from hfadapt.adapters.host import host_constant, host_copy, on_host, to_device, to_host
+from hfadapt.adapters.rebind import rebind, stock_method
 from hfadapt.errors import AdapterError
 
 __all__ = [
     "MASKED",
     "STICK",
     "Adapter",
+    "ExpFeatures",
     "Provenance",
     "adapter",
+    "bert_at_trained_scale",
     "forward_arg",
     "head_dim",
     "host_constant",
     "host_copy",
     "on_host",
+    "rebind",
     "replace_forward_arg",
+    "stock_method",
+    "tiny_model",
     "to_device",
     "to_host",
 ]

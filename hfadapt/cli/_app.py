@@ -13,8 +13,8 @@ from typing import Annotated, Any
 
 import typer
 
-from hfadapt.cli._console import console, err_console
 from hfadapt import settings
+from hfadapt.cli._console import console, err_console
 from hfadapt.errors import UsageError
 from hfadapt.options import DType
 from hfadapt.version import __version__
