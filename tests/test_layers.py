@@ -1,6 +1,8 @@
 """The package's imports follow hfadapt.layers: no cycle, no import up a layer, no import
-between sibling parts. Parsed from the source (function-level imports included, imports under
-``if TYPE_CHECKING:`` excluded), so the test fails on a cycle that only a call would close."""
+between sibling parts, and no private name (``_x``) reached across parts. Parsed from the
+source (function-level imports and string imports such as ``importlib.import_module("...")``
+included, imports under ``if TYPE_CHECKING:`` excluded), so the test fails on a cycle that
+only a call would close."""
 
 from __future__ import annotations
 
@@ -38,16 +40,41 @@ def _type_checking_lines(tree: ast.AST) -> set[int]:
     return lines
 
 
+# Calls that import a module named by a string: the layer test reads their literal argument.
+STRING_IMPORTS = ("import_module", "__import__", "resolve_name", "find_spec")
+
+
+def string_import(node: ast.AST) -> str | None:
+    """The module a call such as ``importlib.import_module("hfadapt.x")`` or
+    ``pkgutil.resolve_name("hfadapt.x:attr")`` imports, when its first argument is a literal."""
+    if not isinstance(node, ast.Call) or not node.args:
+        return None
+    func = node.func
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    first = node.args[0]
+    if name not in STRING_IMPORTS or not isinstance(first, ast.Constant):
+        return None
+    if not isinstance(first.value, str):
+        return None
+    return first.value.partition(":")[0]
+
+
 def imports_of(module: str, path: Path, known: set[str]) -> set[str]:
     """The package modules ``module`` imports (resolved to modules, not names in them)."""
-    tree = ast.parse(path.read_text(), filename=str(path))
+    return _imports_in(module, path.read_text(), known, path.name == "__init__.py")
+
+
+def _imports_in(module: str, source: str, known: set[str], is_package: bool) -> set[str]:
+    tree = ast.parse(source)
     skip = _type_checking_lines(tree)
     found: set[str] = set()
-    is_package = path.name == "__init__.py"
     for node in ast.walk(tree):
         if getattr(node, "lineno", None) in skip:
             continue
-        if isinstance(node, ast.Import):
+        target = string_import(node)
+        if target is not None and target.startswith("hfadapt"):
+            found.add(_longest_known(target, known))
+        elif isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name.startswith("hfadapt"):
                     found.add(_longest_known(alias.name, known))
@@ -74,6 +101,54 @@ def _longest_known(name: str, known: set[str]) -> str:
     while parts and ".".join(parts) not in known:
         parts.pop()
     return ".".join(parts)
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def private_reaches(module: str, source: str, known: set[str]) -> list[str]:
+    """The private names ``module`` takes from another part: ``from hfadapt.x import _y``, a
+    private module of another part, or ``mod._y`` on another part's module imported by name."""
+    here = layer_of(module)[1]
+    tree = ast.parse(source)
+    modules: dict[str, str] = {}  # local name -> the package module it is bound to
+    bad: list[str] = []
+
+    def other_part(target: str) -> bool:
+        return layer_of(_longest_known(target, known) or "hfadapt")[1] != here
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and not node.level:
+            target = node.module or ""
+            if not target.startswith("hfadapt"):
+                continue
+            for alias in node.names:
+                full = f"{target}.{alias.name}"
+                if full in known:
+                    modules[alias.asname or alias.name] = full
+                names = [*target.split("."), alias.name]
+                if other_part(target) and any(_is_private(n) for n in names):
+                    bad.append(f"{module}:{node.lineno} from {target} import {alias.name}")
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if not alias.name.startswith("hfadapt"):
+                    continue
+                if alias.asname and alias.name in known:
+                    modules[alias.asname] = alias.name
+                private = any(_is_private(n) for n in alias.name.split("."))
+                if private and other_part(alias.name):
+                    bad.append(f"{module}:{node.lineno} import {alias.name}")
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in modules
+            and _is_private(node.attr)
+            and other_part(modules[node.value.id])
+        ):
+            bad.append(f"{module}:{node.lineno} {modules[node.value.id]}.{node.attr}")
+    return bad
 
 
 def import_graph() -> dict[str, set[str]]:
@@ -188,3 +263,45 @@ def test_import_hfadapt_does_not_import_torch() -> None:
 def test_layers_are_listed_once(layer: int) -> None:
     others = [p for i, prefixes in enumerate(LAYERS) if i != layer for p in prefixes]
     assert not set(LAYERS[layer]) & set(others), LAYERS[layer]
+
+
+def test_no_private_name_is_reached_across_parts() -> None:
+    modules = _modules()
+    known = set(modules)
+    bad = [
+        reach
+        for name, path in sorted(modules.items())
+        for reach in private_reaches(name, path.read_text(), known)
+    ]
+    assert not bad, f"{len(bad)} private names reached from another part:\n" + "\n".join(bad)
+
+
+def test_the_checker_sees_private_reaches_and_string_imports() -> None:
+    known = {"hfadapt.judge.diagnosis", "hfadapt.adapters.api", "hfadapt.sweep.worker"}
+    known |= {"hfadapt.adapters.registry", "hfadapt.judge", "hfadapt.adapters", "hfadapt.sweep"}
+    source = (
+        "from hfadapt.judge.diagnosis import _row, Diagnosis\n"
+        "from hfadapt.adapters import api as adapter_api\n"
+        "adapter_api._COLLECTOR = []\n"
+        "adapter_api.collected()\n"
+    )
+    bad = private_reaches("hfadapt.sweep.worker", source, known)
+    assert [b.split(" ", 1)[1] for b in bad] == [
+        "from hfadapt.judge.diagnosis import _row",
+        "hfadapt.adapters.api._COLLECTOR",
+    ], bad
+    # inside its own part a private name is fine
+    assert private_reaches("hfadapt.judge.diagnose", source.splitlines()[0], known) == []
+    found = _imports_in(
+        "hfadapt.judge.diagnose",
+        "import importlib\nimportlib.import_module('hfadapt.adapters.registry')\n",
+        known,
+        False,
+    )
+    assert found == {"hfadapt.adapters.registry"}, found
+    graph = {"hfadapt.judge.diagnose": found, "hfadapt.adapters.registry": set()}
+    assert layering_violations(graph) == []  # judge may import adapters: it is lower
+    up = _imports_in(
+        "hfadapt.adapters.registry", "__import__('hfadapt.sweep.worker')\n", known, False
+    )
+    assert layering_violations({"hfadapt.adapters.registry": up}) != [], up

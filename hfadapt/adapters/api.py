@@ -13,9 +13,10 @@ one: docs/adapters.md."""
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import pkgutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
@@ -34,6 +35,7 @@ __all__ = [
     "Provenance",
     "adapter",
     "bert_at_trained_scale",
+    "collected",
     "forward_arg",
     "head_dim",
     "host_constant",
@@ -178,8 +180,22 @@ class Adapter:
         }
 
 
-# The registry being filled while an adapter file is imported; registry.py swaps it.
+# Where the decorator puts what it makes; ``collected`` swaps it while a file runs.
 _COLLECTOR: list[Adapter] = []
+
+
+@contextlib.contextmanager
+def collected() -> Iterator[list[Adapter]]:
+    """The adapters ``@adapter`` makes while inside (an adapter file's code running), in a
+    fresh list; before and after, they go where they went before."""
+    global _COLLECTOR
+    saved = _COLLECTOR
+    found: list[Adapter] = []
+    _COLLECTOR = found
+    try:
+        yield found
+    finally:
+        _COLLECTOR = saved
 
 
 def adapter(

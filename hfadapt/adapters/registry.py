@@ -122,18 +122,13 @@ def load_file(path: Path, source: str = "user") -> list[Adapter]:
     code = compile(text, str(path), "exec", dont_inherit=True)  # str: the cookie is ignored
     module = types.ModuleType(mod_name)
     module.__file__ = str(path)
-    with _LOCK:
-        saved = adapter_api._COLLECTOR
-        found: list[Adapter] = []
-        adapter_api._COLLECTOR = found
+    with _LOCK, adapter_api.collected() as found:
         try:
             sys.modules[mod_name] = module
             exec(code, module.__dict__)
         except BaseException:
             sys.modules.pop(mod_name, None)
             raise
-        finally:
-            adapter_api._COLLECTOR = saved
     for a in found:
         a.path, a.source = str(path), source
     if not found:

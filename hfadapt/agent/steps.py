@@ -46,13 +46,8 @@ def import_draft(path: Path) -> list[Adapter]:
     text = path.read_bytes().decode("utf-8")
     code = compile(text, "draft.py", "exec", dont_inherit=True)
     module = types.ModuleType("hfadapt_draft")
-    saved = adapter_api._COLLECTOR
-    found: list[Adapter] = []
-    adapter_api._COLLECTOR = found
-    try:
+    with adapter_api.collected() as found:
         exec(code, module.__dict__)
-    finally:
-        adapter_api._COLLECTOR = saved
     return found
 
 

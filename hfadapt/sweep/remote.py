@@ -12,12 +12,12 @@ from hfadapt import verdicts
 from hfadapt.errors import InputError
 from hfadapt.hub.resolve import HubOptions
 from hfadapt.judge import sandboxed
-from hfadapt.judge.diagnosis import Diagnosis, _row
+from hfadapt.judge.diagnosis import Diagnosis
 
 
 def row_of(diag: Diagnosis, model_id: str) -> dict[str, Any]:
     """The Run columns of a sandboxed diagnosis, as a sweep's direct row."""
-    row = _row(diag).model_dump(exclude={"id", "sweep_id"})
+    row = diag.to_run_row().model_dump(exclude={"id", "sweep_id"})
     row["model_id"] = model_id
     evidence = dict(row.get("evidence") or {})
     evidence["sweep"] = {"role": "direct", "judged_in": "sandbox"}

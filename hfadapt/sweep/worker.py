@@ -159,7 +159,6 @@ def _diagnose(
     (written to a temporary folder) instead of the one hfadapt would find for it."""
     from hfadapt.errors import InputError
     from hfadapt.judge.diagnose import diagnose
-    from hfadapt.judge.diagnosis import _row
 
     tmp: str | None = None
     ref: str | Path = task.model_id
@@ -186,7 +185,7 @@ def _diagnose(
     finally:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
-    row = _row(diag).model_dump(exclude={"id", "sweep_id"})
+    row = diag.to_run_row().model_dump(exclude={"id", "sweep_id"})
     row["model_id"] = task.model_id
     if tmp:
         evidence = dict(row.get("evidence") or {})
