@@ -79,6 +79,13 @@ def test_draft_top_lists_fingerprints_by_downloads_they_block(
         ("bbbbbbbbbbbb", 300),
     ], top
     assert top[0]["models"] == ["a/one", "b/two"]
+    # `failures` ends with the next command: it runs as printed, offline, with no endpoint
+    code, out, err = run(["failures", "--db", str(tmp_path / "runs.db")], monkeypatch, capsys)
+    assert code == 0, err
+    line = next(ln for ln in err.splitlines() if "next: hfadapt draft" in ln)
+    printed = line.split("next: hfadapt ", 1)[1].split("  (", 1)[0].split()
+    code, out, err = run([*printed, "--db", str(tmp_path / "runs.db")], monkeypatch, capsys)
+    assert code == 0 and "aaaaaaaaaaaa" in out, (printed, code, err)
 
 
 def test_attempts_lists_and_shows_recorded_attempts(

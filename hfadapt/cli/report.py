@@ -94,8 +94,11 @@ def failures(
             escape(example),
         )
     console.print(table)
+    top = min(len(rows), 5)
     err_console.print(
-        "  next: hfadapt draft --top K  (the agent works from this list)", highlight=False
+        f"  next: hfadapt draft --top {top} --list  (the agent works from this list; to draft, "
+        "drop --list and name an endpoint: --base-url URL --model NAME)",
+        highlight=False,
     )
 
 
