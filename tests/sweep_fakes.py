@@ -41,9 +41,9 @@ def fake_judge(task: Task) -> Outcome:
     row: dict[str, Any] = {
         "verdict": verdict,
         "reason": f"fake verdict of {task.key}",
-        "mode": task.mode,
-        "execution": task.execution,
-        "dtype": task.dtype,
+        "mode": task.judge.mode.value,
+        "execution": task.judge.execution.value,
+        "dtype": task.judge.dtype_name,
         "min_token_cosine": 0.5 if failed else 0.999,
         "fingerprints": [fp] if failed else [],
         "violations": [

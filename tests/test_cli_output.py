@@ -175,11 +175,10 @@ def test_a_nested_or_huge_stored_value_never_raises(
 def _fake_sweep(counts: dict[str, int], models: int) -> Any:
     from hfadapt.sweep.run import SweepProgress, SweepResult
 
-    def run_sweep(engine: Any, **kwargs: Any) -> SweepResult:
+    def run_sweep(engine: Any, options: Any, *, progress: Any) -> SweepResult:
         from hfadapt.hub.crawl import crawl
 
         crawl(engine, offline=True, limit=models)
-        progress = kwargs["progress"]
         for done in range(models + 1):
             seen = Counter({k: min(v, done) for k, v in counts.items()})
             progress(SweepProgress(1, models, done, models, done, seen, 1.0 + done))

@@ -106,6 +106,9 @@ def test_the_library_refuses_what_the_cli_refuses_naming_parameters(tmp_path: Pa
 
     engine = get_engine(str(tmp_path / "runs.db"))
     cap, _ = max_local_workers(None)
+    from hfadapt.judge.options import JudgeOptions
+    from hfadapt.sweep.options import SweepOptions
+
     for kwargs, message in (
         ({"timeout": float("nan")}, r"^timeout must be a finite number of seconds above 0"),
         (
@@ -116,7 +119,8 @@ def test_the_library_refuses_what_the_cli_refuses_naming_parameters(tmp_path: Pa
         ({"memory_limit": -1}, r"^memory_limit must be 0 \(none\) or a number of MB"),
     ):
         with pytest.raises(UsageError, match=message) as info:
-            run_sweep(engine, **kwargs)  # type: ignore[arg-type]
+            judging = {k: kwargs.pop(k) for k in ("mode",) if k in kwargs}
+            run_sweep(engine, SweepOptions(judge=JudgeOptions(**judging), **kwargs))
         assert "--" not in str(info.value), info.value
 
 

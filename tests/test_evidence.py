@@ -15,6 +15,7 @@ from hfadapt import verdicts
 from hfadapt.db.engine import get_engine
 from hfadapt.hub.crawl import snapshot_records
 from hfadapt.judge.evidence import describe_source, level_of_source, pass_note
+from hfadapt.sweep.options import SweepOptions
 from hfadapt.sweep.run import run_sweep
 
 RUBERT = "cointegrated/rubert-tiny2"
@@ -125,7 +126,7 @@ def test_each_member_carries_its_own_level(tmp_path: Path, fake_worker: str) -> 
                       "intermediate_size": 1536, "vocab_size": 250037}  # fmt: skip
     engine = get_engine(str(tmp_path / "runs.db"))
     store_crawl(engine, records)
-    result = run_sweep(engine, worker=fake_worker, workers=1, resume=False)
+    result = run_sweep(engine, SweepOptions(workers=1, resume=False), worker=fake_worker)
     rows = _rows(engine, result.sweep_id)
     engine.dispose()
     got = {
@@ -150,7 +151,7 @@ def test_offline_sweep_judges_a_cached_config_on_its_shapes(
     assert len(records) == 1 and records[0].config is None
     engine = get_engine(str(tmp_path / "runs.db"))
     store_crawl(engine, records)
-    result = run_sweep(engine, workers=1, resume=False)
+    result = run_sweep(engine, SweepOptions(workers=1, resume=False))
     row = _rows(engine, result.sweep_id)[RUBERT]
     engine.dispose()
     evidence = json.loads(row["evidence"])

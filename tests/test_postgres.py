@@ -31,6 +31,7 @@ from hfadapt.db.engine import get_engine, session
 from hfadapt.db.migrations import MIGRATIONS, MIGRATIONS_TABLE, db_version, migrate
 from hfadapt.db.tables import HubModel, Run, Sweep
 from hfadapt.errors import DatabaseUnavailableError, SchemaVersionError, UsageError
+from hfadapt.sweep.options import SweepOptions
 from hfadapt.sweep.run import run_sweep
 from hfadapt.sweep.store import done_rows, get_sweep, open_sweep
 
@@ -224,7 +225,7 @@ def test_sweep_on_postgres_records_what_it_records_on_sqlite(
     for name, url in (("postgres", pg_url), ("sqlite", str(tmp_path / "runs.db"))):
         engine = get_engine(url)
         store_crawl(engine, sweep_records("small"))
-        result = run_sweep(engine, worker=fake_worker, workers=2)
+        result = run_sweep(engine, SweepOptions(workers=2), worker=fake_worker)
         rows = done_rows(engine, result.sweep_id)
         results[name] = (result, rows)
         engine.dispose()
@@ -332,7 +333,7 @@ def swept_pg(pg_url: str, fake_worker: str) -> str:
     """A PostgreSQL database holding the small crawl and one sweep of it."""
     engine = get_engine(pg_url)
     store_crawl(engine, sweep_records("small"))
-    run_sweep(engine, worker=fake_worker, workers=1)
+    run_sweep(engine, SweepOptions(workers=1), worker=fake_worker)
     engine.dispose()
     return pg_url
 

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from hfadapt import verdicts
+from hfadapt.sweep.options import SweepOptions
 from hfadapt.sweep.run import run_sweep
 from hfadapt.sweep.store import done_rows
 
@@ -54,8 +55,8 @@ def _verdicts(engine: Any, sweep_id: int) -> dict[str, str]:
 
 @pytest.mark.slow
 def test_ray_gives_the_same_verdicts_as_the_local_pool(local_ray: Any, sweep_engine: Any) -> None:
-    on_ray = run_sweep(sweep_engine, executor="ray", top=8, workers=2, resume=False)
-    local = run_sweep(sweep_engine, executor="local", top=8, workers=2, resume=False)
+    on_ray = run_sweep(sweep_engine, SweepOptions(executor="ray", top=8, workers=2, resume=False))
+    local = run_sweep(sweep_engine, SweepOptions(executor="local", top=8, workers=2, resume=False))
     print(
         f"\nray {on_ray.seconds:.1f} s {on_ray.counts}; local {local.seconds:.1f} s {local.counts}"
     )

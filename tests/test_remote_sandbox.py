@@ -15,6 +15,8 @@ import pytest
 from hfadapt import isolation, verdicts
 from hfadapt.cli import main as cli_main
 from hfadapt.errors import UsageError
+from hfadapt.judge.options import JudgeOptions
+from hfadapt.sweep.options import SweepOptions
 
 needs_bwrap = pytest.mark.skipif(
     isolation.unavailable_reason() is not None,
@@ -318,11 +320,17 @@ def test_sweep_judges_custom_code_models_in_the_sandbox(
     from hfadapt.sweep.run import run_sweep
     from hfadapt.sweep.store import done_rows
 
-    plain = run_sweep(sweep_engine, worker=fake_worker, workers=1, resume=False)
+    plain = run_sweep(sweep_engine, SweepOptions(workers=1, resume=False), worker=fake_worker)
     before = done_rows(sweep_engine, plain.sweep_id)["org/custom"]
     assert before["verdict"] == verdicts.CUSTOM_CODE, before
     trusted = run_sweep(
-        sweep_engine, worker=fake_worker, workers=1, resume=False, trust_remote_code=True
+        sweep_engine,
+        SweepOptions(
+            judge=JudgeOptions("structural", trust_remote_code=True, localize=False),
+            workers=1,
+            resume=False,
+        ),
+        worker=fake_worker,
     )
     row = done_rows(sweep_engine, trusted.sweep_id)["org/custom"]
     # Not in any HF cache and no network inside: judged in the sandbox, where it cannot load.
@@ -333,10 +341,9 @@ def test_sweep_judges_custom_code_models_in_the_sandbox(
 
 
 def test_sweep_refuses_unsafe_without_trust(sweep_engine: object, fake_worker: str) -> None:
-    from hfadapt.sweep.run import run_sweep
 
-    with pytest.raises(UsageError, match="unsafe_no_isolation"):
-        run_sweep(sweep_engine, worker=fake_worker, unsafe_no_isolation=True, resume=False)
+    with pytest.raises(UsageError, match="`unsafe_no_isolation` applies only with"):
+        JudgeOptions("structural", unsafe_no_isolation=True)
 
 
 def test_load_runs_remote_code_in_process_only_when_asked(

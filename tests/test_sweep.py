@@ -15,6 +15,8 @@ from sweep_fakes import fake_verdict
 
 from hfadapt import verdicts
 from hfadapt.errors import UsageError
+from hfadapt.judge.options import JudgeOptions
+from hfadapt.sweep.options import SweepOptions
 from hfadapt.sweep.run import SweepProgress, run_sweep
 from hfadapt.sweep.store import Sweep
 
@@ -26,7 +28,7 @@ def runs(engine: Any, sweep_id: int) -> list[dict[str, Any]]:
 
 
 def test_models_sharing_a_signature_are_judged_once(sweep_engine: Any, fake_worker: str) -> None:
-    result = run_sweep(sweep_engine, worker=fake_worker, workers=2, resume=False)
+    result = run_sweep(sweep_engine, SweepOptions(workers=2, resume=False), worker=fake_worker)
     rows = {r["model_id"]: r for r in runs(sweep_engine, result.sweep_id)}
     print(
         f"\n{result.models} models, {result.units} units, dedupe {result.dedupe_factor}: {result.counts}"
@@ -71,7 +73,11 @@ def test_models_sharing_a_signature_are_judged_once(sweep_engine: Any, fake_work
 
 
 def test_full_mode_judges_every_model(sweep_engine: Any, fake_worker: str) -> None:
-    result = run_sweep(sweep_engine, worker=fake_worker, workers=1, mode="full", resume=False)
+    result = run_sweep(
+        sweep_engine,
+        SweepOptions(judge=JudgeOptions(mode="full", localize=False), workers=1, resume=False),
+        worker=fake_worker,
+    )
     assert (result.models, result.units, result.judged) == (13, 11, 11), result
     assert result.dedupe_factor == 1.0
 
@@ -81,7 +87,9 @@ def test_crash_and_hang_are_recorded_and_the_sweep_goes_on(
 ) -> None:
     monkeypatch.setenv("HFADAPT_FAKE_CRASH", "org/bert-relu")
     monkeypatch.setenv("HFADAPT_FAKE_HANG", "org/xlmr-0")
-    result = run_sweep(sweep_engine, worker=fake_worker, workers=2, timeout=3.0, resume=False)
+    result = run_sweep(
+        sweep_engine, SweepOptions(workers=2, timeout=3.0, resume=False), worker=fake_worker
+    )
     rows = {r["model_id"]: r for r in runs(sweep_engine, result.sweep_id)}
     print(f"\nrestarts {result.worker_restarts}: {result.counts}")
     crashed = rows["org/bert-relu"]
@@ -105,7 +113,9 @@ def test_crash_and_hang_are_recorded_and_the_sweep_goes_on(
 
 
 def test_a_worker_that_raises_is_worker_crashed(sweep_engine: Any, fake_worker: str) -> None:
-    result = run_sweep(sweep_engine, worker="sweep_fakes:raising_judge", workers=1, resume=False)
+    result = run_sweep(
+        sweep_engine, SweepOptions(workers=1, resume=False), worker="sweep_fakes:raising_judge"
+    )
     rows = runs(sweep_engine, result.sweep_id)
     judged = [r for r in rows if r["evidence"]["sweep"]["role"] != "direct"]
     assert len(judged) == 11 and {r["verdict"] for r in judged} == {verdicts.WORKER_CRASHED}
@@ -123,7 +133,9 @@ def test_progress_is_reported_after_every_unit(sweep_engine: Any, fake_worker: s
     def progress(p: SweepProgress) -> None:
         seen.append(SweepProgress(**{**vars(p), "counts": Counter(p.counts)}))
 
-    result = run_sweep(sweep_engine, worker=fake_worker, workers=2, progress=progress, resume=False)
+    result = run_sweep(
+        sweep_engine, SweepOptions(workers=2, resume=False), worker=fake_worker, progress=progress
+    )
     assert len(seen) == 1 + 5, [p.done for p in seen]  # the direct rows, then one per unit
     assert [p.done for p in seen] == sorted(p.done for p in seen)
     assert (seen[0].done, seen[-1].done, seen[-1].total) == (2, 13, 13)
@@ -139,8 +151,10 @@ def test_progress_is_reported_after_every_unit(sweep_engine: Any, fake_worker: s
 
 
 def test_a_second_run_resumes_nothing_left(sweep_engine: Any, fake_worker: str) -> None:
-    first = run_sweep(sweep_engine, worker=fake_worker, workers=1, resume=False)
-    again = run_sweep(sweep_engine, worker=fake_worker, workers=1)  # the first is done: a new one
+    first = run_sweep(sweep_engine, SweepOptions(workers=1, resume=False), worker=fake_worker)
+    again = run_sweep(
+        sweep_engine, SweepOptions(workers=1), worker=fake_worker
+    )  # the first is done: a new one
     assert again.sweep_id == first.sweep_id + 1 and not again.resumed
     with sweep_engine.connect() as conn:
         per_sweep = dict(
@@ -150,12 +164,14 @@ def test_a_second_run_resumes_nothing_left(sweep_engine: Any, fake_worker: str) 
 
 
 def test_top_and_model_type_select_models(sweep_engine: Any, fake_worker: str) -> None:
-    top = run_sweep(sweep_engine, worker=fake_worker, top=6, resume=False)
+    top = run_sweep(sweep_engine, SweepOptions(top=6, resume=False), worker=fake_worker)
     assert (top.models, top.units) == (6, 2), top  # bert-a0..a4 and bert-relu
-    xlmr = run_sweep(sweep_engine, worker=fake_worker, model_type="xlm-roberta", resume=False)
+    xlmr = run_sweep(
+        sweep_engine, SweepOptions(model_type="xlm-roberta", resume=False), worker=fake_worker
+    )
     assert (xlmr.models, xlmr.units) == (3, 1), xlmr
     with pytest.raises(UsageError, match="no crawled models of model_type 'gpt9'"):
-        run_sweep(sweep_engine, worker=fake_worker, model_type="gpt9")
+        run_sweep(sweep_engine, SweepOptions(model_type="gpt9"), worker=fake_worker)
 
 
 @pytest.mark.parametrize(
@@ -173,8 +189,9 @@ def test_bad_options_are_usage_errors(
     sweep_engine: Any, options: dict[str, Any], message: str
 ) -> None:
     # The library names its parameters; only the CLI names flags.
+    judging = {k: options.pop(k) for k in ("mode", "dtype") if k in options}
     with pytest.raises(UsageError, match=message):
-        run_sweep(sweep_engine, **options)
+        run_sweep(sweep_engine, SweepOptions(judge=JudgeOptions(**judging), **options))
     with sweep_engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM sweep")).scalar() == 0
 
@@ -186,7 +203,7 @@ def test_an_empty_database_crawls_the_bundled_snapshot_first(
     from hfadapt.hub.catalog import latest_crawl
 
     engine = get_engine(str(tmp_path / "empty.db"))
-    result = run_sweep(engine, worker=fake_worker, top=25, workers=2)
+    result = run_sweep(engine, SweepOptions(top=25, workers=2), worker=fake_worker)
     crawl = latest_crawl(engine)
     assert crawl is not None and crawl.source == "snapshot" and crawl.seen == 10_000, crawl
     assert result.models == 25 and sum(result.counts.values()) == 25, result
@@ -202,7 +219,7 @@ def test_many_signatures_store_every_model_once(tmp_path: Any, fake_worker: str)
 
     engine = get_engine(str(tmp_path / "many.db"))
     store_crawl(engine, sweep_records("many"))
-    result = run_sweep(engine, worker=fake_worker, workers=2)
+    result = run_sweep(engine, SweepOptions(workers=2), worker=fake_worker)
     assert (result.models, result.units, result.dedupe_factor) == (92, 30, 3.0), result
     with engine.connect() as conn:
         dupes = conn.execute(text("SELECT count(*) - count(DISTINCT model_id) FROM run")).scalar()

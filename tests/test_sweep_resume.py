@@ -16,6 +16,7 @@ import pytest
 from conftest import store_crawl, sweep_records
 
 from hfadapt.db.engine import get_engine
+from hfadapt.sweep.options import SweepOptions
 from hfadapt.sweep.run import run_sweep
 
 TESTS = Path(__file__).parent
@@ -103,7 +104,7 @@ def test_sigkill_in_the_middle_then_resume(
     # The same verdicts as an uninterrupted sweep over the same crawl.
     clean = get_engine(str(tmp_path / "clean.db"))
     store_crawl(clean, sweep_records("many"))
-    result = run_sweep(clean, workers=2, worker=fake_worker)
+    result = run_sweep(clean, SweepOptions(workers=2), worker=fake_worker)
     clean.dispose()
     uninterrupted = {m: v for m, v, _ in _rows(tmp_path / "clean.db")}
     assert result.models == 92
@@ -116,7 +117,9 @@ def test_resume_copies_a_half_planned_unit(sweep_engine: Any, fake_worker: str) 
     from the recorded verdict, without running it again."""
     from sqlalchemy import text
 
-    first = run_sweep(sweep_engine, worker=fake_worker, workers=1, top=3, resume=False)
+    first = run_sweep(
+        sweep_engine, SweepOptions(workers=1, top=3, resume=False), worker=fake_worker
+    )
     assert (first.models, first.units) == (3, 1)
     with sweep_engine.begin() as conn:  # make the sweep look unfinished, with top=None options
         conn.execute(text("UPDATE sweep SET status = 'running', key = :k"), {"k": "x"})
@@ -131,7 +134,7 @@ def test_resume_copies_a_half_planned_unit(sweep_engine: Any, fake_worker: str) 
     opts["top"] = None
     with sweep_engine.begin() as conn:
         conn.execute(text("UPDATE sweep SET key = :k"), {"k": sweep_key(opts)})
-    second = run_sweep(sweep_engine, worker=fake_worker, workers=1)
+    second = run_sweep(sweep_engine, SweepOptions(workers=1), worker=fake_worker)
     assert second.resumed and second.sweep_id == first.sweep_id and second.already_done == 3
     assert (second.models, second.reused, second.judged) == (13, 1, 4), second
     with sweep_engine.connect() as conn:
@@ -148,7 +151,9 @@ def test_a_sweep_whose_driver_is_alive_is_not_resumed(sweep_engine: Any, fake_wo
 
     from hfadapt.errors import UsageError
 
-    first = run_sweep(sweep_engine, worker=fake_worker, workers=1, top=3, resume=False)
+    first = run_sweep(
+        sweep_engine, SweepOptions(workers=1, top=3, resume=False), worker=fake_worker
+    )
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         with sweep_engine.begin() as conn:  # as if another driver were running it now
@@ -159,9 +164,11 @@ def test_a_sweep_whose_driver_is_alive_is_not_resumed(sweep_engine: Any, fake_wo
             UsageError,
             match=f"sweep {first.sweep_id} is being run right now by process {other.pid}",
         ):
-            run_sweep(sweep_engine, worker=fake_worker, workers=1, top=3)
+            run_sweep(sweep_engine, SweepOptions(workers=1, top=3), worker=fake_worker)
     finally:
         other.kill()
         other.wait()
-    again = run_sweep(sweep_engine, worker=fake_worker, workers=1, top=3)  # its driver is gone
+    again = run_sweep(
+        sweep_engine, SweepOptions(workers=1, top=3), worker=fake_worker
+    )  # its driver is gone
     assert again.resumed and again.sweep_id == first.sweep_id and again.judged == 0

@@ -12,6 +12,7 @@ from cli_runner import run_cli
 from conftest import small_bert
 
 from hfadapt import verdicts
+from hfadapt.sweep.options import SweepOptions
 from hfadapt.sweep.run import run_sweep
 from hfadapt.sweep.store import done_rows
 from hfadapt.sweep.worker import Task, judge
@@ -19,7 +20,7 @@ from hfadapt.sweep.worker import Task, judge
 
 @pytest.mark.slow
 def test_real_worker_judges_each_signature_once_on_the_device(sweep_engine: Any) -> None:
-    result = run_sweep(sweep_engine, workers=2, timeout=300)
+    result = run_sweep(sweep_engine, SweepOptions(workers=2, timeout=300))
     rows = done_rows(sweep_engine, result.sweep_id)
     print(f"\n{result.seconds:.1f} s: {result.counts}")
     for model, row in sorted(rows.items()):
@@ -92,7 +93,9 @@ def test_memory_limit_turns_a_hog_into_worker_crashed(
     sweep_engine: Any, fake_worker: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("HFADAPT_FAKE_HOG", "org/minilm")
-    result = run_sweep(sweep_engine, worker="sweep_fakes:hog_judge", workers=1, memory_limit=1536)
+    result = run_sweep(
+        sweep_engine, SweepOptions(workers=1, memory_limit=1536), worker="sweep_fakes:hog_judge"
+    )
     rows = done_rows(sweep_engine, result.sweep_id)
     hog = rows["org/minilm"]
     assert hog["verdict"] == verdicts.WORKER_CRASHED and "out of memory" in hog["reason"], hog[

@@ -17,6 +17,7 @@ from hfadapt.db.engine import session
 from hfadapt.db.tables import Run
 from hfadapt.judge import translate
 from hfadapt.report.coverage import build_report
+from hfadapt.sweep.options import SweepOptions
 from hfadapt.sweep.run import run_sweep
 
 
@@ -52,7 +53,7 @@ def remote_engine(tmp_path: Path) -> Any:
 def test_translated_models_are_judged_tagged_and_counted(
     remote_engine: Any, fake_worker: str
 ) -> None:
-    result = run_sweep(remote_engine, worker=fake_worker, workers=1, resume=False)
+    result = run_sweep(remote_engine, SweepOptions(workers=1, resume=False), worker=fake_worker)
     assert result.translated == 2, f"translated {result.translated}"
     assert result.units == 1, f"{result.units} units: the two nomic shapes should share one"
     with session(remote_engine, write=False) as sess:

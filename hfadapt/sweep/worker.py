@@ -24,6 +24,8 @@ from typing import Any
 
 from hfadapt import settings, verdicts
 from hfadapt.judge.evidence import level_of_source
+from hfadapt.judge.options import JudgeOptions
+from hfadapt.options import Mode
 
 DEFAULT_WORKER = "hfadapt.sweep.worker:judge"
 # Text of the allocation failures torch, numpy and Python raise under RLIMIT_AS.
@@ -48,14 +50,12 @@ class Task:
 
     key: str  # the structural signature, or "model:<id>" for a model judged alone
     model_id: str
-    mode: str = "structural"
-    execution: str = "compile"
-    dtype: str = "auto"  # "auto": the profile's dtype for the model's family
-    profile: str | None = None
-    adapters: bool = True
+    # how to judge it (sweeps keep the cost down: localization is for `hfadapt diagnose`)
+    judge: JudgeOptions = field(
+        default_factory=lambda: JudgeOptions(Mode.STRUCTURAL, localize=False)
+    )
     config: dict[str, Any] | None = None  # the crawled config.json, when the crawl had it
     runner: str | None = None  # "module:attr" of a device runner (None: the simulated device)
-    localize: bool = False  # sweeps keep the cost down: localization is for `hfadapt diagnose`
     models: int = 1  # how many models share this unit (for messages)
     narrow: dict[str, Any] | None = None  # a narrower config with the same signature, tried first
     narrow_changes: dict[str, Any] | None = None  # field -> (real, narrowed)
@@ -112,9 +112,9 @@ def crashed(
     row = {
         "verdict": verdict,
         "reason": reason,
-        "mode": task.mode,
-        "execution": task.execution,
-        "dtype": task.dtype,
+        "mode": task.judge.mode.value,
+        "execution": task.judge.execution.value,
+        "dtype": task.judge.dtype_name,
         "evidence": {k: v for k, v in evidence.items() if v is not None},
     }
     return Outcome(task.key, task.model_id, verdict, reason, row)
@@ -163,23 +163,23 @@ def _diagnose(
     tmp: str | None = None
     ref: str | Path = task.model_id
     try:
-        if config is not None and task.mode == "structural":
+        if config is not None and task.judge.structural:
             tmp = tempfile.mkdtemp(prefix="hfadapt-unit-")
             ref = _config_folder(task, config, Path(tmp))
         try:
             diag = diagnose(
                 ref,
-                mode=task.mode,
-                dtype=task.dtype,
-                execution=task.execution,
-                adapters=task.adapters,
-                profile=task.profile,
+                mode=task.judge.mode,
+                dtype=task.judge.dtype_name,
+                execution=task.judge.execution,
+                adapters=task.judge.adapters,
+                profile=task.judge.profile,
                 runner=runner,
                 record=False,
-                localize_failures=task.localize,
+                localize_failures=task.judge.localize,
             )
         except InputError as exc:  # no model to judge (not cached, no config): it does not load
-            reason = ("[structural] " if task.mode == "structural" else "") + exc.one_line()
+            reason = ("[structural] " if task.judge.structural else "") + exc.one_line()
             out = crashed(task, reason, verdict=verdicts.LOAD_FAILED, error=type(exc).__name__)
             return out.verdict, out.reason, out.row
     finally:
@@ -222,7 +222,7 @@ def judge(task: Task) -> Outcome:
     else:
         verdict, reason, row = _diagnose(task, task.config, runner)
     evidence = dict(row.get("evidence") or {})
-    wrote_folder = task.mode == "structural" and (task.config is not None or tried is not None)
+    wrote_folder = task.judge.structural and (task.config is not None or tried is not None)
     if wrote_folder and task.config_source and row.get("evidence_level") is not None:
         level = level_of_source(task.config_source)
         evidence["config_source"] = task.config_source

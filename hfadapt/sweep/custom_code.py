@@ -13,6 +13,7 @@ from hfadapt.errors import InputError
 from hfadapt.hub.resolve import HubOptions
 from hfadapt.judge import sandboxed
 from hfadapt.judge.diagnosis import Diagnosis
+from hfadapt.judge.options import JudgeOptions
 
 
 def row_of(diag: Diagnosis, model_id: str) -> dict[str, Any]:
@@ -28,13 +29,7 @@ def row_of(diag: Diagnosis, model_id: str) -> dict[str, Any]:
 def judge_custom_code(
     direct: list[dict[str, Any]],
     skip: set[str] | dict[str, Any],
-    *,
-    mode: str,
-    execution: str,
-    dtype: str | None,
-    profile: str | None,
-    adapters: bool,
-    unsafe_no_isolation: bool,
+    judge: JudgeOptions,
 ) -> list[dict[str, Any]]:
     """``direct`` with every ``custom_code`` row not in ``skip`` replaced by the sandbox's
     verdict (ValueError-free: a sandbox that fails gives a worker_crashed/timeout row)."""
@@ -47,18 +42,18 @@ def judge_custom_code(
         try:
             diag = sandboxed.judge(
                 model_id,
-                mode=mode,
-                dtype=None if dtype in (None, "auto") else dtype,
-                execution=execution,
-                adapters=adapters,
-                profile=profile,
+                mode=judge.mode,
+                dtype=judge.dtype,
+                execution=judge.execution,
+                adapters=judge.adapters,
+                profile=judge.profile,
                 localize_failures=False,
                 hub=HubOptions(local_files_only=True),
-                unsafe_no_isolation=unsafe_no_isolation,
+                unsafe_no_isolation=judge.unsafe_no_isolation,
             )
         except InputError as exc:  # not in the HF cache (no network in the sandbox): no model
             out.append({**row, "verdict": verdicts.LOAD_FAILED, "error": type(exc).__name__,
-                        "reason": f"{'[structural] ' if mode == 'structural' else ''}judged with "
+                        "reason": f"{'[structural] ' if judge.structural else ''}judged with "
                                   f"its own code in the sandbox: {exc.one_line()}",
                         "evidence": {**row["evidence"], "sweep": {"role": "direct",
                                      "judged_in": "sandbox"}}})  # fmt: skip
