@@ -10,6 +10,7 @@ from typing import Any
 from hfadapt.agent.cases import FailureCase
 from hfadapt.agent.client import AgentClient, AgentSettings
 from hfadapt.agent.loop import DraftOutcome, draft_adapter
+from hfadapt.agent.options import DraftOptions
 from hfadapt.agent.records import AgentAttempt, DraftSession, Recorder
 from hfadapt.agent.sandbox import SandboxLimits
 from hfadapt.db.engine import get_engine, session
@@ -78,14 +79,15 @@ def run(
 ) -> tuple[DraftOutcome, Any]:
     engine = get_engine(str(tmp_path / "runs.db"))
     client = client_for(server_url, attempts=attempts)
+    options = DraftOptions(
+        limits=limits or SandboxLimits(), adapters_dir=tmp_path / "adapters", **kw
+    )
     outcome = draft_adapter(
         case or softsign_case(),
         client,
+        options,
         recorder=Recorder(engine, client.settings.secrets()),
-        adapters_dir=tmp_path / "adapters",
         taken_names={},
-        limits=limits,
-        **kw,
     )
     return outcome, engine
 

@@ -14,6 +14,7 @@ from openai_server import (
 )
 
 from hfadapt.agent.loop import draft_adapter
+from hfadapt.agent.options import DraftOptions
 from hfadapt.agent.records import Recorder
 from hfadapt.db.engine import get_engine, session
 from hfadapt.db.tables import HubModel, Run
@@ -101,8 +102,8 @@ def test_attempts_lists_and_shows_recorded_attempts(
     outcome = draft_adapter(
         softsign_case(),
         client,
+        DraftOptions(adapters_dir=tmp_path / "adapters"),
         recorder=Recorder(engine),
-        adapters_dir=tmp_path / "adapters",
         taken_names={},
     )
     assert outcome.accepted, outcome.reason

@@ -21,6 +21,7 @@ from hfadapt.adapters.graph_adapter import load_graph_adapter
 from hfadapt.adapters.registry import Registry
 from hfadapt.agent.evalcases import gelu_model
 from hfadapt.agent.loop import ACCEPTED, REJECTED, draft_adapter
+from hfadapt.agent.options import DraftOptions
 from hfadapt.agent.records import Recorder
 from hfadapt.agent.suite import get, suite_case
 from hfadapt.db.engine import get_engine
@@ -46,8 +47,8 @@ def test_gelu_new_draft_is_accepted_and_the_model_then_passes(
     outcome = draft_adapter(
         case,
         client_for(openai_server.url),
+        DraftOptions(adapters_dir=tmp_path / "adapters"),
         recorder=Recorder(engine),
-        adapters_dir=tmp_path / "adapters",
         taken_names={},
     )
     assert outcome.outcome == ACCEPTED, outcome.reason
@@ -96,7 +97,7 @@ def test_a_draft_that_breaks_the_model_fails_end_to_end_or_device(
     outcome = draft_adapter(
         suite_case(spec),
         client_for(openai_server.url, attempts=1),
-        adapters_dir=tmp_path,
+        DraftOptions(adapters_dir=tmp_path),
         taken_names={},
     )
     assert outcome.outcome == REJECTED

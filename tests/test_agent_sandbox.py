@@ -18,6 +18,7 @@ from openai_server import (
 )
 
 from hfadapt.agent.loop import ACCEPTED, draft_adapter
+from hfadapt.agent.options import DraftOptions
 from hfadapt.agent.records import Recorder
 from hfadapt.agent.sandbox import clean_env, run_sandbox
 from hfadapt.db.engine import get_engine
@@ -159,8 +160,8 @@ def test_api_key_never_reaches_runs_db_or_logs(
     outcome = draft_adapter(
         softsign_case(),
         client,
+        DraftOptions(adapters_dir=tmp_path / "adapters"),
         recorder=Recorder(engine, client.settings.secrets()),
-        adapters_dir=tmp_path / "adapters",
         taken_names={},
     )
     assert outcome.outcome == ACCEPTED, outcome.reason

@@ -39,10 +39,11 @@ TESTS = Path(__file__).parent
 DRIVER = """
 import sys
 from hfadapt.db.engine import get_engine
-from hfadapt.sweep.run import run_sweep
+from hfadapt.sweep.run import SweepOptions, run_sweep
 
 if __name__ == "__main__":
-    result = run_sweep(get_engine(sys.argv[1]), workers=2, worker="sweep_fakes:fake_judge", timeout=60)
+    options = SweepOptions(workers=2, timeout=60)
+    result = run_sweep(get_engine(sys.argv[1]), options, worker="sweep_fakes:fake_judge")
     print(f"RESULT resumed={result.resumed} already={result.already_done} judged={result.judged} models={result.models}")
 """
 

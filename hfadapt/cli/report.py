@@ -55,8 +55,8 @@ def failures(
     as_json: JsonOption = False,
 ) -> None:
     """Failure fingerprints, by the downloads of the models each one blocks (largest first)."""
+    from hfadapt.db.census import failure_groups
     from hfadapt.report.charts import fmt_count
-    from hfadapt.report.failures import failure_groups
 
     rows, blocking = failure_groups(
         existing_engine(db, hint="`hfadapt sweep`"), sweep_id=sweep, top=top
@@ -148,10 +148,10 @@ def report(
 ) -> None:
     """Coverage of a sweep: pass rate by count and by downloads, per model_type, fingerprints,
     adapter impact, agreement with hf-adapters, and a diff against another sweep."""
+    from hfadapt.db.census import latest_sweep
     from hfadapt.report.charts import fmt_count
     from hfadapt.report.coverage import build_report
     from hfadapt.report.html import render_html
-    from hfadapt.sweep.store import latest_sweep
 
     # every output path first: a mistyped folder fails now, not after the report is built
     check_output(html, "--html")

@@ -369,7 +369,7 @@ def _snapshot_note(engine: Any) -> str:
 @app.command()
 def sweeps(db: DbOption = None, as_json: JsonOption = False) -> None:
     """The sweeps recorded in the database, newest first."""
-    from hfadapt.sweep.store import list_sweeps
+    from hfadapt.db.census import list_sweeps
 
     engine = existing_engine(db, hint="`hfadapt sweep`")
     rows = list_sweeps(engine)

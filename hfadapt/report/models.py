@@ -15,11 +15,11 @@ from sqlalchemy import select
 from sqlalchemy.engine import Engine
 from sqlmodel import col
 
+from hfadapt.db.census import ModelRun
 from hfadapt.db.engine import session
 from hfadapt.db.tables import HubModel, Run
 from hfadapt.judge.evidence import LEVELS, UNKNOWN, level_label, pass_note
 from hfadapt.report.charts import shorten
-from hfadapt.report.failures import ModelRun
 
 __all__ = [
     "HUB_URL",

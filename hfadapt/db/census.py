@@ -1,7 +1,8 @@
-"""The failure census: which failure fingerprints block which models, ranked by the downloads
-they block. ``failures`` is what ``hfadapt failures`` shows and what ``hfadapt draft --top K``
-works from; ``scope_runs`` picks the runs any report covers (a sweep's, or the latest run of
-every model)."""
+"""The failure census, one read-only query of runs.db: which failure fingerprints block which
+models, ranked by the downloads they block. ``failures`` is what ``hfadapt failures`` shows and
+what ``hfadapt draft --top K`` works from; ``scope_runs`` picks the runs any report covers (a
+sweep's, or the latest run of every model); ``get_sweep``, ``latest_sweep`` and
+``list_sweeps`` read the recorded sweeps."""
 
 from __future__ import annotations
 
@@ -13,10 +14,9 @@ from sqlalchemy.engine import Engine
 
 from hfadapt import verdicts
 from hfadapt.db.engine import describe, session
-from hfadapt.db.tables import HubModel, Run
+from hfadapt.db.tables import DONE, HubModel, Run, Sweep
 from hfadapt.errors import NotFoundError
 from hfadapt.options import EvidenceLevel
-from hfadapt.sweep.store import Sweep, get_sweep, latest_sweep
 
 __all__ = [
     "BLOCKER_VERDICTS",
@@ -27,6 +27,9 @@ __all__ = [
     "census",
     "failure_groups",
     "failures",
+    "get_sweep",
+    "latest_sweep",
+    "list_sweeps",
     "resolve_sweep",
     "scope_runs",
 ]
@@ -102,6 +105,27 @@ class FailureFingerprint:
         data = asdict(self)
         data.update(count=self.count, rule_id=self.rule_id, op=self.op, site=self.site)
         return data
+
+
+def get_sweep(engine: Engine, sweep_id: int) -> Sweep | None:
+    with session(engine, write=False) as sess:
+        return sess.get(Sweep, sweep_id)
+
+
+def list_sweeps(engine: Engine) -> list[Sweep]:
+    """Every recorded sweep, newest first."""
+    stmt = select(Sweep).order_by(Sweep.id.desc())  # type: ignore[union-attr]
+    with session(engine, write=False) as sess:
+        return list(sess.execute(stmt).scalars())
+
+
+def latest_sweep(engine: Engine, *, finished: bool = False) -> Sweep | None:
+    """The newest sweep (only finished ones when asked), or None."""
+    stmt = select(Sweep).order_by(Sweep.id.desc()).limit(1)  # type: ignore[union-attr]
+    if finished:
+        stmt = stmt.where(Sweep.status == DONE)  # type: ignore[arg-type]
+    with session(engine, write=False) as sess:
+        return sess.execute(stmt).scalars().first()
 
 
 def resolve_sweep(engine: Engine, sweep_id: int | None) -> Sweep | None:
