@@ -134,7 +134,7 @@ class _CountingTransport(httpx2.BaseTransport):
 
     def retries(self) -> int:
         """Retries of the current call so far (the SDK's count; else requests sent - 1)."""
-        header = getattr(self._local, "retry_header", None)
+        header: int | None = getattr(self._local, "retry_header", None)
         if header is not None:
             return header
         return max(getattr(self._local, "sent", 0) - 1, 0)

@@ -228,7 +228,7 @@ def fresh_sizes(
 
 def _fresh_calls(
     example: Callable[[int], Any],
-) -> tuple[list[tuple[str, Any, tuple, dict]], dict[str, Any]]:
+) -> tuple[list[tuple[str, Any, tuple[Any, ...], dict[str, Any]]], dict[str, Any]]:
     module, args, kwargs = example(0)
     module = module.double().eval()
     args, kwargs = _f64(tuple(args)), _f64(dict(kwargs))

@@ -16,9 +16,9 @@ from hfadapt.agent.client import AgentClient, Completion
 from hfadapt.agent.context import repair_prompt, system_prompt, task_prompt
 from hfadapt.agent.extract import extract_code, normalized
 from hfadapt.agent.options import DraftOptions
-from hfadapt.agent.records import AgentAttempt, DraftSession, Recorder
+from hfadapt.agent.records import Recorder
 from hfadapt.agent.validate import Validation, validate
-from hfadapt.db.tables import utcnow
+from hfadapt.db.tables import AgentAttempt, DraftSession, utcnow
 from hfadapt.errors import AdapterError, DraftError, EndpointError
 
 ACCEPTED = "accepted"

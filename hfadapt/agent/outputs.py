@@ -52,7 +52,9 @@ def _tensors(value: Any) -> Iterator[torch.Tensor]:
             yield from _tensors(v)
 
 
-def variants(example: ExampleFn, seed: int) -> list[tuple[str, Any, tuple, dict]]:
+def variants(
+    example: ExampleFn, seed: int
+) -> list[tuple[str, Any, tuple[Any, ...], dict[str, Any]]]:
     """(name, module, args, kwargs) for one seed; deterministic, so the parent and the sandbox
     build the same inputs from the same trusted builder."""
     module, args, kwargs = example(seed)
@@ -80,8 +82,8 @@ def variants(example: ExampleFn, seed: int) -> list[tuple[str, Any, tuple, dict]
 
 
 def rounded_inputs(
-    module: Any, args: tuple, kwargs: dict, run_dtype: torch.dtype
-) -> tuple[Any, tuple, dict]:
+    module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], run_dtype: torch.dtype
+) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
     """A float32 copy of the module and the float inputs rounded through the run dtype, as the
     device sees them (so input rounding is not counted against the draft)."""
     low = copy.deepcopy(module).float() if isinstance(module, torch.nn.Module) else module

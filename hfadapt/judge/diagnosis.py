@@ -90,7 +90,7 @@ class Diagnosis:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: what ``hfadapt diagnose --json`` prints."""
-        return _clean(
+        data: dict[str, Any] = _clean(
             {
                 "model_id": self.model_id,
                 "verdict": self.verdict,
@@ -120,6 +120,7 @@ class Diagnosis:
                 "finished_at": self.finished_at.isoformat() if self.finished_at else None,
             }
         )
+        return data
 
 
 def _clean(value: Any) -> Any:
