@@ -192,3 +192,36 @@ def test_host_segments_run_outside_the_compiled_graph(programs: dict[str, Any]) 
     ref = causal(None, scores)
     err = float((lowered.audit_output.double() - ref).abs().max())
     assert err < 2e-3, f"compiled with a host segment: max abs err {err} against float64"
+
+
+def test_a_graph_adapter_is_scoped_dormant_on_the_cpu_and_reversible(
+    programs: dict[str, Any],
+) -> None:
+    from hfadapt.adapters.graph_adapter import graph_adapter
+    from hfadapt.adapters.registry import Registry, applied_to
+
+    program, _ = programs["softsign"]
+    a = graph_adapter(
+        program,
+        name="softsign-graph",
+        target="hfadapt.agent.evalcases:Softsign.forward",
+        rule="op.pow.square",
+        reads={},
+    )
+    model, inputs = ec.softsign_model(0)
+    other, _ = ec.softsign_model(0)
+    stock = model(**inputs)
+    handle = Registry(adapters=[a]).apply(model, device=None)  # dormant unless on the device
+    assert handle.names == ["softsign-graph"] and applied_to(other) is None
+    assert torch.equal(model(**inputs), stock) and a.fn.runs == 0, (
+        "a dormant graph changed a CPU run"
+    )  # type: ignore[attr-defined]
+    on_device = model.half().to("spyre")
+    got = on_device(**{k: v.half().to("spyre") for k, v in inputs.items()}).cpu().float()
+    cos = float(torch.nn.functional.cosine_similarity(got, stock, dim=-1).min())
+    assert a.fn.runs == 1 and cos > 0.999, f"graph runs {a.fn.runs}, min cosine {cos}"  # type: ignore[attr-defined]
+    handle.remove()
+    assert applied_to(model) is None
+    assert not any(
+        "_hfadapt_stack" in m.__dict__ or "forward" in m.__dict__ for m in model.modules()
+    )
