@@ -1,4 +1,4 @@
-"""The real sweep worker (``hfadapt.sweep.worker.judge``: check.diagnose without recording) on small
+"""The real sweep worker (``hfadapt.sweep.worker.judge_unit``: check.diagnose without recording) on small
 crawled configs, in spawned workers and on the simulated device; narrowed instances and their
 confirmation at full width; the memory limit; and ``hfadapt sweep`` on the command line."""
 
@@ -15,7 +15,7 @@ from hfadapt import verdicts
 from hfadapt.sweep.options import SweepOptions
 from hfadapt.sweep.run import run_sweep
 from hfadapt.sweep.store import done_rows
-from hfadapt.sweep.worker import Task, judge
+from hfadapt.sweep.worker import Task, judge_unit
 
 
 @pytest.mark.slow
@@ -69,7 +69,7 @@ def _task(**over: Any) -> Task:
 
 
 def test_a_narrowed_pass_decides_the_signature(fake_worker: str) -> None:
-    out = judge(_task())
+    out = judge_unit(_task())
     assert out.verdict == verdicts.PASS, out.reason
     assert out.row["evidence"]["narrowed"] == {
         "changes": {"hidden_size": [256, 128]},
@@ -79,7 +79,7 @@ def test_a_narrowed_pass_decides_the_signature(fake_worker: str) -> None:
 
 
 def test_a_narrowed_numeric_failure_is_confirmed_at_full_width(fake_worker: str) -> None:
-    out = judge(_task(runner="sweep_fakes:narrow_fails_runner"))
+    out = judge_unit(_task(runner="sweep_fakes:narrow_fails_runner"))
     narrowed = out.row["evidence"]["narrowed"]
     print(f"\n{out.verdict}: {narrowed}")
     assert (

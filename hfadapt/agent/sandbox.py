@@ -1,4 +1,4 @@
-"""Running untrusted draft code: ``python -m hfadapt.agent.sandbox_worker`` inside a bubblewrap
+"""Running untrusted draft code: ``python -m hfadapt.agent.draft_worker`` inside a bubblewrap
 sandbox (:mod:`hfadapt.isolation`: no network, its own /proc and PID space, only the files it
 needs and those read-only, a size-capped private tmpfs, a seccomp filter, CPU/memory/process/
 file limits, an allowlisted environment), reading its job and the draft from a read-only input
@@ -193,7 +193,7 @@ def run_sandbox(
         env = clean_env(secrets, None if isolated else scratch)
         env["OMP_NUM_THREADS"] = str(limits.threads)
         start = time.monotonic()
-        command = [sys.executable, "-m", "hfadapt.agent.sandbox_worker", str(seen_in / "job.json")]
+        command = [sys.executable, "-m", "hfadapt.agent.draft_worker", str(seen_in / "job.json")]
         try:
             proc = isolation.spawn(
                 command,

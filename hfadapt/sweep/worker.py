@@ -1,6 +1,6 @@
 """What a sweep worker does: judge one unit of work (one structural signature, or one model)
-and return its result as plain data, never touching runs.db. ``judge`` is the real worker
-function (``hfadapt.judge.diagnose.diagnose`` with ``record=False``); ``serve`` is the loop of a
+and return its result as plain data, never touching runs.db. ``judge_unit`` is the real worker
+function (``hfadapt.diagnose`` with ``record=False``); ``serve`` is the loop of a
 long-lived worker process that runs many units under a memory limit. Executors (local pool,
 Ray) call the same function, named by an import path so any process can load it."""
 
@@ -27,7 +27,7 @@ from hfadapt.judge.evidence import level_of_source
 from hfadapt.judge.options import JudgeOptions
 from hfadapt.options import Mode
 
-DEFAULT_WORKER = "hfadapt.sweep.worker:judge"
+DEFAULT_WORKER = "hfadapt.sweep.worker:judge_unit"
 # Text of the allocation failures torch, numpy and Python raise under RLIMIT_AS.
 _OOM_MARKERS = ("can't allocate memory", "cannot allocate memory", "std::bad_alloc", "MemoryError")
 
@@ -36,7 +36,7 @@ __all__ = [
     "Outcome",
     "Task",
     "crashed",
-    "judge",
+    "judge_unit",
     "memory_limit",
     "resolve",
     "run_task",
@@ -204,7 +204,7 @@ def _fresh_dynamo() -> None:
     torch._dynamo.reset()
 
 
-def judge(task: Task) -> Outcome:
+def judge_unit(task: Task) -> Outcome:
     """The real worker: diagnose the representative without recording and return its Run
     columns. A narrowed instance (``task.narrow``) goes first; a verdict it cannot decide
     alone (numerics, loading) is confirmed on the real config."""

@@ -1,4 +1,4 @@
-"""The sandbox process: ``python -m hfadapt.agent.sandbox_worker JOB.json``. Imports the heavy
+"""The sandbox process: ``python -m hfadapt.agent.draft_worker JOB.json``. Imports the heavy
 libraries, then limits itself (address space, CPU time, file size, no core dumps), installs an
 audit hook that refuses processes, sockets and writes outside its scratch space, and only then
 loads the draft and runs the job's steps. It reports on its standard output, one JSON line per
