@@ -100,6 +100,7 @@ def test_ray_records_a_crash_and_a_hang_and_goes_on(local_ray: Any, fake_worker:
     assert len(outcomes) == 4
 
 
+@pytest.mark.slow  # fixed sleeps against a fixed limit: out of the quick subset
 def test_ray_timeout_counts_from_the_start_of_a_task_not_its_submission(
     local_ray: Any, fake_worker: str
 ) -> None:
