@@ -1,12 +1,21 @@
-"""LayerNorm unfused, with its reductions in fp32.
+"""LayerNorm unfused, its statistics as prescaled fp16 sums: the form that holds on the card.
 
 Fused LayerNorm on DL16 data keeps its statistics in DL16 and cancels catastrophically
-(hf-adapters saw NaN; profile rule numerics.layer_norm_dl16_stats). Upcasting to fp32 (an
-allowed cast), then mean, subtract, square-mean, add eps and rsqrt (all fp32-capable device ops)
-computes exactly the same function in real arithmetic; the affine part runs in the model dtype.
+(hf-adapters saw NaN; profile rule numerics.layer_norm_dl16_stats). hf-adapters' card path
+unfuses it with fp32 reductions, but an fp32 island is not exact on the card either: an fp32
+``mean(-1)`` over more than 32 rows comes back wrong (torch-spyre#3804, fixed after mid-2026:
+defect.fp32_reduction_rows), and an eager fp32 -> fp16 cast scrambles its elements
+(torch-spyre#2314: defect.eager_fp32_cast). fp16 ``sum`` is right where fp16 ``mean`` is
+reduced-precision (torch-spyre#2400), so the statistics here are sums of prescaled terms in the
+model dtype: mean = sum(x / n); the mean is refined once by the sum of the centred values (its
+own DL16 rounding would otherwise shift every row by up to 2^-10 of a large mean);
+var = sum((d / sqrt(n))^2); a zero variance is not handed to rsqrt (``guarded_rsqrt``). The same
+function in real arithmetic; no cast, no fp32 reduction, no square that can overflow.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor, nn
@@ -25,20 +34,39 @@ def _example(seed: int):
     return ln, (x,), {}
 
 
+def centred_stats(x: Tensor, dims: tuple[int, ...]) -> tuple[Tensor, Tensor]:
+    """(x - mean, mean of its square) over ``dims``, as sums of prescaled terms: the form whose
+    every reduction is an fp16 sum on the card."""
+    n = 1
+    for d in dims:  # a loop, not math.prod over a generator: Dynamo traces it without a break
+        n *= x.shape[d]
+    mean = (x * (1.0 / n)).sum(dim=dims, keepdim=True)
+    centred = x - mean
+    centred = centred - (centred * (1.0 / n)).sum(dim=dims, keepdim=True)
+    scaled = centred * (1.0 / math.sqrt(n))
+    return centred, (scaled * scaled).sum(dim=dims, keepdim=True)
+
+
+def guarded_rsqrt(var: Tensor, eps: float) -> Tensor:
+    """rsqrt(var + eps), and 0 where var is 0. A BERT-style eps (1e-12) is below DL16's
+    smallest normal (4.7e-10): on the card var + eps of a constant row (a padding position
+    whose embedding is one table row) is 0, its rsqrt overflows to the NaN code and
+    ``0 * NaN`` spreads through attention. Where var is 0 the centred row is 0 too, so the
+    product is the stock one, 0, in real arithmetic."""
+    return torch.where(var > 0, torch.rsqrt(var + eps), torch.zeros_like(var))
+
+
 @adapter(
-    name="layer-norm-fp32-unfused",
+    name="layer-norm-unfused",
     target="torch.nn.modules.normalization:LayerNorm.forward",
     rule="numerics.layer_norm_dl16_stats",
     example=_example,
 )
 def layer_norm(self, input: Tensor) -> Tensor:
-    """(x - mean) * rsqrt(var + eps) * weight + bias, statistics in fp32."""
+    """(x - mean) * rsqrt(var + eps) * weight + bias, statistics as prescaled sums."""
     dims = tuple(range(-len(self.normalized_shape), 0))
-    x = input.to(torch.promote_types(input.dtype, torch.float32))  # fp16 -> fp32; fp64 stays
-    mean = x.mean(dim=dims, keepdim=True)
-    centered = x - mean
-    var = (centered * centered).mean(dim=dims, keepdim=True)
-    y = (centered * torch.rsqrt(var + self.eps)).to(input.dtype)
+    centred, var = centred_stats(input, dims)
+    y = centred * guarded_rsqrt(var, self.eps)
     if self.weight is not None:
         y = y * self.weight
     if self.bias is not None:

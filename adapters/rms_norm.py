@@ -1,11 +1,19 @@
-"""RMSNorm with the square written as ``x*x``, and torch.nn.RMSNorm on contiguous input.
+"""RMSNorm with the square written as ``x*x`` and its mean as a prescaled sum, and
+torch.nn.RMSNorm on contiguous input.
 
 The stock RMSNorms upcast to fp32 and call ``pow(2)``: pow is not among the ops the device
-runs in fp32 (rule dtype.fp32.ops). ``(x*x).mean()`` is the same function
-(docs/device-profile.md, "Rewrites").
+runs in fp32 (rule dtype.fp32.ops). hf-adapters' card path, ``(x*x).mean()`` in fp16, lowers but
+carries the card's reduced-precision mean (1.7-5% mean relative error on hidden 1024-4096:
+numerics.reduced_precision_mean); an fp32 island is wrong on the card as well (an fp32
+``mean(-1)`` past 32 rows, torch-spyre#3804; an eager fp32 -> fp16 cast, torch-spyre#2314). fp16
+``sum`` is right (torch-spyre#2400), so the variance here is ``sum((x / sqrt(n))^2)``, in the
+model dtype: the same function in real arithmetic, no cast, a square that cannot overflow where
+the mean itself fits (docs/device-profile.md, "Rewrites").
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor
@@ -28,8 +36,16 @@ def _example(module_path: str, cls_name: str, zero_centered: bool = False):
     return make
 
 
+def _guarded_rsqrt(var: Tensor, eps: float) -> Tensor:
+    """rsqrt(var + eps), 0 where var is 0 (then x is 0: the stock product, 0). An eps below
+    DL16's smallest normal (4.7e-10) flushes on the card, and rsqrt(0) would be the NaN code."""
+    return torch.where(var > 0, torch.rsqrt(var + eps), torch.zeros_like(var))
+
+
 def _rms(x: Tensor, eps: float) -> Tensor:
-    return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps)
+    """x * rsqrt(mean(x^2) + eps), the mean a sum of prescaled squares."""
+    scaled = x * (1.0 / math.sqrt(x.shape[-1]))
+    return x * _guarded_rsqrt((scaled * scaled).sum(-1, keepdim=True), eps)
 
 
 @adapter(
@@ -39,10 +55,8 @@ def _rms(x: Tensor, eps: float) -> Tensor:
     example=_example("transformers.models.qwen3.modeling_qwen3", "Qwen3RMSNorm"),
 )
 def qwen3_rms_norm(self, hidden_states: Tensor) -> Tensor:
-    """weight * (x * rsqrt(mean(x*x) + eps)), statistics in fp32."""
-    input_dtype = hidden_states.dtype
-    x = _rms(hidden_states.to(torch.float32), self.variance_epsilon)
-    return self.weight * x.to(input_dtype)
+    """weight * (x * rsqrt(mean(x*x) + eps)), in the model dtype (see the module doc)."""
+    return self.weight * _rms(hidden_states, self.variance_epsilon)
 
 
 @adapter(
@@ -52,13 +66,8 @@ def qwen3_rms_norm(self, hidden_states: Tensor) -> Tensor:
     example=_example("transformers.models.t5.modeling_t5", "T5LayerNorm"),
 )
 def t5_layer_norm(self, hidden_states: Tensor) -> Tensor:
-    """T5's scale-only RMS norm with the variance as mean(x*x) in fp32."""
-    x32 = hidden_states.to(torch.float32)
-    variance = (x32 * x32).mean(-1, keepdim=True)
-    hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
-    if self.weight.dtype in (torch.float16, torch.bfloat16):
-        hidden_states = hidden_states.to(self.weight.dtype)
-    return self.weight * hidden_states
+    """T5's scale-only RMS norm, the variance a prescaled sum in the model dtype."""
+    return self.weight * _rms(hidden_states, self.variance_epsilon)
 
 
 # The same two forms in the other decoder families that embedding models build on.
@@ -79,10 +88,8 @@ def _register_llama_style(family: str, target: str) -> None:
         example=_example(module_path, cls_name),
     )
     def llama_style_rms_norm(self, hidden_states: Tensor) -> Tensor:
-        """weight * (x * rsqrt(mean(x*x) + eps)), statistics in fp32."""
-        input_dtype = hidden_states.dtype
-        x = _rms(hidden_states.to(torch.float32), self.variance_epsilon)
-        return self.weight * x.to(input_dtype)
+        """weight * (x * rsqrt(mean(x*x) + eps)), in the model dtype."""
+        return self.weight * _rms(hidden_states, self.variance_epsilon)
 
 
 for _family, _target in _LLAMA_STYLE.items():
@@ -97,10 +104,8 @@ def _register_gemma_style(family: str, module_path: str, cls_name: str) -> None:
         example=_example(module_path, cls_name),
     )
     def gemma_style_rms_norm(self, x: Tensor) -> Tensor:
-        """Gemma's (1 + weight) RMSNorm, statistics in fp32, square as x*x."""
-        output = _rms(x.float(), self.eps)
-        output = output * (1.0 + self.weight.float())
-        return output.type_as(x)
+        """Gemma's (1 + weight) RMSNorm in the model dtype, the variance a prescaled sum."""
+        return _rms(x, self.eps) * (1.0 + self.weight)
 
 
 _register_gemma_style("gemma3", "transformers.models.gemma3.modeling_gemma3", "Gemma3RMSNorm")
@@ -124,8 +129,13 @@ def _example_heads(seed: int):
     example=_example_heads,
 )
 def contiguous_rms_norm(self, x: Tensor) -> Tensor:
-    """torch.nn.RMSNorm on ``x.contiguous()``: the card's native RMSNorm misreads a
-    non-contiguous view (torch-spyre#1781); on a contiguous input it is the same call."""
-    return torch.nn.functional.rms_norm(
-        x.contiguous(), self.normalized_shape, self.weight, self.eps
-    )
+    """torch.nn.RMSNorm on ``x.contiguous()`` with its variance as a prescaled sum: the card's
+    native RMSNorm misreads a non-contiguous view (torch-spyre#1781) and carries the
+    reduced-precision mean (numerics.reduced_precision_mean)."""
+    x = x.contiguous()
+    dims = tuple(range(-len(self.normalized_shape), 0))
+    n = math.prod(self.normalized_shape)
+    eps = torch.finfo(x.dtype).eps if self.eps is None else self.eps
+    scaled = x * (1.0 / math.sqrt(n))
+    y = x * _guarded_rsqrt((scaled * scaled).sum(dim=dims, keepdim=True), eps)
+    return y * self.weight if self.weight is not None else y

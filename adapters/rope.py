@@ -9,6 +9,10 @@
   one input times +-1 plus exact zeros (in fp32, which the device cannot matmul, the halves are
   taken along a new non-stick axis instead). The attention forward runs as stock code with
   ``apply_rotary_pos_emb`` seeing this ``rotate_half``.
+- ModernBERT rotates in fp32 (``q.float() * cos ...``, then ``.to(q.dtype)``): on the card's
+  eager path that fp32 -> fp16 cast returns its elements scrambled (torch-spyre #2314,
+  defect.eager_fp32_cast). Its rotation runs in the model's dtype instead, cos/sin being in
+  that dtype already: each product and sum rounded once to fp16, no cast on the device.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ class RopeForm(NamedTuple):
     module: str  # the transformers module with {prefix}RotaryEmbedding and {prefix}Attention
     prefix: str
     per_layer_type: bool = False  # the rotary forward takes a layer_type (one rope per kind)
+    fp32_rotation: bool = False  # apply_rotary_pos_emb rotates in fp32 and casts back
 
 
 # The one RoPE table: adapter family (in the adapter names) -> rope form.
@@ -37,7 +42,11 @@ ROPE_FORMS: dict[str, RopeForm] = {
     "qwen3": RopeForm("qwen3", "transformers.models.qwen3.modeling_qwen3", "Qwen3"),
     "gemma3": RopeForm("gemma3_text", "transformers.models.gemma3.modeling_gemma3", "Gemma3", True),
     "modernbert": RopeForm(
-        "modernbert", "transformers.models.modernbert.modeling_modernbert", "ModernBert", True
+        "modernbert",
+        "transformers.models.modernbert.modeling_modernbert",
+        "ModernBert",
+        per_layer_type=True,
+        fp32_rotation=True,
     ),
     "nomic-bert": RopeForm(
         "nomic_bert", "transformers.models.nomic_bert.modeling_nomic_bert", "NomicBert"
@@ -80,6 +89,19 @@ def rotate_half_matmul(x: Tensor) -> Tensor:
         x1, x2 = halves.select(-2, 0), halves.select(-2, 1)
         return torch.cat((-x2, x1), dim=-1)
     return torch.matmul(x, rotation_matrix(x.shape[-1], x.dtype, x.device))
+
+
+def _rotation_in_model_dtype(
+    q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int = 1
+) -> tuple[Tensor, Tensor]:
+    """apply_rotary_pos_emb without the fp32 island: q and k rotated in their own dtype (cos
+    and sin converted only if they come in another one), with the matmul rotate_half."""
+    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+    if cos.dtype != q.dtype:
+        cos, sin = cos.to(q.dtype), sin.to(q.dtype)
+    q_embed = (q * cos) + (rotate_half_matmul(q) * sin)
+    k_embed = (k * cos) + (rotate_half_matmul(k) * sin)
+    return q_embed, k_embed
 
 
 def _stock_rotary(
@@ -163,7 +185,11 @@ _ROTATED_FORWARD = "_hfadapt_rotated_forward"
 
 def _rotated_forward(module: torch.nn.Module) -> Any:
     home = sys.modules[type(module).__module__]
-    apply = rebind(home.apply_rotary_pos_emb, rotate_half=rotate_half_matmul)
+    fp32 = any(f.fp32_rotation and f.module == home.__name__ for f in ROPE_FORMS.values())
+    if fp32:
+        apply = _rotation_in_model_dtype
+    else:
+        apply = rebind(home.apply_rotary_pos_emb, rotate_half=rotate_half_matmul)
     return rebind(stock_method(type(module), "forward"), apply_rotary_pos_emb=apply)
 
 

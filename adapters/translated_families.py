@@ -2,10 +2,13 @@
 GTE (Alibaba ``new``), jina-embeddings-v3 and EuroBERT. Their rotary embeddings use the rope
 rewrites of ``rope.py`` (cos/sin on the host, ``rotate_half`` as ``x @ R``): those families are
 rows of its one RoPE table. What is left here is EuroBERT's RMSNorm, which squares with
-``pow(2)`` in fp32 (rule dtype.fp32.ops): ``x*x`` instead (docs/device-profile.md, "Rewrites").
+``pow(2)`` in fp32 (rule dtype.fp32.ops): ``x*x`` instead, its mean a prescaled sum in the model
+dtype, as adapters/rms_norm.py explains (docs/device-profile.md, "Rewrites").
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor
@@ -30,8 +33,12 @@ def _rms_example(seed: int):  # type: ignore[no-untyped-def]
     example=_rms_example,
 )
 def eurobert_rms_norm(self: torch.nn.Module, hidden_states: Tensor) -> Tensor:
-    """weight * (x * rsqrt(mean(x*x) + eps)), statistics in fp32."""
-    input_dtype = hidden_states.dtype
-    x = hidden_states.to(torch.float32)
-    x = x * torch.rsqrt((x * x).mean(-1, keepdim=True) + self.variance_epsilon)
-    return self.weight * x.to(input_dtype)
+    """weight * (x * rsqrt(mean(x*x) + eps)), in the model dtype (a prescaled sum)."""
+    scaled = hidden_states * (1.0 / math.sqrt(hidden_states.shape[-1]))
+    variance = (scaled * scaled).sum(-1, keepdim=True)
+    # 0 where the variance is 0 (then x is 0): an eps below DL16's smallest normal flushes on
+    # the card, and rsqrt(0) would be the NaN code (adapters/rms_norm.py)
+    inv = torch.where(
+        variance > 0, torch.rsqrt(variance + self.variance_epsilon), torch.zeros_like(variance)
+    )
+    return self.weight * (hidden_states * inv)

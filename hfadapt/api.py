@@ -15,8 +15,9 @@ from __future__ import annotations
 import contextlib
 import os
 import types
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -29,6 +30,9 @@ from hfadapt.adapters.registry import (
 )
 from hfadapt.errors import DeviceError, UsageError
 from hfadapt.options import DType
+
+if TYPE_CHECKING:
+    from hfadapt.hub.resolve import HubOptions
 
 
 def register_device() -> None:
@@ -148,16 +152,27 @@ def _float32_encode(model: Any) -> None:
     model.encode = types.MethodType(encode, model)
 
 
-def _sentence_transformer(
-    ref: str,
-    source: Any,
-    *,
-    trust_remote_code: bool,
-    revision: str | None,
-    token: str | bool | None,
-    cache_dir: str | None,
-    local_files_only: bool,
+def _host_model(
+    ref: str, hub: HubOptions, trust_remote_code: bool, sentence_transformers: bool | None
 ) -> Any:
+    """The model on the host, in fp32: a SentenceTransformer (its ``encode`` returning float32)
+    when asked for, or (None) when the model has a modules.json; else the transformers model."""
+    from hfadapt.hub import resolve as locate
+    from hfadapt.judge import load as loading
+
+    source = locate.resolve(ref, hub)
+    if sentence_transformers is None:
+        sentence_transformers = _is_sentence_transformer(source.folder) or (
+            source.kind != "folder" and locate.has_file(source, "modules.json", hub)
+        )
+    if not sentence_transformers:
+        return loading.load(ref, trust_remote_code=trust_remote_code, hub=hub).model
+    model = _sentence_transformer(source, hub, trust_remote_code=trust_remote_code)
+    _float32_encode(model)
+    return model
+
+
+def _sentence_transformer(source: Any, hub: HubOptions, *, trust_remote_code: bool) -> Any:
     try:
         from sentence_transformers import SentenceTransformer
     except ImportError as exc:  # a core dependency: only a broken install gets here
@@ -173,11 +188,21 @@ def _sentence_transformer(
         source.model_id,
         device="cpu",
         trust_remote_code=trust_remote_code,
-        revision=revision,
-        token=token,
-        cache_folder=cache_dir,
-        local_files_only=local_files_only or source.kind == "cache",
+        revision=hub.revision,
+        token=hub.token,
+        cache_folder=hub.cache_dir,
+        local_files_only=hub.local_files_only or source.kind == "cache",
     )
+
+
+def _check_known(names: Sequence[str], registry: Registry | None) -> None:
+    """UsageError for the first of ``names`` that is no adapter of the registry."""
+    if not names:
+        return
+    known = {a.name for a in (registry or default_registry()).adapters}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise UsageError(f"no adapter named {unknown[0]!r}; see 'hfadapt adapters list'")
 
 
 def load(
@@ -186,6 +211,7 @@ def load(
     device: str | None = "spyre",
     dtype: torch.dtype | str = torch.float16,
     adapters: bool = True,
+    without_adapters: list[str] | tuple[str, ...] = (),
     trust_remote_code: bool = False,
     sentence_transformers: bool | None = None,
     registry: Registry | None = None,
@@ -201,7 +227,8 @@ def load(
     ``SentenceTransformer`` whose ``encode()`` runs on the device and returns float32 on the
     host, as the stock model does (``sentence_transformers`` None: decide by the presence of
     modules.json). ``revision``, ``token``, ``cache_dir`` and ``local_files_only`` mean what
-    they mean to ``from_pretrained``. ``applied(model)`` says which adapters it runs.
+    they mean to ``from_pretrained``. ``applied(model)`` says which adapters it runs;
+    ``without_adapters`` names registry adapters to leave out (UsageError for an unknown name).
 
     ``trust_remote_code=True`` returns a model whose repository code runs in THIS process, so
     it is refused (UsageError) unless ``run_remote_code_in_process=True`` says so explicitly;
@@ -214,39 +241,25 @@ def load(
             "trust_remote_code=True) (CLI: hfadapt diagnose MODEL --trust-remote-code), or "
             "pass run_remote_code_in_process=True to load it here anyway"
         )
-    from hfadapt.hub import resolve as locate
-    from hfadapt.judge import load as loading
+    from hfadapt.hub.resolve import HubOptions
 
-    ref = os.fspath(model_id_or_path)
+    if adapters:  # before any download: a misspelt name would stay applied
+        _check_known(without_adapters, registry)
     cache = os.fspath(cache_dir) if cache_dir is not None else None
-    hub = locate.HubOptions(
+    hub = HubOptions(
         revision=revision, token=token, cache_dir=cache, local_files_only=local_files_only
     )
-    source = locate.resolve(ref, hub)
-    if sentence_transformers is None:
-        want_st = _is_sentence_transformer(source.folder) or (
-            source.kind != "folder" and locate.has_file(source, "modules.json", hub)
-        )
-    else:
-        want_st = sentence_transformers
     torch_dtype = _dtype(dtype)
-    if want_st:
-        model: Any = _sentence_transformer(
-            ref,
-            source,
-            trust_remote_code=trust_remote_code,
-            revision=revision,
-            token=token,
-            cache_dir=cache,
-            local_files_only=local_files_only,
-        )
-        _float32_encode(model)
-    else:
-        model = loading.load(ref, trust_remote_code=trust_remote_code, hub=hub).model
+    model = _host_model(os.fspath(model_id_or_path), hub, trust_remote_code, sentence_transformers)
     model.eval()
     if adapters:
         on_spyre = device is not None and device.split(":")[0] == "spyre"
-        adapt(model, device="spyre" if on_spyre else None, registry=registry)
+        adapt(
+            model,
+            device="spyre" if on_spyre else None,
+            registry=registry,
+            exclude=tuple(without_adapters),
+        )
     model.to(torch_dtype)
     if device is not None:
         if device.split(":")[0] == "spyre":

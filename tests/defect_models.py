@@ -1,17 +1,12 @@
 """What the device-defect tests share: a tiny BERT folder with attention at the scale of trained
-weights, and the adapter registry minus the adapters that fix the defect under test (a model
-judged without them shows the defect; with the full registry it passes)."""
+weights (judged ``without_adapters=`` the fix, a model shows the defect; with the full registry
+it passes)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-import torch
-
-from hfadapt.adapters.registry import default_registry
 
 TINY_BERT: dict[str, Any] = {
     "model_type": "bert",
@@ -32,15 +27,3 @@ def tiny_bert_folder(folder: Path, **fields: Any) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps({**TINY_BERT, **fields}))
     return folder
-
-
-def adapters_without(*names: str) -> Callable[[torch.nn.Module], tuple[list[str], list[str]]]:
-    """A stand-in for hfadapt.judge.diagnose.apply_adapters: every registry adapter but
-    ``names``."""
-
-    def apply(model: torch.nn.Module) -> tuple[list[str], list[str]]:
-        reg = default_registry()
-        others = [a.name for a in reg.adapters if a.name not in names]
-        return list(reg.apply(model, only=others).names), []
-
-    return apply

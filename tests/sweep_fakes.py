@@ -54,7 +54,12 @@ def fake_judge(task: Task) -> Outcome:
         "adapters": [],
         # as the real worker: the level of the config the representative was judged on
         "evidence_level": level.value if (level := level_of_source(task.config_source)) else None,
-        "evidence": {"fake": True, "pid": os.getpid()},
+        # what the worker was told to leave out, so a test sees the option reach it
+        "evidence": {
+            "fake": True,
+            "pid": os.getpid(),
+            "without_adapters": list(task.judge.without_adapters),
+        },
     }
     return Outcome(task.key, task.model_id, verdict, row["reason"], row)
 

@@ -110,7 +110,7 @@ FAST_PROOFS = {
     "attention.py": "attention-head-dim-pad",
     "exp.py": "exp-stick-pad",
     "host_inputs.py": "position-ids-host",
-    "layer_norm.py": "layer-norm-fp32-unfused",
+    "layer_norm.py": "layer-norm-unfused",
     "masks.py": "attention-mask-host-helper",
     "post_ln_handoff.py": "post-ln-handoff-clone",
     "relative_position.py": "mpnet-position-bias-host",
@@ -120,6 +120,12 @@ FAST_PROOFS = {
     "t5.py": "t5-position-bias-host",
     "translated_families.py": "rms-norm-square-eurobert",
 }
+
+
+# Stock code that computes its statistics in fp32 whatever the input (the RMSNorms upcast with
+# .to(torch.float32), which narrows float64 inputs): the proof's floor is fp32's rounding, not
+# the rewrite's, which stays in the input dtype (on the card: fp16, no fp32 island).
+FP32_STOCK = {"rms_norm.py": 2**-22, "translated_families.py": 2**-22}
 
 
 def test_every_adapter_file_has_a_fast_proof() -> None:
@@ -139,7 +145,8 @@ def test_adapter_file_fast_float64_proof(file: str) -> None:
     a = REGISTRY.get(FAST_PROOFS[file])
     eq = prove_float64(a, seeds=(0, 1), registry=REGISTRY)
     assert eq.equivalent, f"{file}: {a.name}: {eq.summary()}"
-    assert eq.max_rel_err <= 1e-12, f"{file}: {a.name}: max rel err {eq.max_rel_err:.3g}"
+    bound = FP32_STOCK.get(file, 1e-12)
+    assert eq.max_rel_err <= bound, f"{file}: {a.name}: max rel err {eq.max_rel_err:.3g} > {bound}"
     assert len(eq.cases) == 8 and eq.controls_rejected, eq.summary()
 
 

@@ -18,6 +18,7 @@ from hfadapt.spyre import dl16
 from hfadapt.spyre.dl16 import DEFAULT_FORMAT, round_dl16, round_dl16_
 from hfadapt.spyre.dl16_native import available
 from hfadapt.spyre.kernels import chunked_matmul
+from hfadapt.spyre.profile import load_profile
 from hfadapt.spyre.tracking import SpyreFallbackWarning
 
 pytestmark = pytest.mark.usefixtures("spyre_backend")
@@ -157,14 +158,15 @@ class Mlp(nn.Module):
 def _reference(model: Mlp, x: torch.Tensor, rounded: bool) -> torch.Tensor:
     """The Mlp computed node by node in fp32, each result rounded to DL16 when ``rounded``
     (the device: inputs, weights and the 0.1 constant are DL16 values too; its linears
-    accumulate in two stick-aligned pieces whose partials are truncated to 9 bits, the
-    profile's numerics.matmul_chunk_truncate)."""
+    accumulate in pieces of the profile's chunk length whose partials are truncated to 9 bits,
+    numerics.matmul_chunk_truncate)."""
     q = r if rounded else (lambda t: t.float())
 
     def linear(a: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         if not rounded:
             return F.linear(a, w, b)
-        return chunked_matmul(a, w.t(), chunks=2, mantissa_bits=9).add_(b)
+        chunk = int(load_profile().numerics["matmul_chunks"]["chunk_elements"])
+        return chunked_matmul(a, w.t(), chunk, mantissa_bits=9).add_(b)
 
     h = q(linear(q(x), q(model.up.weight), q(model.up.bias)))
     h = q(F.gelu(h))

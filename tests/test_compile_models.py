@@ -52,7 +52,10 @@ TINY = {
 
 MASK_CAST = ("dtype.cast", "aten::_to_copy", "masking_utils.py")  # 2-D mask -> bool on device
 MASK_INDEX = ("op.unsupported", "aten::index.Tensor", "masking_utils.py")
-ROPE_SLICE = ("layout.stick_slice", "aten::slice.Tensor", "rotate_half")
+# rotate_half slices the head dim at d/2: off a stick for head_dim 64 in fp16 (refused), on one
+# for head_dim 128 (lowers, and mis-lowers: defect.rotate_half_slice, torch-spyre#3133); the
+# tiny Qwen3 and Gemma3 (head_dim 128, 256) and ModernBERT (64, its rotary in fp32: a 32-element
+# fp32 stick) all slice on a stick now (tests/test_device_card_failures.py)
 RMS_POW_FP32 = ("dtype.fp32.ops", "aten::pow.Tensor_Scalar", "pow(2)")
 POSITION_CAST = ("dtype.cast", "aten::_to_copy", "create_position_ids_from_input_ids")
 
@@ -75,11 +78,10 @@ EXPECTED = {
     "modernbert": [
         MASK_CAST,
         MASK_INDEX,
-        ROPE_SLICE,
         ("dtype.cast", "aten::_to_copy", "position_ids[..., None].float()"),
     ],
-    "qwen3": [MASK_CAST, MASK_INDEX, ROPE_SLICE, RMS_POW_FP32],
-    "gemma3_text": [MASK_CAST, MASK_INDEX, ROPE_SLICE, RMS_POW_FP32],
+    "qwen3": [MASK_CAST, MASK_INDEX, RMS_POW_FP32],
+    "gemma3_text": [MASK_CAST, MASK_INDEX, RMS_POW_FP32],
 }
 
 

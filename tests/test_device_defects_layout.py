@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from defect_models import adapters_without, tiny_bert_folder
+from defect_models import tiny_bert_folder
 
 from hfadapt.adapters.registry import default_registry, discover
 from hfadapt.spyre.compile.backend import lower
@@ -161,22 +161,19 @@ def _bert_folder(tmp_path: Path, tokens: int) -> Path:
 
 @pytest.mark.slow
 def test_diagnose_localizes_the_64_token_head_split_and_the_adapter_fixes_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
     import hfadapt.judge.diagnose as diagnose_module
 
-    stock_apply = diagnose_module.apply_adapters
     options = {"mode": "structural", "execution": "compile", "record": False}
     runs = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for tokens in (64, 128):
             folder = _bert_folder(tmp_path, tokens)
-            monkeypatch.setattr(
-                diagnose_module, "apply_adapters", adapters_without("attention-heads-select")
+            runs[tokens, "stock"] = diagnose_module.diagnose(
+                str(folder), without_adapters=["attention-heads-select"], **options
             )
-            runs[tokens, "stock"] = diagnose_module.diagnose(str(folder), **options)
-            monkeypatch.setattr(diagnose_module, "apply_adapters", stock_apply)
             runs[tokens, "adapted"] = diagnose_module.diagnose(str(folder), **options)
     cosines = {k: (d.metrics.min_token_cosine if d.metrics else None) for k, d in runs.items()}
     print(f"min token cosine: {cosines}")
@@ -235,18 +232,17 @@ def _loaded_with_exp(tmp_path: Path):  # type: ignore[no-untyped-def]
 
 @pytest.mark.slow
 def test_diagnose_localizes_unaligned_exp_and_the_adapter_fixes_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
     import hfadapt.judge.diagnose as diagnose_module
 
     (tmp_path / "exp").mkdir()
-    stock_apply = diagnose_module.apply_adapters
     options = {"mode": "structural", "execution": "compile", "record": False}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        monkeypatch.setattr(diagnose_module, "apply_adapters", adapters_without("exp-stick-pad"))
-        stock = diagnose_module.diagnose(_loaded_with_exp(tmp_path), **options)
-        monkeypatch.setattr(diagnose_module, "apply_adapters", stock_apply)
+        stock = diagnose_module.diagnose(
+            _loaded_with_exp(tmp_path), without_adapters=["exp-stick-pad"], **options
+        )
         (tmp_path / "exp").rename(tmp_path / "exp-stock")
         (tmp_path / "exp").mkdir()
         adapted = diagnose_module.diagnose(_loaded_with_exp(tmp_path), **options)

@@ -140,6 +140,10 @@ def minilm_fp16() -> tuple[Any, Any, Path]:
 
 @pytest.mark.slow
 def test_real_minilm_in_fp16(spyre, minilm_fp16) -> None:
+    """MiniLM's stock SDPA attention hands the card transposed Q/K/V, which its SDPA misreads
+    in eager mode too (defect.transpose_sdpa_noncontiguous): the audit shows the defect and a
+    garbage output. The plain matmul attention ("eager" in transformers) tracks the
+    reference."""
     from transformers import AutoModel
 
     model, tokenizer, path = minilm_fp16
@@ -160,6 +164,15 @@ def test_real_minilm_in_fp16(spyre, minilm_fp16) -> None:
     assert not any(v.op == "aten::gather" for v in report.violations), (
         "the tokenizer passes token_type_ids"
     )
+    sdpa_cos = _min_token_cosine(out, ref, batch["attention_mask"])
+    assert {d.defect_id for d in report.defects} == {"defect.transpose_sdpa_noncontiguous"}
+    assert sdpa_cos < 0.5, f"stock SDPA on the card: min per-token cosine {sdpa_cos:.5f}"
+
+    model.config._attn_implementation = "eager"
+    report, out = _audit(spyre, device_model, dev_inputs)
+    model.config._attn_implementation = "sdpa"
     cos = _min_token_cosine(out, ref, batch["attention_mask"])
+    assert not report.defects, report.defects
     assert cos >= 0.99, f"MiniLM fp16 audit run vs CPU fp32: min per-token cosine {cos:.5f}"
     assert not out.isnan().any()
+    print(f"MiniLM fp16 eager device: SDPA {sdpa_cos:.4f}, matmul attention {cos:.6f}")

@@ -15,8 +15,9 @@ from conftest import cpu_fp16_runner
 
 from hfadapt.errors import SpyreOpError
 from hfadapt.judge.diagnose import diagnose
+from hfadapt.judge.options import JudgeOptions
 from hfadapt.spyre.profile import available_profiles, load_profile
-from hfadapt.sweep.run import run_sweep
+from hfadapt.sweep.options import SweepOptions
 from hfadapt.sweep.worker import Task
 
 # -- item 4: eager casts as the op table says -------------------------------------------------
@@ -24,17 +25,26 @@ from hfadapt.sweep.worker import Task
 
 def test_eager_casts_follow_the_profile_version(spyre) -> None:  # type: ignore[no-untyped-def]
     from hfadapt.spyre.eager.device import tracking
+    from hfadapt.spyre.tracking import SpyreFallbackWarning
 
     x = torch.randn(4, 64).half().to("spyre")
-    with tracking("spyre-2026.07"):
+    with tracking("spyre-2026.07") as report:
         assert x.float().dtype == torch.float32  # mid-2026 op table: casts allowed
-    with tracking("spyre-2026.10"), pytest.raises(SpyreOpError, match="not yet supported in eager"):
-        x.float()
+    assert not report.fallbacks
+    # the newer op table: eager casts are not supported, and (torch-spyre#1691) a cast the
+    # device cannot do runs on the host as a CPU fallback, warned and counted
+    with tracking("spyre-2026.10") as report, pytest.warns(SpyreFallbackWarning, match="_to_copy"):
+        back = x.float()
+    assert back.dtype == torch.float32 and report.fallbacks["aten::_to_copy"] == 1
+    assert torch.equal(back.cpu(), x.cpu().float())
+    with tracking("spyre-2026.07"), pytest.raises(SpyreOpError, match="cast from int32 to float16"):
+        torch.ones(4, dtype=torch.int32).to("spyre").half()  # never allowed, no fallback then
     with tracking("spyre-2026.10"):  # a host-side conversion on the way in is no device cast
         assert torch.randn(3).to("spyre", torch.float16).dtype == torch.float16
     newer = load_profile("spyre-2026.10")
     print(f"2026.10 casts: eager {newer.eager_casts}; source {newer.sources['ops_newer']!r}")
     assert not newer.eager_casts and load_profile("spyre-2026.07").eager_casts
+    assert newer.cast_fallback and not load_profile("spyre-2026.07").cast_fallback
 
 
 def test_compiled_casts_still_lower_in_the_newer_profile(spyre_backend) -> None:  # type: ignore[no-untyped-def]
@@ -56,10 +66,11 @@ def test_compiled_casts_still_lower_in_the_newer_profile(spyre_backend) -> None:
 def test_compiled_is_the_default_path_of_diagnose_and_sweep() -> None:
     defaults = {
         "diagnose": inspect.signature(diagnose).parameters["execution"].default,
-        "run_sweep": inspect.signature(run_sweep).parameters["execution"].default,
-        "Task": Task("k", "m").execution,
+        "JudgeOptions": JudgeOptions().execution,
+        "SweepOptions": SweepOptions().judge.execution,
+        "Task": Task("k", "m").judge.execution,
     }
-    assert defaults == {"diagnose": "compile", "run_sweep": "compile", "Task": "compile"}, defaults
+    assert set(defaults.values()) == {"compile"}, defaults
 
 
 # -- item 6: dtype per family -------------------------------------------------------------------

@@ -1,12 +1,13 @@
-"""The card's reduced-precision RMSNorm (issue 12, item 2), against hf-adapters' published
-figures (docs/spyre-numerical-findings.md): mean relative error of the card's DL16 RMSNorm
-against fp32 on real weights: 1.73% at hidden 1024 (Qwen3-0.6B) up to about 5% at 3584-4096.
+"""The card's reduced-precision reductions and the other numerics of the simulated device,
+against the figures their sources publish, measured through the device itself (``.to("spyre")``
+and ``torch.compile(..., backend="spyre")``).
 
-Inputs scaled like real activations: the hidden states that reach a norm have channels whose
-magnitudes differ by orders of magnitude, modelled here as N(0, 1) times a per-channel scale
-exp(N(0, 1)) (log-normal, sigma 1), over sqrt(hidden). Band: every width within 0.6x-1.4x of
-its published figure (measured over seeds 0-3: 0.80x-1.32x). For comparison, the same kernel on
-plain N(0, 1/hidden) inputs overshoots about 2x at 3-4k (printed by the last test)."""
+RMSNorm: hf-adapters' docs/spyre-numerical-findings.md gives the card's mean relative error
+against fp32 with real weights on inputs N(0, 1)/sqrt(hidden), seq 128: 1.73% (hidden 1024),
+2.51% (2048), 3.78% (3072), 4.99% (4096). The card path hf-adapters measures is its
+``patch_rmsnorm``, ``(x*x).mean(-1)`` in fp16, so the reduced precision belongs to fp16 ``mean``
+(the native ``rms_norm`` shares it); torch-spyre#2400 shows fp16 ``sum`` right (1.003x) where
+``mean`` is not. Band: every width within 0.75x-1.25x."""
 
 from __future__ import annotations
 
@@ -18,60 +19,81 @@ from hfadapt.spyre.dl16 import DEFAULT_FORMAT, round_dl16
 from hfadapt.spyre.kernels import native_kernel
 from hfadapt.spyre.profile import load_profile
 
-PUBLISHED = {1024: 0.0173, 2048: 0.0251, 3072: 0.0378, 3584: 0.0507, 4096: 0.0499}
-BAND = (0.6, 1.4)
+PUBLISHED = {1024: 0.0173, 2048: 0.0251, 3072: 0.0378, 4096: 0.0499}
+BAND = (0.75, 1.25)
 
 
-def _mean_rel_error(hidden: int, *, rows: int = 64, seed: int = 0, spread: float = 1.0) -> float:
-    g = torch.Generator().manual_seed(seed)
-    scale = torch.exp(spread * torch.randn(hidden, generator=g))
-    x = round_dl16(torch.randn(rows, hidden, generator=g) * scale / hidden**0.5)
-    w = round_dl16(1 + 0.1 * torch.randn(hidden, generator=g))
-    kernel = native_kernel("aten::rms_norm", load_profile())
-    assert kernel is not None, "the profile enables the DL16 rms_norm kernel"
-    out = kernel([x, [hidden], w, 1e-6], {}, DEFAULT_FORMAT)
-    ref = F.rms_norm(x, [hidden], w, 1e-6)
-    return float(((out - ref).abs() / ref.abs().clamp_min(1e-12)).mean())
+def _source_inputs(hidden: int, rows: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(rows, hidden, generator=g) / hidden**0.5).half()
+    w = (1 + 0.1 * torch.randn(hidden, generator=g)).half()
+    return x, w
 
 
+def _mean_rel(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return float(((out.float() - ref).abs() / ref.abs().clamp_min(1e-6)).mean())
+
+
+@pytest.mark.parametrize("path", ["(x*x).mean()", "F.rms_norm"])
 @pytest.mark.parametrize("hidden", sorted(PUBLISHED))
-def test_rms_norm_reproduces_the_published_error(hidden: int) -> None:
-    measured = _mean_rel_error(hidden)
-    published = PUBLISHED[hidden]
-    ratio = measured / published
-    print(
-        f"DL16 RMSNorm, hidden {hidden}: measured {measured:.2%}, published {published:.2%} "
-        f"({ratio:.2f}x; band {BAND[0]}x-{BAND[1]}x)"
-    )
-    assert BAND[0] <= ratio <= BAND[1], (
-        f"hidden {hidden}: measured {measured:.3%} vs published {published:.2%} = {ratio:.2f}x, "
-        f"outside {BAND}"
-    )
+def test_rms_norm_on_the_card_matches_the_published_error(
+    spyre: object, hidden: int, path: str
+) -> None:
+    x, w = _source_inputs(hidden)
+    ref = F.rms_norm(x.float(), [hidden], w.float(), 1e-6)
+    xs, ws = x.to("spyre"), w.to("spyre")
+    with torch.no_grad():
+        if path == "F.rms_norm":
+            y = F.rms_norm(xs, [hidden], ws, 1e-6)
+        else:  # hf-adapters' card path
+            y = ws * (xs * torch.rsqrt((xs * xs).mean(-1, keepdim=True) + 1e-6))
+    measured = _mean_rel(y.cpu(), ref)
+    ratio = measured / PUBLISHED[hidden]
+    print(f"{path}, hidden {hidden}: {measured:.2%} vs published {PUBLISHED[hidden]:.2%} "
+          f"({ratio:.2f}x, band {BAND[0]}x-{BAND[1]}x)")  # fmt: skip
+    assert BAND[0] <= ratio <= BAND[1], (path, hidden, measured, ratio)
 
 
-def test_plain_gaussian_inputs_show_the_model_limit() -> None:
-    """Without the channel spread the sequential model swamps more at large widths: it still
-    matches at 1024, and overshoots at 4096 (kept below 3x; the channel-scaled inputs above are
-    the calibration)."""
-    at_1024 = _mean_rel_error(1024, spread=0.0)
-    at_4096 = _mean_rel_error(4096, rows=32, spread=0.0)
-    print(
-        f"N(0, 1/hidden) inputs: 1024 {at_1024:.2%} (published 1.73%), 4096 {at_4096:.2%} (4.99%)"
-    )
-    assert BAND[0] <= at_1024 / PUBLISHED[1024] <= BAND[1], at_1024
-    assert PUBLISHED[4096] < at_4096 < 3 * PUBLISHED[4096], at_4096
+def test_reduced_precision_is_the_same_compiled(spyre_backend: object) -> None:
+    """The compiled (x*x).mean() gives the eager device's numbers, bit for bit."""
+    import hfadapt.spyre as spyre_device
+
+    spyre_device.register()
+    x, w = _source_inputs(1024, rows=32)
+
+    def norm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return b * (a * torch.rsqrt((a * a).mean(-1, keepdim=True) + 1e-6))
+
+    with torch.no_grad():
+        compiled = torch.compile(norm, backend="spyre")(x, w)
+        eager = norm(x.to("spyre"), w.to("spyre")).cpu()
+    print(f"compiled vs eager: max |diff| {float((compiled - eager).abs().max()):.2e}")
+    assert torch.equal(compiled, eager)
 
 
-def test_an_fp32_island_avoids_the_error() -> None:
-    """The rms-norm adapters' form, (x*x).mean() in fp32, computes in IEEE fp32 on the card:
-    rounding only its output to DL16 keeps the error at DL16's half-ulp."""
-    g = torch.Generator().manual_seed(1)
-    x = round_dl16(torch.randn(64, 1024, generator=g) / 32)
-    ref = F.rms_norm(x, [1024], None, 1e-6)
-    island = round_dl16(x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-6))
-    rel = float(((island - ref).abs() / ref.abs().clamp_min(1e-12)).mean())
-    print(f"fp32 island: mean relative error {rel:.4%} (DL16 half-ulp bound {2**-10:.4%})")
-    assert rel <= 2**-10, rel
+def test_fp16_sum_is_right_where_mean_is_reduced(spyre: object) -> None:
+    """torch-spyre#2400's data (x = N(0, 1) * 0.001, D = 4096): the card's fp16 sum of x*x is
+    1.003x the fp32 one; here within one DL16 rounding (0.1%). The same values' mean carries
+    the reduced-precision accumulation (below the fp32 mean: truncated adds)."""
+    x = (torch.randn(4096, generator=torch.Generator().manual_seed(42)) * 0.001).half()
+    exact = float((x.float() * x.float()).sum())
+    xs = x.to("spyre")
+    summed = float((xs * xs).sum().cpu())
+    mean = float((xs * xs).mean().cpu())
+    print(f"sum {summed / exact:.4f}x (published 1.003x), mean {mean * 4096 / exact:.4f}x")
+    assert abs(summed / exact - 1) <= 2**-10, summed / exact
+    assert mean * 4096 / exact < 1 - 2**-9, mean * 4096 / exact
+
+
+def test_fp16_multiply_differs_from_cpu_fp16_as_published(spyre: object) -> None:
+    """torch-spyre#1990: an fp16 multiply on the card differs from CPU fp16 by up to about 2^-6
+    (16 fp16 ULP) on magnitude-1 operands. DL16's 9-bit results, with both operands rounded on
+    transfer, give the same size: no defect of its own."""
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(1 << 16, generator=g).half(), torch.randn(1 << 16, generator=g).half()
+    diff = float(((a.to("spyre") * b.to("spyre")).cpu().float() - (a * b).float()).abs().max())
+    print(f"max |device - cpu fp16| {diff} (published about 2^-6 = {2**-6})")
+    assert 2**-7 <= diff <= 2**-5, diff
 
 
 # ---- softmax: probability left on masked positions -----------------------------------------
@@ -110,26 +132,30 @@ def test_softmax_leaves_the_published_probability_on_masked_positions(op: str) -
     assert float((rows - 1).abs().max()) <= 2**-8, f"rows sum to {rows.min()}..{rows.max()}"
 
 
-def test_softmax_clamps_its_exponent_without_changing_a_bit() -> None:
-    """The kernel clamps exponents below log(floor) before exp (the CPU's exp is slow on the
-    masked keys' -3.35e7): every such exp ends at the floor anyway, so the result is the one
-    the unclamped definition gives, bit for bit, -inf, NaN and whole masked rows included."""
-    from hfadapt.spyre import kernels
+def test_softmax_leaks_only_onto_minus_inf_masks(spyre: object) -> None:
+    """hf-adapters' hf_common.py: a finite fill (finfo(dtype).min / 2) "still underflows exp()
+    to exactly 0"; only keys masked with -inf (held as the 0xEFFF code) keep the leak. Eager
+    and compiled alike."""
+    from hfadapt.spyre.compile import backend
 
-    floor = float(load_profile().numerics["softmax_exp_floor"]["exp_floor"])
-    logits, _ = _masked_attention(spread=30.0, seed=3)
-    held = round_dl16(logits, transfer=True)
-    held[0, 0, :] = -3.35e7  # a fully masked row
-    held[0, 1, :4] = float("-inf")
-    held[0, 2, 5] = float("nan")
-    e = torch.exp(held - held.amax(-1, keepdim=True)).clamp_min_(floor)
-    definition = e / e.sum(-1, keepdim=True)
-    got = kernels._softmax_floor(held, -1, floor)
-    same = (got.view(torch.int32) == definition.view(torch.int32)) | (
-        got.isnan() & definition.isnan()
-    )
-    print(f"floor {floor:.3e}: {int((~same).sum())} of {got.numel()} values differ")
-    assert bool(same.all()), int((~same).sum())
+    backend.register()
+    logits = (3.0 * torch.randn(4, 64, generator=torch.Generator().manual_seed(5))).half()
+    finite = logits.clone()
+    finite[:, 24:] = torch.finfo(torch.float16).min / 2
+    minus_inf = logits.clone()
+    minus_inf[:, 24:] = float("-inf")
+    soft = torch.compile(lambda t: torch.softmax(t, -1), backend="spyre")
+    for name, masked in (("finfo.min/2", finite), ("-inf", minus_inf)):
+        eager = torch.softmax(masked.to("spyre"), -1).cpu()[:, 24:]
+        compiled = soft(masked)[:, 24:]
+        print(
+            f"{name}: masked max eager {float(eager.max()):.2e}, compiled {float(compiled.max()):.2e}"
+        )
+        if name == "finfo.min/2":
+            assert float(eager.max()) == 0.0 and float(compiled.max()) == 0.0
+        else:
+            assert 1e-6 <= float(eager.max()) <= 4.95e-5
+            assert torch.equal(eager, compiled)
 
 
 def test_softmax_without_masks_keeps_the_cpu_result() -> None:
@@ -174,21 +200,21 @@ def test_a_truncated_partial_rounds_half_up_where_the_cpu_rounds_to_even() -> No
 
 
 @pytest.mark.parametrize(
-    ("a_shape", "b_shape", "chunks"),
+    ("a_shape", "b_shape", "chunk"),
     [
-        ((64, 768), (768, 96), 2),  # an even split: one batched product
-        ((64, 768), (768, 96), 3),
-        ((20, 100), (100, 33), 2),  # an uneven split: the pieces one by one
-        ((6, 40, 128), (6, 128, 64), 2),  # batched (attention's probabilities @ V)
-        ((3, 7, 256), (256, 9), 4),  # a broadcast batch
+        ((64, 768), (768, 96), 256),  # an even split: one batched product
+        ((64, 768), (768, 96), 128),
+        ((20, 100), (100, 33), 64),  # an uneven split: the pieces one by one
+        ((6, 40, 128), (6, 128, 64), 64),  # batched (attention's probabilities @ V)
+        ((3, 7, 256), (256, 9), 64),  # a broadcast batch
     ],
 )
 def test_the_one_pass_accumulation_computes_the_piecewise_definition(
-    a_shape: tuple[int, ...], b_shape: tuple[int, ...], chunks: int
+    a_shape: tuple[int, ...], b_shape: tuple[int, ...], chunk: int
 ) -> None:
     """kernels.chunked_matmul (pieces made side by side, truncated, summed, biased and rounded
     in one pass by the C kernels when built, else by torch ops): both paths give the same bits,
-    and they compute the definition: each stick-aligned piece's product truncated, added in
+    and they compute the definition: each ``chunk``-element piece's product truncated, added in
     order, then the bias added and the sum rounded to DL16."""
     from hfadapt.spyre import kernels
 
@@ -197,12 +223,10 @@ def test_the_one_pass_accumulation_computes_the_piecewise_definition(
     b = torch.randn(*b_shape, generator=g)
     bias = torch.randn(b_shape[-1], generator=g)
     k = a_shape[-1]
-    sticks = -(-k // kernels.STICK)
-    per = -(-sticks // chunks) * kernels.STICK
     summed: torch.Tensor | None = None
-    for start in range(0, k, per):
+    for start in range(0, k, chunk):
         part = kernels.truncate_partial_(
-            a[..., start : start + per] @ b[..., start : start + per, :], 9
+            a[..., start : start + chunk] @ b[..., start : start + chunk, :], 9
         )
         summed = part if summed is None else summed + part
     assert summed is not None
@@ -210,8 +234,8 @@ def test_the_one_pass_accumulation_computes_the_piecewise_definition(
 
     def run() -> dict[str, torch.Tensor]:
         return {
-            "sum": kernels.chunked_matmul(a, b, chunks, 9),
-            "linear": kernels.chunked_matmul(a, b, chunks, 9, bias=bias, fmt=DEFAULT_FORMAT),
+            "sum": kernels.chunked_matmul(a, b, chunk, 9),
+            "linear": kernels.chunked_matmul(a, b, chunk, 9, bias=bias, fmt=DEFAULT_FORMAT),
         }
 
     native = run()
@@ -258,3 +282,22 @@ def test_chunked_accumulation_adds_error_on_both_paths() -> None:
     assert report.ok
     assert torch.equal(compiled, eager), float((compiled.float() - eager.float()).abs().max())
     assert 1.1 <= measured / floor <= 2.0, (measured, floor)
+
+
+def test_truncated_partials_grow_with_k() -> None:
+    """The chunk length is fixed (profile matmul_chunks.chunk_elements), so a deeper product
+    has more truncated partials: on N(0, 1) data the error grows with K, where two pieces
+    whatever the K (the previous model) kept it flat."""
+    from hfadapt.spyre import kernels
+
+    spec = load_profile().numerics["matmul_chunks"]
+    errors = {}
+    for k in (256, 1024, 4096):
+        g = torch.Generator().manual_seed(k)
+        a = round_dl16(torch.randn(256, k, generator=g))
+        b = round_dl16(torch.randn(k, 256, generator=g) / k**0.5)
+        ref = a.double() @ b.double()
+        out = kernels.chunked_matmul(a, b, int(spec["chunk_elements"]), 9, fmt=DEFAULT_FORMAT)
+        errors[k] = _rel(out, ref)
+    print("mean relative error by K: " + ", ".join(f"{k} {e:.3e}" for k, e in errors.items()))
+    assert errors[256] < errors[1024] < errors[4096], errors

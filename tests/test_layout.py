@@ -85,8 +85,9 @@ def test_slicing_the_stick_dimension_at_an_offset(spyre_backend) -> None:  # typ
 
     [v] = refused(Halves(), fp16(4, 64)).violations
     assert (v.rule_id, v.op) == ("layout.stick_slice", "aten::slice.Tensor"), str(v)
-    assert (
-        v.message == "stick expression with offset: slicing the stick (last) dimension at offset 32"
+    assert v.message == (
+        "stick expression with offset: slicing the stick (last) dimension at offset 32, "
+        "not a multiple of the stick (64 elements)"
     )
 
     class Rows(nn.Module):  # slicing another dimension, or the stick dim at offset 0, lowers
@@ -95,6 +96,22 @@ def test_slicing_the_stick_dimension_at_an_offset(spyre_backend) -> None:  # typ
 
     torch.compile(Rows(), backend="spyre")(fp16(4, 64))
     assert spyre_backend.last_report().ok
+
+    class Sticks(nn.Module):  # a stick-aligned offset (hf-adapters _dspark_common.py) lowers
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x[..., 64:] * x[..., :64]
+
+    torch._dynamo.reset()
+    torch.compile(Sticks(), backend="spyre")(fp16(4, 128))
+    assert spyre_backend.last_report().ok, spyre_backend.last_report().summary()
+
+    class Floats(nn.Module):  # an fp32 stick holds 32 elements: offset 32 is aligned there
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return (x.float()[..., 32:] * 2).half()
+
+    torch._dynamo.reset()
+    torch.compile(Floats(), backend="spyre")(fp16(4, 64))
+    assert spyre_backend.last_report().ok, spyre_backend.last_report().summary()
 
 
 def test_zero_length_tensor() -> None:
@@ -119,8 +136,9 @@ def test_dynamic_shapes() -> None:
 
 
 def test_a_new_shape_recompiles_statically_or_is_refused(spyre_backend) -> None:  # type: ignore[no-untyped-def]
-    """Dynamo marks a dimension dynamic after it changes: with dynamic=False every shape gets
-    its own static graph; by default the second shape is a dynamic-shape violation."""
+    """Dynamo marks a dimension dynamic after it changes: the card compiles each static shape,
+    so with dynamic=False and by default alike every shape gets its own static graph; only
+    ``dynamic=True`` asks for dynamic shapes, a dynamic-shape violation."""
 
     class Double(nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -133,8 +151,12 @@ def test_a_new_shape_recompiles_statically_or_is_refused(spyre_backend) -> None:
     torch._dynamo.reset()
     default = torch.compile(Double(), backend="spyre")
     default(fp16(8, 64))
+    out = default(fp16(16, 64))
+    assert out.shape == (16, 64) and spyre_backend.last_report().ok
+    torch._dynamo.reset()
+    dynamic = torch.compile(Double(), backend="spyre", dynamic=True)
     with pytest.raises(SpyreLoweringError, match="dynamic shape"):
-        default(fp16(16, 64))
+        dynamic(fp16(16, 64))
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from defect_models import adapters_without, tiny_bert_folder
+from defect_models import tiny_bert_folder
 from torch.nn import functional as F
 
 from hfadapt.spyre.compile.backend import lower
@@ -195,21 +195,16 @@ def test_no_layer_norm_output_no_mark() -> None:
 
 @pytest.mark.slow
 def test_diagnose_localizes_the_handoff_and_the_adapter_fixes_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
     import hfadapt.judge.diagnose as diagnose_module
     from hfadapt.cli import diagnose as cli_diagnose
 
     folder = tiny_bert_folder(tmp_path / "bert-post-ln")
-    stock_apply = diagnose_module.apply_adapters
-    without_the_fix = adapters_without(ADAPTER)
-
     options = {"mode": "structural", "execution": "compile", "record": False}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        monkeypatch.setattr(diagnose_module, "apply_adapters", without_the_fix)
-        stock = diagnose_module.diagnose(str(folder), **options)
-        monkeypatch.setattr(diagnose_module, "apply_adapters", stock_apply)
+        stock = diagnose_module.diagnose(str(folder), without_adapters=[ADAPTER], **options)
         adapted = diagnose_module.diagnose(str(folder), **options)
 
     m = stock.metrics
@@ -262,9 +257,7 @@ def test_the_adapter_is_proven_through_the_compile_backend() -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model_type", ["gte", "jina_embeddings_v3"])
-def test_post_ln_layers_split_by_the_host_rope_are_cloned(
-    model_type: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_post_ln_layers_split_by_the_host_rope_are_cloned(model_type: str, tmp_path: Path) -> None:
     """gte (Alibaba new) and jina-embeddings-v3 are post-LN and the host rope splits each layer
     into frames of its own: a layer's LayerNorm output crosses into the next layer's q_proj.
     Without the adapter the defect fires in a layer's projection (found by the bundled 10,000
@@ -274,15 +267,12 @@ def test_post_ln_layers_split_by_the_host_rope_are_cloned(
 
     model, _, _ = tiny_model(model_type, 0, initializer_range=0.2)
     model.config.save_pretrained(tmp_path)
-    stock_apply = diagnose_module.apply_adapters
-    without_the_fix = adapters_without(ADAPTER)
-
     options = {"mode": "structural", "execution": "compile", "record": False}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        monkeypatch.setattr(diagnose_module, "apply_adapters", without_the_fix)
-        stock = diagnose_module.diagnose(str(tmp_path), localize_failures=False, **options)
-        monkeypatch.setattr(diagnose_module, "apply_adapters", stock_apply)
+        stock = diagnose_module.diagnose(
+            str(tmp_path), localize_failures=False, without_adapters=[ADAPTER], **options
+        )
         adapted = diagnose_module.diagnose(str(tmp_path), **options)
     fired = [f["module"] for e in stock.evidence.get("defects", []) for f in e["firings"]]
     print(

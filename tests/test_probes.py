@@ -116,3 +116,21 @@ def test_model_inputs_drop_what_forward_does_not_take(
     got = model_inputs(model, batch)
     assert ("token_type_ids" in got) is expected, sorted(got)
     assert {"input_ids", "attention_mask"} <= set(got)
+
+
+def test_the_mask_comes_from_the_tokenizer_not_from_the_pad_id(minilm_path: Path) -> None:
+    """A tokenizer whose unknown-token id is also its pad id: real tokens that are unknown keep
+    mask 1 (a mask rebuilt as ``input_ids != pad_token_id`` would drop them, and a row of
+    unknown words would become all padding)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(minilm_path)
+    tokenizer.pad_token = tokenizer.unk_token
+    batch = tokenize_probes(tokenizer)
+    ids, mask = batch.inputs["input_ids"], batch.attention_mask
+    pad = tokenizer.pad_token_id
+    unknown_real = int(((ids == pad) & (mask == 1)).sum())
+    print(f"pad id {pad}: {unknown_real} real tokens share it, all kept in the mask")
+    assert unknown_real > 0
+    lengths = [len(tokenizer(t)["input_ids"]) for t in batch.texts or ()]
+    assert mask.sum(dim=1).tolist() == lengths

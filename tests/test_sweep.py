@@ -165,6 +165,33 @@ def test_a_second_run_resumes_nothing_left(sweep_engine: Any, fake_worker: str) 
     assert per_sweep == {first.sweep_id: 13, again.sweep_id: 13}
 
 
+def test_adapters_left_out_reach_every_unit_and_tell_sweeps_apart(
+    sweep_engine: Any, fake_worker: str
+) -> None:
+    judging = JudgeOptions(mode="structural", localize=False, without_adapters=["gelu-exact-host"])
+    left_out = run_sweep(
+        sweep_engine, SweepOptions(judging, workers=1, resume=False), worker=fake_worker
+    )
+    judged = [r for r in runs(sweep_engine, left_out.sweep_id) if r["evidence"].get("fake")]
+    told = Counter(tuple(r["evidence"]["without_adapters"]) for r in judged)
+    assert told == {("gelu-exact-host",): left_out.judged}, told
+    with sweep_engine.connect() as conn:
+        stored = conn.execute(
+            text("SELECT options FROM sweep WHERE id = :i"), {"i": left_out.sweep_id}
+        ).scalar_one()
+    stored = json.loads(stored) if isinstance(stored, str) else stored
+    assert stored["without_adapters"] == ["gelu-exact-host"], stored
+    # the same sweep with every adapter is another sweep: it never resumes this one
+    every = SweepOptions(judging.but(without_adapters=())).identity("p", 1)
+    assert SweepOptions(judging).identity("p", 1) != every, every
+    with pytest.raises(UsageError, match="no adapter named 'nope'"):
+        run_sweep(
+            sweep_engine,
+            SweepOptions(judging.but(without_adapters=("nope",)), workers=1),
+            worker=fake_worker,
+        )
+
+
 def test_top_and_model_type_select_models(sweep_engine: Any, fake_worker: str) -> None:
     top = run_sweep(sweep_engine, SweepOptions(top=6, resume=False), worker=fake_worker)
     assert (top.models, top.units) == (6, 2), top  # bert-a0..a4 and bert-relu

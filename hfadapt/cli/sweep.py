@@ -174,6 +174,15 @@ def sweep(
             "measures what adapters unblock against).",
         ),
     ] = False,
+    without_adapter: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--without-adapter",
+            metavar="NAME",
+            help="Leave this registry adapter out of every unit (repeatable).",
+            show_default=False,
+        ),
+    ] = None,
     full_width: Annotated[
         bool,
         typer.Option(
@@ -212,12 +221,15 @@ def sweep(
     from hfadapt.judge.options import JudgeOptions
     from hfadapt.sweep.options import SweepOptions
 
+    if no_adapters and without_adapter:
+        raise UsageError("--without-adapter applies only with adapters (not with --no-adapters)")
     judging = JudgeOptions(
         mode=mode,
         execution=Execution.COMPILE if compile_ else Execution.EAGER,
         dtype=dtype,
         profile=profile,
         adapters=not no_adapters,
+        without_adapters=tuple(without_adapter or ()),
         localize=False,
         trust_remote_code=trust_remote_code,
         unsafe_no_isolation=unsafe_no_isolation,

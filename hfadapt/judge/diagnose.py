@@ -8,7 +8,8 @@ from __future__ import annotations
 import copy
 import importlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import torch
@@ -22,8 +23,10 @@ from hfadapt.errors import (
     ModelNotFoundError,
     SpyreLoweringError,
     SpyreUnsupportedModelError,
+    UsageError,
 )
 from hfadapt.hub.resolve import HubOptions
+from hfadapt.judge.defect_evidence import defect_evidence, defects_in, structural_defect
 from hfadapt.judge.diagnosis import (
     Diagnosis,
     Phases,
@@ -62,16 +65,19 @@ def default_runner() -> Runner:
     return run_on_device
 
 
-def apply_adapters(model: torch.nn.Module) -> tuple[list[str], list[str]]:
+def apply_adapters(
+    model: torch.nn.Module, without: Sequence[str] = ()
+) -> tuple[list[str], list[str]]:
     """THE adapter hook point: apply every matching adapter of ``hfadapt.adapters.registry`` to this model
-    instance (the device copy only). Returns (adapter names applied, adapter load errors).
-    Without a registry module nothing is applied; a broken adapter never stops a diagnosis."""
+    instance (the device copy only), except those named in ``without``. Returns (adapter names
+    applied, adapter load errors). Without a registry module nothing is applied; a broken
+    adapter never stops a diagnosis."""
     try:
         registry = importlib.import_module("hfadapt.adapters.registry")
     except ImportError:
         return [], []
     try:
-        handle = registry.apply(model)
+        handle = registry.apply(model, exclude=tuple(without)) if without else registry.apply(model)
     except Exception as exc:
         return [], [
             f"adapters not applied: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
@@ -100,6 +106,23 @@ def _check_options(mode: str, dtype: str | None, execution: str) -> None:
     if dtype not in (None, AUTO_DTYPE):
         DType.parse(dtype, "dtype")
     Execution.parse(execution, "execution")
+
+
+def check_adapter_names(names: Sequence[str]) -> tuple[str, ...]:
+    """The adapter names of ``without_adapters``, each one the registry knows (UsageError for
+    one it does not: a misspelt name would silently leave every adapter applied)."""
+    wanted = tuple(dict.fromkeys(str(n).strip() for n in names))
+    if not wanted:
+        return ()
+    from hfadapt.adapters.registry import default_registry
+
+    known = {a.name for a in default_registry().adapters}
+    unknown = [n for n in wanted if n not in known]
+    if unknown:
+        raise UsageError(
+            f"no adapter named {unknown[0]!r} (--without-adapter); see 'hfadapt adapters list'"
+        )
+    return wanted
 
 
 def _load(
@@ -142,39 +165,6 @@ def _not_deterministic(first: torch.Tensor, second: torch.Tensor) -> str | None:
     )
 
 
-def defect_evidence(report: Any) -> list[dict[str, Any]]:
-    """The device defects that fired, one entry per defect: its id, source, effect, and the
-    modules (with the ATen ops) where it fired."""
-    out: dict[str, dict[str, Any]] = {}
-    for f in report.defects:
-        entry = out.setdefault(
-            f.defect_id,
-            {"defect_id": f.defect_id, "source": f.source, "effect": f.effect, "firings": []},
-        )
-        entry["firings"].append(
-            {
-                "module": f.module,
-                "module_class": f.module_class,
-                "op": f.op,
-                "node": f.node,
-                "shape": list(f.shape),
-                "stride": list(f.stride),
-                "dtype": f.dtype,
-                "location": str(f.location) if f.location else None,
-            }
-        )
-    return list(out.values())
-
-
-def defects_in(report: Any, module: str) -> list[dict[str, Any]]:
-    """The firings inside ``module`` (or below it; "" is the whole model)."""
-    return [
-        {"defect_id": f.defect_id, "source": f.source, "module": f.module, "op": f.op}
-        for f in report.defects
-        if not module or f.module == module or f.module.startswith(module + ".")
-    ]
-
-
 def _worst_rows(metrics: Any, mask: torch.Tensor) -> list[int]:
     """The probe rows to replay when localizing: the worst sentence, and the most padded one."""
     rows = [int(metrics.worst_token[0])] if metrics.worst_token else []
@@ -189,6 +179,7 @@ def diagnose(
     dtype: str | None = None,
     execution: str = "compile",
     adapters: bool = True,
+    without_adapters: Sequence[str] = (),
     trust_remote_code: bool = False,
     profile: str | None = None,
     db: Any = None,
@@ -212,7 +203,9 @@ def diagnose(
     ``execution``: "compile" (the default: hf-adapters judges on the card through
     torch.compile) or "eager". ``dtype``: fp16, bf16 or fp32; None (or "auto") takes the
     profile's dtype for the model's family (bf16 for Gemma and T5, fp16 otherwise), recorded
-    with its source in the evidence ("dtype_policy").
+    with its source in the evidence ("dtype_policy"). ``without_adapters``: names of registry
+    adapters to leave out (the rest apply), to see what an adapter buys; recorded in the
+    evidence ("without_adapters").
 
     ``trust_remote_code=True``: the model's own code runs only in the OS sandbox: the whole
     judging happens in a sandboxed worker (:mod:`hfadapt.judge.sandboxed`) and comes back as
@@ -225,6 +218,7 @@ def diagnose(
     from hfadapt.spyre.profile import load_profile
 
     _check_options(mode, dtype, execution)
+    without = check_adapter_names(without_adapters) if adapters else ()
     prof = load_profile(profile)
     # Open the database first: a read-only or corrupt --db fails before minutes of work.
     engine = _engine(db) if record else None
@@ -240,11 +234,12 @@ def diagnose(
 
             return sandboxed.judge_and_record(model_ref, engine, mode=mode, dtype=dtype, execution=execution,
                               adapters=adapters, profile=profile, runner=runner, hub=hub,
-                              localize_failures=localize_failures,
+                              localize_failures=localize_failures, without_adapters=without,
                               unsafe_no_isolation=unsafe_no_isolation)  # fmt: skip
         return _diagnose(model_ref, prof, engine, mode=mode, dtype=dtype, execution=execution,
                          adapters=adapters, trust_remote_code=trust_remote_code, profile=profile,
-                         runner=runner, localize_failures=localize_failures, hub=hub)  # fmt: skip
+                         runner=runner, localize_failures=localize_failures, hub=hub,
+                         without_adapters=without)  # fmt: skip
     finally:
         if engine is not None and engine is not db:
             engine.dispose()
@@ -281,6 +276,7 @@ def _diagnose(
     runner: Runner | None,
     localize_failures: bool,
     hub: HubOptions | None = None,
+    without_adapters: Sequence[str] = (),
 ) -> Diagnosis:
     phases = Phases()
     ref_name = model_ref.model_id if isinstance(model_ref, LoadedModel) else os.fspath(model_ref)
@@ -301,7 +297,7 @@ def _diagnose(
     verdict, reason, error = _judge(
         diag, phases, model_ref, mode=mode, dtype=dtype, execution=execution, adapters=adapters,
         trust_remote_code=trust_remote_code, profile=profile, runner=runner, localize_failures=localize_failures,
-        hub=hub,
+        hub=hub, without_adapters=tuple(without_adapters),
     )  # fmt: skip
     diag.verdict = verdict
     diag.reason = ("[structural] " if diag.structural else "") + reason
@@ -339,6 +335,7 @@ def _judge(
     runner: Runner | None,
     localize_failures: bool,
     hub: HubOptions | None = None,
+    without_adapters: tuple[str, ...] = (),
 ) -> Outcome:
     """The phases of a diagnosis, each timed; the first that decides the verdict returns it."""
     with phases("load"):
@@ -402,8 +399,11 @@ def _judge(
 
     with phases("adapters"):
         device_model = copy.deepcopy(model)
-        applied, adapter_errors = apply_adapters(device_model) if adapters else ([], [])
+        prepare = partial(apply_adapters, without=without_adapters)
+        applied, adapter_errors = prepare(device_model) if adapters else ([], [])
     diag.adapters = applied
+    if without_adapters:
+        diag.evidence["without_adapters"] = list(without_adapters)
     if adapter_errors:
         diag.evidence["adapter_errors"] = adapter_errors
 
@@ -441,7 +441,11 @@ def _judge(
     with phases("metrics"):
         metrics = compare(reference, last_hidden(run.outputs), mask, loaded.pooling)
     diag.metrics = metrics
-    if metrics.passed:
+    # Random weights cannot be trusted to show how much a silent defect costs (a defect that
+    # wrecks the real model can leave a random one at cosine 0.99): in a structural run a
+    # firing on the model's path fails it, whatever the numbers say.
+    fired = structural_defect(diag, run.report)
+    if fired is None and metrics.passed:
         return verdicts.PASS, f"{metrics.summary()} (>= {metrics.threshold})", None
 
     if localize_failures:
@@ -457,11 +461,11 @@ def _judge(
                     dtype=torch_dtype,
                     profile=profile,
                     rows=_worst_rows(metrics, mask),
-                    prepare=apply_adapters if adapters else None,
+                    prepare=prepare if adapters else None,
                     execution=replay,
                 )
                 if diag.divergence is not None and run.report is not None:
                     diag.divergence.defects = defects_in(run.report, diag.divergence.module)
             except Exception as exc:  # localizing is evidence, never a reason to lose the verdict
                 diag.evidence["localize_error"] = _one_line(exc)
-    return verdicts.VERIFICATION_FAILED, metrics.failure(), None
+    return verdicts.VERIFICATION_FAILED, fired or metrics.failure(), None

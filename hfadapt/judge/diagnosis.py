@@ -203,6 +203,11 @@ def run_row(diag: Diagnosis) -> Run:
             worst_token=m.worst_token,
             pooling=m.pooling,
             threshold=m.threshold,
+            max_norm_error=m.max_norm_error,
+            worst_norm_token=m.worst_norm_token,
+            norm_threshold=m.norm_threshold,
+            zero_rows=m.zero_rows,
+            zero_row_error=m.zero_row_error,
         )
     if report is not None:
         evidence.update(

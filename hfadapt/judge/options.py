@@ -1,6 +1,6 @@
 """How one model is judged, as one frozen value handed down from the caller (``diagnose``, a
 sweep, the drafting agent) to every phase: the load mode, how the device runs it and in what
-dtype, the profile, which adapters apply, whether a numeric failure is localized, and whether
+dtype, the profile, which adapters apply (and which registry adapters are left out), whether a numeric failure is localized, and whether
 the model's own code may run (sandboxed). Strings are accepted where an enum is expected and
 checked once, here, with a UsageError that names the parameter."""
 
@@ -34,6 +34,7 @@ class JudgeOptions:
     dtype: DType | None = None
     profile: str | None = None  # a device profile name (None: the default profile)
     adapters: bool = True  # apply the registry's adapters to the device copy
+    without_adapters: tuple[str, ...] = ()  # ... except these (by name): what does one buy?
     localize: bool = True  # find the first divergent module of a numeric failure
     trust_remote_code: bool = False  # run the model's own code, only in the OS sandbox
     unsafe_no_isolation: bool = False  # ... even where bubblewrap cannot isolate it
@@ -42,6 +43,8 @@ class JudgeOptions:
         object.__setattr__(self, "mode", Mode.parse(self.mode, "mode"))
         object.__setattr__(self, "execution", Execution.parse(self.execution, "execution"))
         object.__setattr__(self, "dtype", dtype_option(self.dtype))
+        left_out = tuple(dict.fromkeys(str(n).strip() for n in self.without_adapters))
+        object.__setattr__(self, "without_adapters", left_out if self.adapters else ())
         if self.unsafe_no_isolation and not self.trust_remote_code:
             raise UsageError(
                 f"{option('unsafe_no_isolation')} applies only with {option('trust_remote_code')}"
@@ -65,5 +68,7 @@ class JudgeOptions:
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
+            if isinstance(value, tuple):
+                value = list(value)
             out[f.name] = value.value if hasattr(value, "value") else value
         return out

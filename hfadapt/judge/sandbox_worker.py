@@ -33,6 +33,7 @@ def _work(job: dict[str, Any]) -> dict[str, Any]:
         dtype=job.get("dtype"),
         execution=job["execution"],
         adapters=bool(job["adapters"]),
+        without_adapters=tuple(str(n) for n in job.get("without_adapters") or ()),
         profile=job.get("profile"),
         localize_failures=bool(job["localize_failures"]),
         hub=hub,

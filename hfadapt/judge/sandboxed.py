@@ -137,6 +137,7 @@ def judge(
     unsafe_no_isolation: bool = False,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     memory_mb: int = DEFAULT_MEMORY_MB,
+    without_adapters: tuple[str, ...] = (),
 ) -> Diagnosis:
     """Judge ``model_ref`` with its own code, in a sandboxed worker; the Diagnosis it returns
     is rebuilt from validated data (not yet recorded). Raises IsolationUnavailableError when
@@ -157,6 +158,7 @@ def judge(
         "dtype": dtype,
         "execution": execution,
         "adapters": adapters,
+        "without_adapters": list(without_adapters),
         "profile": profile,
         "localize_failures": localize_failures,
         "revision": hub.revision,
@@ -344,7 +346,10 @@ def from_data(data: Any) -> Diagnosis:
     if verdict == verdicts.PASS and diag.metrics is None:
         raise ValueError("verdict pass without metrics")
     if diag.metrics is not None and diag.metrics.passed != (verdict == verdicts.PASS):
-        raise ValueError(f"verdict {verdict} disagrees with its metrics")
+        # a structural run fails on a fired device defect whatever its metrics say
+        fired = diag.structural and bool(diag.evidence.get("defects"))
+        if not (fired and verdict == verdicts.VERIFICATION_FAILED):
+            raise ValueError(f"verdict {verdict} disagrees with its metrics")
     return diag
 
 

@@ -31,6 +31,7 @@ from hfadapt.judge.signature import (
     signature_fields,
     structural_signature,
 )
+from hfadapt.judge.trained_scale import MINILM, draw_trained_scale
 
 STRUCTURAL_LAYERS = 2
 STRUCTURAL_SEED = 0
@@ -326,6 +327,15 @@ def build(
             raise ConfigError(
                 f"no model can be built from the config of {text}: {' '.join(str(exc).split())[:200]}"
             ) from exc
+    if placement is None:
+        # the initializer's weights hide device faults a trained model shows: trained scale
+        table = getattr(config, "vocab_size", None)
+        draw_trained_scale(model, seed, MINILM, table if isinstance(table, int) else None)
+        notes.append(
+            "weights drawn at trained scale (statistics of all-MiniLM-L6-v2: "
+            f"linear gain {MINILM.linear_gain:.2f}/sqrt(fan_in), norm scale "
+            f"{MINILM.norm_gain_mean:.2f})"
+        )
     model.eval()
     pooling = pooling_from_folder(folder) if folder is not None else PoolingSpec()
     revision = folder.name if where in ("cache", "hub") and folder is not None else None

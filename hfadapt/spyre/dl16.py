@@ -1,13 +1,15 @@
 """DL16 ("dlfloat", IBM's 16-bit format) numerics: round float32 values to the set DL16 can
 hold. Parameters come from the device profile; the defaults are the card's (1 sign, 6 exponent
-bits with bias 31, 9 mantissa bits; largest finite magnitude 2^32 * (2 - 2^-9) = 8581545984 and
-smallest 2^-31 * (1 + 2^-9) = 4.6657e-10, as torch-spyre's ``_inductor/constants.py`` and the
-hardware-simulating Triton matmul's ``clamp_acc_to_dl16`` have them; no subnormals: smaller
+bits with bias 31, 9 mantissa bits; the top code 0x7FFF is the NaN/infinity symbol, so the
+largest finite magnitude is 0x7FFE's, (1 + 510/512) * 2^32 = 8573157376, torch-spyre's
+``_inductor/constants.py`` ``DLFLOAT16_MAX``; the smallest is 2^-31 * (1 + 2^-9) = 4.6657e-10,
+as the hardware-simulating Triton matmul's ``clamp_acc_to_dl16`` has it; no subnormals: smaller
 results flush to zero).
 
 Two roundings, because the card has two behaviours past the range:
-- device arithmetic (``round_dl16``, ``round_dl16_``): a result that overflows becomes +-inf
-  (torch-spyre's tests: "overflows to NINF ... decoded as NaN"), never a saturated number;
+- device arithmetic (``round_dl16``, ``round_dl16_``): a result past the largest finite value
+  lands on the 0x7FFF symbol and reads back as NaN (``overflow="nan"``, torch-spyre's tests;
+  a profile can say +-inf instead), never a saturated number;
 - a host value moved onto the device (``transfer=True``): fp16 +-inf lands on 0xEFFF's
   magnitude, +-33521664 (hf-adapters ``hf_common.py``); finite values round as above."""
 
@@ -26,9 +28,10 @@ class DL16Format:
     exponent_bits: int = 6
     mantissa_bits: int = 9
     bias: int = 31
-    max_finite_value: float = 2.0**32 * (2 - 2.0**-9)
+    max_finite_value: float = 2.0**32 * (1 + 510 / 512)  # 0x7FFE; 0x7FFF is NaN/infinity
     min_normal_value: float = 2.0**-31 * (1 + 2.0**-9)
     host_inf_bits: int = 0x6FFF  # the magnitude where a host +-inf lands (0x6FFF / 0xEFFF)
+    overflow_nan: bool = True  # device overflow reads back as NaN (False: +-inf)
 
     def decode(self, bits: int) -> float:
         """The value of a DL16 bit pattern (sign, exponent, mantissa), computed exactly. There
@@ -38,7 +41,7 @@ class DL16Format:
         mantissa = bits & ((1 << self.mantissa_bits) - 1)
         if exponent == 0 and mantissa == 0:
             return sign * 0.0
-        return sign * 2.0 ** (exponent - self.bias) * (1 + mantissa / 2**self.mantissa_bits)
+        return sign * math.ldexp(1 + mantissa / 2**self.mantissa_bits, exponent - self.bias)
 
     @property
     def max_finite(self) -> float:
@@ -60,6 +63,11 @@ class DL16Format:
         return 2.0 ** (math.floor(math.log2(self.max_finite_value)) + 1)
 
     @property
+    def overflow_value(self) -> float:
+        """What a result past the largest finite value becomes (with its sign, for inf)."""
+        return math.nan if self.overflow_nan else math.inf
+
+    @property
     def dropped_bits(self) -> int:
         """float32 mantissa bits that DL16 does not keep."""
         return 23 - self.mantissa_bits
@@ -75,6 +83,7 @@ class _Constants:
     below_min_normal: float
     clamp: float
     host_inf: float
+    over: float
 
 
 @lru_cache(maxsize=8)
@@ -87,14 +96,17 @@ def _constants(fmt: DL16Format) -> _Constants:
         below_min_normal=float(torch.nextafter(torch.tensor(fmt.min_normal), torch.tensor(0.0))),
         clamp=fmt.overflow_clamp,
         host_inf=fmt.host_inf,
+        over=fmt.overflow_value,
     )
 
 
-def native_rounding_args(fmt: DL16Format = DEFAULT_FORMAT) -> tuple[float, float, int, float]:
-    """(max_finite, below_min_normal, shift, clamp): the rounding arguments the C kernels of
-    hfadapt.spyre.dl16_native take for ``fmt``."""
+def native_rounding_args(
+    fmt: DL16Format = DEFAULT_FORMAT,
+) -> tuple[float, float, int, float, float]:
+    """(max_finite, below_min_normal, shift, clamp, overflow): the rounding arguments the C
+    kernels of hfadapt.spyre.dl16_native take for ``fmt``."""
     c = _constants(fmt)
-    return c.max_finite, c.below_min_normal, c.shift, c.clamp
+    return c.max_finite, c.below_min_normal, c.shift, c.clamp, c.over
 
 
 def _round_inplace(y: torch.Tensor, fmt: DL16Format, transfer: bool = False) -> torch.Tensor:
@@ -113,10 +125,13 @@ def _round_inplace(y: torch.Tensor, fmt: DL16Format, transfer: bool = False) -> 
     # No subnormals: a rounded result below the smallest normal flushes to zero
     # (hardshrink zeroes |y| <= lambd). Written into y: no extra allocation.
     torch.ops.aten.hardshrink.out(y, c.below_min_normal, out=y)
-    # Overflow in device arithmetic is +-inf, not a saturated value.
+    # Overflow in device arithmetic is the 0x7FFF symbol (NaN), or +-inf; never saturated.
     over = y.abs() > c.max_finite
     if bool(over.any()):
-        y.masked_fill_(over & (y > 0), math.inf).masked_fill_(over & (y < 0), -math.inf)
+        if math.isnan(c.over):
+            y.masked_fill_(over, math.nan)
+        else:
+            y.masked_fill_(over & (y > 0), c.over).masked_fill_(over & (y < 0), -c.over)
     return y
 
 
@@ -170,8 +185,8 @@ def round_dl16(
     x: torch.Tensor, fmt: DL16Format = DEFAULT_FORMAT, *, transfer: bool = False
 ) -> torch.Tensor:
     """Round a float32 tensor to the nearest DL16 value, ties to even. A result past the
-    largest finite value becomes +-inf (device arithmetic overflows); with ``transfer`` (a host
-    value moved onto the device) +-inf lands on +-33521664 (0xEFFF) instead. There are no
+    largest finite value becomes NaN (the 0x7FFF symbol; +-inf where the format says so); with
+    ``transfer`` (a host value moved onto the device) +-inf lands on +-33521664 (0xEFFF) instead. There are no
     subnormals: a result below the smallest normal is flushed to zero. NaN stays NaN. Returns a
     new float32 tensor; other floating dtypes are rounded through float32, non-floating
     tensors pass through."""

@@ -27,7 +27,8 @@ log = logging.getLogger(__name__)
 # hfadapt_round_dl16: the same steps as dl16._round_inplace: with a transfer, +-inf becomes +-host_inf; clamp to
 # +-big (NaN passes); add and subtract a magic number of the value's sign and exponent shifted
 # by the dropped mantissa bits (the FPU rounds to nearest even); zero |y| <= the largest float
-# below the smallest normal; a rounded |y| past the largest finite value becomes +-inf.
+# below the smallest normal; a rounded |y| past the largest finite value becomes ``over`` (the
+# profile's overflow value: NaN, the card's 0x7FFF code, or +-inf) with the value's sign.
 # hfadapt_sum_truncated: kernels.chunked_matmul's accumulation (kernels.truncate_partial_ on
 # each of ``pieces`` fp32 partial products, then their sum in order) in one pass;
 # hfadapt_sum_truncated_round: the same, then an optional bias over the last dimension, then
@@ -44,7 +45,7 @@ _SOURCE = r"""
 #define CLONES
 #endif
 static inline float round_one(float v, float maxf, float lam, int32_t shift, float big,
-                              float host_inf) {
+                              float over, float host_inf) {
     const float inf = __builtin_inff();
     if (host_inf > 0.0f && (v == inf || v == -inf)) v = v > 0.0f ? host_inf : -host_inf;
     v = v > big ? big : (v < -big ? -big : v);
@@ -55,7 +56,7 @@ static inline float round_one(float v, float maxf, float lam, int32_t shift, flo
     memcpy(&m, &mb, 4);
     float y = (v + m) - m;
     y = (y >= -lam && y <= lam) ? 0.0f : y;
-    return y > maxf ? inf : (y < -maxf ? -inf : y);
+    return y > maxf ? over : (y < -maxf ? -over : y);
 }
 
 static inline float truncated(float x, uint32_t half, uint32_t keep) {
@@ -72,7 +73,7 @@ static inline float truncated(float x, uint32_t half, uint32_t keep) {
 static inline void row_epilogue(const float* restrict row, int64_t pieces, int64_t n,
                                 int64_t cols, uint32_t half, uint32_t keep,
                                 const float* restrict bias, float maxf, float lam, int32_t shift,
-                                float big, float* restrict out) {
+                                float big, float over, float* restrict out) {
     for (int64_t c = 0; c < cols; c++) out[c] = truncated(row[c], half, keep);
     for (int64_t p = 1; p < pieces; p++) {
         const float* restrict piece = row + p * n;
@@ -81,13 +82,14 @@ static inline void row_epilogue(const float* restrict row, int64_t pieces, int64
     if (bias)
         for (int64_t c = 0; c < cols; c++) out[c] = out[c] + bias[c];
     if (maxf > 0.0f)
-        for (int64_t c = 0; c < cols; c++) out[c] = round_one(out[c], maxf, lam, shift, big, 0.0f);
+        for (int64_t c = 0; c < cols; c++)
+            out[c] = round_one(out[c], maxf, lam, shift, big, over, 0.0f);
 }
 
 CLONES void hfadapt_round_dl16(float* x, int64_t n, float maxf, float lam, int32_t shift, float big,
-                        float host_inf, int nt) {
+                        float over, float host_inf, int nt) {
     #pragma omp parallel for schedule(static) num_threads(nt) if(n > 32768)
-    for (int64_t i = 0; i < n; i++) x[i] = round_one(x[i], maxf, lam, shift, big, host_inf);
+    for (int64_t i = 0; i < n; i++) x[i] = round_one(x[i], maxf, lam, shift, big, over, host_inf);
 }
 
 CLONES void hfadapt_sum_truncated(const float* parts, int64_t pieces, int64_t n, int32_t dropped,
@@ -98,20 +100,20 @@ CLONES void hfadapt_sum_truncated(const float* parts, int64_t pieces, int64_t n,
     #pragma omp parallel for schedule(static) num_threads(nt) if(n > 32768)
     for (int64_t i = 0; i < n; i += block) {
         int64_t len = n - i < block ? n - i : block;
-        row_epilogue(parts + i, pieces, n, len, half, keep, 0, 0.0f, 0.0f, 0, 0.0f, out + i);
+        row_epilogue(parts + i, pieces, n, len, half, keep, 0, 0.0f, 0.0f, 0, 0.0f, 0.0f, out + i);
     }
 }
 
 CLONES void hfadapt_sum_truncated_round(const float* parts, int64_t pieces, int64_t n, int32_t dropped,
                                  const float* bias, int64_t cols, float maxf, float lam,
-                                 int32_t shift, float big, float* out, int nt) {
+                                 int32_t shift, float big, float over, float* out, int nt) {
     const uint32_t half = 1u << (dropped - 1);
     const uint32_t keep = ~((1u << dropped) - 1u);
     const int64_t rows = n / cols;
     #pragma omp parallel for schedule(static) num_threads(nt) if(n > 32768)
     for (int64_t r = 0; r < rows; r++)
         row_epilogue(parts + r * cols, pieces, n, cols, half, keep, bias, maxf, lam, shift, big,
-                     out + r * cols);
+                     over, out + r * cols);
 }
 """
 # No -ffast-math: (v + m) - m must not be simplified away, nor contracted. OpenMP shares
@@ -198,22 +200,23 @@ def load_sum_truncated() -> Callable[..., None] | None:
 @lru_cache(maxsize=1)
 def load_sum_truncated_round() -> Callable[..., None] | None:
     """The kernel ``f(parts_ptr, pieces, n, dropped_bits, bias_ptr or None, columns,
-    max_finite, below_min_normal, shift, clamp, out_ptr, threads)``: load_sum_truncated's sum,
+    max_finite, below_min_normal, shift, clamp, overflow, out_ptr, threads)``: load_sum_truncated's sum,
     plus ``bias[i % columns]`` when given, rounded to DL16 (as ``load``'s kernel without a
     transfer); None when not built."""
     return _kernel(
         "hfadapt_sum_truncated_round",
         *(_PTR, _I64, _I64, _I32, _PTR, _I64),
-        *(_F32, _F32, _I32, _F32, _PTR, _INT),
+        *(_F32, _F32, _I32, _F32, _F32, _PTR, _INT),
     )
 
 
 @lru_cache(maxsize=1)
 def load() -> Callable[..., None] | None:
-    """The kernel ``f(ptr, n, max_finite, below_min_normal, shift, clamp, host_inf, threads)``
+    """The kernel ``f(ptr, n, max_finite, below_min_normal, shift, clamp, overflow, host_inf,
+    threads)``
     (host_inf 0: device arithmetic, no transfer), built on first use; None without a C compiler
     or with HFADAPT_NATIVE_DL16=0."""
-    return _kernel("hfadapt_round_dl16", _PTR, _I64, _F32, _F32, _I32, _F32, _F32, _INT)
+    return _kernel("hfadapt_round_dl16", _PTR, _I64, _F32, _F32, _I32, _F32, _F32, _F32, _INT)
 
 
 def available() -> bool:

@@ -8,8 +8,11 @@ rounded to DL16)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -75,24 +78,61 @@ def layer_norm(args: Sequence[Any], kwargs: dict[str, Any], fmt: DL16Format) -> 
     )[0]
 
 
+@dataclass(frozen=True)
+class Accumulator:
+    """How the card's reduced-precision reductions (fp16/bf16 ``mean``; the native RMSNorm's
+    variance) accumulate: ``lanes`` interleaved partial sums, each add truncated toward zero to
+    ``mantissa_bits`` (an adder without a round bit), the partials then combined the same way
+    (profile ``numerics.reduced_precision_mean``)."""
+
+    mantissa_bits: int = 11
+    lanes: int = 3
+
+    def sum_last(self, x: torch.Tensor) -> torch.Tensor:
+        """The sum over the last dimension of a float32 tensor, accumulated as described."""
+        n = x.shape[-1]
+        pad = (-n) % self.lanes
+        if pad:
+            x = torch.nn.functional.pad(x, (0, pad))
+        steps = x.reshape(*x.shape[:-1], -1, self.lanes)
+        keep = -(1 << (23 - self.mantissa_bits))
+        acc = torch.zeros((*x.shape[:-1], self.lanes), dtype=torch.float32)
+        bits = acc.view(torch.int32)
+        for i in range(steps.shape[-2]):
+            acc.add_(steps[..., i, :])
+            bits.bitwise_and_(keep)
+        out = acc[..., 0].clone()
+        for lane in range(1, self.lanes):
+            out.add_(acc[..., lane]).view(torch.int32).bitwise_and_(keep)
+        return out
+
+
+def accumulator(profile: Profile | None) -> Accumulator | None:
+    """The profile's reduced-precision accumulator, or None when it models none (without a
+    profile: the default one)."""
+    if profile is None:
+        return Accumulator()
+    spec = profile.numerics.get("reduced_precision_mean", {})
+    if not spec.get("enabled", False):
+        return None
+    return Accumulator(int(spec["mantissa_bits"]), int(spec["lanes"]))
+
+
 def _rms_norm_dl16(
     x: torch.Tensor,
     normalized_shape: Sequence[int],
     weight: torch.Tensor | None,
     eps: float | None,
     fmt: DL16Format,
+    acc: Accumulator,
 ) -> torch.Tensor:
-    """The card's native RMSNorm: the variance accumulated in DL16, one element at a time
-    (fp16-only variance and rsqrt, no fp32 upcast: hf-adapters' spyre-numerical-findings.md),
-    so small squares stagnate against a large running sum."""
+    """The card's native RMSNorm: fp16-only variance and rsqrt, no fp32 upcast (hf-adapters'
+    spyre-numerical-findings.md), the variance a reduced-precision mean of the squares."""
     dims = tuple(range(x.dim() - len(normalized_shape), x.dim()))
     flat = x.flatten(dims[0]) if len(dims) > 1 else x
     squares = round_dl16_(flat * flat, fmt)
-    acc = torch.zeros(squares.shape[:-1], dtype=torch.float32)
-    for i in range(squares.shape[-1]):
-        round_dl16_(acc.add_(squares[..., i]), fmt)
     n = squares.shape[-1]
-    var = round_dl16_(acc / n, fmt)
+    var = round_dl16_(acc.sum_last(squares) / n, fmt)
     eps_value = torch.finfo(torch.float16).eps if eps is None else eps
     rstd = round_dl16_(torch.rsqrt(round_dl16_(var + eps_value, fmt)), fmt)
     shape = rstd.shape + (1,) * len(dims)
@@ -102,34 +142,121 @@ def _rms_norm_dl16(
     return out
 
 
-def rms_norm(args: Sequence[Any], kwargs: dict[str, Any], fmt: DL16Format) -> Any:
-    """aten::rms_norm(input, normalized_shape, weight, eps) -> out."""
-    return _rms_norm_dl16(
-        args[0],
-        _arg(args, kwargs, 1, "normalized_shape", ()),
-        _arg(args, kwargs, 2, "weight", None),
-        _arg(args, kwargs, 3, "eps", None),
-        fmt,
-    )
+def rms_norm_kernel(acc: Accumulator) -> Kernel:
+    """aten::rms_norm(input, normalized_shape, weight, eps) -> out, with ``acc``'s variance."""
+
+    def rms_norm(args: Sequence[Any], kwargs: dict[str, Any], fmt: DL16Format) -> Any:
+        return _rms_norm_dl16(
+            args[0],
+            _arg(args, kwargs, 1, "normalized_shape", ()),
+            _arg(args, kwargs, 2, "weight", None),
+            _arg(args, kwargs, 3, "eps", None),
+            fmt,
+            acc,
+        )
+
+    return rms_norm
 
 
-def _softmax_floor(x: torch.Tensor, dim: int, floor: float) -> torch.Tensor:
-    """softmax whose exp never returns less than ``floor`` (the card's masked-position leak):
-    a key masked with -inf (the device holds it as -0xEFFF) keeps floor / sum(exp) of the
-    probability instead of 0. A row with every key masked stays uniform, as on the CPU.
+def mean_kernel(acc: Accumulator) -> Kernel:
+    """aten::mean(self, dim=None, keepdim=False, dtype=None) on DL16 data: the reduced dims
+    summed by ``acc``, divided by their count, rounded to DL16 (a dtype=float32 mean is an
+    fp32 reduction: exact here)."""
 
-    The exponent is clamped first, below log(floor): every exp there ends at the floor
-    anyway, and the CPU's exp is 5-10x slower on large negative arguments (the masked keys'
-    -3.35e7) than on ordinary ones."""
-    shifted = x - x.amax(dim, keepdim=True)
+    def mean(args: Sequence[Any], kwargs: dict[str, Any], fmt: DL16Format) -> Any:
+        x = args[0]
+        dim = _arg(args, kwargs, 1, "dim", None)
+        keepdim = bool(_arg(args, kwargs, 2, "keepdim", False))
+        dtype = _arg(args, kwargs, 3, "dtype", None)
+        if not _dl16_result(dtype):
+            return torch.mean(x, dim=dim, keepdim=keepdim)
+        dims = list(range(x.dim())) if dim in (None, [], ()) else dim
+        dims = sorted(
+            {
+                int(d) % max(1, x.dim())
+                for d in (dims if isinstance(dims, (list, tuple)) else [dims])
+            }
+        )
+        kept = [d for d in range(x.dim()) if d not in dims]
+        moved = x.permute(*kept, *dims).reshape(*[x.shape[d] for d in kept], -1)
+        out = acc.sum_last(moved) / max(1, moved.shape[-1])
+        if keepdim:
+            out = out.reshape([1 if d in dims else x.shape[d] for d in range(x.dim())])
+        return round_dl16_(out, fmt)
+
+    return mean
+
+
+def _softmax_floor(x: torch.Tensor, dim: int, floor: float, code: float) -> torch.Tensor:
+    """softmax whose exp of a key at the -inf code never returns less than ``floor`` (the
+    card's masked-position leak): a key masked with -inf (the device holds it as -0xEFFF,
+    ``code``) keeps floor / sum(exp) of the probability instead of 0; a key masked with a
+    finite fill (finfo.min / 2, hf-adapters' masks) gets exactly 0, as ``hf_common.py`` says.
+    A row with every key masked stays uniform, as on the CPU.
+
+    The exponent is clamped first at -87 (exp there is below fp32's smallest normal, far below
+    any probability DL16 keeps): the CPU's exp is 5-10x slower on large negative arguments
+    (the coded keys' -3.35e7) than on ordinary ones."""
+    return _softmax_shifted(x, x.amax(dim, keepdim=True), dim, floor, code)
+
+
+def _softmax_shifted(
+    x: torch.Tensor, top: torch.Tensor, dim: int, floor: float, code: float
+) -> torch.Tensor:
+    shifted = (x - top).clamp_min_(-87.0)
+    e = torch.exp(shifted)
     if floor > 0:
-        shifted.clamp_min_(math.log(floor) - 1.0)
-    e = torch.exp(shifted).clamp_min_(floor)
+        coded = x <= -code
+        if bool(coded.any()):
+            e = torch.where(coded, e.clamp_min(floor), e)
     return e.div_(e.sum(dim, keepdim=True))
+
+
+def sdpa_softmax(
+    x: torch.Tensor, dim: int, floor: float, code: float, misread: bool
+) -> tuple[torch.Tensor, bool]:
+    """The softmax inside the card's SDPA: the leak of ``_softmax_floor``, and (``misread``)
+    the abs-max that reads a row's -inf code (0xEFFF, ``-code``) as ``+code`` (hf-adapters
+    ``hf_common.py``): a row holding nothing but the code has exp(x - code) = 0 everywhere and
+    becomes 0/0 = NaN (a padded query row of a left-padded batch), which the next attention's
+    P @ V carries into every row. Returns (probabilities, whether a row was misread)."""
+    top = x.amax(dim, keepdim=True)
+    out = _softmax_shifted(x, top, dim, floor, code)
+    if not misread:
+        return out, False
+    coded = top <= -code
+    if not bool(coded.any()):
+        return out, False
+    return out.masked_fill(coded, math.nan), True
 
 
 def _dl16_result(dtype: Any) -> bool:
     return dtype is None or dtype in (torch.float16, torch.bfloat16)
+
+
+# Set while the eager device runs an SDPA as the card's one kernel (hfadapt.spyre.eager): the
+# softmax inside it misreads a row of -inf codes (``sdpa_softmax``); the callable is told.
+_IN_SDPA = threading.local()
+
+
+@contextlib.contextmanager
+def inside_sdpa(on_misread: Callable[[], None] | None) -> Iterator[None]:
+    """Softmaxes computed inside this block are SDPA's (``on_misread``: the amax misread is
+    modelled and reported there; None: not modelled)."""
+    previous = getattr(_IN_SDPA, "hook", None)
+    _IN_SDPA.hook = on_misread
+    try:
+        yield
+    finally:
+        _IN_SDPA.hook = previous
+
+
+def _softmax_here(x: torch.Tensor, dim: int, floor: float, code: float) -> torch.Tensor:
+    hook = getattr(_IN_SDPA, "hook", None)
+    out, misread = sdpa_softmax(x, dim, floor, code, hook is not None)
+    if misread and hook is not None:
+        hook()
+    return out
 
 
 def softmax_kernel(floor: float) -> tuple[Kernel, Kernel]:
@@ -137,11 +264,11 @@ def softmax_kernel(floor: float) -> tuple[Kernel, Kernel]:
     dtype) with the exp floor; the result is rounded to DL16 unless it is fp32."""
 
     def _softmax(args: Sequence[Any], kwargs: dict[str, Any], fmt: DL16Format) -> Any:
-        out = _softmax_floor(args[0], int(_arg(args, kwargs, 1, "dim", -1)), floor)
+        out = _softmax_here(args[0], int(_arg(args, kwargs, 1, "dim", -1)), floor, fmt.host_inf)
         return out if _arg(args, kwargs, 2, "half_to_float", False) else round_dl16_(out, fmt)
 
     def softmax(args: Sequence[Any], kwargs: dict[str, Any], fmt: DL16Format) -> Any:
-        out = _softmax_floor(args[0], int(_arg(args, kwargs, 1, "dim", -1)), floor)
+        out = _softmax_here(args[0], int(_arg(args, kwargs, 1, "dim", -1)), floor, fmt.host_inf)
         return round_dl16_(out, fmt) if _dl16_result(_arg(args, kwargs, 2, "dtype", None)) else out
 
     return _softmax, softmax
@@ -223,30 +350,28 @@ def _native_kernels() -> tuple[Callable[..., None] | None, Callable[..., None] |
 def chunked_matmul(
     a: torch.Tensor,
     b: torch.Tensor,
-    chunks: int,
+    chunk: int,
     mantissa_bits: int,
     *,
     bias: torch.Tensor | None = None,
     fmt: DL16Format | None = None,
 ) -> torch.Tensor:
-    """a @ b (2-D or batched) with K split into ``chunks`` stick-aligned pieces: each piece's
-    fp32 product is truncated to ``mantissa_bits`` before it joins the fp32 accumulator
-    (``tl_matmul_chunk_truncate``, truncate-then-accumulate). One piece when K is a stick or less.
-    Then ``bias`` (broadcast over the last dimension) is added and the result rounded to
-    ``fmt``, when given (a linear's epilogue).
+    """a @ b (2-D or batched) with K accumulated in pieces of ``chunk`` elements (a whole
+    number of sticks; the last piece may be shorter): each piece's fp32 product is truncated to
+    ``mantissa_bits`` before it joins the fp32 accumulator (``tl_matmul_chunk_truncate``,
+    truncate-then-accumulate), so the count of truncated partials grows with K. One piece when
+    K is a chunk or less. Then ``bias`` (broadcast over the last dimension) is added and the
+    result rounded to ``fmt``, when given (a linear's epilogue).
 
     The pieces' products are made side by side (one batched product when a 2-D K splits
-    evenly: as fast as the plain product, where two half-K products cost up to 30% more) and
-    accumulated, biased and rounded in one pass."""
+    evenly: as fast as the plain product) and accumulated, biased and rounded in one pass."""
     k = a.shape[-1]
-    sticks = -(-k // STICK)
-    pieces = max(1, min(chunks, sticks))
-    if pieces == 1:
+    per = max(STICK, -(-chunk // STICK) * STICK)
+    if k <= per:
         out = truncate_partial_(torch.matmul(a, b), mantissa_bits)
         if bias is not None:
             out.add_(bias)
         return out if fmt is None else round_dl16_(out, fmt)
-    per = -(-sticks // pieces) * STICK
     starts = range(0, k, per)
     if a.dim() == 2 and b.dim() == 2 and per * len(starts) == k:
         parts = torch.bmm(
@@ -261,20 +386,20 @@ def chunked_matmul(
     return _sum_truncated(parts, mantissa_bits, bias, fmt)
 
 
-def matmul_kernels(chunks: int, mantissa_bits: int) -> dict[str, Kernel]:
+def matmul_kernels(chunk: int, mantissa_bits: int) -> dict[str, Kernel]:
     """Kernels for aten::mm, bmm, addmm and baddbmm with chunked, truncated accumulation; the
     bias term of addmm/baddbmm joins in fp32 and the result is rounded to DL16."""
 
     def mm(args: Sequence[Any], kwargs: dict[str, Any], fmt: DL16Format) -> Any:
-        return chunked_matmul(args[0], args[1], chunks, mantissa_bits, fmt=fmt)
+        return chunked_matmul(args[0], args[1], chunk, mantissa_bits, fmt=fmt)
 
     def addmm(args: Sequence[Any], kwargs: dict[str, Any], fmt: DL16Format) -> Any:
         beta = _arg(args, kwargs, 3, "beta", 1)
         alpha = _arg(args, kwargs, 4, "alpha", 1)
         bias = args[0]
         if alpha == 1 and beta == 1 and isinstance(bias, torch.Tensor) and bias.dim() == 1:
-            return chunked_matmul(args[1], args[2], chunks, mantissa_bits, bias=bias, fmt=fmt)
-        out = chunked_matmul(args[1], args[2], chunks, mantissa_bits)
+            return chunked_matmul(args[1], args[2], chunk, mantissa_bits, bias=bias, fmt=fmt)
+        out = chunked_matmul(args[1], args[2], chunk, mantissa_bits)
         if alpha != 1:
             out.mul_(alpha)
         return round_dl16_(out.add_(bias, alpha=beta) if beta != 0 else out, fmt)
@@ -286,17 +411,24 @@ def matmul_kernels(chunks: int, mantissa_bits: int) -> dict[str, Kernel]:
 _KERNELS: dict[str, tuple[Kernel, str]] = {
     "aten::native_layer_norm": (native_layer_norm, "layer_norm_stats"),
     "aten::layer_norm": (layer_norm, "layer_norm_stats"),
-    "aten::rms_norm": (rms_norm, "rms_norm_stats"),
 }
 # softmax ops (their kernels take the exp floor from the profile's "softmax_exp_floor"): op ->
 # its place in softmax_kernel's pair
 _SOFTMAX_OPS = {"aten::_softmax": 0, "aten::softmax.int": 1}
 _MATMUL_OPS = frozenset({"aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm"})
+# ops whose sum the reduced-precision accumulator makes (profile "reduced_precision_mean")
+_ACCUMULATING = {"aten::mean": mean_kernel, "aten::mean.dim": mean_kernel,
+                 "aten::rms_norm": rms_norm_kernel}  # fmt: skip
 
 
 @lru_cache(maxsize=8)
-def _matmul_kernels(chunks: int, mantissa_bits: int) -> dict[str, Kernel]:
-    return matmul_kernels(chunks, mantissa_bits)
+def _matmul_kernels(chunk: int, mantissa_bits: int) -> dict[str, Kernel]:
+    return matmul_kernels(chunk, mantissa_bits)
+
+
+@lru_cache(maxsize=8)
+def _accumulating_kernel(name: str, acc: Accumulator) -> Kernel:
+    return _ACCUMULATING[name](acc)
 
 
 def native_kernel(op_name: str, profile: Profile | None = None) -> Kernel | None:
@@ -308,12 +440,17 @@ def native_kernel(op_name: str, profile: Profile | None = None) -> Kernel | None
         spec = profile.numerics.get("matmul_chunks", {}) if profile is not None else {}
         if not spec.get("enabled", False):
             return None
-        return _matmul_kernels(int(spec["chunks"]), int(spec["partial_mantissa_bits"]))[name]
+        return _matmul_kernels(int(spec["chunk_elements"]), int(spec["partial_mantissa_bits"]))[
+            name
+        ]
     if name in _SOFTMAX_OPS:
         spec = profile.numerics.get("softmax_exp_floor", {}) if profile is not None else {}
         if not spec.get("enabled", False):
             return None
         return softmax_kernel(float(spec["exp_floor"]))[_SOFTMAX_OPS[name]]
+    if name in _ACCUMULATING:
+        acc = accumulator(profile)
+        return _accumulating_kernel(name, acc) if acc is not None else None
     entry = _KERNELS.get(name)
     if entry is None:
         return None

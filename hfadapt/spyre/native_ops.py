@@ -41,11 +41,13 @@ def _rms_norm(
     weight: torch.Tensor | None,
     eps: float | None,
 ) -> torch.Tensor:
-    return torch.ops.aten.rms_norm.default(input, list(normalized_shape), weight, eps)
+    out: torch.Tensor = torch.ops.aten.rms_norm.default(input, list(normalized_shape), weight, eps)
+    return out
 
 
 def _softmax(input: torch.Tensor, dim: int, dtype: torch.dtype | None) -> torch.Tensor:
-    return torch.ops.aten.softmax.int(input, dim, dtype)
+    out: torch.Tensor = torch.ops.aten.softmax.int(input, dim, dtype)
+    return out
 
 
 def _rms_norm_fake(
@@ -65,6 +67,52 @@ _lib.impl("rms_norm", _rms_norm, "CompositeExplicitAutograd")
 _lib.impl("softmax", _softmax, "CompositeExplicitAutograd")
 _lib.impl("rms_norm", _rms_norm_fake, "Meta")
 _lib.impl("softmax", _softmax_fake, "Meta")
+
+
+# Their derivatives, so that a model compiled with grad enabled (nn.RMSNorm's weight requires
+# grad) keeps the ops whole as well: the card runs the forward; the backward is only traced.
+def _rms_norm_setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+    x, normalized_shape, weight, eps = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.dims = tuple(range(x.dim() - len(normalized_shape), x.dim()))
+    ctx.eps = torch.finfo(x.dtype).eps if eps is None else eps
+
+
+def _rms_norm_backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+    # y = w * x * r, r = rsqrt(mean(x^2) + eps):
+    # dx = w g r - x r^3 mean(w g x); dw = sum over the batch of g x r
+    x, weight = ctx.saved_tensors
+    n = 1
+    for d in ctx.dims:
+        n *= x.shape[d]
+    r = torch.rsqrt((x * x).mean(ctx.dims, keepdim=True) + ctx.eps)
+    wg = grad * weight if weight is not None else grad
+    dx = wg * r - x * r * r * r * (wg * x).sum(ctx.dims, keepdim=True) / n
+    dw = None
+    if weight is not None and ctx.needs_input_grad[2]:
+        batch = tuple(range(x.dim() - len(ctx.dims)))
+        dw = (grad * x * r).sum(batch) if batch else grad * x * r
+    return dx, None, dw, None
+
+
+def _softmax_setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+    ctx.save_for_backward(output)
+    ctx.dim = inputs[1]
+    ctx.input_dtype = inputs[0].dtype
+
+
+def _softmax_backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+    (y,) = ctx.saved_tensors
+    dx = y * (grad - (grad * y).sum(ctx.dim, keepdim=True))
+    return dx.to(ctx.input_dtype), None, None
+
+
+torch.library.register_autograd(
+    f"{NAMESPACE}::rms_norm", _rms_norm_backward, setup_context=_rms_norm_setup, lib=_lib
+)
+torch.library.register_autograd(
+    f"{NAMESPACE}::softmax", _softmax_backward, setup_context=_softmax_setup, lib=_lib
+)
 
 
 def rms_norm(

@@ -81,7 +81,7 @@ def _matmul_k_stick(
         return None
     k = a.shape[-1]
     multiple = p.layout_value("matmul_k_multiple")
-    if isinstance(k, int) and k % multiple:
+    if isinstance(k, int) and k % multiple and not p.matmul_k_padded():
         spec = p.layout["matmul_k_multiple"]
         return _violation(
             spec["rule"],
@@ -98,6 +98,8 @@ def _sdpa_head_dim_stick(
     p: Profile, op: str, args: Sequence[Any], kwargs: dict[str, Any]
 ) -> Violation | None:
     q, k = args[0], args[1]
+    if p.matmul_k_padded():
+        return None  # the compiler pads Q K^T's and P V's K to whole sticks
     multiple = p.layout_value("head_dim")
     head_dim, kv_len = q.shape[-1], k.shape[-2]
     spec = p.layout["matmul_k_multiple"]
@@ -163,12 +165,53 @@ def _stick_slice_offset(
         offset = _arg(args, kwargs, 2, "start", 0) or 0
     if isinstance(offset, int) and isinstance(size, int):
         offset = offset + size if offset < 0 else offset
-        if offset != 0 and offset < size:
+        stick = stick_elements(p, x.dtype)
+        # a stick-aligned offset is a whole number of sticks in: the backend takes it
+        if offset % stick and offset < size:
             spec = p.layout["stick_slice"]
-            return _violation(
-                spec["rule"], op, spec["text"].format(offset=offset), "layout", [x], None
-            )
+            text = spec["text"].format(offset=offset, stick=stick)
+            return _violation(spec["rule"], op, text, "layout", [x], None)
     return None
+
+
+def stick_elements(p: Profile, dtype: torch.dtype) -> int:
+    """Elements of ``dtype`` in one stick (128 bytes: 64 fp16, 32 fp32)."""
+    size = torch.empty((), dtype=dtype).element_size() if dtype.is_floating_point else 2
+    if dtype in _FLOATS_DL16 or dtype == torch.bool:
+        size = 2  # stored as DL16
+    return max(1, p.layout_value("stick_bytes", 128) // size)
+
+
+def _reduces_last_dim(op: str, args: Sequence[Any], kwargs: dict[str, Any], ndim: int) -> bool:
+    packet = op.split(".", 1)[0]
+    if packet in ("aten::_softmax", "aten::softmax", "aten::_log_softmax"):
+        dim = _arg(args, kwargs, 1, "dim", -1)
+        return isinstance(dim, int) and dim % max(1, ndim) == ndim - 1
+    dim = _arg(args, kwargs, 1, "dim", None)
+    if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
+        return True  # over every dim, the stick dim among them
+    dims = dim if isinstance(dim, (list, tuple)) else [dim]
+    return any(isinstance(d, int) and d % max(1, ndim) == ndim - 1 for d in dims)
+
+
+def _fp32_stick_reduction(
+    p: Profile, op: str, args: Sequence[Any], kwargs: dict[str, Any]
+) -> Violation | None:
+    """torch-spyre#2534: an fp32 reduction over a last dimension that is not a whole number
+    of fp32 sticks needs coordinate masking, which the backend has only for 16-bit types."""
+    spec = p.layout.get("fp32_stick_reduction")
+    x = args[0] if args else None
+    if spec is None or x is None or getattr(x, "dtype", None) != torch.float32:
+        return None
+    if not len(x.shape):
+        return None
+    size, multiple = x.shape[-1], int(spec.get("value", 32))
+    if not isinstance(size, int) or size % multiple == 0:
+        return None
+    if not _reduces_last_dim(op, args, kwargs, len(x.shape)):
+        return None
+    text = spec["text"].format(size=size, multiple=multiple)
+    return _violation(spec["rule"], op, text, "layout", [x], None)
 
 
 def _cast_allowed(
@@ -214,6 +257,7 @@ def _cast_allowed(
 _MODE_CHECKS = frozenset({"cast_allowed"})
 
 CHECKS: dict[str, CheckFn] = {
+    "fp32_stick_reduction": _fp32_stick_reduction,
     "matmul_k_stick": _matmul_k_stick,
     "sdpa_head_dim_stick": _sdpa_head_dim_stick,
     "pow_square_only": _pow_square_only,
@@ -265,6 +309,9 @@ def judge(
     for name in rule.checks:
         check = CHECKS[name]
         v = check(p, op, args, kwargs, mode) if name in _MODE_CHECKS else check(p, op, args, kwargs)
+        if v is not None and v.rule_id == p.cast_rule and p.cast_fallback:
+            # torch-spyre#1691: a cast the device cannot do runs on the host, warned and counted
+            return (UNSUPPORTED if found else FALLBACK), rule, found
         if v is not None:
             message = v.message
             if mode == "eager" and v.kind == "op":

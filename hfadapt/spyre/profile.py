@@ -53,6 +53,7 @@ class Defect:
     modes: tuple[str, ...] = ("compile",)
     fixed_in: str | None = None
     adapter: str = ""
+    fixed_source: str = ""  # the source that says it is fixed (a key of sources, or the text)
 
 
 def _version_key(version: str) -> tuple[int, ...]:
@@ -88,6 +89,8 @@ class Profile:
     family_dtypes: dict[str, Any] = field(default_factory=dict)
     defects: tuple[Defect, ...] = ()
     eager_casts: bool = True
+    cast_fallback: bool = False  # a cast the device cannot do runs on the host (#1691)
+    known_failures: tuple[dict[str, Any], ...] = ()
     path: str = ""
     inplace_lowers: bool = False
     _by_op: dict[str, Rule] = field(default_factory=dict, repr=False)
@@ -150,6 +153,10 @@ class Profile:
             return False
         return self.cast_allowed(src, dst)
 
+    def matmul_k_padded(self) -> bool:
+        """Whether the compiler pads a matmul's K to a whole stick (then K off a stick lowers)."""
+        return bool(self.layout.get("matmul_k_multiple", {}).get("padded_by_compiler", False))
+
     def family_dtype(self, model_type: str | None) -> tuple[str, dict[str, Any]]:
         """The dtype (fp16 | bf16 | fp32) a model of ``model_type`` runs in on the device when
         no dtype is given, and why: {"rule", "dtype", "source", "note", "family"}."""
@@ -185,6 +192,7 @@ class Profile:
             max_finite_value=float(spec.get("max_finite", default.max_finite_value)),
             min_normal_value=float(spec.get("min_normal", default.min_normal_value)),
             host_inf_bits=int(str(spec.get("host_inf_bits", "0x6FFF")), 16),
+            overflow_nan=str(spec.get("overflow", "nan")) == "nan",
         )
 
     def numerics_enabled(self, key: str) -> bool:
@@ -198,19 +206,20 @@ class Profile:
         for section in (self.layout, self.numerics):
             for spec in section.values():
                 if spec.get("rule") == rule_id:
-                    return self.sources.get(spec.get("source", ""), spec.get("source", ""))
+                    return str(self.sources.get(spec.get("source", ""), spec.get("source", "")))
         for spec in self.dtypes.values():
             if spec.get("rule") == rule_id:
                 return self.sources.get(spec.get("source", ""), "")
         return ""
 
     def active_defects(self, mode: str = "compile") -> tuple[Defect, ...]:
-        """The defects this profile version has in ``mode`` (not fixed at or before it)."""
-        here = _version_key(self.version)
+        """The defects this profile version has in ``mode`` (not fixed at or before it: a
+        ``fixed_in`` of "2026.10" covers every 2026.10.x version)."""
+        here = _version_key(self.version)[:2]
         return tuple(
             d
             for d in self.defects
-            if mode in d.modes and (d.fixed_in is None or here < _version_key(d.fixed_in))
+            if mode in d.modes and (d.fixed_in is None or here < _version_key(d.fixed_in)[:2])
         )
 
     def defect_source(self, defect: Defect) -> str:
@@ -246,6 +255,10 @@ def _read(name_or_path: str) -> tuple[dict[str, Any], str]:
         raise ProfileError(f"device profile {path} does not load: {exc}") from exc
 
 
+# Sections a child profile updates key by key (a layout entry, a source) instead of replacing.
+_MERGED_SECTIONS = ("sources", "layout", "numerics", "dtypes", "casts", "errors")
+
+
 def _merge(base: dict[str, Any], child: dict[str, Any]) -> dict[str, Any]:
     merged = {
         **base,
@@ -255,6 +268,9 @@ def _merge(base: dict[str, Any], child: dict[str, Any]) -> dict[str, Any]:
             if k not in ("move_ops", "add_rules", "extends", "add_defects", "fix_defects")
         },
     }
+    for section in _MERGED_SECTIONS:
+        if isinstance(base.get(section), dict) and isinstance(child.get(section), dict):
+            merged[section] = {**base[section], **child[section]}
     defects = [dict(d) for d in base.get("defects", [])] + [
         dict(d) for d in child.get("add_defects", [])
     ]
@@ -308,7 +324,7 @@ def _build(data: dict[str, Any], path: str) -> Profile:
             sources=data["sources"],
             errors=data["errors"],
             dtypes=data["dtypes"],
-            allowed_casts=frozenset(tuple(p) for p in data["casts"]["allowed"]),  # type: ignore[misc]
+            allowed_casts=frozenset(tuple(p) for p in data["casts"]["allowed"]),
             cast_rule=data["casts"]["rule"],
             fp32_ops=frozenset(data["fp32_ops"]["ops"]),
             fp32_rule=data["fp32_ops"]["rule"],
@@ -317,6 +333,8 @@ def _build(data: dict[str, Any], path: str) -> Profile:
             numerics=data["numerics"],
             family_dtypes=data.get("family_dtypes", {}),
             eager_casts="eager" in data["casts"].get("modes", MODES),
+            cast_fallback=data["casts"].get("unsupported", "refuse") == "fallback",
+            known_failures=tuple(data.get("known_failures", ())),
             path=path,
             inplace_lowers="inplace" in data,
             defects=_defects(data.get("defects", [])),
@@ -340,6 +358,7 @@ def _defects(entries: list[dict[str, Any]]) -> tuple[Defect, ...]:
                 modes=modes,
                 fixed_in=d.get("fixed_in"),
                 adapter=d.get("adapter", ""),
+                fixed_source=d.get("fixed_source", ""),
             )
         )
     return tuple(out)

@@ -50,6 +50,7 @@ def judge_custom_code(
                 localize_failures=False,
                 hub=HubOptions(local_files_only=True),
                 unsafe_no_isolation=judge.unsafe_no_isolation,
+                without_adapters=judge.without_adapters,
             )
         except InputError as exc:  # not in the HF cache (no network in the sandbox): no model
             out.append({**row, "verdict": verdicts.LOAD_FAILED, "error": type(exc).__name__,

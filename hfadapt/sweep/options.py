@@ -88,4 +88,6 @@ class SweepOptions:
         }
         if judge.trust_remote_code:  # only then: sweeps started before this option resume
             out["trust_remote_code"] = True
+        if judge.without_adapters:  # likewise
+            out["without_adapters"] = list(judge.without_adapters)
         return out

@@ -148,12 +148,17 @@ def run_sweep(
     ``options.judge.trust_remote_code``, models that need their own code (and have no native
     translation) are judged in the OS sandbox (hfadapt.sweep.custom_code), never in this
     process or a worker; IsolationUnavailableError before any work where bubblewrap cannot
-    isolate them, unless ``unsafe_no_isolation``.
+    isolate them, unless ``unsafe_no_isolation``. ``options.judge.without_adapters``: registry
+    adapters left out of every unit (the rest apply), checked against the registry first.
     """
     from hfadapt.spyre.profile import load_profile
 
     options = options or SweepOptions()
     judge = options.judge
+    if judge.without_adapters:  # a misspelt name would leave every adapter applied
+        from hfadapt.judge.diagnose import check_adapter_names
+
+        check_adapter_names(judge.without_adapters)
     workers = _workers(options, options.memory_limit)
     if judge.trust_remote_code:
         from hfadapt.isolation import require_isolation

@@ -173,6 +173,7 @@ def _diagnose(
                 dtype=task.judge.dtype_name,
                 execution=task.judge.execution,
                 adapters=task.judge.adapters,
+                without_adapters=task.judge.without_adapters,
                 profile=task.judge.profile,
                 runner=runner,
                 record=False,

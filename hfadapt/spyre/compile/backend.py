@@ -103,12 +103,17 @@ class DeviceGraph:
     (added to the report after each run)."""
 
     def __init__(
-        self, program: Callable[..., Any], entry: GraphEntry, handoff: HandoffPlan | None = None
+        self,
+        program: Callable[..., Any],
+        entry: GraphEntry,
+        handoff: HandoffPlan | None = None,
+        fired: list[Any] | None = None,
     ) -> None:
         self.program = program
         self.entry = entry
         self.report = entry.report
         self.handoff = handoff
+        self.fired = fired if fired is not None else []
 
     def __call__(self, *args: Any) -> Any:
         note(self.entry)
@@ -118,6 +123,8 @@ class DeviceGraph:
         finally:
             if self.handoff is not None and self.handoff.fired:
                 self.handoff.report_firings(self.report)
+            while self.fired:  # defects the data decided (a host -inf mask at SDPA)
+                self.report.add_defect(self.fired.pop())
             elapsed = time.perf_counter() - start
             for collector in collectors():
                 collector.run_seconds += elapsed
@@ -155,15 +162,18 @@ class SpyreBackend:
     ) -> Any:
         from torch._dynamo.backends.common import aot_autograd
 
+        if _automatic_dynamic(example_inputs):
+            # Dynamo made a recompiled frame's sizes symbolic on its own (a second shape):
+            # the card has static shapes and compiles each one, so this does too
+            return _PerShape(self, gm)
         top = _is_top_frame()
 
         def compile_graph(aten_gm: torch.fx.GraphModule, _inputs: Sequence[Any]) -> Any:
             return self.compile_graph(aten_gm, top)
 
-        if not torch.is_grad_enabled():
-            # rms_norm, softmax(dtype=): judged whole, as the card lowers them (inference
-            # graphs only: the custom ops have no backward, the card runs inference)
-            keep_native(gm)
+        # rms_norm, softmax(dtype=): judged whole, as the card lowers them (with grad enabled
+        # too: the custom ops carry their derivatives, the card runs the forward)
+        keep_native(gm)
         return aot_autograd(
             fw_compiler=compile_graph,
             bw_compiler=compile_graph,
@@ -190,16 +200,62 @@ class SpyreBackend:
             return _HostGraph(gm, entry)
         _warn_fallbacks(report, self.profile)
         # the card's silent failures: matched once here, computed wrongly by the program
-        corruptions = find_defects(gm, self.profile)
+        # (those its data decides, a host -inf mask, are recorded when they fire)
+        fired: list[Any] = []
+        corruptions = find_defects(gm, self.profile, fired)
         for corruption in corruptions:
-            report.add_defect(corruption.firing)
+            if not corruption.runtime:
+                report.add_defect(corruption.firing)
         # across graphs (defect.post_ln_handoff): outputs marked, inputs checked at each call
         static = _static_inputs()
         handoff = plan_handoff(gm, self.profile, static)
         program, _runtime = build_executable(gm, check, self.profile, static, corruptions, handoff)
         report.compile_seconds = time.perf_counter() - start
         note(entry)
-        return DeviceGraph(program, entry, handoff)
+        return DeviceGraph(program, entry, handoff, fired)
+
+
+def _symbolic(value: Any) -> bool:
+    if isinstance(value, torch.SymInt | torch.SymFloat):
+        return True
+    shape = getattr(value, "shape", None)
+    return shape is not None and any(not isinstance(s, int) for s in shape)
+
+
+def _automatic_dynamic(example_inputs: Sequence[Any]) -> bool:
+    """Symbolic sizes Dynamo chose itself (automatic dynamic shapes after a recompile), not
+    asked for with ``dynamic=True`` (which keeps the layout.dynamic_shape refusal)."""
+    if not any(_symbolic(v) for v in example_inputs):
+        return False
+    config = torch._dynamo.config
+    return bool(getattr(config, "assume_static_by_default", True))
+
+
+class _PerShape:
+    """A Dynamo graph with symbolic sizes, compiled once per concrete shape as a static graph
+    (the card compiles each static shape; hf-adapters recompiles per prompt length)."""
+
+    def __init__(self, backend: SpyreBackend, gm: torch.fx.GraphModule) -> None:
+        self.backend = backend
+        self.gm = gm
+        self.compiled: dict[tuple[Any, ...], Callable[..., Any]] = {}
+
+    @staticmethod
+    def _key(args: Sequence[Any]) -> tuple[Any, ...]:
+        return tuple(
+            (tuple(a.shape), tuple(a.stride()), a.dtype, a.device.type)
+            if isinstance(a, torch.Tensor)
+            else a
+            for a in args
+        )
+
+    def __call__(self, *args: Any) -> Any:
+        key = self._key(args)
+        fn = self.compiled.get(key)
+        if fn is None:
+            with torch._dynamo.config.patch(automatic_dynamic_shapes=False):
+                fn = self.compiled[key] = self.backend(self.gm, list(args))
+        return fn(*args)
 
 
 def _warn_fallbacks(report: LoweringReport, profile: Profile) -> None:
@@ -221,7 +277,7 @@ class _HostGraph(DeviceGraph):
 
     def __init__(self, gm: torch.fx.GraphModule, entry: GraphEntry) -> None:
         def run(*args: Any) -> Any:
-            with _Fp32Matmuls():
+            with _Fp32Matmuls():  # type: ignore[no-untyped-call]  # torch's untyped __init__
                 return gm(*args)
 
         super().__init__(run, entry)
@@ -336,11 +392,11 @@ def _no_guard_latency_probe() -> Iterator[None]:
     if probe is None:
         yield
         return
-    guards.profile_guard_manager = lambda *args, **kwargs: 0.0
+    setattr(guards, "profile_guard_manager", lambda *args, **kwargs: 0.0)  # noqa: B010
     try:
         yield
     finally:
-        guards.profile_guard_manager = probe
+        setattr(guards, "profile_guard_manager", probe)  # noqa: B010
 
 
 def _call(fn: Callable[..., Any], inputs: Mapping[str, Any] | Sequence[Any]) -> Any:

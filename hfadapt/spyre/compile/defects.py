@@ -17,16 +17,20 @@ Triggers (by name, as the profile's ``defects[].trigger``):
   ``is_causal``) reaching the softmax of an SDPA call. The card's amax takes the fill's code
   (0xEFFF, -3.35e7) for +3.35e7: a row with nothing but fill (a fully masked, padded query row)
   has exp(x - 3.35e7) = 0 everywhere and becomes 0/0 = NaN, which the next layer's P @ V
-  carries into every row (0 * NaN). A -inf arriving from the host as data is not seen here.
+  carries into every row (0 * NaN).
+
+  A -inf arriving from the host as data lands on the same code: every other SDPA softmax checks
+  its rows when the program runs, and the firing is recorded then (``runtime``).
 
 - ``bf16_add_of_minus_infs``: an add (or sub of a negated fill) in bf16 whose two operands
   both carry a ``-inf`` fill made in the graph (two masks combined). The card's bf16 add gives
   NaN for ``-inf + -inf`` where IEEE gives ``-inf``: the masked positions turn to NaN.
-- ``exp_unaligned_stick``: an fp16 ``exp`` whose input's last dimension spans more than one
-  stick and is not a whole number of sticks (torch-spyre#3799). The op is replaced: every
-  element past the first stick of a row is computed from the first stick's data (element j
-  reads element j mod 64; the address mix-up #3339 describes).
-- ``view_transpose_64``: a head split ``x.view(B, S, H, D).transpose(1, 2)`` (or the permute
+- the per-op triggers of hfadapt.spyre.op_defects (``exp_unaligned_stick``,
+  ``rms_norm_noncontiguous_view``, ``fp32_row_reduction_past_cores``, ``rank5_full_reduction``),
+  matched on each call node's recorded values; the eager device runs the same ones.
+- the layout triggers (hfadapt.spyre.compile.layout_defects): ``rotate_half_slice`` (torch-spyre#3133): a slice of the last dim at a stick-aligned offset
+  concatenated back along it (``rotate_half``): the slice reads from the row's start (inferred);
+  ``view_transpose_64``: a head split ``x.view(B, S, H, D).transpose(1, 2)`` (or the permute
   (0, 2, 1, 3)) of fp16 data with S == 64 (torch-spyre#1783). The ops that read the transposed
   value read it with the wrong layout (its storage taken as if contiguous); a view op whose
   result is contiguous again (the transpose undone) reads nothing and is not corrupted.
@@ -45,35 +49,36 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import fx
 
 from hfadapt.errors import ProfileError
+from hfadapt.spyre.compile.defect_match import Match, float4d, node_value, position
 from hfadapt.spyre.compile.graph_rules import op_name, source_location
+from hfadapt.spyre.compile.layout_defects import (
+    rotate_half_slice,
+    slice_from_start,
+    view_transpose_64,
+)
+from hfadapt.spyre.kernels import sdpa_softmax
 from hfadapt.spyre.lowering_report import DefectFiring
+from hfadapt.spyre.op_defects import TRIGGERS as OP_TRIGGERS
+from hfadapt.spyre.op_defects import exp_first_stick_reread, memory_order, misread_layout
 from hfadapt.spyre.profile import Defect, Profile
 
 __all__ = [
     "CROSS_GRAPH_TRIGGERS",
     "TRIGGERS",
     "Corruption",
+    "exp_first_stick_reread",
     "find_defects",
     "firing_at",
+    "memory_order",
     "misread_layout",
     "module_path",
 ]
-
-
-@dataclass(frozen=True)
-class Match:
-    """What a trigger found: ``value`` is read wrongly by ``consumers``; ``anchor`` is the node
-    reported (the op that misreads)."""
-
-    value: fx.Node
-    consumers: frozenset[fx.Node]
-    anchor: fx.Node
-    order: tuple[int, ...] | None = None  # the misread's memory order, when not the value's own
 
 
 @dataclass(frozen=True)
@@ -88,6 +93,7 @@ class Corruption:
     shape: tuple[int, ...]
     anchor: fx.Node | None = None
     replace: Callable[..., torch.Tensor] | None = None
+    runtime: bool = False  # recorded when it fires at run time (host data), not at build
 
 
 # the magnitude of 0xEFFF, the code a -inf fill has on the device (hf-adapters hf_common.py)
@@ -103,39 +109,33 @@ def softmax_amax_misread(x: torch.Tensor, dim: int, half_to_float: bool = False)
     return e / e.sum(dim, keepdim=True)
 
 
-def misread_layout(x: torch.Tensor, order: tuple[int, ...], shape: tuple[int, ...]) -> torch.Tensor:
-    """``x`` as a kernel that ignores its strides sees it: its data in memory order, read as a
-    contiguous tensor of its own logical shape."""
-    # .contiguous(): when the permuted shape equals the logical one (e.g. S == H), reshape is a
-    # no-op view and the value would stay a strided view that later views cannot take
-    return x.permute(order).reshape(shape).contiguous()
+def _sdpa_softmax(
+    profile: Profile, fired: list[DefectFiring] | None, firing: DefectFiring | None
+) -> Callable[..., torch.Tensor]:
+    """The card's softmax inside SDPA (hfadapt.spyre.kernels.sdpa_softmax, with the profile's
+    leak); ``fired`` gets ``firing`` when a row is misread at run time (a host -inf mask)."""
+    spec = profile.numerics.get("softmax_exp_floor", {})
+    floor = float(spec.get("exp_floor", 0.0)) if spec.get("enabled", False) else 0.0
+    code = profile.dl16.host_inf
+
+    def softmax(x: torch.Tensor, dim: int, half_to_float: bool = False) -> torch.Tensor:
+        out, misread = sdpa_softmax(x, dim, floor, code, True)
+        if misread and fired is not None and firing is not None:
+            fired.append(firing)
+        return out
+
+    softmax.__name__ = "spyre_sdpa_softmax"
+    return softmax
 
 
-def _val(node: fx.Node) -> torch.Tensor | None:
-    value = node.meta.get("val")
-    return value if isinstance(value, torch.Tensor) else None
-
-
-def memory_order(t: torch.Tensor) -> tuple[int, ...] | None:
-    """The dimension order of ``t``'s storage when ``t`` is a permutation of a dense tensor that
-    is not contiguous; None when it is contiguous, broadcast (zero strides) or has gaps."""
-    if t.is_contiguous() or t.numel() == 0:
-        return None
-    sizes, strides = list(t.shape), list(t.stride())
-    if any(s == 0 for s, n in zip(strides, sizes, strict=True) if n > 1):
-        return None
-    order = tuple(sorted(range(t.dim()), key=lambda d: (-strides[d], -sizes[d])))
-    expected = 1
-    for d in reversed(order):
-        if sizes[d] > 1 and strides[d] != expected:
-            return None
-        expected *= sizes[d]
-    return order if order != tuple(range(t.dim())) else None
-
-
-def _float4d(node: fx.Node) -> torch.Tensor | None:
-    t = _val(node)
-    return t if t is not None and t.dim() == 4 and t.is_floating_point() else None
+def _sdpa_softmaxes(gm: fx.GraphModule) -> list[fx.Node]:
+    return [
+        n
+        for n in gm.graph.nodes
+        if n.op == "call_function"
+        and op_name(n.target).split(".", 1)[0] in ("aten::_softmax", "aten::softmax")
+        and _sdpa_group(n) is not None
+    ]
 
 
 # -- triggers --------------------------------------------------------------------------------
@@ -166,25 +166,12 @@ def sdpa_noncontiguous_qkv(gm: fx.GraphModule) -> list[Match]:
                 if inp not in members:
                     readers.setdefault(inp, set()).add(node)
         for inp, consumers in readers.items():
-            t = _float4d(inp)
+            t = float4d(inp)
             if t is None or memory_order(t) is None:
                 continue
             if any(op_name(c.target).split(".", 1)[0] in _MASK_CONSUMERS for c in consumers):
                 continue  # the attention mask, not Q, K or V
-            found.append(Match(inp, frozenset(consumers), min(consumers, key=_position(gm))))
-    return found
-
-
-def rms_norm_noncontiguous_view(gm: fx.GraphModule) -> list[Match]:
-    found = []
-    for node in gm.graph.nodes:
-        if node.op != "call_function" or not node.args:
-            continue
-        if op_name(node.target).split(".", 1)[0] not in ("aten::rms_norm", "aten::_fused_rms_norm"):
-            continue
-        inp = node.args[0]
-        if isinstance(inp, fx.Node) and (t := _float4d(inp)) is not None and memory_order(t):
-            found.append(Match(inp, frozenset({node}), node))
+            found.append(Match(inp, frozenset(consumers), min(consumers, key=position(gm))))
     return found
 
 
@@ -266,7 +253,7 @@ def bf16_add_of_minus_infs(gm: fx.GraphModule) -> list[Match]:
     for node in gm.graph.nodes:
         if node.op != "call_function" or op_name(node.target).split(".", 1)[0] != "aten::add":
             continue
-        out = _val(node)
+        out = node_value(node)
         operands = [a for a in node.args[:2] if isinstance(a, fx.Node)]
         if out is None or out.dtype != torch.bfloat16 or len(operands) != 2:
             continue
@@ -283,101 +270,57 @@ def add_minus_infs_nan(a: torch.Tensor, b: torch.Tensor, *, alpha: float = 1) ->
     return out.masked_fill(both, float("nan"))
 
 
-# the device's stick: 64 fp16 elements along the last dimension
-STICK = 64
+def _node_values(node: fx.Node) -> tuple[Any, dict[str, Any]]:
+    """A call node's args and kwargs with each input node replaced by its recorded value."""
+    args = fx.node.map_arg(node.args, lambda n: n.meta.get("val"))
+    kwargs = fx.node.map_arg(node.kwargs, lambda n: n.meta.get("val"))
+    return args, dict(kwargs)
 
 
-def exp_unaligned_stick(gm: fx.GraphModule) -> list[Match]:
-    found = []
-    for node in gm.graph.nodes:
-        if node.op != "call_function" or op_name(node.target).split(".", 1)[0] != "aten::exp":
-            continue
-        out = _val(node)
-        if out is None or out.dtype != torch.float16 or out.dim() == 0:
-            continue
-        width = int(out.shape[-1])
-        if width > STICK and width % STICK:
-            found.append(Match(node, frozenset({node}), node))
-    return found
+def _op_trigger(name: str) -> Callable[[fx.GraphModule], list[Match]]:
+    """A per-op trigger of hfadapt.spyre.op_defects, matched on each call node's values."""
+    spec = OP_TRIGGERS[name]
+
+    def trigger(gm: fx.GraphModule) -> list[Match]:
+        found = []
+        for node in gm.graph.nodes:
+            if node.op != "call_function":
+                continue
+            op = op_name(node.target)
+            if op.split(".", 1)[0] not in spec.ops:
+                continue
+            args, kwargs = _node_values(node)
+            if not spec.matches(op, args, kwargs):
+                continue
+            if spec.misread_input:
+                inp = node.args[0]
+                if isinstance(inp, fx.Node):
+                    found.append(Match(inp, frozenset({node}), node))
+            else:
+                found.append(Match(node, frozenset({node}), node))
+        return found
+
+    return trigger
 
 
-def exp_first_stick_reread(x: torch.Tensor) -> torch.Tensor:
-    """exp as the card computes it on a row wider than a stick and not a whole number of sticks
-    (torch-spyre#3799): the loads past the first stick land on the first stick's base address,
-    so element j is exp(x[j mod 64]) (#3339's mechanism; the element mapping is inferred)."""
-    width = x.shape[-1]
-    index = torch.arange(width, device=x.device) % STICK
-    return torch.exp(x.index_select(-1, index))
+def _op_replacement(name: str, op: str) -> Callable[..., torch.Tensor]:
+    compute = OP_TRIGGERS[name].compute
+    assert compute is not None
 
+    def replaced(*args: Any, **kwargs: Any) -> torch.Tensor:
+        return compute(op, args, kwargs)
 
-_VIEWS = frozenset({"aten::view", "aten::_unsafe_view", "aten::reshape"})
-HEAD_LAYOUT_SEQ = 64  # the only sequence length torch-spyre#1783 shows failing
-
-
-def _is_view(node: fx.Node) -> bool:
-    return bool(getattr(node.target, "is_view", False)) or op_name(node.target).split(".", 1)[
-        0
-    ] in ("aten::_unsafe_view", "aten::alias")
-
-
-def _head_transpose(node: fx.Node) -> bool:
-    """transpose(1, 2) or permute(0, 2, 1, 3) of a 4-D value."""
-    packet = op_name(node.target).split(".", 1)[0]
-    args = list(node.args[1:])
-    if packet == "aten::transpose" and len(args) == 2 and all(isinstance(d, int) for d in args):
-        return sorted(int(d) % 4 for d in args) == [1, 2]  # type: ignore[arg-type]
-    if packet == "aten::permute" and args and isinstance(args[0], (list, tuple)):
-        return [int(d) % 4 for d in args[0]] == [0, 2, 1, 3]  # type: ignore[arg-type]
-    return False
-
-
-def view_transpose_64(gm: fx.GraphModule) -> list[Match]:
-    found = []
-    position = _position(gm)
-    for node in gm.graph.nodes:
-        if node.op != "call_function" or not _head_transpose(node):
-            continue
-        t, src = _float4d(node), node.args[0]
-        if t is None or t.dtype != torch.float16 or t.shape[2] != HEAD_LAYOUT_SEQ:
-            continue
-        if t.shape[1] < 2 or memory_order(t) not in (None, (0, 2, 1, 3)):
-            continue
-        # the head split: a view of [B, S, H * D] as [B, S, H, D]
-        if not isinstance(src, fx.Node) or src.op != "call_function":
-            continue
-        if op_name(src.target).split(".", 1)[0] not in _VIEWS or not src.all_input_nodes:
-            continue
-        whole, heads = _val(src.all_input_nodes[0]), _val(src)
-        if whole is None or heads is None or whole.dim() != 3 or heads.dim() != 4:
-            continue
-        split = tuple(whole.shape[:2]) == tuple(heads.shape[:2])
-        if not split or whole.shape[2] != heads.shape[2] * heads.shape[3]:
-            continue
-        readers = [
-            user
-            for user in node.users
-            if user.op == "call_function"
-            and not (_is_view(user) and (v := _val(user)) is not None and v.is_contiguous())
-        ]
-        if readers:
-            # contiguous or strided source: the card walks the [B, S, H, D] data as [B, H, S, D]
-            anchor = min(readers, key=position)
-            found.append(Match(node, frozenset(readers), anchor, (0, 2, 1, 3)))
-    return found
-
-
-def _position(gm: fx.GraphModule) -> Callable[[fx.Node], int]:
-    index = {n: i for i, n in enumerate(gm.graph.nodes)}
-    return lambda n: index[n]
+    replaced.__name__ = f"spyre_defect_{name}"
+    return replaced
 
 
 TRIGGERS: dict[str, Callable[[fx.GraphModule], list[Match]]] = {
     "sdpa_noncontiguous_qkv": sdpa_noncontiguous_qkv,
-    "rms_norm_noncontiguous_view": rms_norm_noncontiguous_view,
     "minus_inf_fill_into_sdpa_softmax": minus_inf_fill_into_sdpa_softmax,
     "bf16_add_of_minus_infs": bf16_add_of_minus_infs,
-    "exp_unaligned_stick": exp_unaligned_stick,
     "view_transpose_64": view_transpose_64,
+    "rotate_half_slice": rotate_half_slice,
+    **{name: _op_trigger(name) for name in OP_TRIGGERS},
 }
 # triggers that span two graphs: matched when the graphs run, not here (the post-LayerNorm
 # handoff: hfadapt.spyre.compile.handoff, which names the same trigger)
@@ -386,7 +329,7 @@ CROSS_GRAPH_TRIGGERS = frozenset({"post_ln_output_into_next_graph_matmul"})
 REPLACEMENTS: dict[str, Callable[..., torch.Tensor]] = {
     "minus_inf_fill_into_sdpa_softmax": softmax_amax_misread,
     "bf16_add_of_minus_infs": add_minus_infs_nan,
-    "exp_unaligned_stick": exp_first_stick_reread,
+    "rotate_half_slice": slice_from_start,
 }
 
 
@@ -432,8 +375,12 @@ def firing_at(
     )
 
 
-def find_defects(gm: fx.GraphModule, profile: Profile) -> list[Corruption]:
-    """Every firing of the profile's compile-mode defects in this graph."""
+def find_defects(
+    gm: fx.GraphModule, profile: Profile, fired: list[DefectFiring] | None = None
+) -> list[Corruption]:
+    """Every firing of the profile's compile-mode defects in this graph. ``fired``: where the
+    program appends the firings only its data shows (a host -inf mask reaching SDPA's
+    softmax: its code lands on 0xEFFF like an in-graph fill's)."""
     out = []
     for defect in profile.active_defects("compile"):
         if defect.trigger in CROSS_GRAPH_TRIGGERS:
@@ -446,13 +393,40 @@ def find_defects(gm: fx.GraphModule, profile: Profile) -> list[Corruption]:
             )
         for match in trigger(gm):
             out.append(_corruption(defect, match, profile))
+        if defect.trigger == "minus_inf_fill_into_sdpa_softmax":
+            out += _runtime_amax(gm, defect, profile, {c.anchor for c in out}, fired)
+    return out
+
+
+def _runtime_amax(
+    gm: fx.GraphModule,
+    defect: Defect,
+    profile: Profile,
+    anchored: set[fx.Node | None],
+    fired: list[DefectFiring] | None,
+) -> list[Corruption]:
+    """SDPA softmaxes no in-graph fill reaches: their mask may still carry a host -inf (data
+    of a graph input), which the card misreads the same way; checked when the program runs."""
+    out = []
+    for node in _sdpa_softmaxes(gm):
+        if node in anchored or (t := node_value(node)) is None:
+            continue
+        firing = firing_at(node, t, defect.id, profile.defect_source(defect), defect.effect)
+        replace = _sdpa_softmax(profile, fired, firing)
+        shape = tuple(int(s) for s in t.shape)
+        out.append(Corruption(firing, node, frozenset(), (), shape, node, replace, runtime=True))
     return out
 
 
 def _corruption(defect: Defect, match: Match, profile: Profile) -> Corruption:
     replace = REPLACEMENTS.get(defect.trigger)
+    spec = OP_TRIGGERS.get(defect.trigger)
+    if spec is not None and spec.compute is not None:
+        replace = _op_replacement(defect.trigger, op_name(match.anchor.target))
+    if defect.trigger == "minus_inf_fill_into_sdpa_softmax":
+        replace = _sdpa_softmax(profile, None, None)  # recorded at build: the fill is in-graph
     # the value read wrongly, or (an op computing wrongly) the op's own result
-    t = _val(match.value if replace is None else match.anchor)
+    t = node_value(match.value if replace is None else match.anchor)
     assert t is not None
     order = (match.order or memory_order(t)) if replace is None else ()
     assert order is not None

@@ -16,7 +16,6 @@ from __future__ import annotations
 import operator
 import weakref
 from collections.abc import Callable, Iterable
-from functools import lru_cache
 from typing import Any
 
 import torch
@@ -27,6 +26,7 @@ from hfadapt.spyre.compile.graph_rules import GraphCheck, op_name
 from hfadapt.spyre.compile.handoff import HandoffPlan
 from hfadapt.spyre.dl16 import DL16Format, round_dl16, round_dl16_
 from hfadapt.spyre.profile import FALLBACK, Profile
+from hfadapt.spyre.scalars import device_numbers
 
 DL16_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -100,20 +100,6 @@ def _packet(op: str) -> str:
 def _dl16_dtype(value: Any) -> torch.dtype | None:
     dtype = getattr(value, "dtype", None)
     return dtype if dtype in DL16_DTYPES and not isinstance(value, torch.dtype) else None
-
-
-@lru_cache(maxsize=1024)
-def _value_arguments(target: Any) -> tuple[frozenset[int], frozenset[str]]:
-    """Positions and names of an op's Scalar- and Tensor-typed arguments."""
-    schema = getattr(target, "_schema", None)
-    if schema is None:
-        return frozenset(), frozenset()
-    values = [
-        (i, a.name)
-        for i, a in enumerate(schema.arguments)
-        if str(a.type).removeprefix("Optional[").removesuffix("]") in ("number", "Tensor")
-    ]
-    return frozenset(i for i, _ in values), frozenset(n for _, n in values)
 
 
 def _retype(value: Any) -> Any:
@@ -243,23 +229,13 @@ class _Builder:
     def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> fx.Node:
         return self.graph.call_function(fn, args, kwargs)
 
-    def _round_number(self, value: Any) -> Any:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(
-                round_dl16(torch.tensor([float(value)]), self.profile.dl16, transfer=True)[0]
-            )
-        return value
-
     def _round_scalars(
         self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """Numbers passed where the schema takes a Scalar or a Tensor (a wrapped number) are
         device values: the device holds them as DL16 constants (a host -inf lands on 0xEFFF). ints,
         floats and lists typed as sizes, dims, eps or probabilities are left alone."""
-        positions, names = _value_arguments(target)
-        args = tuple(self._round_number(a) if i in positions else a for i, a in enumerate(args))
-        kwargs = {k: self._round_number(v) if k in names else v for k, v in kwargs.items()}
-        return args, kwargs
+        return device_numbers(target, args, kwargs, self.profile.dl16)
 
     # -- node kinds ----------------------------------------------------------------------------
     def placeholder(self, node: fx.Node, index: int) -> None:

@@ -13,7 +13,7 @@ checked at run time without guards:
 
 - the producer: each graph output whose value is a LayerNorm result (``native_layer_norm`` /
   ``layer_norm`` with a weight or bias, or the affine ``mul`` / ``add`` against a 1-D weight or
-  bias inside an ``nn.LayerNorm`` module, as the ``layer-norm-fp32-unfused`` adapter writes it;
+  bias inside an ``nn.LayerNorm`` module, as the ``layer-norm-unfused`` adapter writes it;
   through views and in-graph clones: a clone compiled in the graph does not fix it) is *marked*
   when the program returns it (a weak registry keyed on the tensor's storage, so eager views of
   it stay marked; the mark lives as long as the returned tensor);

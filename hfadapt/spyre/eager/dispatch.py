@@ -20,6 +20,8 @@ from hfadapt.errors import SpyreOpNotImplementedError
 from hfadapt.spyre import kernels
 from hfadapt.spyre.dl16 import round_dl16_
 from hfadapt.spyre.dtypes import logical_dtypes
+from hfadapt.spyre.eager.compiled_call import spyre_compiled_call
+from hfadapt.spyre.eager.defects import eager_defects, eager_sdpa, fired
 from hfadapt.spyre.eager.selection import thread_index
 from hfadapt.spyre.eager.tensor import (
     SpyreTensor,
@@ -34,6 +36,7 @@ from hfadapt.spyre.eager.tensor import (
 from hfadapt.spyre.eager.transfers import TRANSFERS
 from hfadapt.spyre.op_rules import judge
 from hfadapt.spyre.profile import FALLBACK, UNSUPPORTED, Profile
+from hfadapt.spyre.scalars import device_numbers
 from hfadapt.spyre.tracking import (
     Collector,
     SpyreFallbackWarning,
@@ -73,6 +76,9 @@ class OpEntry:
     value_preserving: bool
     kernel: kernels.Kernel | None
     special: Callable[..., Any] | None
+    defects: tuple[Any, ...] = ()  # the profile's per-op defects that can fire for this op
+    # judged otherwise in a compiled call (an outcome, a cast, a defect of one mode only)
+    mode_sensitive: bool = False
 
 
 _entries: dict[tuple[int, str], tuple[Profile, dict[Any, OpEntry]]] = {}
@@ -115,7 +121,17 @@ def _build_entry(profile: Profile, mode: str, func: torch._ops.OpOverload) -> Op
         value_preserving=packet in _VALUE_PRESERVING,
         kernel=kernels.native_kernel(name, profile),
         special=TRANSFERS.get(func),
+        defects=eager_defects(profile, name, mode),
+        mode_sensitive=(
+            profile.outcome(name, "eager")[0] != profile.outcome(name, "compile")[0]
+            or packet in _CASTS
+            or eager_defects(profile, name, "eager") != eager_defects(profile, name, "compile")
+        ),
     )
+
+
+# ops whose judgement may depend on the execution (casts are eager-only or compile-only)
+_CASTS = frozenset({"aten::_to_copy", "aten::to", "aten::copy_", "aten::_copy_from"})
 
 
 # -- the entry point -------------------------------------------------------------------------
@@ -124,6 +140,11 @@ def _build_entry(profile: Profile, mode: str, func: torch._ops.OpOverload) -> Op
 def dispatch(func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     collector = current()
     entry = op_entry(collector.profile, collector.mode, func)
+    if entry.mode_sensitive and collector.mode == "eager" and spyre_compiled_call():
+        # a compiled call Dynamo could not trace (tensors already on spyre) runs op by op
+        # here: the card compiles it, so its ops are judged by the compiled mode's rules
+        collector = dataclasses.replace(collector, mode="compile")
+        entry = op_entry(collector.profile, "compile", func)
     if entry.decompose:
         # CompositeImplicit ops reach the Python key whole under inference_mode; a real
         # backend only ever sees their decomposition, so decompose them the same way.
@@ -133,7 +154,7 @@ def dispatch(func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[st
     device_decomposition = _SPECIAL_DECOMPOSITIONS.get(func)
     if device_decomposition is not None:
         _seen(collector, entry)
-        return device_decomposition()(*args, **kwargs)
+        return eager_sdpa(collector, device_decomposition(), args, kwargs)
     if entry.special is not None:
         _seen(collector, entry)
         return entry.special(collector, entry.name, func, args, kwargs)
@@ -225,8 +246,25 @@ def _native(
         refuse(collector, found)
         judged = True
     uargs, ukwargs, seen = _unwrap_all(entry, args, kwargs)
+    if seen.mapped:
+        # numbers the op takes as values are device constants (DL16; -inf on 0xEFFF), as the
+        # compile backend holds them
+        uargs_t, ukwargs = device_numbers(func, uargs, ukwargs, collector.profile.dl16)
+        uargs = list(uargs_t)
+    dl16_kernel = (
+        entry.kernel is not None
+        and bool(args)
+        and is_dl16(getattr(args[0], "dtype", torch.float32))
+    )
+    card = None
+    if entry.defects:  # the card's per-op defects reach eager: its eager ops are per-op compiles
+        own = _own_kernel(entry, func, collector) if dl16_kernel else _plain(func)
+        card = fired(collector, entry.defects, entry.name, args, kwargs, own)
     try:
-        if entry.kernel is not None and args and is_dl16(getattr(args[0], "dtype", torch.float32)):
+        if card is not None:
+            result = card(uargs, ukwargs)
+        elif dl16_kernel:
+            assert entry.kernel is not None
             result = entry.kernel(uargs, ukwargs, collector.profile.dl16)
         elif func is aten.view.dtype and seen.mapped:
             raise SpyreOpNotImplementedError(
@@ -253,6 +291,17 @@ def _native(
         )
         refuse(collector, found)  # in audit mode the computed result stands
     return out
+
+
+def _own_kernel(entry: OpEntry, func: Any, collector: Collector) -> Callable[..., Any]:
+    kernel = entry.kernel
+    assert kernel is not None
+    fmt = collector.profile.dl16
+    return lambda uargs, ukwargs: kernel(uargs, ukwargs, fmt)
+
+
+def _plain(func: Any) -> Callable[..., Any]:
+    return lambda uargs, ukwargs: func(*uargs, **ukwargs)
 
 
 def _written_back(entry: OpEntry, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:

@@ -85,7 +85,7 @@ class SpyreTensor(torch.Tensor):
             )
         return _handler(func, args, kwargs or {})
 
-    def tolist(self) -> Any:  # type: ignore[override]
+    def tolist(self) -> Any:
         # torch refuses tolist() on subclasses; a device tensor lists its host copy, as CUDA does.
         return to_host(self).tolist()
 
@@ -93,6 +93,29 @@ class SpyreTensor(torch.Tensor):
         # Printing through ATen would dispatch (and report) a dozen ops; print the host copy.
         text = repr(to_host(self))
         return f"{text[:-1]}, device='{self.device}')" if text.endswith(")") else text
+
+
+def _not_traced_by_dynamo() -> None:
+    """The device's dispatch is the card's runtime, not model code: Dynamo must never trace
+    it (a compiled function called on device tensors falls back to running op by op; tracing
+    the simulator's own rounding on fake tensors failed with "Tensor.item() cannot be called
+    on meta tensors"). Skips the dispatch frame and every frame it calls (a private Dynamo
+    API; where it is missing, the dispatch is disabled for Dynamo the public way)."""
+    try:
+        from torch._dynamo import eval_frame
+
+        # private names, not exported: read as attributes
+        strategy_of, action = eval_frame.FrameExecStrategy, eval_frame.FrameAction  # type: ignore[attr-defined]
+        strategy = strategy_of(action.SKIP, action.SKIP)
+        eval_frame.set_code_exec_strategy(  # type: ignore[attr-defined]
+            SpyreTensor.__dict__["__torch_dispatch__"].__func__.__code__, strategy
+        )
+    except Exception:
+        original = SpyreTensor.__dict__["__torch_dispatch__"].__func__
+        SpyreTensor.__torch_dispatch__ = classmethod(torch.compiler.disable(original))  # type: ignore[assignment,method-assign]
+
+
+_not_traced_by_dynamo()
 
 
 def wrap(held: torch.Tensor, dtype: torch.dtype, device: torch.device) -> SpyreTensor:

@@ -10,9 +10,19 @@ from typing import Any
 import torch
 
 from hfadapt.spyre.dl16 import round_dl16_
-from hfadapt.spyre.eager.tensor import SpyreTensor, copy_into, held_dtype, is_dl16, to_host, wrap
+from hfadapt.spyre.eager.defects import eager_defects, fired
+from hfadapt.spyre.eager.tensor import (
+    SpyreTensor,
+    copy_into,
+    held_dtype,
+    is_dl16,
+    store,
+    to_host,
+    wrap,
+)
 from hfadapt.spyre.op_rules import judge
-from hfadapt.spyre.tracking import Collector, refuse
+from hfadapt.spyre.profile import FALLBACK
+from hfadapt.spyre.tracking import Collector, SpyreFallbackWarning, refuse, warn_from_model
 
 aten = torch.ops.aten
 
@@ -39,13 +49,26 @@ def to_copy(
         # to the host: the card's data in its logical dtype, converted there
         return to_host(src).to(device=device, dtype=dtype, memory_format=memory_format)
     target = src.device if device is None else torch.device(device)
-    _judged(
-        collector, name, args, kwargs, outputs=torch.empty(src.shape, dtype=dtype, device="meta")
-    )
+    place = target if target.index is not None else src.device
+    meta = torch.empty(src.shape, dtype=dtype, device="meta")
+    outcome, _, found = judge(collector.profile, name, args, kwargs, collector.mode, outputs=meta)
+    refuse(collector, found)
+    if outcome == FALLBACK:  # a cast the device cannot do runs on the host (torch-spyre#1691)
+        warn_from_model(
+            collector.profile.message("fallback_warning", op=name), SpyreFallbackWarning
+        )
+        if collector.report is not None:
+            collector.report.fallbacks[name] += 1
+        host = to_host(src).to(dtype=dtype, memory_format=memory_format)
+        return wrap(store(host, dtype, fresh=True, transfer=True), dtype, place)
     held = src._held.to(held_dtype(dtype), memory_format=memory_format, copy=True)
     if is_dl16(dtype) and not is_dl16(src.dtype):
         round_dl16_(held)
-    return wrap(held, dtype, target if target.index is not None else src.device)
+        defects = eager_defects(collector.profile, name, collector.mode)
+        card = fired(collector, defects, name, args, kwargs, None)
+        if card is not None:  # an eager fp32 -> fp16 cast returns the staggered order
+            held = card([held], {})
+    return wrap(held, dtype, place)
 
 
 def copy(
