@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
-import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -324,19 +322,42 @@ def test_no_adapters(tiny_model_dirs: dict[str, Path], cpu_runner: Callable[...,
     assert diag.adapters == [] and rows()[0].adapters == []
 
 
-def test_adapter_hook_point_records_what_the_registry_applied(
-    tiny_model_dirs: dict[str, Path],
-    cpu_runner: Callable[..., Any],
-    monkeypatch: pytest.MonkeyPatch,
+def test_the_registry_given_is_the_one_applied(
+    tiny_model_dirs: dict[str, Path], cpu_runner: Callable[..., Any]
 ) -> None:
-    seen: list[Any] = []
-    stub = types.ModuleType("hfadapt.adapters.registry")
-    stub.apply = lambda model: seen.append(model) or types.SimpleNamespace(names=["pad-head-dim"])  # type: ignore[attr-defined]
-    stub.default_registry = lambda: types.SimpleNamespace(errors=[])  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "hfadapt.adapters.registry", stub)
-    diag = diagnose(tiny_model_dirs["bert"], runner=cpu_runner)
-    assert diag.adapters == ["pad-head-dim"] and rows()[0].adapters == ["pad-head-dim"]
-    assert len(seen) == 1 and seen[0] is not None
+    from hfadapt.adapters.registry import Registry, default_registry
+
+    every = diagnose(tiny_model_dirs["bert"], runner=cpu_runner, record=False).adapters
+    one = Registry()
+    one.add(default_registry().get("gelu-exact-host"))
+    one.add(default_registry().get("gelu-exact-host"))  # a duplicate: a load error, not a stop
+    diag = diagnose(tiny_model_dirs["bert"], runner=cpu_runner, registry=one)
+    print(f"\nevery adapter: {every}; given registry: {diag.adapters}")
+    assert len(every) > 1 and "gelu-exact-host" in every, every
+    assert diag.adapters == ["gelu-exact-host"] and rows()[0].adapters == ["gelu-exact-host"]
+    errors = diag.evidence["adapter_errors"]
+    assert len(errors) == 1 and "duplicate" in errors[0], errors
+    with pytest.raises(UsageError, match="no adapter named 'attention-mask-host'"):
+        diagnose(tiny_model_dirs["bert"], registry=one, without_adapters=["attention-mask-host"])
+
+
+def test_a_config_in_memory_is_judged_structurally_under_its_own_id(
+    tiny_model_dirs: dict[str, Path], cpu_runner: Callable[..., Any]
+) -> None:
+    raw = json.loads((tiny_model_dirs["bert"] / "config.json").read_text())
+    options: dict[str, Any] = {"mode": "structural", "runner": cpu_runner, "record": False}
+    crawled = diagnose("org/nowhere", config=raw, config_source="structural:crawl", **options)
+    print(f"\n{crawled.verdict}: {crawled.config_source} {crawled.evidence_level}")
+    assert (crawled.model_id, crawled.verdict) == ("org/nowhere", verdicts.PASS), crawled.reason
+    assert (crawled.config_source, crawled.evidence_level) == ("structural:crawl", "config")
+    assert "path" not in crawled.evidence and crawled.to_run_row().model_id == "org/nowhere"
+    assert crawled.evidence["probes"].endswith("ids from random)"), crawled.evidence["probes"]
+    given = diagnose("org/nowhere", config=raw, **options)
+    assert (given.config_source, given.evidence_level) == ("structural:given", "config")
+    assert given.metrics is not None and crawled.metrics is not None
+    assert given.metrics.min_token_cosine == crawled.metrics.min_token_cosine
+    with pytest.raises(UsageError, match="needs mode='structural'"):
+        diagnose("org/nowhere", config=raw, runner=cpu_runner, record=False)
 
 
 def test_record_false_writes_nothing(

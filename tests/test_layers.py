@@ -305,3 +305,55 @@ def test_the_checker_sees_private_reaches_and_string_imports() -> None:
         "hfadapt.adapters.registry", "__import__('hfadapt.sweep.worker')\n", known, False
     )
     assert layering_violations({"hfadapt.adapters.registry": up}) != [], up
+
+
+def _catches_import_error(handler: ast.ExceptHandler) -> bool:
+    """Whether the handler swallows an ImportError (one that re-raises does not)."""
+    if any(isinstance(n, ast.Raise) and n.exc is None for n in ast.walk(handler)):
+        return False
+    if handler.type is None:
+        return True
+    names = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
+    caught = {ast.unparse(n).rsplit(".", 1)[-1] for n in names}
+    return bool(caught & {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"})
+
+
+def guarded_imports(module: str, source: str) -> list[str]:
+    """Imports of hfadapt's own modules inside a ``try`` that catches ImportError: one of
+    them failing is a bug to see, never a case to carry on from."""
+    bad = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Try) or not any(map(_catches_import_error, node.handlers)):
+            continue
+        for sub in (s for inner in node.body for s in ast.walk(inner)):
+            names: list[str] = []
+            if isinstance(sub, ast.ImportFrom) and not sub.level:
+                names = [sub.module or ""]
+            elif isinstance(sub, ast.Import):
+                names = [a.name for a in sub.names]
+            elif string_import(sub) is not None:
+                names = [str(string_import(sub))]
+            bad += [f"{module}:{sub.lineno} {n}" for n in names if n.startswith("hfadapt")]
+    return bad
+
+
+def test_no_import_of_hfadapt_itself_is_guarded() -> None:
+    bad = [
+        found
+        for name, path in sorted(_modules().items())
+        for found in guarded_imports(name, path.read_text())
+    ]
+    assert not bad, f"{len(bad)} guarded imports of hfadapt's own modules:\n" + "\n".join(bad)
+
+
+def test_the_checker_sees_a_guarded_import() -> None:
+    source = (
+        "try:\n    from hfadapt.spyre.kernels import native_kernel\nexcept ImportError:\n    pass\n"
+        "try:\n    importlib.import_module('hfadapt.adapters.registry')\n"
+        "except (ValueError, ModuleNotFoundError):\n    pass\n"
+        "try:\n    import ray\nexcept ImportError:\n    pass\n"
+        "try:\n    from hfadapt.x import y\nexcept KeyError:\n    pass\n"
+        "try:\n    from hfadapt.x import z\nexcept BaseException:\n    close()\n    raise\n"
+    )
+    found = [f.split(" ", 1)[1] for f in guarded_imports("m", source)]
+    assert found == ["hfadapt.spyre.kernels", "hfadapt.adapters.registry"], found

@@ -38,10 +38,10 @@ def _build(spec: dict[str, Any]) -> CaseModel:
             model, inputs = pkgutil.resolve_name(ref)(0)
         mask = inputs.get("attention_mask") if isinstance(inputs, dict) else None
         return CaseModel(model.float().eval(), inputs, mask)
-    from hfadapt.judge.diagnose import _load, build_probes
-    from hfadapt.judge.probes import model_inputs
+    from hfadapt.judge.loader import load_model
+    from hfadapt.judge.probes import build_probes, model_inputs
 
-    loaded = _load(spec["ref"], "structural" if spec.get("structural", True) else "full", False)
+    loaded = load_model(spec["ref"], "structural" if spec.get("structural", True) else "full")
     if hasattr(loaded.config, "use_cache"):
         loaded.config.use_cache = False
     batch = build_probes(loaded)

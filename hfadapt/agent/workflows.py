@@ -47,12 +47,13 @@ def cases_for_model(
     violation fingerprint. ``judge.adapters`` False drafts against the stock model (no
     registry adapters anywhere)."""
     from hfadapt.agent.models import remember
-    from hfadapt.judge.diagnose import _load, build_probes, diagnose
-    from hfadapt.judge.probes import model_inputs
+    from hfadapt.judge.diagnose import diagnose
+    from hfadapt.judge.loader import load_model
+    from hfadapt.judge.probes import build_probes, model_inputs
 
     structural = judge.structural
     execution, profile, adapters = judge.execution, judge.profile, judge.adapters
-    loaded = _load(model_ref, judge.mode, False)
+    loaded = load_model(model_ref, judge.mode)
     if hasattr(loaded.config, "use_cache"):
         loaded.config.use_cache = False
     batch = build_probes(loaded)

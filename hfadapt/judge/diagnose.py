@@ -6,18 +6,16 @@ with the full evidence. ``diagnose`` is what ``hfadapt diagnose`` calls."""
 from __future__ import annotations
 
 import copy
-import importlib
 import os
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from hfadapt import verdicts
 from hfadapt.errors import (
     CustomCodeError,
-    DeviceError,
     HfadaptError,
     InputError,
     ModelNotFoundError,
@@ -38,11 +36,15 @@ from hfadapt.judge.diagnosis import (
 )
 from hfadapt.judge.evidence import level_of_source
 from hfadapt.judge.load import LoadedModel
+from hfadapt.judge.loader import load_model
 from hfadapt.judge.localize import localize
 from hfadapt.judge.metrics import compare, last_hidden, token_mask
 from hfadapt.judge.probes import build_probes, model_inputs
 from hfadapt.options import DType, Execution, Mode
 from hfadapt.spyre.profile import AUTO_DTYPE
+
+if TYPE_CHECKING:
+    from hfadapt.adapters.registry import Registry
 
 Runner = Callable[..., Any]
 
@@ -50,41 +52,38 @@ __all__ = [
     "Diagnosis",
     "apply_adapters",
     "build_probes",
+    "check_adapter_names",
     "default_runner",
     "diagnose",
     "last_hidden",
+    "load_model",
 ]
 
 
 def default_runner() -> Runner:
     """The real device runner, imported on first use (it pulls in the simulated device)."""
-    try:
-        from hfadapt.spyre.runner import run_on_device
-    except ImportError as exc:
-        raise DeviceError(f"the simulated device runner is not available ({exc})") from exc
+    from hfadapt.spyre.runner import run_on_device
+
     return run_on_device
 
 
 def apply_adapters(
-    model: torch.nn.Module, without: Sequence[str] = ()
+    model: torch.nn.Module, without: Sequence[str] = (), registry: Registry | None = None
 ) -> tuple[list[str], list[str]]:
-    """THE adapter hook point: apply every matching adapter of ``hfadapt.adapters.registry`` to this model
-    instance (the device copy only), except those named in ``without``. Returns (adapter names
-    applied, adapter load errors). Without a registry module nothing is applied; a broken
-    adapter never stops a diagnosis."""
+    """THE adapter hook point: apply every matching adapter of ``registry`` (default: the
+    discovered one) to this model instance (the device copy only), except those named in
+    ``without``. Returns (adapter names applied, adapter load errors); a broken adapter never
+    stops a diagnosis."""
+    from hfadapt.adapters.registry import default_registry
+
+    chosen = registry if registry is not None else default_registry()
     try:
-        registry = importlib.import_module("hfadapt.adapters.registry")
-    except ImportError:
-        return [], []
-    try:
-        handle = registry.apply(model, exclude=tuple(without)) if without else registry.apply(model)
+        handle = chosen.apply(model, exclude=tuple(without))
     except Exception as exc:
         return [], [
             f"adapters not applied: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
         ]
-    names = list(getattr(handle, "names", None) or [])
-    errors = [f"{e.path}: {e.error}" for e in getattr(registry.default_registry(), "errors", [])]
-    return names, errors
+    return list(handle.names), [f"{e.path}: {e.error}" for e in chosen.errors]
 
 
 def _device_dtype(
@@ -108,7 +107,7 @@ def _check_options(mode: str, dtype: str | None, execution: str) -> None:
     Execution.parse(execution, "execution")
 
 
-def check_adapter_names(names: Sequence[str]) -> tuple[str, ...]:
+def check_adapter_names(names: Sequence[str], registry: Registry | None = None) -> tuple[str, ...]:
     """The adapter names of ``without_adapters``, each one the registry knows (UsageError for
     one it does not: a misspelt name would silently leave every adapter applied)."""
     wanted = tuple(dict.fromkeys(str(n).strip() for n in names))
@@ -116,27 +115,13 @@ def check_adapter_names(names: Sequence[str]) -> tuple[str, ...]:
         return ()
     from hfadapt.adapters.registry import default_registry
 
-    known = {a.name for a in default_registry().adapters}
+    known = {a.name for a in (registry if registry is not None else default_registry()).adapters}
     unknown = [n for n in wanted if n not in known]
     if unknown:
         raise UsageError(
             f"no adapter named {unknown[0]!r} (--without-adapter); see 'hfadapt adapters list'"
         )
     return wanted
-
-
-def _load(
-    model_ref: Any, mode: str, trust_remote_code: bool, hub: HubOptions | None = None
-) -> LoadedModel:
-    if isinstance(model_ref, LoadedModel):
-        return model_ref
-    if mode == "structural":
-        from hfadapt.judge import structural
-
-        return structural.build(model_ref, trust_remote_code=trust_remote_code, hub=hub)
-    from hfadapt.judge import load as loading
-
-    return loading.load(model_ref, trust_remote_code=trust_remote_code, hub=hub)
 
 
 def _reference(
@@ -191,6 +176,9 @@ def diagnose(
     cache_dir: str | os.PathLike[str] | None = None,
     local_files_only: bool = False,
     unsafe_no_isolation: bool = False,
+    registry: Registry | None = None,
+    config: dict[str, Any] | None = None,
+    config_source: str | None = None,
 ) -> Diagnosis:
     """Judge one model on the simulated Spyre device and record the run (see module doc).
 
@@ -205,12 +193,19 @@ def diagnose(
     profile's dtype for the model's family (bf16 for Gemma and T5, fp16 otherwise), recorded
     with its source in the evidence ("dtype_policy"). ``without_adapters``: names of registry
     adapters to leave out (the rest apply), to see what an adapter buys; recorded in the
-    evidence ("without_adapters").
+    evidence ("without_adapters"). ``registry``: the adapters to apply (default: the
+    discovered registry, hfadapt.adapters.registry.default_registry()).
+
+    ``config``: the model's config.json as a dict, judged structurally instead of a config
+    hfadapt would find for ``model_ref`` (a Hub id, named in the run); ``config_source`` says
+    where it came from, a source label such as ``structural:crawl`` (default
+    ``structural:given``), which sets the run's evidence level.
 
     ``trust_remote_code=True``: the model's own code runs only in the OS sandbox: the whole
     judging happens in a sandboxed worker (:mod:`hfadapt.judge.sandboxed`) and comes back as
     validated data; IsolationUnavailableError (exit 2) where bubblewrap cannot isolate it,
-    unless ``unsafe_no_isolation=True``. A custom ``runner`` cannot cross into the sandbox.
+    unless ``unsafe_no_isolation=True``. A custom ``runner``, ``registry`` or ``config`` cannot
+    cross into the sandbox (UsageError).
 
     Raises UsageError for bad options, ModelNotFoundError when there is no model to judge, and
     ProfileError for an unknown profile; every other outcome is a verdict in the Diagnosis.
@@ -218,7 +213,9 @@ def diagnose(
     from hfadapt.spyre.profile import load_profile
 
     _check_options(mode, dtype, execution)
-    without = check_adapter_names(without_adapters) if adapters else ()
+    if config is not None and mode != "structural":
+        raise UsageError("config= builds a structural model: it needs mode='structural'")
+    without = check_adapter_names(without_adapters, registry) if adapters else ()
     prof = load_profile(profile)
     # Open the database first: a read-only or corrupt --db fails before minutes of work.
     engine = _engine(db) if record else None
@@ -232,6 +229,12 @@ def diagnose(
         if trust_remote_code and not isinstance(model_ref, LoadedModel):
             from hfadapt.judge import sandboxed
 
+            if registry is not None or config is not None:
+                raise UsageError(
+                    "registry= and config= stay in this process: they cannot cross into the "
+                    "sandbox that trust_remote_code=True judges in"
+                )
+
             return sandboxed.judge_and_record(model_ref, engine, mode=mode, dtype=dtype, execution=execution,
                               adapters=adapters, profile=profile, runner=runner, hub=hub,
                               localize_failures=localize_failures, without_adapters=without,
@@ -239,7 +242,8 @@ def diagnose(
         return _diagnose(model_ref, prof, engine, mode=mode, dtype=dtype, execution=execution,
                          adapters=adapters, trust_remote_code=trust_remote_code, profile=profile,
                          runner=runner, localize_failures=localize_failures, hub=hub,
-                         without_adapters=without)  # fmt: skip
+                         without_adapters=without, registry=registry,
+                         config=config, config_source=config_source)  # fmt: skip
     finally:
         if engine is not None and engine is not db:
             engine.dispose()
@@ -277,6 +281,9 @@ def _diagnose(
     localize_failures: bool,
     hub: HubOptions | None = None,
     without_adapters: Sequence[str] = (),
+    registry: Registry | None = None,
+    config: dict[str, Any] | None = None,
+    config_source: str | None = None,
 ) -> Diagnosis:
     phases = Phases()
     ref_name = model_ref.model_id if isinstance(model_ref, LoadedModel) else os.fspath(model_ref)
@@ -297,7 +304,8 @@ def _diagnose(
     verdict, reason, error = _judge(
         diag, phases, model_ref, mode=mode, dtype=dtype, execution=execution, adapters=adapters,
         trust_remote_code=trust_remote_code, profile=profile, runner=runner, localize_failures=localize_failures,
-        hub=hub, without_adapters=tuple(without_adapters),
+        hub=hub, without_adapters=tuple(without_adapters), registry=registry, config=config,
+        config_source=config_source,
     )  # fmt: skip
     diag.verdict = verdict
     diag.reason = ("[structural] " if diag.structural else "") + reason
@@ -336,11 +344,17 @@ def _judge(
     localize_failures: bool,
     hub: HubOptions | None = None,
     without_adapters: tuple[str, ...] = (),
+    registry: Registry | None = None,
+    config: dict[str, Any] | None = None,
+    config_source: str | None = None,
 ) -> Outcome:
     """The phases of a diagnosis, each timed; the first that decides the verdict returns it."""
     with phases("load"):
         try:
-            loaded = _load(model_ref, mode, trust_remote_code, hub)
+            loaded = load_model(
+                model_ref, mode, trust_remote_code=trust_remote_code, hub=hub, config=config,
+                config_source=config_source,
+            )  # fmt: skip
         except ModelNotFoundError:
             raise
         except CustomCodeError as exc:
@@ -359,11 +373,10 @@ def _judge(
     diag.evidence_level = level.value if level is not None else None
     dtype = _device_dtype(diag, dtype, loaded.model_type, profile)
     diag.evidence.update(
-        source=loaded.source,
-        path=loaded.path,
-        notes=list(loaded.notes),
-        pooling=loaded.pooling.describe(),
+        source=loaded.source, notes=list(loaded.notes), pooling=loaded.pooling.describe()
     )
+    if loaded.path is not None:  # a config held in memory has no folder
+        diag.evidence["path"] = loaded.path
     if loaded.translated_from:
         diag.evidence["translated_from"] = loaded.translated_from
     diag.set_signature(loaded)
@@ -399,7 +412,7 @@ def _judge(
 
     with phases("adapters"):
         device_model = copy.deepcopy(model)
-        prepare = partial(apply_adapters, without=without_adapters)
+        prepare = partial(apply_adapters, without=without_adapters, registry=registry)
         applied, adapter_errors = prepare(device_model) if adapters else ([], [])
     diag.adapters = applied
     if without_adapters:

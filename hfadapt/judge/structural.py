@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +60,9 @@ _WHERE = {
     "hub": "the Hub",
     "bundled": "hfadapt's bundled real config",
     "defaults": "the model_type's defaults (transformers)",
+    "given": "the config it was handed",
 }
+GIVEN = "structural:given"  # the source of a config handed over without one
 
 
 # ---- the config ----------------------------------------------------------------------------
@@ -255,6 +258,65 @@ def _tokenizer(
         return None, f"tokenizer unavailable ({type(exc).__name__}): random probe ids"
 
 
+@dataclass(frozen=True)
+class _FoundConfig:
+    raw: dict[str, Any]
+    where: str  # a key of _WHERE
+    folder: Path | None
+    reason: str | None  # why the model needs its own code (None: it does not, or translated)
+    translation: Any = None  # the native translation judged instead of remote code
+
+
+def _config(
+    text: str,
+    trust_remote_code: bool,
+    hub: locate.HubOptions | None,
+    given: dict[str, Any] | None,
+) -> _FoundConfig:
+    """The config to build from: ``given`` (in memory), or found for ``text``; a remote-code
+    config is replaced by its native translation unless the model's code may run."""
+    row = None
+    if given is not None:
+        raw, where, folder = dict(given), "given", None
+    else:
+        remote.refuse_untranslatable(text, trust_remote_code)
+        row = remote.snapshot_custom_row(text)
+        try:
+            raw, where, folder = find_config(text, hub)
+        except ConfigError:
+            if trust_remote_code or row is None:
+                raise
+            raw, where, folder = {}, "defaults", None  # no model_type: the row's class decides
+    named = text if where not in ("folder", "given") else None
+    reason = locate.remote_code_reason(raw, named)
+    translation = None
+    if reason and not trust_remote_code:
+        translation = remote.translation_of(text, raw, reason, row if where == "defaults" else None)
+        raw, reason = translation.config, None
+    loading.check_model_type(raw, text, custom=bool(reason))
+    return _FoundConfig(raw, where, folder, reason, translation)
+
+
+def _instantiate(config: Any, text: str, seed: int, trust_remote_code: bool, meta: bool) -> Any:
+    """The model of ``config`` with seeded random weights (``meta``: without any weights)."""
+    import torch
+
+    placement = torch.device("meta") if meta else contextlib.nullcontext()
+    with loading.quiet_transformers(), torch.random.fork_rng(devices=[]), placement:
+        torch.manual_seed(seed)
+        try:
+            cls = loading.model_class(config, trust_remote_code)
+            if hasattr(cls, "from_config"):  # the Auto classes
+                return cls.from_config(
+                    config, dtype=torch.float32, trust_remote_code=trust_remote_code
+                )
+            return cls._from_config(config, dtype=torch.float32)  # a concrete class (T5Encoder)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise ConfigError(
+                f"no model can be built from the config of {text}: {' '.join(str(exc).split())[:200]}"
+            ) from exc
+
+
 def build(
     ref: str | os.PathLike[str],
     *,
@@ -263,73 +325,45 @@ def build(
     seed: int = STRUCTURAL_SEED,
     trust_remote_code: bool = False,
     hub: locate.HubOptions | None = None,
+    config: dict[str, Any] | None = None,
+    config_source: str | None = None,
 ) -> LoadedModel:
     """A structural stand-in for ``ref``: its real (or default) config, truncated, random weights
-    (``hub``: revision, token, cache_dir, local_files_only for finding the config)."""
-    import torch
+    (``hub``: revision, token, cache_dir, local_files_only for finding the config).
 
+    ``config``: the model's config.json as a dict, used instead of finding one (no tokenizer:
+    random probe ids); ``config_source`` names where it came from, a source label of
+    :mod:`hfadapt.judge.evidence` such as ``structural:crawl`` (default ``structural:given``)."""
     text = os.fspath(ref)
-    remote.refuse_untranslatable(text, trust_remote_code)
-    row = remote.snapshot_custom_row(text)
-    try:
-        raw, where, folder = find_config(text, hub)
-    except ConfigError:
-        if trust_remote_code or row is None:
-            raise
-        raw, where, folder = {}, "defaults", None  # no model_type: the row's config_class decides
-    reason = locate.remote_code_reason(raw, text if where != "folder" else None)
-    translation = None
-    if reason and not trust_remote_code:
-        translation = remote.translation_of(text, raw, reason, row if where == "defaults" else None)
-        raw, reason = translation.config, None
-    loading.check_model_type(raw, text, custom=bool(reason))
-
+    found = _config(text, trust_remote_code, hub, config)
     with loading.quiet_transformers():
-        if reason:
+        if found.reason:
             from transformers import AutoConfig
 
-            config = AutoConfig.from_pretrained(
-                str(folder) if folder else text, trust_remote_code=True
-            )
+            where = str(found.folder) if found.folder else text
+            built = AutoConfig.from_pretrained(where, trust_remote_code=True)
         else:
-            config = config_from_dict(raw)
-    notes = [f"structural: config from {_WHERE[where]}, seeded random weights (seed {seed})"]
-    if translation is not None:
-        notes.append(remote.translation_note(translation))
-    notes += shrink_config(config, layers, vocab)
+            built = config_from_dict(found.raw)
+    source = (config_source or GIVEN) if found.where == "given" else f"structural:{found.where}"
+    origin = f"{_WHERE[found.where]} ({source})" if found.where == "given" else _WHERE[found.where]
+    notes = [f"structural: config from {origin}, seeded random weights (seed {seed})"]
+    if found.translation is not None:
+        notes.append(remote.translation_note(found.translation))
+    notes += shrink_config(built, layers, vocab)
 
-    tokenizer, why = _tokenizer(where, text, folder, trust_remote_code, hub)
+    tokenizer, why = _tokenizer(found.where, text, found.folder, trust_remote_code, hub)
     if why:
         notes.append(why)
     # No tokenizer and no vocabulary of its own (a composite vision + text config): no probe can
     # be made, so the judge stops at its probes. The modules are built without their weights
     # (meta tensors): seeding a 4096-wide tower cost a sweep seconds for nothing.
-    placement = (
-        torch.device("meta") if tokenizer is None and not random_probe_vocab(config) else None
-    )
-    if placement is not None:
+    meta = tokenizer is None and not random_probe_vocab(built)
+    if meta:
         notes.append("no probe inputs can be made: modules built without weights (meta tensors)")
-    with (
-        loading.quiet_transformers(),
-        torch.random.fork_rng(devices=[]),
-        placement or contextlib.nullcontext(),
-    ):
-        torch.manual_seed(seed)
-        try:
-            cls = loading.model_class(config, trust_remote_code)
-            if hasattr(cls, "from_config"):  # the Auto classes
-                model = cls.from_config(
-                    config, dtype=torch.float32, trust_remote_code=trust_remote_code
-                )
-            else:  # a concrete class (T5EncoderModel) builds itself
-                model = cls._from_config(config, dtype=torch.float32)
-        except (ValueError, TypeError, KeyError) as exc:
-            raise ConfigError(
-                f"no model can be built from the config of {text}: {' '.join(str(exc).split())[:200]}"
-            ) from exc
-    if placement is None:
+    model = _instantiate(built, text, seed, trust_remote_code, meta)
+    if not meta:
         # the initializer's weights hide device faults a trained model shows: trained scale
-        table = getattr(config, "vocab_size", None)
+        table = getattr(built, "vocab_size", None)
         draw_trained_scale(model, seed, MINILM, table if isinstance(table, int) else None)
         notes.append(
             "weights drawn at trained scale (statistics of all-MiniLM-L6-v2: "
@@ -337,19 +371,20 @@ def build(
             f"{MINILM.norm_gain_mean:.2f})"
         )
     model.eval()
+    folder = found.folder
     pooling = pooling_from_folder(folder) if folder is not None else PoolingSpec()
-    revision = folder.name if where in ("cache", "hub") and folder is not None else None
+    revision = folder.name if found.where in ("cache", "hub") and folder is not None else None
     return LoadedModel(
         model_id=text,
         model=model,
-        config=config,
+        config=built,
         tokenizer=tokenizer,
         pooling=pooling,
-        source=f"structural:{where}",
+        source=source,
         revision=revision,
         path=str(folder) if folder else None,
         structural=True,
         notes=notes,
-        raw_config=raw,
-        translated_from=translation.evidence() if translation is not None else None,
+        raw_config=found.raw,
+        translated_from=found.translation.evidence() if found.translation is not None else None,
     )

@@ -7,23 +7,18 @@ Ray) call the same function, named by an import path so any process can load it.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import pkgutil
 import resource
-import shutil
 import signal
 import sys
-import tempfile
 import time
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from hfadapt import settings, verdicts
-from hfadapt.judge.evidence import level_of_source
 from hfadapt.judge.options import JudgeOptions
 from hfadapt.options import Mode
 
@@ -59,8 +54,7 @@ class Task:
     models: int = 1  # how many models share this unit (for messages)
     narrow: dict[str, Any] | None = None  # a narrower config with the same signature, tried first
     narrow_changes: dict[str, Any] | None = None  # field -> (real, narrowed)
-    # where the planned config came from (hfadapt.judge.evidence): a config written to a
-    # temporary folder for the worker keeps its real source, not "folder"
+    # where the planned config came from (hfadapt.judge.evidence): the run's evidence level
     config_source: str | None = None
 
 
@@ -141,13 +135,6 @@ def memory_limit(limit_mb: int | None) -> Iterator[None]:
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
-def _config_folder(task: Task, config: dict[str, Any], root: Path) -> Path:
-    folder = root / task.model_id.replace("/", "__")
-    folder.mkdir(parents=True)
-    (folder / "config.json").write_text(json.dumps(config), encoding="utf-8")
-    return folder
-
-
 # Verdicts a narrowed instance decides for its signature; any other is confirmed at full width.
 NARROW_DECIDES = frozenset({verdicts.PASS, verdicts.LOWERING_FAILED, verdicts.UNSUPPORTED_MODEL})
 
@@ -155,43 +142,34 @@ NARROW_DECIDES = frozenset({verdicts.PASS, verdicts.LOWERING_FAILED, verdicts.UN
 def _diagnose(
     task: Task, config: dict[str, Any] | None, runner: Any
 ) -> tuple[str, str, dict[str, Any]]:
-    """(verdict, reason, Run columns) of one diagnosis of the task's model, with ``config``
-    (written to a temporary folder) instead of the one hfadapt would find for it."""
+    """(verdict, reason, Run columns) of one diagnosis of the task's model; in structural mode
+    with ``config`` (the crawled one, or a narrowed instance) instead of the one hfadapt would
+    find for it, labelled with the config source the plan found."""
     from hfadapt.errors import InputError
     from hfadapt.judge.diagnose import diagnose
 
-    tmp: str | None = None
-    ref: str | Path = task.model_id
+    judge = task.judge
+    given = config if judge.structural else None
     try:
-        if config is not None and task.judge.structural:
-            tmp = tempfile.mkdtemp(prefix="hfadapt-unit-")
-            ref = _config_folder(task, config, Path(tmp))
-        try:
-            diag = diagnose(
-                ref,
-                mode=task.judge.mode,
-                dtype=task.judge.dtype_name,
-                execution=task.judge.execution,
-                adapters=task.judge.adapters,
-                without_adapters=task.judge.without_adapters,
-                profile=task.judge.profile,
-                runner=runner,
-                record=False,
-                localize_failures=task.judge.localize,
-            )
-        except InputError as exc:  # no model to judge (not cached, no config): it does not load
-            reason = ("[structural] " if task.judge.structural else "") + exc.one_line()
-            out = crashed(task, reason, verdict=verdicts.LOAD_FAILED, error=type(exc).__name__)
-            return out.verdict, out.reason, out.row
-    finally:
-        if tmp:
-            shutil.rmtree(tmp, ignore_errors=True)
+        diag = diagnose(
+            task.model_id,
+            mode=judge.mode,
+            dtype=judge.dtype_name,
+            execution=judge.execution,
+            adapters=judge.adapters,
+            without_adapters=judge.without_adapters,
+            profile=judge.profile,
+            runner=runner,
+            record=False,
+            localize_failures=judge.localize,
+            config=given,
+            config_source=task.config_source if given is not None else None,
+        )
+    except InputError as exc:  # no model to judge (not cached, no config): it does not load
+        reason = ("[structural] " if judge.structural else "") + exc.one_line()
+        out = crashed(task, reason, verdict=verdicts.LOAD_FAILED, error=type(exc).__name__)
+        return out.verdict, out.reason, out.row
     row = diag.to_run_row().model_dump(exclude={"id", "sweep_id"})
-    row["model_id"] = task.model_id
-    if tmp:
-        evidence = dict(row.get("evidence") or {})
-        evidence.pop("path", None)  # the temporary folder, gone now
-        row["evidence"] = evidence
     return diag.verdict, diag.reason, row
 
 
@@ -223,11 +201,6 @@ def judge_unit(task: Task) -> Outcome:
     else:
         verdict, reason, row = _diagnose(task, task.config, runner)
     evidence = dict(row.get("evidence") or {})
-    wrote_folder = task.judge.structural and (task.config is not None or tried is not None)
-    if wrote_folder and task.config_source and row.get("evidence_level") is not None:
-        level = level_of_source(task.config_source)
-        evidence["config_source"] = task.config_source
-        row["evidence_level"] = level.value if level is not None else None
     if tried is not None:
         evidence["narrowed"] = tried
     row["evidence"] = evidence
