@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from cli_runner import run_cli
 
-from hfadapt.judge import diagnose as check
+from hfadapt.judge import phases
 
 # Small models on a shared machine: one torch thread (see conftest.one_thread).
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -22,7 +22,7 @@ def device(monkeypatch: pytest.MonkeyPatch) -> Callable[[Any], None]:
     """Install a stand-in device runner for the CLI (which always uses the default one)."""
 
     def install(runner: Any) -> None:
-        monkeypatch.setattr(check, "default_runner", lambda: runner)
+        monkeypatch.setattr(phases, "default_runner", lambda: runner)
 
     return install
 

@@ -387,19 +387,13 @@ def _worker_says(monkeypatch: pytest.MonkeyPatch, stdout: str) -> list[dict[str,
 
 def _judge(model: str) -> object:
     from hfadapt.hub.resolve import HubOptions
+    from hfadapt.judge.options import JudgeOptions
     from hfadapt.judge.sandboxed import judge
 
-    return judge(
-        model,
-        mode="full",
-        dtype=None,
-        execution="eager",
-        adapters=True,
-        profile=None,
-        localize_failures=False,
-        hub=HubOptions(),
-        unsafe_no_isolation=True,
+    options = JudgeOptions(
+        execution="eager", localize=False, trust_remote_code=True, unsafe_no_isolation=True
     )
+    return judge(model, options, hub=HubOptions())
 
 
 def test_the_parent_keeps_its_own_model_id_and_survives_a_hostile_answer(

@@ -210,7 +210,6 @@ def load(
     Raises ModelNotFoundError, ConfigError, WeightsError, TokenizerError (all InputError) and
     CustomCodeError when the model needs remote code that was not trusted.
     """
-    from transformers import AutoTokenizer
 
     hub = hub or HubOptions()
     refuse_untranslatable(ref, trust_remote_code)
@@ -252,22 +251,7 @@ def load(
             )
         else:
             model, config, notes = _load_stock(name, kwargs, where, trust_remote_code)
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(
-                name, trust_remote_code=trust_remote_code, **kwargs
-            )
-        except ValueError as exc:
-            if "trust_remote_code" in str(exc):
-                raise CustomCodeError(
-                    f"the tokenizer of {where} needs its own code; rerun with {option('trust_remote_code')}"
-                ) from exc
-            raise TokenizerError(
-                f"the tokenizer of {where} does not load: {' '.join(str(exc).split())[:200]}"
-            ) from exc
-        except Exception as exc:
-            raise TokenizerError(
-                f"the tokenizer of {where} does not load: {' '.join(str(exc).split())[:200]}"
-            ) from exc
+        tokenizer = _tokenizer(name, kwargs, where, trust_remote_code)
 
     model.eval()
     if online and source.kind != "folder":
@@ -285,6 +269,26 @@ def load(
         raw_config=raw,
         translated_from=translation.evidence() if translation is not None else None,
     )
+
+
+def _tokenizer(name: str, kwargs: dict[str, Any], where: str, trust_remote_code: bool) -> Any:
+    """The model's tokenizer (TokenizerError, or CustomCodeError when it needs its own code)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code, **kwargs)
+    except ValueError as exc:
+        if "trust_remote_code" in str(exc):
+            raise CustomCodeError(
+                f"the tokenizer of {where} needs its own code; rerun with {option('trust_remote_code')}"
+            ) from exc
+        raise TokenizerError(
+            f"the tokenizer of {where} does not load: {' '.join(str(exc).split())[:200]}"
+        ) from exc
+    except Exception as exc:
+        raise TokenizerError(
+            f"the tokenizer of {where} does not load: {' '.join(str(exc).split())[:200]}"
+        ) from exc
 
 
 def _load_stock(

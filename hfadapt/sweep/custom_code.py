@@ -42,15 +42,8 @@ def judge_custom_code(
         try:
             diag = sandboxed.judge(
                 model_id,
-                mode=judge.mode,
-                dtype=judge.dtype,
-                execution=judge.execution,
-                adapters=judge.adapters,
-                profile=judge.profile,
-                localize_failures=False,
+                judge.but(localize=False, trust_remote_code=True),
                 hub=HubOptions(local_files_only=True),
-                unsafe_no_isolation=judge.unsafe_no_isolation,
-                without_adapters=judge.without_adapters,
             )
         except InputError as exc:  # not in the HF cache (no network in the sandbox): no model
             out.append({**row, "verdict": verdicts.LOAD_FAILED, "error": type(exc).__name__,
