@@ -158,7 +158,7 @@ def _host_model(
     """The model on the host, in fp32: a SentenceTransformer (its ``encode`` returning float32)
     when asked for, or (None) when the model has a modules.json; else the transformers model."""
     from hfadapt.hub import resolve as locate
-    from hfadapt.judge import load as loading
+    from hfadapt.loading import load as loading
 
     source = locate.resolve(ref, hub)
     if sentence_transformers is None:

@@ -31,9 +31,12 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("hfadapt.spyre.runner",),
     # the Hub: client, crawl, prefilter, listing, snapshot, configs, where a model is
     ("hfadapt.hub",),
+    # loading a model to judge: its weights, or a structural stand-in from its config; the
+    # structural signature, remote-code translations, pooling, probe inputs
+    ("hfadapt.loading",),
     # adapters: the API, registry, rebind, proofs
     ("hfadapt.adapters",),
-    # judging one model: load, structural build, signature, probes, metrics, diagnose
+    # judging one model: the phases, metrics, localization, the Diagnosis, diagnose
     ("hfadapt.judge",),
     # what is built on judging: batch sweeps, the drafting agent, the load-time library API
     ("hfadapt.sweep", "hfadapt.agent", "hfadapt.api"),

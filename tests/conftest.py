@@ -241,7 +241,7 @@ def tiny_model_dirs(tmp_path_factory: pytest.TempPathFactory, minilm_path: Path)
     import torch
     from transformers import AutoConfig, AutoModel, AutoTokenizer
 
-    from hfadapt.judge.load import quiet_transformers
+    from hfadapt.loading.load import quiet_transformers
 
     root = tmp_path_factory.mktemp("tiny_models")
     tokenizer = AutoTokenizer.from_pretrained(minilm_path)

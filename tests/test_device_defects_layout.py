@@ -222,7 +222,7 @@ class _ExpGate(torch.nn.Module):
 
 
 def _loaded_with_exp(tmp_path: Path):  # type: ignore[no-untyped-def]
-    from hfadapt.judge import structural
+    from hfadapt.loading import structural
 
     loaded = structural.build(str(_bert_folder(tmp_path / "exp", 512)))
     layer = loaded.model.encoder.layer[0].attention.output

@@ -110,7 +110,7 @@ def test_fp16_overflow_suggests_bf16(
 def test_dropout_left_on_gives_reference_failed(
     tiny_bert: Path, cpu_runner: Callable[..., Any]
 ) -> None:
-    from hfadapt.judge.load import load
+    from hfadapt.loading.load import load
 
     lm = load(tiny_bert)
     lm.model.train()  # dropout 0.1 on: two CPU runs differ

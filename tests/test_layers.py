@@ -236,10 +236,10 @@ def test_the_checker_fails_on_a_cycle_and_an_upward_import() -> None:
     bad = layering_violations({"hfadapt.db.engine": {"hfadapt.cli"}, "hfadapt.cli": set()})
     assert len(bad) == 1 and "up a layer" in bad[0], bad
     # a package front reaches inside its package, but only there
-    front = {"hfadapt.spyre": {"hfadapt.spyre.eager.device", "hfadapt.judge.load"}}
+    front = {"hfadapt.spyre": {"hfadapt.spyre.eager.device", "hfadapt.loading.load"}}
     got = layering_violations(front, frozenset({"hfadapt.spyre"}))
     assert len(got) == 1 and got[0].startswith("hfadapt.spyre (layer "), got
-    assert "imports hfadapt.judge.load" in got[0] and "up a layer" in got[0], got
+    assert "imports hfadapt.loading.load" in got[0] and "up a layer" in got[0], got
     sibling = layering_violations(
         {"hfadapt.sweep.run": {"hfadapt.agent.loop"}, "hfadapt.agent.loop": set()}
     )
@@ -357,3 +357,28 @@ def test_the_checker_sees_a_guarded_import() -> None:
     )
     found = [f.split(" ", 1)[1] for f in guarded_imports("m", source)]
     assert found == ["hfadapt.spyre.kernels", "hfadapt.adapters.registry"], found
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every package module ``start`` imports, directly or through others."""
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        for dep in graph.get(todo.pop(), ()):
+            if dep not in seen:
+                seen.add(dep)
+                todo.append(dep)
+    return seen
+
+
+def test_loading_a_model_never_imports_the_judge() -> None:
+    graph = import_graph()
+    for start in ("hfadapt.api", "hfadapt.loading.loader"):
+        judge = sorted(m for m in reachable(graph, start) if m.startswith("hfadapt.judge"))
+        assert not judge, f"{start} reaches the judge: {judge}"
+    code = (
+        "import sys, hfadapt.api\n"
+        "print(sorted(m for m in sys.modules if m.startswith('hfadapt.judge')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", f"import hfadapt.api imported {out.stdout.strip()}"

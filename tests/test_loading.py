@@ -19,8 +19,8 @@ from hfadapt.errors import (
     TokenizerError,
     WeightsError,
 )
-from hfadapt.judge import load as loading
-from hfadapt.judge.metrics import PoolingSpec
+from hfadapt.loading import load as loading
+from hfadapt.loading.pooling import PoolingSpec
 
 # Small models on a shared machine: one torch thread (see conftest.one_thread).
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -229,7 +229,7 @@ def test_remote_code_runs_when_trusted(custom_code_model: tuple[Path, Path]) -> 
 
 
 def test_snapshot_custom_code_flag_counts(monkeypatch: pytest.MonkeyPatch) -> None:
-    from hfadapt.judge.translate import family_for_row
+    from hfadapt.loading.translate import family_for_row
 
     flagged = next(  # a family hfadapt does not translate (tests/test_translate.py has those)
         row

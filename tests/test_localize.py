@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hfadapt.judge.localize import MODULE_COSINE_MIN, ModuleRecord, first_divergence, localize
-from hfadapt.judge.probes import model_inputs, tokenize_probes
+from hfadapt.loading.probes import model_inputs, tokenize_probes
 
 # Small models on a shared machine: one torch thread (see conftest.one_thread).
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture(scope="module")
 def tiny_loaded(tiny_model_dirs: dict[str, Path]):  # type: ignore[no-untyped-def]
-    from hfadapt.judge import load as loading
+    from hfadapt.loading import load as loading
 
     lm = loading.load(tiny_model_dirs["bert"])
     inputs = model_inputs(lm.model, tokenize_probes(lm.tokenizer, lm.config))

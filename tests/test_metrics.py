@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hfadapt.judge.metrics import TOKEN_COSINE_MIN, PoolingSpec, compare, pool, pooling_from_folder
+from hfadapt.judge.metrics import TOKEN_COSINE_MIN, compare
+from hfadapt.loading.pooling import PoolingSpec, pool, pooling_from_folder
 
 # Small models on a shared machine: one torch thread (see conftest.one_thread).
 pytestmark = pytest.mark.usefixtures("one_thread")

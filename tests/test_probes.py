@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoTokenizer
 
-from hfadapt.judge.probes import (
+from hfadapt.loading.probes import (
     PAD_MULTIPLE,
     PROBE_SENTENCES,
     RANDOM_LENGTHS,

@@ -11,9 +11,9 @@ import torch
 from transformers import AutoConfig
 
 from hfadapt.errors import CustomCodeError, ModelNotFoundError
-from hfadapt.judge import structural
-from hfadapt.judge.metrics import PoolingSpec
-from hfadapt.judge.structural import (
+from hfadapt.loading import structural
+from hfadapt.loading.pooling import PoolingSpec
+from hfadapt.loading.structural import (
     STRUCTURAL_VOCAB,
     signature_fields,
     structural_signature,
@@ -93,8 +93,8 @@ def test_truncation_keeps_one_layer_of_each_type() -> None:
 
 
 def test_vocab_shrink_renumbers_special_ids_past_the_new_table() -> None:
-    from hfadapt.judge.probes import random_probes, reserved_ids
-    from hfadapt.judge.structural import shrink_vocab
+    from hfadapt.loading.probes import random_probes, reserved_ids
+    from hfadapt.loading.structural import shrink_vocab
 
     config = AutoConfig.for_model(
         "qwen3", vocab_size=151936, bos_token_id=151643, eos_token_id=[151645, 151643]
@@ -120,8 +120,8 @@ def test_unknown_id_offline() -> None:
 
 
 def test_snapshot_custom_code_is_refused() -> None:
-    from hfadapt.judge.load import snapshot_index
-    from hfadapt.judge.translate import family_for_row
+    from hfadapt.loading.load import snapshot_index
+    from hfadapt.loading.translate import family_for_row
 
     row = next(
         r
@@ -216,7 +216,7 @@ def test_an_encoder_decoder_keeps_two_layers_on_both_sides() -> None:
     the structural run would cost a full-depth decoder (135 s of a sweep's 939 worker-seconds)."""
     from transformers import AutoConfig
 
-    from hfadapt.judge.structural import truncate_layers
+    from hfadapt.loading.structural import truncate_layers
 
     for model_type, field in (("bart", "decoder_layers"), ("t5", "num_decoder_layers")):
         config = AutoConfig.for_model(model_type)
@@ -231,7 +231,7 @@ def test_a_composite_config_is_truncated_in_every_tower() -> None:
     """Vision + text configs nest their towers (Qwen2.5-Omni: text, vision ``depth``, audio
     ``encoder_layers``): each is cut to two layers and its vocabulary shrunk, widths kept. Before,
     the towers kept every layer and five units of a sweep ran out of memory (130 worker-s)."""
-    from hfadapt.judge.structural import shrink_config
+    from hfadapt.loading.structural import shrink_config
 
     config = AutoConfig.for_model("qwen2_5_omni_thinker")
     widths = {name: sub.hidden_size for name, sub in structural.sub_configs(config)}

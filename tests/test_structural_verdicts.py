@@ -16,7 +16,7 @@ import torch
 from hfadapt import verdicts
 from hfadapt.errors import UsageError
 from hfadapt.judge.diagnose import diagnose
-from hfadapt.judge.trained_scale import MINILM, minilm_statistics
+from hfadapt.loading.trained_scale import MINILM, minilm_statistics
 
 HANDOFF = "post-ln-handoff-clone"
 
@@ -33,7 +33,7 @@ def test_trained_scale_is_measured_on_the_real_minilm(minilm_path: Path) -> None
 def test_a_structural_model_is_drawn_at_that_scale(minilm_path: Path) -> None:
     """The initializer's weights (std 0.02: gain 0.39 at fan-in 384, norms at 1) are 3-4x
     smaller than a trained model's; the structural stand-in has the trained statistics."""
-    from hfadapt.judge import structural
+    from hfadapt.loading import structural
 
     loaded = structural.build(minilm_path)
     model = loaded.model

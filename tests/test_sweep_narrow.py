@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from hfadapt.judge.signature import SHAPE_FIELDS
-from hfadapt.judge.structural import (
+from hfadapt.loading.signature import SHAPE_FIELDS
+from hfadapt.loading.structural import (
     config_from_dict,
     lowering_signature,
     signature_fields,

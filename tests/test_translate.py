@@ -1,4 +1,4 @@
-"""Native translations of remote-code families (hfadapt.judge.translate): each family's
+"""Native translations of remote-code families (hfadapt.loading.translate): each family's
 published shape builds a native model with the snapshot's parameter count, an unknown field or
 an unsupported value keeps the model custom_code with that field named, and a checkpoint
 written with the remote naming loads onto the native class with nothing missing."""
@@ -15,8 +15,8 @@ import torch
 
 from hfadapt.errors import CustomCodeError
 from hfadapt.hub.snapshot import read_snapshot
-from hfadapt.judge import translate
-from hfadapt.judge.signature import config_from_dict
+from hfadapt.loading import translate
+from hfadapt.loading.signature import config_from_dict
 
 
 def _family(name: str) -> translate.Family:
@@ -168,7 +168,7 @@ def test_snapshot_rows_match_a_published_shape_by_parameter_count() -> None:
 
 
 def test_structural_build_names_the_unknown_field(tmp_path: Path) -> None:
-    from hfadapt.judge import structural
+    from hfadapt.loading import structural
 
     raw = _variant("nomic_bert", "nomic-embed-text-v1.5")["config"]
     raw["flux_capacitor"] = 3
@@ -178,7 +178,7 @@ def test_structural_build_names_the_unknown_field(tmp_path: Path) -> None:
 
 
 def test_structural_build_of_a_remote_folder_is_the_native_class(tmp_path: Path) -> None:
-    from hfadapt.judge import structural
+    from hfadapt.loading import structural
 
     (tmp_path / "config.json").write_text(json.dumps(_variant("new", "gte-base-en-v1.5")["config"]))
     loaded = structural.build(tmp_path)
@@ -290,7 +290,7 @@ def test_full_mode_loads_a_remote_named_checkpoint(tmp_path: Path, minilm_path: 
     from safetensors.torch import save_file
     from transformers import AutoModel, AutoTokenizer
 
-    from hfadapt.judge.load import load
+    from hfadapt.loading.load import load
 
     raw = _tiny("nomic_bert", "nomic-embed-text-v1.5")
     tokenizer = AutoTokenizer.from_pretrained(minilm_path)

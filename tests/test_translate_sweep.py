@@ -15,7 +15,7 @@ from sqlmodel import select
 
 from hfadapt.db.engine import session
 from hfadapt.db.tables import Run
-from hfadapt.judge import translate
+from hfadapt.loading import translate
 from hfadapt.report.coverage import build_report
 from hfadapt.sweep.options import SweepOptions
 from hfadapt.sweep.run import run_sweep

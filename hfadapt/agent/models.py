@@ -38,8 +38,8 @@ def _build(spec: dict[str, Any]) -> CaseModel:
             model, inputs = pkgutil.resolve_name(ref)(0)
         mask = inputs.get("attention_mask") if isinstance(inputs, dict) else None
         return CaseModel(model.float().eval(), inputs, mask)
-    from hfadapt.judge.loader import load_model
-    from hfadapt.judge.probes import build_probes, model_inputs
+    from hfadapt.loading.loader import load_model
+    from hfadapt.loading.probes import build_probes, model_inputs
 
     loaded = load_model(spec["ref"], "structural" if spec.get("structural", True) else "full")
     if hasattr(loaded.config, "use_cache"):

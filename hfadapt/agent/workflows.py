@@ -48,8 +48,8 @@ def cases_for_model(
     registry adapters anywhere)."""
     from hfadapt.agent.models import remember
     from hfadapt.judge.diagnose import diagnose
-    from hfadapt.judge.loader import load_model
-    from hfadapt.judge.probes import build_probes, model_inputs
+    from hfadapt.loading.loader import load_model
+    from hfadapt.loading.probes import build_probes, model_inputs
 
     structural = judge.structural
     execution, profile, adapters = judge.execution, judge.profile, judge.adapters

@@ -15,12 +15,12 @@ from hfadapt.errors import InputError, UsageError
 from hfadapt.hub.resolve import HubOptions
 from hfadapt.judge import phases as judging
 from hfadapt.judge.diagnosis import Diagnosis, Phases, next_step, versions_of, write_run
-from hfadapt.judge.load import LoadedModel
-from hfadapt.judge.loader import load_model
 from hfadapt.judge.metrics import last_hidden
 from hfadapt.judge.options import JudgeOptions, dtype_option
 from hfadapt.judge.phases import Runner, apply_adapters, default_runner
-from hfadapt.judge.probes import build_probes
+from hfadapt.loading.load import LoadedModel
+from hfadapt.loading.loader import load_model
+from hfadapt.loading.probes import build_probes
 from hfadapt.options import DType, Execution, Mode
 
 if TYPE_CHECKING:

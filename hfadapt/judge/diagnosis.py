@@ -71,7 +71,7 @@ class Diagnosis:
         return self.verdict == verdicts.PASS
 
     def set_signature(self, loaded: Any) -> None:
-        from hfadapt.judge.signature import signature_fields, structural_signature
+        from hfadapt.loading.signature import signature_fields, structural_signature
 
         source = getattr(loaded, "raw_config", None) or loaded.config
         try:

@@ -26,12 +26,12 @@ from hfadapt.hub.resolve import HubOptions
 from hfadapt.judge.defect_evidence import defect_evidence, defects_in, structural_defect
 from hfadapt.judge.diagnosis import Diagnosis, Phases, device_warnings_recorded, report_of_error
 from hfadapt.judge.evidence import level_of_source
-from hfadapt.judge.load import LoadedModel
-from hfadapt.judge.loader import load_model
 from hfadapt.judge.localize import localize
 from hfadapt.judge.metrics import compare, last_hidden, token_mask
 from hfadapt.judge.options import JudgeOptions
-from hfadapt.judge.probes import build_probes, model_inputs
+from hfadapt.loading.load import LoadedModel
+from hfadapt.loading.loader import load_model
+from hfadapt.loading.probes import build_probes, model_inputs
 
 if TYPE_CHECKING:
     from hfadapt.adapters.registry import Registry

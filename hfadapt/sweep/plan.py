@@ -100,7 +100,7 @@ class _Signer:
     def __call__(self, raw: dict[str, Any]) -> tuple[str, float, Narrowed | None]:
         blob = json.dumps(raw, sort_keys=True, default=str)
         if blob not in self._memo:
-            from hfadapt.judge.structural import structural_signature
+            from hfadapt.loading.structural import structural_signature
 
             small = narrowed(raw, layers=self.layers or 2) if self.narrow and self.layers else None
             cost = _cost(small.config if small else raw, self.layers)
@@ -110,7 +110,7 @@ class _Signer:
 
 def _cost(raw: dict[str, Any], layers: int | None) -> float:
     """Multiply-adds per token of the model as judged (truncated to ``layers`` in structural)."""
-    from hfadapt.judge.structural import config_from_dict
+    from hfadapt.loading.structural import config_from_dict
 
     try:
         config: Any = config_from_dict(raw)
@@ -142,7 +142,7 @@ def plan_sweep(
     ``narrow``: judge wide structural signatures on a narrowed instance (hfadapt.sweep.narrow)."""
     import time
 
-    from hfadapt.judge.load import quiet_transformers
+    from hfadapt.loading.load import quiet_transformers
 
     start = time.perf_counter()
     planner = _Planner(mode, dedupe, narrow)
@@ -159,7 +159,7 @@ class _Planner:
     """The plan being built, one crawled model at a time."""
 
     def __init__(self, mode: str, dedupe: bool, narrow: bool) -> None:
-        from hfadapt.judge.structural import STRUCTURAL_LAYERS
+        from hfadapt.loading.structural import STRUCTURAL_LAYERS
 
         self.plan = Plan()
         self.mode, self.dedupe = mode, dedupe
@@ -200,8 +200,8 @@ class _Planner:
     def _native(self, model: HubModel, raw: dict[str, Any] | None, source: str | None) -> Any:
         """For a model that needs its own code: the config of its native translation, or False
         (recorded ``custom_code`` here); None for a model that needs no code of its own."""
-        from hfadapt.judge.load import remote_code_reason
-        from hfadapt.judge.translate import Translation, translated
+        from hfadapt.loading.load import remote_code_reason
+        from hfadapt.loading.translate import Translation, translated
 
         # remote code shows in the listing's summary too (auto_map, the remote config class),
         # even when it holds no shapes to judge
@@ -250,7 +250,7 @@ def _config_of(
     model: HubModel, crawled: dict[str, Any] | None
 ) -> tuple[dict[str, Any] | None, str | None, str | None]:
     """(the config to plan with, where it came from, why there is none)."""
-    from hfadapt.judge.structural import find_config
+    from hfadapt.loading.structural import find_config
 
     if crawled is not None:
         return crawled, "structural:crawl" if crawled else None, None

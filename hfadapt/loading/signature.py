@@ -24,7 +24,7 @@ from hfadapt.errors import ConfigError
 # 2: the sizes themselves (hidden, heads, kv heads, intermediate, vocabulary as judged).
 SIGNATURE_VERSION = 2
 ALIGNMENT = 64
-# Structural runs shrink embedding tables past this many rows (hfadapt.judge.structural): a
+# Structural runs shrink embedding tables past this many rows (hfadapt.loading.structural): a
 # larger vocabulary is judged as this one, so the signature records min(vocab, this).
 STRUCTURAL_VOCAB = 4096
 # The signature fields that are sizes; without them (alignment kept) is the lowering class.
@@ -35,7 +35,7 @@ SHAPE_FIELDS = (
     "intermediate_size",
     "vocab_judged",
 )
-# Embedding models of encoder-decoder families use the encoder alone (as hfadapt.judge.load does).
+# Embedding models of encoder-decoder families use the encoder alone (as hfadapt.loading.load does).
 ENCODER_ONLY = {"t5": "T5EncoderModel", "mt5": "MT5EncoderModel", "umt5": "UMT5EncoderModel"}
 
 __all__ = [

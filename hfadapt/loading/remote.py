@@ -1,7 +1,7 @@
 """Remote-code models without their code: refuse those no native translation covers (the
 ``custom_code`` verdict, with the field that blocks it), translate the others
-(hfadapt.judge.translate), and load a translated model's remote-named checkpoint onto the
-native class. Used by full-mode loading (hfadapt.judge.load) and structural mode."""
+(hfadapt.loading.translate), and load a translated model's remote-named checkpoint onto the
+native class. Used by full-mode loading (hfadapt.loading.load) and structural mode."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from typing import Any, NoReturn
 
 from hfadapt.errors import CustomCodeError, WeightsError, option
 from hfadapt.hub.resolve import snapshot_row
-from hfadapt.judge import translate
-from hfadapt.judge.signature import config_from_dict
+from hfadapt.loading import translate
+from hfadapt.loading.signature import config_from_dict
 
 # Missing checkpoint keys that are expected: a pooler embedding models do not use.
 _OPTIONAL_KEYS = ("pooler.",)

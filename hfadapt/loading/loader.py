@@ -1,5 +1,5 @@
-"""The model to judge, in either mode: its real weights (:mod:`hfadapt.judge.load`) or a
-structural stand-in built from its config (:mod:`hfadapt.judge.structural`), optionally from
+"""The model to judge, in either mode: its real weights (:mod:`hfadapt.loading.load`) or a
+structural stand-in built from its config (:mod:`hfadapt.loading.structural`), optionally from
 a config held in memory. ``diagnose`` loads through here, and so does a caller (the drafting
 agent) that wants the model and its probes without a verdict."""
 
@@ -10,7 +10,7 @@ from typing import Any
 
 from hfadapt.errors import UsageError
 from hfadapt.hub.resolve import HubOptions
-from hfadapt.judge.load import LoadedModel
+from hfadapt.loading.load import LoadedModel
 from hfadapt.options import Mode
 
 __all__ = ["load_model"]
@@ -38,7 +38,7 @@ def load_model(
     if config is not None and not structural:
         raise UsageError("config= builds a structural model: it needs mode='structural'")
     if structural:
-        from hfadapt.judge import structural as build
+        from hfadapt.loading import structural as build
 
         return build.build(
             model_ref,
@@ -47,6 +47,6 @@ def load_model(
             config=config,
             config_source=config_source,
         )
-    from hfadapt.judge import load as loading
+    from hfadapt.loading import load as loading
 
     return loading.load(model_ref, trust_remote_code=trust_remote_code, hub=hub)

@@ -33,9 +33,9 @@ from hfadapt.hub.resolve import (
     snapshot_index,
 )
 from hfadapt.hub.resolve import download as _download
-from hfadapt.judge.metrics import PoolingSpec, pooling_from_folder
-from hfadapt.judge.remote import load_translated, refuse_untranslatable, translation_of
-from hfadapt.judge.signature import ENCODER_ONLY
+from hfadapt.loading.pooling import PoolingSpec, pooling_from_folder
+from hfadapt.loading.remote import load_translated, refuse_untranslatable, translation_of
+from hfadapt.loading.signature import ENCODER_ONLY
 
 # Any one of these makes a folder's tokenizer loadable; tokenizer_config.json alone does not
 # (AutoTokenizer then builds an empty tokenizer instead of failing).
@@ -87,7 +87,7 @@ class LoadedModel:
     structural: bool = False
     notes: list[str] = field(default_factory=list)
     raw_config: dict[str, Any] | None = None  # config.json as read: what the signature hashes
-    # A remote-code model judged as its native translation: hfadapt.judge.translate's evidence.
+    # A remote-code model judged as its native translation: hfadapt.loading.translate's evidence.
     translated_from: dict[str, Any] | None = None
 
     @property

@@ -2,7 +2,7 @@
 it can be had (a local folder, the HF cache, the Hub, else the configs bundled with hfadapt),
 else the model_type's defaults; layers truncated, every dimension, head_dim and alignment kept,
 seeded random weights, the vocabulary shrunk. (The structural signature sweeps dedupe on is in
-hfadapt.judge.signature, re-exported here.)"""
+hfadapt.loading.signature, re-exported here.)"""
 
 from __future__ import annotations
 
@@ -14,16 +14,16 @@ from typing import Any
 
 from hfadapt.errors import ConfigError, ModelNotFoundError
 from hfadapt.hub import resolve as locate
-from hfadapt.judge import load as loading
-from hfadapt.judge import remote
-from hfadapt.judge.load import LoadedModel
-from hfadapt.judge.metrics import PoolingSpec, pooling_from_folder
-from hfadapt.judge.probes import SPECIAL_ID_FIELDS, random_probe_vocab
+from hfadapt.loading import load as loading
+from hfadapt.loading import remote
+from hfadapt.loading.load import LoadedModel
+from hfadapt.loading.pooling import PoolingSpec, pooling_from_folder
+from hfadapt.loading.probes import SPECIAL_ID_FIELDS, random_probe_vocab
 
-# The signature lives in hfadapt.judge.signature; re-exported here, where sweeps look for it.
+# The signature lives in hfadapt.loading.signature; re-exported here, where sweeps look for it.
 # Embedding tables past STRUCTURAL_VOCAB are shrunk: the rows do not change what lowers, only
 # memory (the signature records the vocabulary as judged, so the constant lives there).
-from hfadapt.judge.signature import (
+from hfadapt.loading.signature import (
     ALIGNMENT,
     SIGNATURE_VERSION,
     STRUCTURAL_VOCAB,
@@ -32,7 +32,7 @@ from hfadapt.judge.signature import (
     signature_fields,
     structural_signature,
 )
-from hfadapt.judge.trained_scale import MINILM, draw_trained_scale
+from hfadapt.loading.trained_scale import MINILM, draw_trained_scale
 
 STRUCTURAL_LAYERS = 2
 STRUCTURAL_SEED = 0
