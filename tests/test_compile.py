@@ -255,6 +255,20 @@ def test_native_rounding_kernel_matches_the_torch_path_bit_for_bit() -> None:
         )
 
 
+def test_the_c_kernels_are_a_source_file_of_the_package() -> None:
+    from pathlib import Path
+
+    from hfadapt.spyre import dl16_native
+
+    package = Path(dl16_native.__file__).parent
+    shipped = (package / dl16_native.SOURCE_FILE).read_text(encoding="utf-8")
+    assert dl16_native.source() == shipped
+    exported = [f"hfadapt_{n}(" for n in ("round_dl16", "sum_truncated", "sum_truncated_round")]
+    assert all(name in shipped for name in exported), [n for n in exported if n not in shipped]
+    in_python = [p.name for p in package.parent.rglob("*.py") if "#include <" in p.read_text()]
+    assert in_python == [], f"C source held in a Python string: {in_python}"
+
+
 def test_report_survives_lowering_and_counts_graphs(spyre_backend) -> None:  # type: ignore[no-untyped-def]
     class TwoGraphs(nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
