@@ -70,7 +70,7 @@ BAD = {
         "exactly one @adapter",
     ),
     "relative import": (wrap("    return x", "from . import secrets\n"), "import from '.'"),
-    # issue 11: every route around the old denylist
+    # every route around the old denylist
     "torch.os": (wrap("    torch.os.posix_spawn('/bin/sh', [], {})\n    return x"), "'os'"),
     "torch.sys": (wrap("    torch.sys.modules.clear()\n    return x"), "'sys'"),
     "torch.ctypes": (wrap("    torch.ctypes.CDLL(None)\n    return x"), "'ctypes'"),

@@ -1,4 +1,4 @@
-"""The front door (issue 15, items 1, 2, 4 and 6) through ``hfadapt.cli.main``: every usage
+"""The front door through ``hfadapt.cli.main``: every usage
 error is one line on stderr with exit code 2, numbers are bounded before any work starts,
 and help says what the commands do."""
 

@@ -1,5 +1,5 @@
 """``import torch`` finds the simulated device through the ``torch.backends`` entry point, the way
-it finds torch-spyre's card (issue 12, item 7): on by default, off with HFADAPT_SPYRE_AUTOLOAD=0
+it finds torch-spyre's card: on by default, off with HFADAPT_SPYRE_AUTOLOAD=0
 or TORCH_DEVICE_BACKEND_AUTOLOAD=0, and never in place of an installed torch_spyre.
 
 The shared venv's hfadapt metadata may predate the entry point, so each fresh process gets a

@@ -1,4 +1,4 @@
-"""Native ops stay native (issue 12, item 0): F.rms_norm and softmax(..., dtype=) are judged as
+"""Native ops stay native: F.rms_norm and softmax(..., dtype=) are judged as
 the card lowers them (one op in its input dtype), not as PyTorch's fp32 decomposition, in eager
 and in compiled mode; a model that upcasts to fp32 and calls pow itself is still refused."""
 

@@ -46,7 +46,7 @@ def test_a_plain_fp16_product(card: object) -> None:
     _same(results)
     expected = (x.float() * x.float()).half()
     assert float((results["resident"].float() - expected.float()).abs().max()) < 0.05
-    # one compiled function called on host tensors, then on device tensors (the order)
+    # one compiled function called on host tensors, then on device tensors (the order the card's failure was reported in)
     torch._dynamo.reset()
     square = torch.compile(lambda t: t * t, backend="spyre")
     host = square(x)

@@ -1,4 +1,4 @@
-"""The judging policy the device profile sets (issue 12, items 4-6): eager casts per profile
+"""The judging policy the device profile sets: eager casts per profile
 version, compiled as the default judging path, and a dtype per model family with its source,
 recorded on every run and overridable."""
 
@@ -20,7 +20,7 @@ from hfadapt.spyre.profile import available_profiles, load_profile
 from hfadapt.sweep.options import SweepOptions
 from hfadapt.sweep.worker import Task
 
-# -- item 4: eager casts as the op table says -------------------------------------------------
+# -- eager casts as the op table says -------------------------------------------------
 
 
 def test_eager_casts_follow_the_profile_version(spyre) -> None:  # type: ignore[no-untyped-def]
@@ -60,7 +60,7 @@ def test_compiled_casts_still_lower_in_the_newer_profile(spyre_backend) -> None:
     assert spyre_backend.last_report().ok, spyre_backend.last_report().summary()
 
 
-# -- item 5: compiled by default ---------------------------------------------------------------
+# -- compiled by default ---------------------------------------------------------------
 
 
 def test_compiled_is_the_default_path_of_diagnose_and_sweep() -> None:
@@ -73,7 +73,7 @@ def test_compiled_is_the_default_path_of_diagnose_and_sweep() -> None:
     assert set(defaults.values()) == {"compile"}, defaults
 
 
-# -- item 6: dtype per family -------------------------------------------------------------------
+# -- dtype per family -------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("name", available_profiles())

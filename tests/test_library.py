@@ -1,4 +1,4 @@
-"""The library front door (issue 15, items 7-13) through the public API: ``hfadapt.load``,
+"""The library front door through the public API: ``hfadapt.load``,
 ``hfadapt.adapt`` and the CLI entry ``hfadapt.cli.main``."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Ops the card lowers whole that PyTorch would decompose first (item 0 of issue 12).
+"""Ops the card lowers whole that PyTorch would decompose first.
 
 ``torch.nn.functional.rms_norm`` and ``softmax(x, dim, dtype=...)`` are CompositeImplicit in
 ATen: before any backend sees them, PyTorch rewrites them into fp32 upcasts, ``pow`` and
