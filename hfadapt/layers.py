@@ -2,7 +2,7 @@
 lower layer, never a higher one, and no two modules may import each other (directly or round
 a loop). Siblings in one layer are separate parts and never import each other; a package's
 ``__init__`` is the front of its package and may reach any module inside it. A module belongs
-to the layer of the longest prefix listed here. ``tests/test_layers.py`` parses every import
+to the layer of the longest prefix listed here. ``tests/package/test_layers.py`` parses every import
 in the package (function-level ones too) and checks all of this."""
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ class TrainedScale:
 
 
 # Measured on all-MiniLM-L6-v2 (6 layers; the pooler left out: it is not on the judged path):
-# medians over its 36 Linear layers and 13 LayerNorms. tests/test_structural.py measures again.
+# medians over its 36 Linear layers and 13 LayerNorms. tests/loading/test_structural.py measures again.
 MINILM = TrainedScale(
     linear_gain=1.431,
     bias_std=0.0534,
