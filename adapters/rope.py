@@ -54,7 +54,7 @@ ROPE_FORMS: dict[str, RopeForm] = {
     "qwen2": RopeForm("qwen2", "transformers.models.qwen2.modeling_qwen2", "Qwen2"),
     "mistral": RopeForm("mistral", "transformers.models.mistral.modeling_mistral", "Mistral"),
     "llama": RopeForm("llama", "transformers.models.llama.modeling_llama", "Llama"),
-    # native classes that remote-code families are translated to (hfadapt.judge.translate)
+    # native classes that remote-code families are translated to (hfadapt.loading.translate)
     "gte": RopeForm("gte", "transformers.models.gte.modeling_gte", "Gte"),
     "jina-v3": RopeForm(
         "jina_embeddings_v3",

@@ -1,4 +1,4 @@
-"""Adapters for the native classes remote-code models are translated to (hfadapt.judge.translate):
+"""Adapters for the native classes remote-code models are translated to (hfadapt.loading.translate):
 GTE (Alibaba ``new``), jina-embeddings-v3 and EuroBERT. Their rotary embeddings use the rope
 rewrites of ``rope.py`` (cos/sin on the host, ``rotate_half`` as ``x @ R``): those families are
 rows of its one RoPE table. What is left here is EuroBERT's RMSNorm, which squares with

@@ -81,12 +81,13 @@ def sweep_numbers(db: str) -> dict[str, Any]:
     from hfadapt.db.engine import get_engine
     from hfadapt.hub.catalog import save_crawl, start_crawl
     from hfadapt.report.coverage import build_report
-    from hfadapt.sweep.run import run_sweep
+    from hfadapt.sweep.run import SweepOptions, run_sweep
 
     engine = get_engine(db)
     crawl_id = start_crawl(engine, source="snapshot", limit=None)
     save_crawl(engine, crawl_id, _records(), source="snapshot")
-    result = run_sweep(engine, workers=1, resume=False, offline=True, timeout=1200)
+    options = SweepOptions(workers=1, resume=False, offline=True, timeout=1200)
+    result = run_sweep(engine, options)
     report = build_report(engine, sweep_id=result.sweep_id)
     return {
         "sweep_seconds": result.seconds,

@@ -47,7 +47,7 @@ def sweep_once(
 ) -> dict[str, Any]:
     """One sweep into ``db``; its SweepResult as a dict, with wall and CPU time around it."""
     from hfadapt.db.engine import get_engine
-    from hfadapt.sweep.run import run_sweep
+    from hfadapt.sweep.run import SweepOptions, run_sweep
 
     engine = get_engine(str(db))
     last = [0.0]
@@ -63,15 +63,10 @@ def sweep_once(
         )
 
     start, cpu_start = time.perf_counter(), _cpu()
-    result = run_sweep(
-        engine,
-        top=top,
-        workers=workers,
-        timeout=timeout,
-        memory_limit=memory_limit,
-        progress=progress,
-        resume=False,
+    options = SweepOptions(
+        top=top, workers=workers, timeout=timeout, memory_limit=memory_limit, resume=False
     )
+    result = run_sweep(engine, options, progress=progress)
     wall, cpu = time.perf_counter() - start, _cpu() - cpu_start
     peaks = _worker_peaks(engine, result.sweep_id)
     engine.dispose()

@@ -1,8 +1,10 @@
-"""Load-time use of the adapter registry: ``hfadapt.load`` and ``hfadapt.adapt``.
+"""Load-time use of the adapter registry: ``hfadapt.load``, ``hfadapt.adapt``,
+``hfadapt.applied`` and ``hfadapt.register_device``.
 
 import hfadapt
 model = hfadapt.load("sentence-transformers/all-MiniLM-L6-v2")   # adapted, fp16, on spyre
 embeddings = model.encode(["hello world"])                       # float32, as stock
+hfadapt.applied(model).names                                     # the adapters it runs
 
 The adapters of ``adapt`` are dormant in eager CPU runs (stock code, bit-identical results) and
 take over when a call runs for the device: inputs on ``spyre``, or traced by torch.compile.
@@ -13,25 +15,44 @@ from __future__ import annotations
 import contextlib
 import os
 import types
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from hfadapt.adapters.registry import AppliedAdapters, Registry, default_registry, runs_for_device
+from hfadapt.adapters.registry import (
+    AppliedAdapters,
+    Registry,
+    applied_to,
+    default_registry,
+    runs_for_device,
+)
 from hfadapt.errors import DeviceError, UsageError
 from hfadapt.options import DType
 
+if TYPE_CHECKING:
+    from hfadapt.hub.resolve import HubOptions
 
-def _register_device() -> None:
-    """The simulated ``spyre`` device and the ``backend="spyre"`` compiler, unless the real
-    torch-spyre is installed (then the card's own device is used)."""
+
+def register_device() -> None:
+    """Make ``"spyre"`` a torch device and ``backend="spyre"`` a torch.compile backend in this
+    process: the simulated device, unless the real torch-spyre is installed (then the card's
+    own device stays). Idempotent. ``import torch`` already registers the simulated device
+    unless ``HFADAPT_SPYRE_AUTOLOAD=0``; ``adapt`` and ``load`` call this themselves."""
     from hfadapt.spyre.compile import backend
     from hfadapt.spyre.eager import device as spyre_device
 
     if spyre_device.real_torch_spyre() is None:
         spyre_device.register()
     backend.register()
+
+
+def applied(model: Any) -> AppliedAdapters | None:
+    """The adapters ``adapt`` (or ``load``) applied to this model instance: a handle with
+    ``.names``, ``.applied`` (adapter name -> the modules it patched) and ``.remove()``; None
+    when nothing was applied."""
+    return applied_to(model)
 
 
 def _first_float_parameter(model: torch.nn.Module) -> torch.Tensor | None:
@@ -79,7 +100,7 @@ def adapt(
     reg = registry or default_registry()
     handle = reg.apply(model, device="spyre" if always else None, only=only, exclude=exclude)
     if device is not None:
-        _register_device()
+        register_device()
         if "_hfadapt_fp32_guard" not in model.__dict__:
             hook = model.register_forward_pre_hook(_refuse_fp32, with_kwargs=True)
             model.__dict__["_hfadapt_fp32_guard"] = hook
@@ -131,16 +152,27 @@ def _float32_encode(model: Any) -> None:
     model.encode = types.MethodType(encode, model)
 
 
-def _sentence_transformer(
-    ref: str,
-    source: Any,
-    *,
-    trust_remote_code: bool,
-    revision: str | None,
-    token: str | bool | None,
-    cache_dir: str | None,
-    local_files_only: bool,
+def _host_model(
+    ref: str, hub: HubOptions, trust_remote_code: bool, sentence_transformers: bool | None
 ) -> Any:
+    """The model on the host, in fp32: a SentenceTransformer (its ``encode`` returning float32)
+    when asked for, or (None) when the model has a modules.json; else the transformers model."""
+    from hfadapt.hub import resolve as locate
+    from hfadapt.loading import load as loading
+
+    source = locate.resolve(ref, hub)
+    if sentence_transformers is None:
+        sentence_transformers = _is_sentence_transformer(source.folder) or (
+            source.kind != "folder" and locate.has_file(source, "modules.json", hub)
+        )
+    if not sentence_transformers:
+        return loading.load(ref, trust_remote_code=trust_remote_code, hub=hub).model
+    model = _sentence_transformer(source, hub, trust_remote_code=trust_remote_code)
+    _float32_encode(model)
+    return model
+
+
+def _sentence_transformer(source: Any, hub: HubOptions, *, trust_remote_code: bool) -> Any:
     try:
         from sentence_transformers import SentenceTransformer
     except ImportError as exc:  # a core dependency: only a broken install gets here
@@ -156,11 +188,21 @@ def _sentence_transformer(
         source.model_id,
         device="cpu",
         trust_remote_code=trust_remote_code,
-        revision=revision,
-        token=token,
-        cache_folder=cache_dir,
-        local_files_only=local_files_only or source.kind == "cache",
+        revision=hub.revision,
+        token=hub.token,
+        cache_folder=hub.cache_dir,
+        local_files_only=hub.local_files_only or source.kind == "cache",
     )
+
+
+def _check_known(names: Sequence[str], registry: Registry | None) -> None:
+    """UsageError for the first of ``names`` that is no adapter of the registry."""
+    if not names:
+        return
+    known = {a.name for a in (registry or default_registry()).adapters}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise UsageError(f"no adapter named {unknown[0]!r}; see 'hfadapt adapters list'")
 
 
 def load(
@@ -185,7 +227,7 @@ def load(
     ``SentenceTransformer`` whose ``encode()`` runs on the device and returns float32 on the
     host, as the stock model does (``sentence_transformers`` None: decide by the presence of
     modules.json). ``revision``, ``token``, ``cache_dir`` and ``local_files_only`` mean what
-    they mean to ``from_pretrained``. The applied adapters are at ``model._hfadapt_applied``;
+    they mean to ``from_pretrained``. ``applied(model)`` says which adapters it runs;
     ``without_adapters`` names registry adapters to leave out (UsageError for an unknown name).
 
     ``trust_remote_code=True`` returns a model whose repository code runs in THIS process, so
@@ -195,44 +237,20 @@ def load(
     if trust_remote_code and not run_remote_code_in_process:
         raise UsageError(
             "trust_remote_code: hfadapt.load would run the model repository's code in your own "
-            "process, outside any sandbox; judge it sandboxed with hfadapt.judge.diagnose.diagnose(..., "
+            "process, outside any sandbox; judge it sandboxed with hfadapt.diagnose(..., "
             "trust_remote_code=True) (CLI: hfadapt diagnose MODEL --trust-remote-code), or "
             "pass run_remote_code_in_process=True to load it here anyway"
         )
-    from hfadapt.hub import resolve as locate
-    from hfadapt.judge import load as loading
+    from hfadapt.hub.resolve import HubOptions
 
-    if adapters and without_adapters:  # before any download: a misspelt name would stay applied
-        known = {a.name for a in (registry or default_registry()).adapters}
-        unknown = [n for n in without_adapters if n not in known]
-        if unknown:
-            raise UsageError(f"no adapter named {unknown[0]!r}; see 'hfadapt adapters list'")
-    ref = os.fspath(model_id_or_path)
+    if adapters:  # before any download: a misspelt name would stay applied
+        _check_known(without_adapters, registry)
     cache = os.fspath(cache_dir) if cache_dir is not None else None
-    hub = locate.HubOptions(
+    hub = HubOptions(
         revision=revision, token=token, cache_dir=cache, local_files_only=local_files_only
     )
-    source = locate.resolve(ref, hub)
-    if sentence_transformers is None:
-        want_st = _is_sentence_transformer(source.folder) or (
-            source.kind != "folder" and locate.has_file(source, "modules.json", hub)
-        )
-    else:
-        want_st = sentence_transformers
     torch_dtype = _dtype(dtype)
-    if want_st:
-        model: Any = _sentence_transformer(
-            ref,
-            source,
-            trust_remote_code=trust_remote_code,
-            revision=revision,
-            token=token,
-            cache_dir=cache,
-            local_files_only=local_files_only,
-        )
-        _float32_encode(model)
-    else:
-        model = loading.load(ref, trust_remote_code=trust_remote_code, hub=hub).model
+    model = _host_model(os.fspath(model_id_or_path), hub, trust_remote_code, sentence_transformers)
     model.eval()
     if adapters:
         on_spyre = device is not None and device.split(":")[0] == "spyre"
@@ -246,6 +264,6 @@ def load(
     if device is not None:
         if device.split(":")[0] == "spyre":
             with contextlib.suppress(DeviceError):  # the real torch-spyre: its own device
-                _register_device()
+                register_device()
         model.to(device)
     return model

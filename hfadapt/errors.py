@@ -36,8 +36,7 @@ lacks (a package, bubblewrap, the Hub when it was asked for).
         ├── EndpointError               the OpenAI-compatible endpoint failed
         ├── DraftError                  an answer that holds no usable code
         ├── PromptError                 a prompt template that does not render (missing value)
-        ├── SandboxError                the sandbox process could not be started or read
-        └── BudgetError                 an attempt, token or wall-time limit was reached
+        └── SandboxError                the sandbox process could not be started or read
 """
 
 from __future__ import annotations
@@ -210,10 +209,6 @@ class PromptError(AgentError):
 
 
 class SandboxError(AgentError):
-    pass
-
-
-class BudgetError(AgentError):
     pass
 
 

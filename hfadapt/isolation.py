@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from hfadapt import seccomp
+from hfadapt import seccomp, settings
 from hfadapt.errors import IsolationUnavailableError, option
 from hfadapt.untrusted import SECRET_NAME
 
@@ -138,7 +138,8 @@ def require_isolation(*, unsafe: bool, what: str = "drafted code") -> bool:
 def sandbox_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The sandbox's whole environment: the allowlisted variables of this process, a scratch
     HOME and TMPDIR, and ``extra``; nothing whose name looks like a credential."""
-    env = {k: os.environ[k] for k in ENV_ALLOWLIST if k in os.environ}
+    here = settings.environment()
+    env = {k: here[k] for k in ENV_ALLOWLIST if k in here}
     env.update({"HOME": "/tmp/home", "TMPDIR": "/tmp", "PYTHONNOUSERSITE": "1"})
     for key, value in (extra or {}).items():
         if SECRET_NAME.search(key):

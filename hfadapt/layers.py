@@ -1,13 +1,17 @@
 """The package's layers, lowest first: a module may import its own layer's modules and any
 lower layer, never a higher one, and no two modules may import each other (directly or round
-a loop). ``tests/test_layers.py`` parses every import in the package (function-level ones
-too) and checks both. A module belongs to the layer of the longest prefix listed here."""
+a loop). Siblings in one layer are separate parts and never import each other; a package's
+``__init__`` is the front of its package and may reach any module inside it. A module belongs
+to the layer of the longest prefix listed here. ``tests/package/test_layers.py`` parses every import
+in the package (function-level ones too) and checks all of this."""
 
 from __future__ import annotations
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     # the core: typed errors; then option types, verdict strings, the version, this table
     ("hfadapt.errors",),
+    # every environment variable hfadapt reads
+    ("hfadapt.settings",),
     # reading what untrusted code or servers produced: bounded JSON, clean text, redaction
     ("hfadapt.untrusted",),
     # the sandbox's seccomp filter (libseccomp through ctypes)
@@ -27,9 +31,12 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("hfadapt.spyre.runner",),
     # the Hub: client, crawl, prefilter, listing, snapshot, configs, where a model is
     ("hfadapt.hub",),
+    # loading a model to judge: its weights, or a structural stand-in from its config; the
+    # structural signature, remote-code translations, pooling, probe inputs
+    ("hfadapt.loading",),
     # adapters: the API, registry, rebind, proofs
     ("hfadapt.adapters",),
-    # judging one model: load, structural build, signature, probes, metrics, diagnose
+    # judging one model: the phases, metrics, localization, the Diagnosis, diagnose
     ("hfadapt.judge",),
     # what is built on judging: batch sweeps, the drafting agent, the load-time library API
     ("hfadapt.sweep", "hfadapt.agent", "hfadapt.api"),
@@ -40,13 +47,6 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # the package itself: ``hfadapt.load`` / ``hfadapt.adapt`` forward to hfadapt.api lazily
     ("hfadapt",),
 )
-
-# Siblings in one layer are separate parts: they may not import each other.
-SIBLINGS_ISOLATED = True
-
-# A package's ``__init__`` is the front of its package: it may reach any module inside it (as
-# ``hfadapt.spyre.register`` reaches the eager device), never outside its own layer's rules.
-PACKAGE_FRONTS_REACH_INSIDE = True
 
 
 def layer_of(module: str) -> tuple[int, str]:

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
+from hfadapt import settings
 from hfadapt.errors import UntrustedDataError
 
 MAX_DEPTH = 16
@@ -144,8 +143,12 @@ def known_secrets(extra: Iterable[str | None] = ()) -> list[str]:
     environment variable, and the Hugging Face tokens on disk (``token``, ``stored_tokens``).
     Values shorter than 8 characters are left out (they would redact ordinary words)."""
     found = [s for s in extra if s]
-    found += [v for k, v in os.environ.items() if SECRET_NAME.search(k) and not _LOCATION.search(k)]
-    for path in _token_files():
+    found += [
+        v
+        for k, v in settings.environment().items()
+        if SECRET_NAME.search(k) and not _LOCATION.search(k)
+    ]
+    for path in settings.hf_token_files():
         try:
             text = path.read_text(encoding="utf-8", errors="replace")
         except OSError:
@@ -155,18 +158,6 @@ def known_secrets(extra: Iterable[str | None] = ()) -> list[str]:
             value = line.split("=", 1)[1] if "=" in line else line
             found.append(value.strip())
     return sorted({s for s in found if len(s) >= 8}, key=len, reverse=True)
-
-
-def _token_files() -> list[Path]:
-    home = os.environ.get("HF_HOME") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
-        "huggingface",
-    )
-    paths = [
-        os.environ.get("HF_TOKEN_PATH") or os.path.join(home, "token"),
-        os.environ.get("HF_STORED_TOKENS_PATH") or os.path.join(home, "stored_tokens"),
-    ]
-    return [Path(p) for p in paths]
 
 
 def redact(text: str, secrets: Iterable[str] = ()) -> str:

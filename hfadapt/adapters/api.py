@@ -3,24 +3,29 @@ replaces (a module class's method, a model's forward inputs, or the attention fu
 it applies, which device rule it works around, and where it came from.
 
 Everything an adapter file needs comes from here: the decorator, ``STICK`` (the device's
-64-element stick), ``MASKED`` (the additive value of a masked attention position), ``forward_arg`` / ``replace_forward_arg`` (read and replace one argument of a
-forward, for ``pre_hook`` adapters), and the host helpers ``on_host``, ``host_copy`` and
-``host_constant`` (run stock code on the host, result back on the device; build a constant once;
-see ``hfadapt.adapters.host``), and ``inline_only`` for an adapter that only routes the call to
-other code (``hfadapt.spyre.frames``: Dynamo then never compiles it as a frame of its own). How to write
-and prove one: docs/adapters.md."""
+64-element stick), ``MASKED`` (the additive value of a masked attention position),
+``forward_arg`` / ``replace_forward_arg`` (read and replace one argument of a forward, for
+``pre_hook`` adapters), the host helpers ``on_host``, ``host_copy`` and ``host_constant`` (run
+stock code on the host, result back on the device; build a constant once), ``stock_method`` and
+``rebind`` (run the model's own code with one name swapped), ``inline_only`` for an adapter
+that only routes the call to other code (``hfadapt.spyre.frames``: Dynamo then never compiles
+it as a frame of its own), and example builders for the proofs (``tiny_model``, ``bert_at_trained_scale``, ``ExpFeatures``). How to write and prove
+one: docs/adapters.md."""
 
 from __future__ import annotations
 
-import importlib
+import contextlib
 import inspect
-from collections.abc import Callable
+import pkgutil
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 import torch
 
+from hfadapt.adapters.examples import ExpFeatures, bert_at_trained_scale, tiny_model
 from hfadapt.adapters.host import host_constant, host_copy, on_host, to_device, to_host
+from hfadapt.adapters.rebind import rebind, stock_method
 from hfadapt.errors import AdapterError
 from hfadapt.spyre.frames import inline_only
 
@@ -28,15 +33,21 @@ __all__ = [
     "MASKED",
     "STICK",
     "Adapter",
+    "ExpFeatures",
     "Provenance",
     "adapter",
+    "bert_at_trained_scale",
+    "collected",
     "forward_arg",
     "head_dim",
     "host_constant",
     "host_copy",
     "inline_only",
     "on_host",
+    "rebind",
     "replace_forward_arg",
+    "stock_method",
+    "tiny_model",
     "to_device",
     "to_host",
 ]
@@ -124,12 +135,13 @@ class Adapter:
             raise AdapterError(
                 f"adapter {self.name}: target {self.target!r} is not 'module:Class[.method]'"
             )
+        cls_name = qual.split(".")[0]
         try:
-            obj: Any = importlib.import_module(module_name)
+            obj: Any = pkgutil.resolve_name(f"{module_name}:{cls_name}")
         except ImportError as exc:
             raise AdapterError(f"adapter {self.name}: cannot import {module_name}: {exc}") from exc
-        cls_name = qual.split(".")[0]
-        obj = getattr(obj, cls_name, None)
+        except AttributeError:
+            obj = None
         if not isinstance(obj, type):
             raise AdapterError(f"adapter {self.name}: {module_name} has no class {cls_name}")
         return obj
@@ -171,8 +183,22 @@ class Adapter:
         }
 
 
-# The registry being filled while an adapter file is imported; registry.py swaps it.
+# Where the decorator puts what it makes; ``collected`` swaps it while a file runs.
 _COLLECTOR: list[Adapter] = []
+
+
+@contextlib.contextmanager
+def collected() -> Iterator[list[Adapter]]:
+    """The adapters ``@adapter`` makes while inside (an adapter file's code running), in a
+    fresh list; before and after, they go where they went before."""
+    global _COLLECTOR
+    saved = _COLLECTOR
+    found: list[Adapter] = []
+    _COLLECTOR = found
+    try:
+        yield found
+    finally:
+        _COLLECTOR = saved
 
 
 def adapter(

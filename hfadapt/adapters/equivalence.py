@@ -30,7 +30,6 @@ VARIANTS = ("random", "zeros", "large", "negative")
 RTOL = 1e-6
 ATOL = 1e-12
 LARGE = 1e4  # "large magnitudes": far past fp16 range, still exact-ish in float64
-CONTROLS = ("identity", "zero", "constant", "scaled")
 SCALED = 1.001  # the scaled control: the true output times this (a 0.1 % scale error)
 
 
@@ -173,7 +172,9 @@ _VARIANT_FNS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 
 
-def _prepare(example: ExampleFn, seed: int, dtype: torch.dtype) -> tuple[Any, tuple, dict]:
+def _prepare(
+    example: ExampleFn, seed: int, dtype: torch.dtype
+) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
     module, args, kwargs = example(seed)
     if isinstance(module, torch.nn.Module):
         module = module.to(dtype).eval()
@@ -196,7 +197,7 @@ def _leaves(value: Any) -> Iterator[Any]:
         yield value
 
 
-def _shapes(args: tuple, kwargs: dict) -> list[list[int]]:
+def _shapes(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[list[int]]:
     return [list(t.shape) for t in _leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
 
 
@@ -260,7 +261,7 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
 
 
-def _run(call: Call, module: Any, args: tuple, kwargs: dict) -> Any:
+def _run(call: Call, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     # Each call gets its own copies: an in-place rewrite must not change the other side's input.
     with torch.no_grad():
         return call(
@@ -270,7 +271,7 @@ def _run(call: Call, module: Any, args: tuple, kwargs: dict) -> Any:
 
 def _inputs(
     example: ExampleFn, seeds: Sequence[int], variants: Sequence[str], dtype: torch.dtype
-) -> Iterator[tuple[int, str, Any, tuple, dict]]:
+) -> Iterator[tuple[int, str, Any, tuple[Any, ...], dict[str, Any]]]:
     for seed in seeds:
         module, args, kwargs = _prepare(example, seed, dtype)
         for variant in variants:
@@ -278,7 +279,7 @@ def _inputs(
             yield seed, variant, module, _map_floats(args, f), _map_floats(kwargs, f)
 
 
-def _first_tensor(args: tuple, kwargs: dict) -> Any:
+def _first_tensor(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     for leaf in _leaves((args, kwargs)):
         if isinstance(leaf, torch.Tensor) and leaf.is_floating_point():
             return leaf

@@ -95,7 +95,8 @@ def _build(
 def stock_method(cls: type, name: str) -> Callable[..., Any]:
     """The class's own (unpatched) function for ``name``."""
     fn = getattr(cls, name)
-    return getattr(fn, "__func__", fn)
+    own: Callable[..., Any] = getattr(fn, "__func__", fn)
+    return own
 
 
 __all__ = ["rebind", "stock_method"]

@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import sys
 import threading
 import types
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -31,6 +30,7 @@ from typing import Any
 
 import torch
 
+from hfadapt import settings
 from hfadapt.adapters import api as adapter_api
 from hfadapt.adapters.api import Adapter
 from hfadapt.adapters.graph_adapter import is_graph_folder, load_graph_adapter
@@ -65,16 +65,11 @@ def bundled_dir() -> Path:
 
 def user_dirs() -> list[Path]:
     """Folders named by HFADAPT_ADAPTERS_PATH, then the folder accepted agent drafts go to."""
-    dirs = [Path(p) for p in os.environ.get("HFADAPT_ADAPTERS_PATH", "").split(os.pathsep) if p]
-    dirs.append(user_adapters_dir())
-    return dirs
+    return [*settings.adapter_folders(), user_adapters_dir()]
 
 
 def user_adapters_dir() -> Path:
-    home = os.environ.get("HFADAPT_HOME") or os.path.join(
-        os.path.expanduser("~"), ".local", "share", "hfadapt"
-    )
-    return Path(home) / "adapters"
+    return settings.drafts_home() / "adapters"
 
 
 def _one_line(exc: BaseException) -> str:
@@ -128,18 +123,13 @@ def load_file(path: Path, source: str = "user") -> list[Adapter]:
     code = compile(text, str(path), "exec", dont_inherit=True)  # str: the cookie is ignored
     module = types.ModuleType(mod_name)
     module.__file__ = str(path)
-    with _LOCK:
-        saved = adapter_api._COLLECTOR
-        found: list[Adapter] = []
-        adapter_api._COLLECTOR = found
+    with _LOCK, adapter_api.collected() as found:
         try:
             sys.modules[mod_name] = module
             exec(code, module.__dict__)
         except BaseException:
             sys.modules.pop(mod_name, None)
             raise
-        finally:
-            adapter_api._COLLECTOR = saved
     for a in found:
         a.path, a.source = str(path), source
     if not found:
@@ -557,7 +547,3 @@ def apply(
 ) -> AppliedAdapters:
     """Apply every matching adapter of the (default) registry to this model instance."""
     return (registry or default_registry()).apply(model, device=device, only=only, exclude=exclude)
-
-
-def iter_adapters(registry: Registry | None = None) -> Iterator[Adapter]:
-    yield from (registry or default_registry()).adapters

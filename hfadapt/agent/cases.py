@@ -6,8 +6,8 @@ sandbox as JSON; everything it names to import is hfadapt's or the model library
 from __future__ import annotations
 
 import ast
-import importlib
 import inspect
+import pkgutil
 import sys
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -62,15 +62,6 @@ class FailureCase:
     def from_dict(cls, data: dict[str, Any]) -> FailureCase:
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
-
-
-def resolve_ref(ref: str) -> Any:
-    """The object a "pkg.module:attr.attr" reference names."""
-    module_name, _, qual = ref.partition(":")
-    obj: Any = importlib.import_module(module_name)
-    for part in qual.split(".") if qual else ():
-        obj = getattr(obj, part)
-    return obj
 
 
 def module_name_for(file: str) -> str | None:
@@ -164,7 +155,7 @@ def target_source(target: str | None) -> str:
     if not target:
         return ""
     try:
-        return inspect.getsource(resolve_ref(target))
+        return inspect.getsource(pkgutil.resolve_name(target))
     except (ImportError, AttributeError, OSError, TypeError):
         return ""
 
@@ -178,7 +169,7 @@ def capture_calls(model: Any, runs: list[Any], target: str, *, per_run: int = 1,
     import torch
 
     module_name, _, qual = target.partition(":")
-    cls = resolve_ref(f"{module_name}:{qual.split('.')[0]}")
+    cls = pkgutil.resolve_name(f"{module_name}:{qual.split('.')[0]}")
     captured: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
     budget = [0]
 

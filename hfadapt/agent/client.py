@@ -9,7 +9,6 @@ log line or anything written to runs.db (``redact`` scrubs text that might echo 
 from __future__ import annotations
 
 import logging
-import os
 import re
 import threading
 import time
@@ -20,14 +19,15 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx2
 import openai
 
+from hfadapt import settings
 from hfadapt.errors import EndpointError, UsageError, option
 from hfadapt.untrusted import clean_text
 
 log = logging.getLogger(__name__)
 
-ENV_BASE_URL = "OPENAI_BASE_URL"
-ENV_API_KEY = "OPENAI_API_KEY"
-ENV_MODEL = "HFADAPT_AGENT_MODEL"
+ENV_BASE_URL = settings.OPENAI_BASE_URL.name
+ENV_API_KEY = settings.OPENAI_API_KEY.name
+ENV_MODEL = settings.HFADAPT_AGENT_MODEL.name
 # Local servers (vLLM, llama.cpp, Ollama) take any key; the openai client insists on one.
 NO_KEY = "not-needed"
 
@@ -59,11 +59,11 @@ class AgentSettings:
         **limits: Any,
     ) -> AgentSettings:
         """Flags win over the environment; a model name is required (endpoints differ)."""
-        model = model or os.environ.get(ENV_MODEL)
+        model = model or settings.agent_model()
         if not model:
             raise UsageError(f"no agent model: pass {option('model')} or set {ENV_MODEL}")
-        base_url = base_url or os.environ.get(ENV_BASE_URL) or None
-        api_key = api_key or os.environ.get(ENV_API_KEY) or None
+        base_url = base_url or settings.agent_base_url()
+        api_key = api_key or settings.agent_api_key()
         if not base_url and not api_key:  # never a silent default endpoint
             raise UsageError(
                 f"no endpoint: pass {option('base_url')} (or set {ENV_BASE_URL}) for an OpenAI-compatible "
@@ -134,7 +134,7 @@ class _CountingTransport(httpx2.BaseTransport):
 
     def retries(self) -> int:
         """Retries of the current call so far (the SDK's count; else requests sent - 1)."""
-        header = getattr(self._local, "retry_header", None)
+        header: int | None = getattr(self._local, "retry_header", None)
         if header is not None:
             return header
         return max(getattr(self._local, "sent", 0) - 1, 0)

@@ -202,7 +202,8 @@ class Wrap(nn.Module):
         self, x: Tensor, extra: Tensor | None = None, extra2: Tensor | None = None
     ) -> Tensor:
         rest = [t for t in (extra, extra2) if t is not None]
-        return self.proj_out(self.inner(self.proj_in(x), *rest))
+        out: Tensor = self.proj_out(self.inner(self.proj_in(x), *rest))
+        return out
 
 
 def _x(seed: int, *shape: int) -> Tensor:

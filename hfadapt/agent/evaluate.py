@@ -12,6 +12,7 @@ from typing import Any
 
 from hfadapt.agent.client import AgentClient, AgentSettings, Completion
 from hfadapt.agent.loop import draft_adapter
+from hfadapt.agent.options import DraftOptions
 from hfadapt.agent.records import Recorder
 from hfadapt.agent.sandbox import SandboxLimits
 from hfadapt.agent.suite import SUITE, SuiteCase, get, suite_case
@@ -102,9 +103,8 @@ def run_eval(
             continue
         agent = ReferenceClient(spec.solution, settings) if reference else shared
         assert agent is not None
-        outcome = draft_adapter(
-            case, agent, recorder=recorder, limits=limits, accept=False, taken_names={}
-        )
+        options = DraftOptions(limits=limits or SandboxLimits(), accept=False)
+        outcome = draft_adapter(case, agent, options, recorder=recorder, taken_names={})
         row = outcome.to_dict()
         row["case"] = spec.name
         row["seconds"] = round(time.monotonic() - case_start, 3)

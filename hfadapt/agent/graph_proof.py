@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import math
+import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +30,7 @@ import torch
 from hfadapt.adapters.api import Adapter
 from hfadapt.adapters.equivalence import ATOL, RTOL, compare_outputs, prove_equivalent
 from hfadapt.adapters.graph_adapter import GraphMethod, graph_adapter
-from hfadapt.agent.cases import FailureCase, captured_example, resolve_ref
+from hfadapt.agent.cases import FailureCase, captured_example
 from hfadapt.agent.end_to_end import (
     CPU_COSINE_MIN,
     DEVICE_COSINE_MIN,
@@ -73,7 +74,7 @@ class Proof:
 def trusted_example(case: FailureCase) -> Callable[[int], Any]:
     """The case's example inputs (a builder of hfadapt's, or calls the parent captured)."""
     if case.example:
-        return resolve_ref(case.example)  # type: ignore[no-any-return]
+        return pkgutil.resolve_name(case.example)  # type: ignore[no-any-return]
     if case.example_file:
         return captured_example(case.example_file)  # type: ignore[no-any-return]
     raise GraphError("the case has no example inputs to prove a graph on")
@@ -81,7 +82,7 @@ def trusted_example(case: FailureCase) -> Callable[[int], Any]:
 
 def stock_callable(target: str) -> Callable[..., Any]:
     """The stock code at ``module:Class.method`` (trusted library code, imported here)."""
-    return resolve_ref(target)  # type: ignore[no-any-return]
+    return pkgutil.resolve_name(target)  # type: ignore[no-any-return]
 
 
 def graph_call(program: GraphProgram) -> Callable[..., Any]:
@@ -227,7 +228,7 @@ def fresh_sizes(
 
 def _fresh_calls(
     example: Callable[[int], Any],
-) -> tuple[list[tuple[str, Any, tuple, dict]], dict[str, Any]]:
+) -> tuple[list[tuple[str, Any, tuple[Any, ...], dict[str, Any]]], dict[str, Any]]:
     module, args, kwargs = example(0)
     module = module.double().eval()
     args, kwargs = _f64(tuple(args)), _f64(dict(kwargs))

@@ -6,13 +6,13 @@ inputs. Built once per process and handed out as copies (proofs convert dtypes a
 from __future__ import annotations
 
 import copy
+import pkgutil
 import threading
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from hfadapt.agent.cases import resolve_ref
 from hfadapt.errors import UsageError
 
 BUILDER_MODULES = ("hfadapt.agent.evalcases:", "hfadapt.adapters.examples:")
@@ -35,13 +35,13 @@ def _build(spec: dict[str, Any]) -> CaseModel:
         if not ref.startswith(BUILDER_MODULES):
             raise UsageError(f"model builder {ref!r} is not one of hfadapt's")
         with torch.random.fork_rng(devices=[]):
-            model, inputs = resolve_ref(ref)(0)
+            model, inputs = pkgutil.resolve_name(ref)(0)
         mask = inputs.get("attention_mask") if isinstance(inputs, dict) else None
         return CaseModel(model.float().eval(), inputs, mask)
-    from hfadapt.judge.diagnose import _load, build_probes
-    from hfadapt.judge.probes import model_inputs
+    from hfadapt.loading.loader import load_model
+    from hfadapt.loading.probes import build_probes, model_inputs
 
-    loaded = _load(spec["ref"], "structural" if spec.get("structural", True) else "full", False)
+    loaded = load_model(spec["ref"], "structural" if spec.get("structural", True) else "full")
     if hasattr(loaded.config, "use_cache"):
         loaded.config.use_cache = False
     batch = build_probes(loaded)

@@ -248,104 +248,12 @@ def check_policy(source: str, *, expected_target: str | None = None) -> PolicyRe
         line = getattr(exc, "lineno", "?")
         result.problems.append(f"line {line}: syntax error: {getattr(exc, 'msg', exc)}")
         return result
-
-    known: dict[str, Any] = {}
-    constants: set[str] = set()  # module-level names bound to a literal
-    functions: list[ast.FunctionDef] = []
-    decorated: list[tuple[ast.FunctionDef, ast.Call]] = []
+    top = _TopLevel(result.problems)
     for i, node in enumerate(tree.body):
-        where = f"line {node.lineno}"
         if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and i == 0:
             continue  # the docstring
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                if alias.name not in ALLOWED_MODULES:
-                    result.problems.append(f"{where}: import of {alias.name!r} is not allowed")
-                    continue
-                if alias.asname:
-                    known[alias.asname] = _import_module(alias.name)
-                else:
-                    root = alias.name.partition(".")[0]
-                    known[root] = _import_module(root)
-        elif isinstance(node, ast.ImportFrom):
-            mod = "." * node.level + (node.module or "")
-            if node.level or mod not in ALLOWED_MODULES:
-                result.problems.append(f"{where}: import from {mod!r} is not allowed")
-                continue
-            for alias in node.names:
-                full = f"{mod}.{alias.name}"
-                if mod == "__future__":
-                    continue
-                if mod == "hfadapt.adapters.api":
-                    if alias.name not in API_NAMES:
-                        result.problems.append(f"{where}: import of {full!r} is not allowed")
-                    known[alias.asname or alias.name] = None
-                    continue
-                if full in ALLOWED_MODULES:
-                    known[alias.asname or alias.name] = _import_module(full)
-                    continue
-                ok, value = _resolve(_import_module(mod), alias.name)
-                if (
-                    alias.name.startswith("_")
-                    or alias.name in DENIED_ATTRS
-                    or not ok
-                    or (isinstance(value, types.ModuleType))
-                ):
-                    result.problems.append(f"{where}: import of {full!r} is not allowed")
-                    continue
-                known[alias.asname or alias.name] = None
-        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            if not all(isinstance(t, ast.Name) and not t.id.startswith("__") for t in targets):
-                result.problems.append(f"{where}: only NAME = literal constants at module level")
-            elif node.value is None or not _literal(node.value):
-                result.problems.append(f"{where}: a module-level value must be a literal")
-                result.problems += [
-                    f"line {n.lineno}: use of {n.id!r} is not allowed"
-                    for n in ast.walk(node.value or ast.Constant(None))
-                    if isinstance(n, ast.Name) and n.id in DENIED_NAMES
-                ]
-            else:
-                names = [t.id for t in targets if isinstance(t, ast.Name)]
-                known.update(dict.fromkeys(names))
-                constants.update(names)
-        elif isinstance(node, ast.FunctionDef):
-            known[node.name] = None
-            functions.append(node)
-            for dec in node.decorator_list:
-                call = _adapter_call(dec)
-                if call is None:
-                    result.problems.append(f"{where}: the only decorator allowed is @adapter(...)")
-                    continue
-                decorated.append((node, call))
-                args = [*call.args, *(k.value for k in call.keywords)]
-
-                def literal_or_constant(a: ast.expr, constants: set[str] = constants) -> bool:
-                    return _literal(a) or (isinstance(a, ast.Name) and a.id in constants)
-
-                if any(k.arg is None for k in call.keywords) or not all(
-                    map(literal_or_constant, args)
-                ):
-                    result.problems.append(f"{where}: @adapter(...) takes literal arguments only")
-        else:
-            result.problems.append(
-                f"{where}: only imports, literal constants and function definitions at module "
-                f"level (found {type(node).__name__.lower()})"
-            )
-
-    if len(decorated) != 1:
-        result.problems.append(
-            f"the file must define exactly one @adapter(...); found {len(decorated)}"
-        )
-    else:
-        fn, call = decorated[0]
-        result.adapter = {
-            k.arg: ast.literal_eval(k.value) for k in call.keywords if k.arg and _literal(k.value)
-        }
-        result.adapter["function"] = fn.name
-        for key in ("name", "target", "rule"):
-            if not isinstance(result.adapter.get(key), str):
-                result.problems.append(f"@adapter needs a literal string {key}=")
+        top.check(node)
+    _check_decorator(result, top.decorated)
     target = result.adapter.get("target") if isinstance(result.adapter.get("target"), str) else None
     if expected_target and target and target != expected_target:
         result.problems.append(
@@ -353,11 +261,131 @@ def check_policy(source: str, *, expected_target: str | None = None) -> PolicyRe
         )
     qual = (target or expected_target or "").partition(":")[2]
     cls, _, method = qual.partition(".")
-    for fn in functions:
-        body = _Body(known, method or ("forward" if cls else None), cls or None)
+    for fn in top.functions:
+        body = _Body(top.known, method or ("forward" if cls else None), cls or None)
         body.check(fn)
         result.problems.extend(body.problems)
-    shadowing = sorted(k for k in known if k in DENIED_NAMES or k in SAFE_BUILTINS)
+    shadowing = sorted(k for k in top.known if k in DENIED_NAMES or k in SAFE_BUILTINS)
     if shadowing:
         result.problems.append(f"top-level names shadow builtins: {', '.join(shadowing)}")
     return result
+
+
+def _check_decorator(
+    result: PolicyResult, decorated: list[tuple[ast.FunctionDef, ast.Call]]
+) -> None:
+    """Exactly one ``@adapter(...)``, whose name, target and rule are literal strings."""
+    if len(decorated) != 1:
+        result.problems.append(
+            f"the file must define exactly one @adapter(...); found {len(decorated)}"
+        )
+        return
+    fn, call = decorated[0]
+    result.adapter = {
+        k.arg: ast.literal_eval(k.value) for k in call.keywords if k.arg and _literal(k.value)
+    }
+    result.adapter["function"] = fn.name
+    for key in ("name", "target", "rule"):
+        if not isinstance(result.adapter.get(key), str):
+            result.problems.append(f"@adapter needs a literal string {key}=")
+
+
+class _TopLevel:
+    """The module level of a draft: only allowed imports, ``NAME = literal`` constants and
+    function definitions (one of them decorated with ``@adapter`` and literal arguments).
+    ``known`` collects the names bound there (the values of allowed modules, else None)."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        self.known: dict[str, Any] = {}
+        self.constants: set[str] = set()  # module-level names bound to a literal
+        self.functions: list[ast.FunctionDef] = []
+        self.decorated: list[tuple[ast.FunctionDef, ast.Call]] = []
+
+    def check(self, node: ast.stmt) -> None:
+        if isinstance(node, ast.Import):
+            self._import(node)
+        elif isinstance(node, ast.ImportFrom):
+            self._import_from(node)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            self._constant(node)
+        elif isinstance(node, ast.FunctionDef):
+            self._function(node)
+        else:
+            self.problems.append(
+                f"line {node.lineno}: only imports, literal constants and function definitions "
+                f"at module level (found {type(node).__name__.lower()})"
+            )
+
+    def _import(self, node: ast.Import) -> None:
+        for alias in node.names:
+            if alias.name not in ALLOWED_MODULES:
+                self.problems.append(f"line {node.lineno}: import of {alias.name!r} is not allowed")
+                continue
+            if alias.asname:
+                self.known[alias.asname] = _import_module(alias.name)
+            else:
+                root = alias.name.partition(".")[0]
+                self.known[root] = _import_module(root)
+
+    def _import_from(self, node: ast.ImportFrom) -> None:
+        where = f"line {node.lineno}"
+        mod = "." * node.level + (node.module or "")
+        if node.level or mod not in ALLOWED_MODULES:
+            self.problems.append(f"{where}: import from {mod!r} is not allowed")
+            return
+        for alias in node.names:
+            full = f"{mod}.{alias.name}"
+            if mod == "__future__":
+                continue
+            if mod == "hfadapt.adapters.api":
+                if alias.name not in API_NAMES:
+                    self.problems.append(f"{where}: import of {full!r} is not allowed")
+                self.known[alias.asname or alias.name] = None
+                continue
+            if full in ALLOWED_MODULES:
+                self.known[alias.asname or alias.name] = _import_module(full)
+                continue
+            ok, value = _resolve(_import_module(mod), alias.name)
+            if (
+                alias.name.startswith("_")
+                or alias.name in DENIED_ATTRS
+                or not ok
+                or (isinstance(value, types.ModuleType))
+            ):
+                self.problems.append(f"{where}: import of {full!r} is not allowed")
+                continue
+            self.known[alias.asname or alias.name] = None
+
+    def _constant(self, node: ast.Assign | ast.AnnAssign) -> None:
+        where = f"line {node.lineno}"
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        if not all(isinstance(t, ast.Name) and not t.id.startswith("__") for t in targets):
+            self.problems.append(f"{where}: only NAME = literal constants at module level")
+        elif node.value is None or not _literal(node.value):
+            self.problems.append(f"{where}: a module-level value must be a literal")
+            self.problems += [
+                f"line {n.lineno}: use of {n.id!r} is not allowed"
+                for n in ast.walk(node.value or ast.Constant(None))
+                if isinstance(n, ast.Name) and n.id in DENIED_NAMES
+            ]
+        else:
+            names = [t.id for t in targets if isinstance(t, ast.Name)]
+            self.known.update(dict.fromkeys(names))
+            self.constants.update(names)
+
+    def _function(self, node: ast.FunctionDef) -> None:
+        where = f"line {node.lineno}"
+        self.known[node.name] = None
+        self.functions.append(node)
+        for dec in node.decorator_list:
+            call = _adapter_call(dec)
+            if call is None:
+                self.problems.append(f"{where}: the only decorator allowed is @adapter(...)")
+                continue
+            self.decorated.append((node, call))
+            args = [*call.args, *(k.value for k in call.keywords)]
+            if any(k.arg is None for k in call.keywords) or not all(
+                _literal(a) or (isinstance(a, ast.Name) and a.id in self.constants) for a in args
+            ):
+                self.problems.append(f"{where}: @adapter(...) takes literal arguments only")

@@ -70,10 +70,3 @@ def get_attempt(engine: Engine, attempt_id: int) -> tuple[AgentAttempt | None, D
         attempt = s.get(AgentAttempt, attempt_id)
         sess = s.get(DraftSession, attempt.session_id) if attempt and attempt.session_id else None
         return attempt, sess
-
-
-def list_sessions(engine: Engine, limit: int = 50) -> list[DraftSession]:
-    from hfadapt.db.engine import session
-
-    with session(engine, write=False) as s:
-        return list(s.exec(select(DraftSession).order_by(DraftSession.id.desc()).limit(limit)))  # type: ignore[union-attr]

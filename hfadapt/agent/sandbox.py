@@ -1,4 +1,4 @@
-"""Running untrusted draft code: ``python -m hfadapt.agent.sandbox_worker`` inside a bubblewrap
+"""Running untrusted draft code: ``python -m hfadapt.agent.draft_worker`` inside a bubblewrap
 sandbox (:mod:`hfadapt.isolation`: no network, its own /proc and PID space, only the files it
 needs and those read-only, a size-capped private tmpfs, a seccomp filter, CPU/memory/process/
 file limits, an allowlisted environment), reading its job and the draft from a read-only input
@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hfadapt import isolation
+from hfadapt import isolation, settings
 from hfadapt.errors import SandboxError, UntrustedDataError
 from hfadapt.untrusted import bounded, clean_text, parse_json
 
@@ -83,8 +83,8 @@ def clean_env(secrets: list[str] | None = None, workdir: Path | None = None) -> 
     tmp = str(workdir) if workdir is not None else "/tmp"
     package_root = str(Path(__file__).resolve().parents[2])
     extra = {
-        "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p),
-        "HFADAPT_SANDBOX": "1",
+        "PYTHONPATH": os.pathsep.join([package_root, *settings.python_path()]),
+        settings.HFADAPT_SANDBOX.name: "1",
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "HF_HUB_DISABLE_TELEMETRY": "1",
@@ -193,7 +193,7 @@ def run_sandbox(
         env = clean_env(secrets, None if isolated else scratch)
         env["OMP_NUM_THREADS"] = str(limits.threads)
         start = time.monotonic()
-        command = [sys.executable, "-m", "hfadapt.agent.sandbox_worker", str(seen_in / "job.json")]
+        command = [sys.executable, "-m", "hfadapt.agent.draft_worker", str(seen_in / "job.json")]
         try:
             proc = isolation.spawn(
                 command,

@@ -7,6 +7,7 @@ leaves as data; the parent validates it and proves everything else. Each step re
 from __future__ import annotations
 
 import base64
+import pkgutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +17,7 @@ import torch
 
 from hfadapt.adapters import api as adapter_api
 from hfadapt.adapters.api import Adapter
-from hfadapt.agent.cases import FailureCase, captured_example, resolve_ref
+from hfadapt.agent.cases import FailureCase, captured_example
 
 StepResult = tuple[str, str, dict[str, Any]]
 GRAPH_FILES = ("graph.json", "constants.safetensors")
@@ -45,13 +46,8 @@ def import_draft(path: Path) -> list[Adapter]:
     text = path.read_bytes().decode("utf-8")
     code = compile(text, "draft.py", "exec", dont_inherit=True)
     module = types.ModuleType("hfadapt_draft")
-    saved = adapter_api._COLLECTOR
-    found: list[Adapter] = []
-    adapter_api._COLLECTOR = found
-    try:
+    with adapter_api.collected() as found:
         exec(code, module.__dict__)
-    finally:
-        adapter_api._COLLECTOR = saved
     return found
 
 
@@ -79,7 +75,7 @@ def example_inputs(case: FailureCase) -> tuple[Any, tuple[Any, ...], dict[str, A
     """The first example call (module, args, kwargs) from the case's trusted inputs: a named
     builder of hfadapt's, or calls captured from the model by the parent."""
     if case.example:
-        return resolve_ref(case.example)(0)  # type: ignore[no-any-return]
+        return pkgutil.resolve_name(case.example)(0)  # type: ignore[no-any-return]
     if case.example_file:
         return captured_example(case.example_file)(0)  # type: ignore[no-any-return]
     raise RuntimeError("the case has no example inputs to capture the draft on")

@@ -5,9 +5,10 @@ gives the fingerprint, the device's text and the source to show the agent."""
 
 from __future__ import annotations
 
+import pkgutil
 from dataclasses import dataclass
 
-from hfadapt.agent.cases import FailureCase, from_violation, resolve_ref
+from hfadapt.agent.cases import FailureCase, from_violation
 from hfadapt.errors import UsageError
 
 _EC = "hfadapt.agent.evalcases"
@@ -255,7 +256,7 @@ def suite_case(
 
     from hfadapt.spyre.runner import run_on_device
 
-    model, inputs = resolve_ref(spec.model)(0)
+    model, inputs = pkgutil.resolve_name(spec.model)(0)
     # The runner moves inputs as they are: float inputs go in the run's dtype.
     inputs = {k: v.half() if v.is_floating_point() else v for k, v in inputs.items()}
     run = run_on_device(

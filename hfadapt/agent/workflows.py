@@ -5,24 +5,26 @@ becomes FailureCases with example inputs captured from the model on the CPU."""
 from __future__ import annotations
 
 import os
+import tempfile
 from collections import defaultdict
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Engine
 from sqlmodel import select
 
 from hfadapt.agent.cases import FailureCase, capture_calls, from_violation
+from hfadapt.agent.options import DraftOptions
+from hfadapt.agent.records import Recorder
+from hfadapt.db.census import FailureFingerprint
 from hfadapt.errors import UsageError
+from hfadapt.judge.options import JudgeOptions
+from hfadapt.options import Execution, Mode
 
-
-@dataclass
-class BlockingFingerprint:
-    fingerprint: str
-    downloads: int
-    models: list[str] = field(default_factory=list)
-    violation: dict[str, Any] = field(default_factory=dict)
+if TYPE_CHECKING:
+    from hfadapt.agent.loop import DraftOutcome
 
 
 def _odd_inputs(inputs: dict[str, Any]) -> dict[str, Any]:
@@ -35,25 +37,24 @@ def _odd_inputs(inputs: dict[str, Any]) -> dict[str, Any]:
 
 def cases_for_model(
     model_ref: str | os.PathLike[str],
+    judge: JudgeOptions,
     *,
     workdir: Path,
-    structural: bool = True,
-    execution: str = "eager",
-    profile: str | None = None,
     db: Any = None,
     record: bool = True,
-    adapters: bool = True,
-    without_adapters: tuple[str, ...] = (),
 ) -> tuple[Any, list[FailureCase]]:
-    """Diagnose the model (recording the run) and make one case per violation fingerprint.
-    ``adapters=False`` drafts against the stock model (no registry adapters anywhere);
-    ``without_adapters`` leaves those registry adapters out (the rest apply), in the diagnosis
-    and in every proof on the model."""
+    """Diagnose the model as ``judge`` says (recording the run) and make one case per
+    violation fingerprint. ``judge.adapters`` False drafts against the stock model (no
+    registry adapters anywhere); ``judge.without_adapters`` are left out (the rest apply), in
+    the diagnosis and in every proof on the model."""
     from hfadapt.agent.models import remember
-    from hfadapt.judge.diagnose import _load, build_probes, diagnose
-    from hfadapt.judge.probes import model_inputs
+    from hfadapt.judge.diagnose import diagnose
+    from hfadapt.loading.loader import load_model
+    from hfadapt.loading.probes import build_probes, model_inputs
 
-    loaded = _load(model_ref, "structural" if structural else "full", False)
+    structural = judge.structural
+    execution, profile, adapters = judge.execution, judge.profile, judge.adapters
+    loaded = load_model(model_ref, judge.mode)
     if hasattr(loaded.config, "use_cache"):
         loaded.config.use_cache = False
     batch = build_probes(loaded)
@@ -62,14 +63,15 @@ def cases_for_model(
     remember(spec, loaded.model, model_inputs(loaded.model, batch), batch.attention_mask)
     diag = diagnose(
         loaded,
-        mode="structural" if structural else "full",
+        mode=judge.mode,
+        dtype=judge.dtype_name,
         execution=execution,
         profile=profile,
         db=db,
         record=record,
         adapters=adapters,
-        without_adapters=without_adapters,
-        localize_failures=False,
+        without_adapters=judge.without_adapters,
+        localize_failures=judge.localize,
     )
     report = getattr(diag, "report", None)
     if report is None or report.ok:
@@ -93,7 +95,7 @@ def cases_for_model(
             evidence={"model": loaded.model_id, "verdict": diag.verdict},
         )
         case.registry = "default" if adapters else "none"
-        case.without_adapters = list(without_adapters) if adapters else []
+        case.without_adapters = list(judge.without_adapters)
         if case.target:
             path = workdir / f"{fp}.pt"
             try:
@@ -107,47 +109,26 @@ def cases_for_model(
     return diag, cases
 
 
-def top_fingerprints(engine: Engine, k: int) -> list[BlockingFingerprint]:
-    """The K fingerprints whose models (latest run each) sum to the most downloads."""
-    from hfadapt.db.engine import describe, session
-    from hfadapt.db.tables import HubModel, Run
+def top_fingerprints(engine: Engine, k: int | None) -> list[FailureFingerprint]:
+    """The K fingerprints blocking the most downloads: the failure census of
+    ``hfadapt failures`` (the newest sweep, or the latest run of every model)."""
+    from hfadapt.db.census import failures
 
-    with session(engine, write=False) as s:
-        runs = list(s.exec(select(Run).order_by(Run.id)))  # type: ignore[arg-type]
-        downloads = {m.id: m.downloads for m in s.exec(select(HubModel))}
-    latest: dict[str, Any] = {}
-    for run in runs:
-        latest[run.model_id] = run  # later rows win
-    blocked: dict[str, BlockingFingerprint] = {}
-    for run in latest.values():
-        for fp in run.fingerprints or []:
-            entry = blocked.setdefault(str(fp), BlockingFingerprint(str(fp), 0))
-            entry.downloads += int(downloads.get(run.model_id, 0) or 0)
-            entry.models.append(run.model_id)
-            if not entry.violation:
-                entry.violation = next(
-                    (
-                        v
-                        for v in run.violations or []
-                        if isinstance(v, dict) and v.get("fingerprint") == fp
-                    ),
-                    {},
-                )
-    if not blocked:
+    ranked = failures(engine, top=k)
+    if not ranked:
+        from hfadapt.db.engine import describe
+
         raise UsageError(
             f"no failure fingerprints recorded in {describe(engine)}: run a sweep (or "
             "'hfadapt diagnose MODEL') first, or draft for one model with 'hfadapt draft MODEL'"
         )
-    for entry in blocked.values():
-        entry.models.sort(key=lambda m: -int(downloads.get(m, 0) or 0))
-    ranked = sorted(blocked.values(), key=lambda b: (-b.downloads, -len(b.models), b.fingerprint))
-    return ranked[:k]
+    return ranked
 
 
 def models_for_fingerprint(engine: Engine, fingerprint: str) -> tuple[str, list[str]]:
     """(full fingerprint, models whose latest run has it, most downloaded first); a unique
     prefix is enough."""
-    ranked = top_fingerprints(engine, 10**9)
+    ranked = top_fingerprints(engine, None)
     hits = [b for b in ranked if b.fingerprint.startswith(fingerprint)]
     if not hits:
         raise UsageError(f"no recorded run has fingerprint {fingerprint!r}")
@@ -158,7 +139,7 @@ def models_for_fingerprint(engine: Engine, fingerprint: str) -> tuple[str, list[
     return hits[0].fingerprint, hits[0].models
 
 
-def cases_by_model(entries: list[BlockingFingerprint]) -> dict[str, list[str]]:
+def cases_by_model(entries: list[FailureFingerprint]) -> dict[str, list[str]]:
     """Which fingerprints to work on per model (each fingerprint on its first model)."""
     plan: dict[str, list[str]] = defaultdict(list)
     for e in entries:
@@ -167,28 +148,89 @@ def cases_by_model(entries: list[BlockingFingerprint]) -> dict[str, list[str]]:
     return dict(plan)
 
 
+@dataclass(frozen=True)
+class DraftTarget:
+    """One model to draft on: the fingerprints wanted there (None: every one it fails with
+    now) and how it is judged to find them."""
+
+    model: str
+    fingerprints: list[str] | None
+    judge: JudgeOptions
+
+
 def plan_drafts(
     engine: Engine,
+    judge: JudgeOptions,
     *,
     model: str | None = None,
     fingerprint: str | None = None,
     top: int | None = None,
-) -> dict[str, list[str] | None]:
-    """What to draft for: model -> the fingerprints wanted on it (None: every one it fails
-    with now). From exactly one of ``model`` (diagnosed when drafting), ``fingerprint`` (a
-    recorded one, on its most downloaded model) or ``top`` (the K fingerprints blocking the
-    most downloads, each on its first model)."""
+    mode: Mode | None = None,
+) -> list[DraftTarget]:
+    """What to draft for, from exactly one of ``model`` (diagnosed when drafting, as
+    ``judge`` says), ``fingerprint`` (a recorded one, on its most downloaded model) or ``top``
+    (the K fingerprints blocking the most downloads, each on its first model). A recorded
+    fingerprint is looked for in the mode and execution its model's latest run had (so that it
+    occurs again), or in ``mode`` when one is given."""
     if sum(x is not None for x in (model, fingerprint, top)) != 1:
         raise UsageError("give exactly one of model, fingerprint or top")
+    if model is not None:
+        return [DraftTarget(model, None, judge.but(mode=mode or judge.mode))]
     if top is not None:
         if top < 1:
             raise UsageError(f"top must be at least 1 (got {top})")
-        return dict(cases_by_model(top_fingerprints(engine, top)))
-    if fingerprint is not None:
+        wanted = cases_by_model(top_fingerprints(engine, top))
+    else:
+        assert fingerprint is not None
         full, models = models_for_fingerprint(engine, fingerprint)
-        return {models[0]: [full]}
-    assert model is not None
-    return {model: None}
+        wanted = {models[0]: [full]}
+    targets = []
+    for ref, fingerprints in wanted.items():
+        recorded = recorded_run(engine, ref)
+        how = judge.but(mode=Mode.FULL, execution=Execution.EAGER)
+        if recorded is not None:
+            mode_then, execution_then, left_out_then = recorded
+            how = judge.but(mode=mode_then, execution=execution_then)
+            if not judge.without_adapters:  # what the recorded run left out, left out again
+                how = how.but(without_adapters=left_out_then)
+        targets.append(DraftTarget(ref, fingerprints, how.but(mode=mode) if mode else how))
+    return targets
+
+
+def draft_targets(
+    targets: list[DraftTarget],
+    client: Any,
+    options: DraftOptions,
+    *,
+    recorder: Recorder,
+    db: Engine,
+    note: Callable[[str], None],
+) -> list[DraftOutcome]:
+    """Draft for every target's failures, in order; stops when the endpoint fails (the next
+    failure would meet the same endpoint). ``note`` hears what is being done and skipped."""
+    from hfadapt.agent.loop import ENDPOINT_ERROR, draft_adapter
+
+    outcomes: list[DraftOutcome] = []
+    with tempfile.TemporaryDirectory(prefix="hfadapt-draft-") as work:
+        for target in targets:
+            diag, cases = cases_for_model(target.model, target.judge, workdir=Path(work), db=db)
+            cases, missing = wanted_cases(cases, target.fingerprints)
+            if missing:
+                note(f"{target.model}: fingerprint(s) {', '.join(missing)} did not occur now "
+                     f"({diag.verdict})")  # fmt: skip
+            if not cases:
+                note(f"{target.model}: nothing to draft ({diag.verdict}: {diag.reason})")
+                continue
+            for case in cases:
+                note(f"drafting for {case.fingerprint} ({case.rule_id}, {case.op}) in "
+                     f"{target.model} ...")  # fmt: skip
+                outcome = draft_adapter(case, client, options, recorder=recorder,
+                                        model_id=target.model)  # fmt: skip
+                outcomes.append(outcome)
+                if outcome.outcome == ENDPOINT_ERROR:
+                    note(f"stopped: {outcome.reason}")
+                    return outcomes
+    return outcomes
 
 
 def recorded_run(engine: Engine, model_id: str) -> tuple[str, str, tuple[str, ...]] | None:

@@ -16,7 +16,6 @@ from typing import Any
 
 import typer
 from rich.markup import escape
-from typer import _click  # typer vendors click; its exceptions are these, not click's
 
 # Command modules register themselves on import.
 from hfadapt.cli import adapters as _adapters  # noqa: F401
@@ -42,12 +41,14 @@ def _fail(message: str) -> None:
     )
 
 
-def _usage_line(exc: _click.exceptions.UsageError) -> str:
-    """click's usage error as one line that names the command and where to read its help."""
-    ctx = exc.ctx
+def _usage_line(exc: typer.TyperException) -> str:
+    """A usage error of the command line parser as one line that names the command and where
+    to read its help. typer's parser errors all derive from the public ``TyperException``; a
+    usage error carries the parser's context (``ctx``), and a group called without a command
+    answers with its whole help text, which becomes the list of its commands."""
+    ctx = getattr(exc, "ctx", None)
     path = ctx.command_path if ctx is not None else "hfadapt"
-    if isinstance(exc, _click.exceptions.NoArgsIsHelpError):
-        assert ctx is not None
+    if ctx is not None and exc.format_message() == ctx.get_help():
         lister = getattr(ctx.command, "list_commands", None)
         names = sorted(lister(ctx)) if lister is not None else []
         return f"{path} needs a command: {', '.join(names)} (see {path} --help)"
@@ -136,11 +137,9 @@ def _invoke(args: list[str], verbose: bool) -> int:
     except typer.Abort:
         _fail("aborted")
         return 1
-    except _click.exceptions.UsageError as exc:
-        _fail(_usage_line(exc))
-        return 2
-    except _click.exceptions.ClickException as exc:  # e.g. a file option that cannot be opened
-        _fail(exc.format_message())
+    except typer.TyperException as exc:
+        # a usage error (it knows its command), or e.g. a file option that cannot be opened
+        _fail(_usage_line(exc) if getattr(exc, "ctx", None) is not None else exc.format_message())
         return 2
     except OverflowError as exc:  # a number too large for a C integer (typer converting it)
         _fail(f"a number is too large: {exc}")

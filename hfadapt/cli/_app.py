@@ -13,6 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
+from hfadapt import settings
 from hfadapt.cli._console import console, err_console
 from hfadapt.errors import UsageError
 from hfadapt.options import DType
@@ -27,11 +28,17 @@ EXIT_CODES = (
     "Hub when it was asked for); 130 interrupted (Ctrl-C)."
 )
 
+ENVIRONMENT = (
+    "Environment: "
+    + ", ".join(v.name for v in settings.VARIABLES if v.owner == "hfadapt")
+    + "; what each holds, and the other libraries' variables hfadapt reads: docs/settings.md."
+)
+
 app = typer.Typer(
     name="hfadapt",
     help="Which Hugging Face embedding models run on IBM Spyre (simulated), and adapters that "
     "make more run. Data goes to stdout, progress and notes to stderr.",
-    epilog=EXIT_CODES,
+    epilog=f"{EXIT_CODES}\n\n{ENVIRONMENT}",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,

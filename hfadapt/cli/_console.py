@@ -7,13 +7,14 @@ ESC sequence in a model id cannot move the cursor, retitle the window or hide a 
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 from typing import IO
 
 from rich.console import Console, ConsoleOptions, ConsoleRenderable, RenderHook, RenderResult
 from rich.segment import Segment
+
+from hfadapt import settings
 
 __all__ = [
     "PIPE_WIDTH",
@@ -69,7 +70,7 @@ class _CleanHook(RenderHook):
 def _make(stream: IO[str] | None, *, stderr: bool) -> Console:
     target = stream if stream is not None else (sys.stderr if stderr else sys.stdout)
     piped = not (hasattr(target, "isatty") and target.isatty())
-    width = PIPE_WIDTH if piped and not os.environ.get("COLUMNS") else None
+    width = PIPE_WIDTH if piped and not settings.terminal_columns() else None
     made = Console(stderr=stderr, width=width)
     made.push_render_hook(_CleanHook())
     return made

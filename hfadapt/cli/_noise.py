@@ -10,13 +10,15 @@ propagation off, when it is first imported, so no handler set up beforehand woul
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import os
 import sys
 import warnings
 from collections import Counter
 from types import TracebackType
 from typing import Any, TextIO
+
+from hfadapt import settings
 
 __all__ = ["LibraryNoise"]
 
@@ -36,6 +38,7 @@ class LibraryNoise:
         self.verbose = verbose
         self.counts: Counter[str] = Counter()
         self._saved: dict[str, Any] = {}
+        self._stack = contextlib.ExitStack()
 
     # ---- what is held back --------------------------------------------------------------
 
@@ -72,8 +75,7 @@ class LibraryNoise:
                 call(logger, record)
 
         logging.Logger.callHandlers = call_handlers  # type: ignore[method-assign,assignment]
-        self._saved["env"] = os.environ.get(_BARS_ENV)
-        os.environ[_BARS_ENV] = "1"
+        self._stack.enter_context(settings.exported({_BARS_ENV: "1"}))
         self._bars(enable=False)
         return self
 
@@ -84,10 +86,7 @@ class LibraryNoise:
             return
         warnings.showwarning = self._saved["showwarning"]
         logging.Logger.callHandlers = self._saved["callHandlers"]  # type: ignore[method-assign]
-        if self._saved["env"] is None:
-            os.environ.pop(_BARS_ENV, None)
-        else:
-            os.environ[_BARS_ENV] = self._saved["env"]
+        self._stack.close()
         self._bars(enable=True)
 
     def _bars(self, *, enable: bool) -> None:

@@ -4,7 +4,6 @@ line (``hfadapt attempts`` is in attempts.py). Thin: parse, call hfadapt.agent, 
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -13,10 +12,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from hfadapt.cli._app import (
+    WithoutAdapterOption,
     DbOption,
     JsonOption,
     ProfileOption,
-    WithoutAdapterOption,
     app,
     console,
     count_option,
@@ -26,7 +25,7 @@ from hfadapt.cli._app import (
 )
 from hfadapt.cli._files import check_output, write_output
 from hfadapt.errors import UsageError
-from hfadapt.options import Mode
+from hfadapt.options import Execution, Mode
 from hfadapt.report.charts import plural
 
 BaseUrlOption = Annotated[
@@ -156,71 +155,33 @@ def draft(
     require_isolation(unsafe=unsafe_no_isolation)  # one line, exit 3, before any work
     settings = _settings(base_url, agent_model, api_key, max_attempts)  # no endpoint: exit 2
     engine = writing_engine(db)
-    plan = workflows.plan_drafts(engine, model=model_ref, fingerprint=fingerprint, top=top)
+    from hfadapt.agent.options import DraftOptions
+    from hfadapt.judge.options import JudgeOptions
 
+    judging = JudgeOptions(
+        Mode.FULL,
+        Execution.EAGER,
+        profile=profile,
+        adapters=not no_adapters,
+        without_adapters=tuple(without_adapter or ()),
+        localize=False,
+    )
+    targets = workflows.plan_drafts(
+        engine, judging, model=model_ref, fingerprint=fingerprint, top=top, mode=mode
+    )
     from hfadapt.agent.client import AgentClient
-    from hfadapt.agent.loop import ENDPOINT_ERROR, draft_adapter
     from hfadapt.agent.records import Recorder
 
     client = AgentClient(settings)
     client.check()  # one cheap request: a dead endpoint stops the run before any model work
-    recorder = Recorder(engine, settings.secrets())
-    outcomes = []
-    with tempfile.TemporaryDirectory(prefix="hfadapt-draft-") as work:
-        for ref, wanted in plan.items():
-            recorded = workflows.recorded_run(engine, ref) if model_ref is None else None
-            ref_mode = mode or Mode.parse(recorded[0] if recorded else "full", "mode")
-            diag, cases = workflows.cases_for_model(
-                ref,
-                workdir=Path(work),
-                structural=ref_mode == Mode.STRUCTURAL,
-                execution=recorded[1] if recorded else "eager",
-                profile=profile,
-                db=engine,
-                adapters=not no_adapters,
-                without_adapters=tuple(without_adapter or ()) or (recorded[2] if recorded else ()),
-            )
-            cases, missing = workflows.wanted_cases(cases, wanted)
-            if missing:
-                err_console.print(
-                    escape(
-                        f"{ref}: fingerprint(s) {', '.join(missing)} did not occur now ({diag.verdict})"
-                    ),
-                    highlight=False,
-                    soft_wrap=True,
-                )
-            if not cases:
-                err_console.print(
-                    escape(f"{ref}: nothing to draft ({diag.verdict}: {diag.reason})"),
-                    highlight=False,
-                    soft_wrap=True,
-                )
-                continue
-            for case in cases:
-                if not as_json:
-                    err_console.print(
-                        escape(
-                            f"drafting for {case.fingerprint} ({case.rule_id}, {case.op}) in {ref} ..."
-                        ),
-                        highlight=False,
-                        soft_wrap=True,
-                    )
-                outcomes.append(
-                    draft_adapter(
-                        case,
-                        client,
-                        recorder=recorder,
-                        model_id=str(ref),
-                        unsafe_no_isolation=unsafe_no_isolation,
-                    )
-                )
-                if outcomes[-1].outcome == ENDPOINT_ERROR:
-                    break  # the endpoint failed: the next failure would meet the same endpoint
-            if outcomes and outcomes[-1].outcome == ENDPOINT_ERROR:
-                err_console.print(
-                    f"stopped: {escape(outcomes[-1].reason)}", highlight=False, soft_wrap=True
-                )
-                break
+    outcomes = workflows.draft_targets(
+        targets,
+        client,
+        DraftOptions(unsafe_no_isolation=unsafe_no_isolation),
+        recorder=Recorder(engine, settings.secrets()),
+        db=engine,
+        note=_note if not as_json else _note_unless_drafting,
+    )
     if as_json:
         typer.echo(json.dumps([o.to_dict() for o in outcomes], indent=2, default=str))
     elif outcomes:
@@ -229,9 +190,19 @@ def draft(
         raise typer.Exit(1)
 
 
+def _note(text: str) -> None:
+    err_console.print(escape(text), highlight=False, soft_wrap=True)
+
+
+def _note_unless_drafting(text: str) -> None:
+    """With --json, the per-case "drafting for ..." lines are left out (as they always were)."""
+    if not text.startswith("drafting for "):
+        _note(text)
+
+
 def _print_top(entries: list[Any], as_json: bool) -> None:
     if as_json:
-        typer.echo(json.dumps([e.__dict__ for e in entries], indent=2, default=str))
+        typer.echo(json.dumps([e.to_dict() for e in entries], indent=2, default=str))
         return
     table = Table("fingerprint", "downloads blocked", "models", "rule", "op", "where")
     for e in entries:

@@ -42,40 +42,7 @@ def attempts(
 
     engine = existing_engine(db, hint="`hfadapt draft`")
     if attempt_id is None:
-        rows = records.list_attempts(engine, limit)
-        if as_json:
-            typer.echo(json.dumps([_brief(a) for a in rows], indent=2, default=str))
-            return
-        if not rows:
-            err_console.print(
-                "no agent attempts recorded yet: run hfadapt draft MODEL", highlight=False
-            )
-            return
-        table = Table(
-            "id",
-            "session",
-            "#",
-            "when",
-            "fingerprint",
-            "endpoint model",
-            "tokens in/out",
-            "latency s",
-            "result",
-        )
-        for a in rows:
-            b = _brief(a)
-            table.add_row(
-                str(a.id),
-                str(a.session_id),
-                str(a.number),
-                str(a.created_at)[:19],
-                escape(a.fingerprint),
-                escape(a.endpoint_model),
-                f"{a.tokens_in}/{a.tokens_out}",
-                f"{a.latency_s:.2f}",
-                escape(b["result"]),
-            )
-        console.print(table)
+        _list(records.list_attempts(engine, limit), as_json)
         return
     attempt, sess = records.get_attempt(engine, attempt_id)
     if attempt is None:
@@ -85,6 +52,46 @@ def attempts(
         data["session"] = sess.model_dump() if sess else None
         typer.echo(json.dumps(data, indent=2, default=str))
         return
+    _show(attempt, sess)
+
+
+def _list(rows: list[Any], as_json: bool) -> None:
+    if as_json:
+        typer.echo(json.dumps([_brief(a) for a in rows], indent=2, default=str))
+        return
+    if not rows:
+        err_console.print(
+            "no agent attempts recorded yet: run hfadapt draft MODEL", highlight=False
+        )
+        return
+    table = Table(
+        "id",
+        "session",
+        "#",
+        "when",
+        "fingerprint",
+        "endpoint model",
+        "tokens in/out",
+        "latency s",
+        "result",
+    )
+    for a in rows:
+        table.add_row(
+            str(a.id),
+            str(a.session_id),
+            str(a.number),
+            str(a.created_at)[:19],
+            escape(a.fingerprint),
+            escape(a.endpoint_model),
+            f"{a.tokens_in}/{a.tokens_out}",
+            f"{a.latency_s:.2f}",
+            escape(_brief(a)["result"]),
+        )
+    console.print(table)
+
+
+def _show(attempt: Any, sess: Any) -> None:
+    """One attempt in full: what was asked, each step, the feedback and the draft."""
     b = _brief(attempt)
     # A failed request's tries are in its error ("gave up after 5 tries"), so the retries
     # column (recorded for answered and failed requests alike) is shown for an answer only.

@@ -242,7 +242,29 @@ def render(diag: Any) -> None:
         _say("  ", str(note), style="dim")
     for warning in diag.evidence.get("device_warnings", []):
         _say("  [yellow]device:[/yellow] ", str(warning))
-    report = diag.report
+    _render_report(diag.report)
+    _render_defects(diag.evidence.get("defects", []))
+    if diag.adapters:
+        _say("  adapters applied: ", ", ".join(diag.adapters))
+    if diag.evidence.get("without_adapters"):
+        _say("  adapters left out: ", ", ".join(diag.evidence["without_adapters"]))
+    if diag.metrics is not None:
+        _render_metrics(diag.metrics)
+    if diag.divergence is not None:
+        _say("  [bold]first divergent module:[/bold] ", diag.divergence.summary())
+    elif "localize_error" in diag.evidence:
+        _say("  localization failed: ", str(diag.evidence["localize_error"]))
+    _say(
+        "  ", "timings: " + ", ".join(f"{k} {t:.2f}s" for k, t in diag.timings.items()), style="dim"
+    )
+    if diag.next_step:
+        _say("  [bold]next:[/bold] ", diag.next_step)
+    if diag.run_id is not None:
+        _say("  ", f"recorded as run {diag.run_id}", style="dim")
+
+
+def _render_report(report: Any) -> None:
+    """The violations (with their source lines) and the CPU fallbacks of a lowering report."""
     if report is not None and report.violations:
         # One block per violation, not a table: messages and source lines are long.
         console.print(f"  [bold]violations ({len(report.violations)}):[/bold]", highlight=False)
@@ -259,7 +281,11 @@ def render(diag: Any) -> None:
         _say(
             "  CPU fallbacks: ", ", ".join(f"{op} x{n}" for op, n in report.fallbacks.most_common())
         )
-    for defect in diag.evidence.get("defects", []):
+
+
+def _render_defects(defects: list[dict[str, Any]]) -> None:
+    """Each device defect that fired: where, its effect, and the source that documents it."""
+    for defect in defects:
         # silent device failures: the graph lowered, the card computes these wrongly
         modules = sorted({f.get("module") or "<model>" for f in defect.get("firings", [])})
         shown = ", ".join(modules[:4]) + (
@@ -269,30 +295,15 @@ def render(diag: Any) -> None:
         _say(f"  [red]device defect {tag}[/red] ", f"fired in {shown}")
         _say("    ", str(defect.get("effect", "")), style="dim")
         _say("    source: ", str(defect.get("source", "")), style="dim")
-    if diag.adapters:
-        _say("  adapters applied: ", ", ".join(diag.adapters))
-    if diag.evidence.get("without_adapters"):
-        _say("  adapters left out: ", ", ".join(diag.evidence["without_adapters"]))
-    m = diag.metrics
-    if m is not None:
-        table = _table("metrics (real tokens only)", "metric", "value")
-        table.add_row(
-            "min per-token cosine", f"{_fmt(m.min_token_cosine)}  (pass >= {m.threshold})"
-        )
-        table.add_row("mean per-token cosine", _fmt(m.mean_token_cosine))
-        table.add_row("pooled cosine", f"{_fmt(m.pooled_cosine)}  ({escape(m.pooling)})")
-        table.add_row("max abs diff", _fmt(m.max_abs_diff, 4))
-        table.add_row("NaN / inf", f"{m.has_nan} / {m.has_inf}")
-        table.add_row("real tokens", f"{m.tokens}")
-        console.print(table)
-    if diag.divergence is not None:
-        _say("  [bold]first divergent module:[/bold] ", diag.divergence.summary())
-    elif "localize_error" in diag.evidence:
-        _say("  localization failed: ", str(diag.evidence["localize_error"]))
-    _say(
-        "  ", "timings: " + ", ".join(f"{k} {t:.2f}s" for k, t in diag.timings.items()), style="dim"
-    )
-    if diag.next_step:
-        _say("  [bold]next:[/bold] ", diag.next_step)
-    if diag.run_id is not None:
-        _say("  ", f"recorded as run {diag.run_id}", style="dim")
+
+
+def _render_metrics(m: Any) -> None:
+    """The numbers that decide a verdict, as a table."""
+    table = _table("metrics (real tokens only)", "metric", "value")
+    table.add_row("min per-token cosine", f"{_fmt(m.min_token_cosine)}  (pass >= {m.threshold})")
+    table.add_row("mean per-token cosine", _fmt(m.mean_token_cosine))
+    table.add_row("pooled cosine", f"{_fmt(m.pooled_cosine)}  ({escape(m.pooling)})")
+    table.add_row("max abs diff", _fmt(m.max_abs_diff, 4))
+    table.add_row("NaN / inf", f"{m.has_nan} / {m.has_inf}")
+    table.add_row("real tokens", f"{m.tokens}")
+    console.print(table)

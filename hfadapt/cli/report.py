@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -55,8 +55,8 @@ def failures(
     as_json: JsonOption = False,
 ) -> None:
     """Failure fingerprints, by the downloads of the models each one blocks (largest first)."""
+    from hfadapt.db.census import failure_groups
     from hfadapt.report.charts import fmt_count
-    from hfadapt.report.failures import failure_groups
 
     rows, blocking = failure_groups(
         existing_engine(db, hint="`hfadapt sweep`"), sweep_id=sweep, top=top
@@ -148,10 +148,8 @@ def report(
 ) -> None:
     """Coverage of a sweep: pass rate by count and by downloads, per model_type, fingerprints,
     adapter impact, agreement with hf-adapters, and a diff against another sweep."""
-    from hfadapt.report.charts import fmt_count
+    from hfadapt.db.census import latest_sweep
     from hfadapt.report.coverage import build_report
-    from hfadapt.report.html import render_html
-    from hfadapt.sweep.store import latest_sweep
 
     # every output path first: a mistyped folder fails now, not after the report is built
     check_output(html, "--html")
@@ -168,6 +166,19 @@ def report(
             )
     rep = build_report(engine, sweep_id=sweep, against=against)
     data = rep.to_dict() if (as_json or output is not None) else None
+    _write_files(rep, data, html=html, output=output, csv_file=csv_file)
+    if as_json:
+        typer.echo(json.dumps(data, indent=2, default=str))
+        return
+    _print_report(rep)
+
+
+def _write_files(
+    rep: Any, data: Any, *, html: Path | None, output: Path | None, csv_file: Path | None
+) -> None:
+    """The files asked for, each said in one line on stderr."""
+    from hfadapt.report.html import render_html
+
     written: list[str] = []
     if html is not None:
         write_output(html, render_html(rep), "--html")
@@ -182,9 +193,12 @@ def report(
         written.append(f"wrote {csv_file} ({plural(len(rep.model_rows), 'model')})")
     for line in written:
         err_console.print(escape(line), highlight=False, soft_wrap=True)
-    if as_json:
-        typer.echo(json.dumps(data, indent=2, default=str))
-        return
+
+
+def _print_report(rep: Any) -> None:
+    """The report's tables on stdout."""
+    from hfadapt.report.charts import fmt_count
+
     where = f"sweep {rep.sweep['id']}" if rep.sweep else "latest run of every model"
     console.print(
         f"{where}: {plural(rep.models, 'model')}; pass on their own weights or config {rep.passed:,} "

@@ -34,8 +34,8 @@ from hfadapt.cli._app import (
 )
 from hfadapt.cli._console import on_interrupt
 from hfadapt.cli.progress_log import ProgressLog
-from hfadapt.errors import MissingDependencyError, UsageError
-from hfadapt.options import Executor, Mode
+from hfadapt.errors import MissingDependencyError, UsageError, option
+from hfadapt.options import Execution, Executor, Mode
 from hfadapt.report.charts import plural
 
 
@@ -47,15 +47,6 @@ def _resume_command() -> str:
     """This command line as typed, without --fresh: what resumes an interrupted sweep."""
     args = [a for a in sys.argv[1:] if a not in ("--fresh", "--verbose")]
     return shlex.join(["hfadapt", *args])
-
-
-def _check_executor(executor: Executor, address: str | None) -> None:
-    if address is not None and executor != Executor.RAY:
-        raise UsageError("--address names a Ray cluster: it needs --executor ray")
-    if executor == Executor.RAY and importlib.util.find_spec("ray") is None:
-        raise MissingDependencyError(
-            "--executor ray needs Ray, which is not installed: pip install 'hfadapt[ray]'"
-        )
 
 
 _ORDER = ("pass", "lowering_failed", "verification_failed", "unsupported_model", "load_failed",
@@ -220,52 +211,107 @@ def sweep(
     as_json: JsonOption = False,
 ) -> None:
     """Judge every crawled model on the simulated device (resumes an interrupted sweep)."""
-    from hfadapt.db.engine import describe
-    from hfadapt.sweep.limits import max_local_workers
+    from hfadapt.judge.options import JudgeOptions
+    from hfadapt.sweep.options import SweepOptions
+
+    if no_adapters and without_adapter:
+        raise UsageError("--without-adapter applies only with adapters (not with --no-adapters)")
+    judging = JudgeOptions(
+        mode=mode,
+        execution=Execution.COMPILE if compile_ else Execution.EAGER,
+        dtype=dtype,
+        profile=profile,
+        adapters=not no_adapters,
+        without_adapters=tuple(without_adapter or ()),
+        localize=False,
+        trust_remote_code=trust_remote_code,
+        unsafe_no_isolation=unsafe_no_isolation,
+    )
+    options = SweepOptions(
+        judge=judging, top=top, model_type=model_type, workers=workers, timeout=timeout,
+        memory_limit=memory_limit, executor=executor, address=address, narrow=not full_width,
+        resume=not fresh,
+    )  # fmt: skip
+    _check_before_work(options)
+    engine = writing_engine(db)
     from hfadapt.sweep.run import run_sweep
 
-    if unsafe_no_isolation and not trust_remote_code:
-        raise UsageError("--unsafe-no-isolation applies only with --trust-remote-code")
-    _check_executor(executor, address)
-    if executor == Executor.LOCAL and workers is not None:
-        cap, why = max_local_workers(memory_limit)
-        if workers > cap:
+    display = _Display(live=not as_json and err_console.is_terminal, quiet=as_json)
+    with display:
+        result = run_sweep(engine, options, progress=display.update)
+    on_interrupt("")
+    if as_json:
+        from hfadapt.db.engine import describe
+
+        typer.echo(json.dumps({**vars(result), "db": describe(engine)}, indent=2, default=str))
+        return
+    _summary(result, engine)
+
+
+def _check_before_work(options: Any) -> None:
+    """What can be refused before the database is touched, worded with the flags."""
+    from hfadapt.sweep.limits import max_local_workers
+
+    if options.executor == Executor.RAY and importlib.util.find_spec("ray") is None:
+        raise MissingDependencyError(
+            "--executor ray needs Ray, which is not installed: pip install 'hfadapt[ray]'"
+        )
+    if options.executor == Executor.LOCAL and options.workers is not None:
+        cap, why = max_local_workers(options.memory_limit)
+        if options.workers > cap:
             raise UsageError(
-                f"--workers {workers} is more than this machine holds: at most {cap} ({why})"
+                f"--workers {options.workers} is more than this machine holds: at most {cap} "
+                f"({why})"
             )
-    if trust_remote_code:
-        from hfadapt.errors import option
+    if options.judge.trust_remote_code:
         from hfadapt.isolation import require_isolation
 
-        # before the database is touched; worded as the library words it
+        # worded as the library words it
         require_isolation(
-            unsafe=unsafe_no_isolation, what=f"the model's own code ({option('trust_remote_code')})"
+            unsafe=options.judge.unsafe_no_isolation,
+            what=f"the model's own code ({option('trust_remote_code')})",
         )
-    if profile is not None:
+    if options.judge.profile is not None:
         from hfadapt.spyre.profile import load_profile
 
-        load_profile(profile)  # an unknown profile is refused before anything is written
-    engine = writing_engine(db)
-    # Progress is for a person at a terminal: a live bar there, plain lines at least every 30 s
-    # otherwise (CI, nohup); both on stderr, and the bar leaves nothing behind (the tally is
-    # printed once, in the summary).
-    live = not as_json and err_console.is_terminal
-    progress = _Bar(
-        TextColumn("[bold]sweep {task.fields[sweep]}"),
-        BarColumn(bar_width=20),
-        TaskProgressColumn(),
-        TextColumn("{task.completed:,.0f}/{task.total:,.0f} models, units {task.fields[units]}"),
-        TextColumn("{task.fields[rate]}"),
-        TimeElapsedColumn(),
-        TextColumn("{task.fields[eta]}"),
-        console=err_console,
-        transient=True,
-        disable=not live,
-    )
-    bar: dict[str, Any] = {}
+        load_profile(options.judge.profile)  # an unknown profile is refused before any write
 
-    def update(p: Any) -> None:
-        if "task" not in bar:
+
+class _Display:
+    """Progress is for a person at a terminal: a live bar there, plain lines at least every
+    30 s otherwise (CI, nohup); both on stderr, and the bar leaves nothing behind (the tally is
+    printed once, in the summary). ``quiet`` (--json): neither."""
+
+    def __init__(self, *, live: bool, quiet: bool) -> None:
+        self.bar = _Bar(
+            TextColumn("[bold]sweep {task.fields[sweep]}"),
+            BarColumn(bar_width=20),
+            TaskProgressColumn(),
+            TextColumn(
+                "{task.completed:,.0f}/{task.total:,.0f} models, units {task.fields[units]}"
+            ),
+            TextColumn("{task.fields[rate]}"),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[eta]}"),
+            console=err_console,
+            transient=True,
+            disable=not live,
+        )
+        self.log = None if quiet or live else ProgressLog(_log_line)
+        self.task: Any = None
+        self._stack = contextlib.ExitStack()
+
+    def __enter__(self) -> _Display:
+        self._stack.enter_context(self.bar)
+        if self.log is not None:
+            self._stack.enter_context(self.log)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+    def update(self, p: Any) -> None:
+        if self.task is None:
             on_interrupt(
                 f"sweep {p.sweep_id} is recorded as interrupted; resume it with: {_resume_command()}"
             )
@@ -275,45 +321,22 @@ def sweep(
             "rate": f"{p.models_per_minute:,.0f}/min",
             "eta": _eta(p.eta),
         }
-        progress.counts = _counts(dict(p.counts))
-        if log is not None:
+        self.bar.counts = _counts(dict(p.counts))
+        if self.log is not None:
             plain = ", ".join(f"{k} {v:,}" for k, v in p.counts.items() if v)
-            log.update(
+            self.log.update(
                 f"sweep {p.sweep_id}: {p.done:,}/{p.total:,} models, units {fields['units']}, "
                 f"{fields['rate']}, {fields['eta']}; {plain}"
             )
-        if "task" not in bar:
-            bar["task"] = progress.add_task("sweep", total=p.total, **fields)
-        progress.update(bar["task"], completed=p.done, total=p.total, **fields)
+        if self.task is None:
+            self.task = self.bar.add_task("sweep", total=p.total, **fields)
+        self.bar.update(self.task, completed=p.done, total=p.total, **fields)
 
-    log = None if as_json or live else ProgressLog(_log_line)
-    with progress, log or contextlib.nullcontext():
-        result = run_sweep(
-            engine,
-            top=top,
-            model_type=model_type,
-            mode=mode.value,
-            workers=workers,
-            timeout=timeout,
-            memory_limit=memory_limit,
-            executor=executor.value,
-            address=address,
-            execution="compile" if compile_ else "eager",
-            dtype=dtype.value if dtype is not None else None,
-            profile=profile,
-            adapters=not no_adapters,
-            without_adapters=tuple(without_adapter or ()),
-            narrow=not full_width,
-            resume=not fresh,
-            progress=update,
-            trust_remote_code=trust_remote_code,
-            unsafe_no_isolation=unsafe_no_isolation,
-        )
-    on_interrupt("")
-    if as_json:
-        typer.echo(json.dumps({**vars(result), "db": describe(engine)}, indent=2, default=str))
-        return
-    # What the sweep did is a summary (stderr); its data is `hfadapt report`'s.
+
+def _summary(result: Any, engine: Any) -> None:
+    """What the sweep did is a summary (stderr); its data is `hfadapt report`'s."""
+    from hfadapt.db.engine import describe
+
     resumed = (
         f" (resumed; {plural(result.already_done, 'model')} done before)" if result.resumed else ""
     )
@@ -351,7 +374,7 @@ def _snapshot_note(engine: Any) -> str:
 @app.command()
 def sweeps(db: DbOption = None, as_json: JsonOption = False) -> None:
     """The sweeps recorded in the database, newest first."""
-    from hfadapt.sweep.store import list_sweeps
+    from hfadapt.db.census import list_sweeps
 
     engine = existing_engine(db, hint="`hfadapt sweep`")
     rows = list_sweeps(engine)

@@ -21,7 +21,7 @@ How to change the schema (adapters, agent attempts, ...):
    created from the current tables), and ``conn`` is inside the migration transaction:
    ``conn.execute(...)`` for data fixes too.
 3. Never edit, rename, reorder or delete a migration that has shipped: databases record
-   them by name. ``tests/test_migrations.py`` checks that a migrated database matches the
+   them by name. ``tests/db/test_migrations.py`` checks that a migrated database matches the
    SQLModel tables, so a table change without its migration fails there.
 """
 

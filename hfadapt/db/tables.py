@@ -4,6 +4,7 @@ migration appended in hfadapt.db.migrations (SCHEMA_VERSION follows the list).""
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy import JSON, BigInteger, Column, Index, Text, UniqueConstraint
 from sqlmodel import Field, SQLModel
@@ -33,8 +34,8 @@ class HubModel(SQLModel, table=True):
     is_multimodal: bool = False
     is_custom_code: bool = False
     revision: str | None = None  # commit sha when known
-    config_json: dict | None = Field(default=None, sa_column=Column(JSON))
-    tags: list | None = Field(default=None, sa_column=Column(JSON))
+    config_json: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
+    tags: list[Any] | None = Field(default=None, sa_column=Column(JSON))
     excluded_reason: str | None = Field(default=None, index=True)  # prefilter; None = kept
     reference_supported: bool | None = None  # hf-adapters is_supported (snapshot only)
     year: int | None = None
@@ -105,17 +106,19 @@ class Run(SQLModel, table=True):
     has_nan: bool | None = None
     has_inf: bool | None = None
     # lists and dicts: violations, fallbacks (op -> count), adapters applied, divergent module
-    violations: list | None = Field(default=None, sa_column=Column(JSON))
-    fallbacks: dict | None = Field(default=None, sa_column=Column(JSON))
-    adapters: list | None = Field(default=None, sa_column=Column(JSON))
-    fingerprints: list | None = Field(default=None, sa_column=Column(JSON))
-    divergence: dict | None = Field(default=None, sa_column=Column(JSON))
-    evidence: dict | None = Field(default=None, sa_column=Column(JSON))  # anything else
-    versions: dict | None = Field(
+    violations: list[Any] | None = Field(default=None, sa_column=Column(JSON))
+    fallbacks: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
+    adapters: list[Any] | None = Field(default=None, sa_column=Column(JSON))
+    fingerprints: list[Any] | None = Field(default=None, sa_column=Column(JSON))
+    divergence: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
+    evidence: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))  # anything else
+    versions: dict[str, Any] | None = Field(
         default=None, sa_column=Column(JSON)
     )  # hfadapt, profile, torch, transformers
     profile_version: str | None = None
-    timings: dict | None = Field(default=None, sa_column=Column(JSON))  # seconds per phase
+    timings: dict[str, Any] | None = Field(
+        default=None, sa_column=Column(JSON)
+    )  # seconds per phase
     started_at: datetime = Field(default_factory=utcnow)
     finished_at: datetime | None = None
 
@@ -152,8 +155,8 @@ class Sweep(SQLModel, table=True):
     judged: int = 0  # units a worker ran (over every resume)
     resumes: int = 0
     seconds: float = 0.0  # wall time over every resume
-    counts: dict | None = Field(default=None, sa_column=Column(JSON))  # verdict -> models
-    options: dict | None = Field(default=None, sa_column=Column(JSON))
+    counts: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))  # verdict -> models
+    options: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
     host: str | None = None
     driver_pid: int | None = None  # the process driving it while running (m004)
     error: str | None = None
@@ -186,7 +189,7 @@ class DraftSession(SQLModel, table=True):
     seconds: float = 0.0
     adapter_name: str | None = None
     adapter_path: str | None = None
-    case: dict | None = Field(default=None, sa_column=Column(JSON))
+    case: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
     started_at: datetime = Field(default_factory=utcnow)
     finished_at: datetime | None = None
 
@@ -202,14 +205,14 @@ class AgentAttempt(SQLModel, table=True):
     fingerprint: str = Field(default="", index=True)
     endpoint: str = ""
     endpoint_model: str = ""
-    prompt: list | None = Field(default=None, sa_column=Column(JSON))  # the chat messages sent
+    prompt: list[Any] | None = Field(default=None, sa_column=Column(JSON))  # the chat messages sent
     response: str | None = Field(default=None, sa_column=Column(Text))
     code: str | None = Field(default=None, sa_column=Column(Text))
     tokens_in: int = 0
     tokens_out: int = 0
     latency_s: float = 0.0
     retries: int = 0
-    steps: list | None = Field(
+    steps: list[Any] | None = Field(
         default=None, sa_column=Column(JSON)
     )  # step, status, summary, output
     failed_step: str | None = None

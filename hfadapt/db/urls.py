@@ -4,13 +4,14 @@ short password-free description."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from sqlalchemy.engine import URL, Engine, make_url
 
+from hfadapt import settings
+
 DEFAULT_URL = "sqlite:///runs.db"
-ENV_VAR = "HFADAPT_DB"
+ENV_VAR = settings.HFADAPT_DB.name
 
 __all__ = ["DEFAULT_URL", "ENV_VAR", "describe", "resolve_url", "sqlite_path"]
 
@@ -20,7 +21,7 @@ def resolve_url(url: str | None = None) -> str:
 
     A value without ``://`` is a path to an SQLite file; ``:memory:`` is an in-memory database.
     """
-    raw = (url or os.environ.get(ENV_VAR) or DEFAULT_URL).strip()
+    raw = (url or settings.database() or DEFAULT_URL).strip()
     if "://" in raw:
         return raw
     if raw == ":memory:":

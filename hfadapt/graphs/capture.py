@@ -12,13 +12,15 @@ code branches on the dtype, which one graph cannot hold: refused with the node t
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch.export import Dim
 
+from hfadapt import settings
 from hfadapt.errors import GraphError
 from hfadapt.graphs import ops, values
 from hfadapt.graphs.artifact import GraphArtifact, Node, Slot, TensorInput
@@ -146,7 +148,7 @@ def capture_method(
     # Once more, with the process in another state: more threads, the code already called,
     # an environment variable changed, the clock later. A graph holds no Python state; code
     # whose graph changes with it would behave one way when proven and another when used.
-    with _AnotherState(module, fn, args, kwargs):
+    with _another_state(module, fn, args, kwargs):
         again = export_once(module, fn, args, kwargs, dtypes[1])
     where = _first_difference(exported[1], again)
     if where:
@@ -190,30 +192,21 @@ def global_bindings() -> dict[str, Any]:
     return found
 
 
-class _AnotherState:
-    def __init__(
-        self, module: torch.nn.Module, fn: Callable[..., Any], args: Any, kwargs: Any
-    ) -> None:
-        self.module, self.fn, self.args, self.kwargs = module, fn, args, kwargs
-
-    def __enter__(self) -> None:
-        import os
-
-        self.threads = torch.get_num_threads()
-        self.env = os.environ.get("HFADAPT_CAPTURE_ROUND")
-        torch.set_num_threads(1 if self.threads > 1 else 2)
-        os.environ["HFADAPT_CAPTURE_ROUND"] = "2"
-        with torch.no_grad():  # a real call first: counters move, caches fill
-            self.fn(self.module, *self.args, **self.kwargs)
-
-    def __exit__(self, *exc: object) -> None:
-        import os
-
-        torch.set_num_threads(self.threads)
-        if self.env is None:
-            os.environ.pop("HFADAPT_CAPTURE_ROUND", None)
-        else:
-            os.environ["HFADAPT_CAPTURE_ROUND"] = self.env
+@contextlib.contextmanager
+def _another_state(
+    module: torch.nn.Module, fn: Callable[..., Any], args: Any, kwargs: Any
+) -> Iterator[None]:
+    """Change what a draft could read besides its inputs (the thread count, the environment,
+    whatever a first real call moves) for the second export."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1 if threads > 1 else 2)
+    try:
+        with settings.exported({settings.HFADAPT_CAPTURE_ROUND.name: "2"}):
+            with torch.no_grad():  # a real call first: counters move, caches fill
+                fn(module, *args, **kwargs)
+            yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _first_difference(a: Any, b: Any) -> str:
@@ -311,8 +304,8 @@ def _merge(
     args_t: Any,
     kwargs_t: Any,
 ) -> GraphArtifact:
-    from torch.export.graph_signature import InputKind
-
+    """One artifact from the two exports of a call (one per dtype): the same nodes in the
+    same order, dtypes written as the input's dtype where the two differ."""
     a, b = programs
     sym = _sym_names(programs)
     nodes_a = [n for n in a.graph.nodes if not (n.op == "call_function" and n.target in _SKIP)]
@@ -322,61 +315,88 @@ def _merge(
             f"the code computes differently in {dtypes[0]} and {dtypes[1]} "
             f"({len(nodes_a)} vs {len(nodes_b)} graph nodes): it branches on the dtype"
         )
-    specs = {s.arg.name: s for s in a.graph_signature.input_specs}
-    index: dict[Any, int] = {}  # nodes of both exports -> value index
-    inputs: list[TensorInput] = []
-    constants: dict[str, torch.Tensor] = {}
-    user = [s for s in a.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
-    state_names = list(kinds)
-    n_state = len(state_names)
-    nodes: list[Node] = []
+    merged = _Merged(a, b, dtypes, kinds, sym)
     output: Any = None
-    user_seen = 0
     for na, nb in zip(nodes_a, nodes_b, strict=True):
         if na.op != nb.op or (na.op == "call_function" and na.target != nb.target):
             raise GraphError(
                 f"the code computes differently in {dtypes[0]} and {dtypes[1]} at {na.name}: it branches on the dtype"
             )
         if na.op == "placeholder":
-            spec = specs[na.name]
-            va, vb = na.meta["val"], nb.meta["val"]
-            shape = _shape(va, sym[0])
-            if shape != _shape(vb, sym[1]):
-                raise GraphError(f"input {na.name} has different sizes in the two exports")
-            dtype = _dtype_name((va.dtype, vb.dtype), dtypes, f"input {na.name}")
-            if spec.kind == InputKind.USER_INPUT:
-                pos = user.index(spec)
-                if pos < n_state:
-                    name = state_names[pos]
-                    inputs.append(TensorInput(name, kinds[name], shape, dtype))
-                else:
-                    inputs.append(TensorInput(f"arg{pos - n_state}", "arg", shape, dtype))
-                user_seen += 1
-            elif spec.kind == InputKind.CONSTANT_TENSOR:
-                ca, cb = a.constants[spec.target], b.constants[spec.target]
-                if ca.dtype != cb.dtype or ca.shape != cb.shape or not torch.equal(ca, cb):
-                    raise GraphError(f"constant {spec.target} depends on the input dtype")
-                name = f"c{len(constants)}"
-                constants[name] = ca.detach().cpu().contiguous()
-                inputs.append(
-                    TensorInput(
-                        name,
-                        "constant",
-                        tuple(ca.shape),
-                        _dtype_name((ca.dtype, ca.dtype), dtypes, name),
-                    )
-                )
-            else:
-                raise GraphError(
-                    f"input {na.name} is a {spec.kind.name}, which a graph does not take"
-                )
-            index[na] = index[nb] = len(inputs) - 1
-            continue
-        if na.op == "output":
-            output = _output(na, nb, index, a)
+            merged.placeholder(na, nb)
+        elif na.op == "output":
+            output = _output(na, nb, merged.index, a)
             break
-        if na.op != "call_function":
+        elif na.op == "call_function":
+            merged.call(na, nb)
+        else:
             raise GraphError(f"node {na.name} is a {na.op}, which a graph does not hold")
+    # inputs first, in order: placeholders always precede the nodes in an exported graph
+    if merged.user_seen != len(merged.user):
+        raise GraphError("not every input of the export is used as a placeholder")
+    return GraphArtifact(
+        merged.inputs, merged.nodes, output, _ranges(a, sym), args_t, kwargs_t, merged.constants
+    )
+
+
+class _Merged:
+    """The artifact being built from two exports, node by node."""
+
+    def __init__(
+        self,
+        a: Any,
+        b: Any,
+        dtypes: tuple[torch.dtype, torch.dtype],
+        kinds: dict[str, str],
+        sym: Any,
+    ) -> None:
+        from torch.export.graph_signature import InputKind
+
+        self.a, self.b, self.dtypes, self.kinds, self.sym = a, b, dtypes, kinds, sym
+        self.specs = {s.arg.name: s for s in a.graph_signature.input_specs}
+        self.user = [s for s in a.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
+        self.state_names = list(kinds)
+        self.index: dict[Any, int] = {}  # nodes of both exports -> value index
+        self.inputs: list[TensorInput] = []
+        self.constants: dict[str, torch.Tensor] = {}
+        self.nodes: list[Node] = []
+        self.user_seen = 0
+
+    def placeholder(self, na: Any, nb: Any) -> None:
+        from torch.export.graph_signature import InputKind
+
+        spec = self.specs[na.name]
+        va, vb = na.meta["val"], nb.meta["val"]
+        shape = _shape(va, self.sym[0])
+        if shape != _shape(vb, self.sym[1]):
+            raise GraphError(f"input {na.name} has different sizes in the two exports")
+        dtype = _dtype_name((va.dtype, vb.dtype), self.dtypes, f"input {na.name}")
+        if spec.kind == InputKind.USER_INPUT:
+            pos = self.user.index(spec)
+            n_state = len(self.state_names)
+            if pos < n_state:
+                name = self.state_names[pos]
+                self.inputs.append(TensorInput(name, self.kinds[name], shape, dtype))
+            else:
+                self.inputs.append(TensorInput(f"arg{pos - n_state}", "arg", shape, dtype))
+            self.user_seen += 1
+        elif spec.kind == InputKind.CONSTANT_TENSOR:
+            self._constant(spec)
+        else:
+            raise GraphError(f"input {na.name} is a {spec.kind.name}, which a graph does not take")
+        self.index[na] = self.index[nb] = len(self.inputs) - 1
+
+    def _constant(self, spec: Any) -> None:
+        ca, cb = self.a.constants[spec.target], self.b.constants[spec.target]
+        if ca.dtype != cb.dtype or ca.shape != cb.shape or not torch.equal(ca, cb):
+            raise GraphError(f"constant {spec.target} depends on the input dtype")
+        name = f"c{len(self.constants)}"
+        self.constants[name] = ca.detach().cpu().contiguous()
+        dtype = _dtype_name((ca.dtype, ca.dtype), self.dtypes, name)
+        self.inputs.append(TensorInput(name, "constant", tuple(ca.shape), dtype))
+
+    def call(self, na: Any, nb: Any) -> None:
+        index, dtypes = self.index, self.dtypes
         name = ops.op_name(na.target)
         ops.resolve(name)
         args = tuple(
@@ -386,18 +406,19 @@ def _merge(
             raise GraphError(f"node {na.name} has different keywords in the two exports")
         kwargs = {k: _pair(na.kwargs[k], nb.kwargs[k], index, dtypes, na.name) for k in na.kwargs}
         ops.check_node(name, args, kwargs)
-        nodes.append(Node(name, args, kwargs))
-        index[na] = index[nb] = len(inputs) + len(nodes) - 1
-    # inputs first, in order: placeholders always precede the nodes in an exported graph
-    if user_seen != len(user):
-        raise GraphError("not every input of the export is used as a placeholder")
+        self.nodes.append(Node(name, args, kwargs))
+        index[na] = index[nb] = len(self.inputs) + len(self.nodes) - 1
+
+
+def _ranges(a: Any, sym: Any) -> dict[str, tuple[int, int | None]]:
+    """The range of every symbolic size, as the export constrained it."""
     ranges = {}
     for export_name, ours in sym[0].items():
         rng = next((r for s, r in a.range_constraints.items() if str(s) == export_name), None)
         lo = _bound(rng.lower) if rng is not None else 0
         hi = _bound(rng.upper) if rng is not None else None
         ranges[ours] = (max(0, lo or 0), hi)
-    return GraphArtifact(inputs, nodes, output, ranges, args_t, kwargs_t, constants)
+    return ranges
 
 
 def _bound(value: Any) -> Any:

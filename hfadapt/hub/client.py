@@ -4,10 +4,10 @@ reachability probe without retries, and the one-line HubError for whatever huggi
 from __future__ import annotations
 
 import json
-import os
 import time
 from typing import TYPE_CHECKING
 
+from hfadapt import settings
 from hfadapt.errors import HubError, HubResponseError, HubUnreachableError
 
 if TYPE_CHECKING:
@@ -18,7 +18,6 @@ PROBE_TIMEOUT_S = 5.0
 # An endpoint that failed a probe is not tried again for this long: a structural sweep asks for
 # thousands of configs, and a black-holed network would otherwise cost a timeout each.
 UNREACHABLE_MEMO_S = 60.0
-_TRUE = {"1", "true", "yes", "on"}
 _unreachable: dict[str, tuple[float, HubError]] = {}
 # Exception class names (httpx, httpx2, requests, builtins) that mean "no answer at all".
 _NETWORK_ERRORS = {
@@ -33,15 +32,12 @@ _NETWORK_ERRORS = {
 
 def env_offline() -> bool:
     """True when HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) asks for no network."""
-    return any(
-        os.environ.get(v, "").strip().lower() in _TRUE
-        for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
-    )
+    return settings.hub_offline()
 
 
 def default_endpoint() -> str:
     """``$HF_ENDPOINT`` (a mirror), else huggingface.co."""
-    return (os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
+    return settings.hub_endpoint() or DEFAULT_ENDPOINT
 
 
 def make_api(endpoint: str | None = None, token: str | bool | None = None) -> HfApi:

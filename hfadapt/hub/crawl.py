@@ -21,7 +21,6 @@ still fails is recorded as failed and changes nothing stored.
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from collections import Counter
@@ -29,6 +28,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from hfadapt import settings
 from hfadapt.errors import HubError, UsageError
 from hfadapt.hub import catalog, prefilter
 from hfadapt.hub.catalog import HubRecord
@@ -262,7 +262,7 @@ def crawl(
     engine = engine if engine is not None else get_engine()
 
     asked = offline is False or endpoint is not None or api is not None
-    explicit = asked or bool(os.environ.get("HF_ENDPOINT"))
+    explicit = asked or settings.hub_endpoint() is not None
     use_snapshot = bool(offline) or (offline is None and not asked and env_offline())
     fallback = None
     if not use_snapshot:

@@ -11,10 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hfadapt import settings
 from hfadapt.errors import ConfigError, CustomCodeError, HubError, ModelNotFoundError, option
-from hfadapt.hub.client import probe
+from hfadapt.hub.client import default_endpoint as hub_endpoint
+from hfadapt.hub.client import env_offline, probe
 
-_TRUE = {"1", "true", "yes", "on"}
 # The Hub is probed once, briefly, before anything downloads: huggingface_hub otherwise retries
 # a dead connection for ~20 s before saying so.
 HUB_PROBE_TIMEOUT_S = 3.0
@@ -68,28 +69,9 @@ class HubOptions:
 _NO_OPTIONS = HubOptions()
 
 
-def env_offline() -> bool:
-    """HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE, read now (huggingface_hub reads it at import)."""
-    return any(
-        os.environ.get(v, "").strip().lower() in _TRUE
-        for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
-    )
-
-
 def hf_cache_dir() -> Path:
     """The HF hub cache as the environment says now (tests point it at a temporary folder)."""
-    explicit = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
-    if explicit:
-        return Path(explicit).expanduser()
-    home = os.environ.get("HF_HOME") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
-        "huggingface",
-    )
-    return Path(home).expanduser() / "hub"
-
-
-def hub_endpoint() -> str:
-    return (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
+    return settings.hf_hub_cache()
 
 
 def hub_status() -> tuple[bool, str]:

@@ -25,6 +25,7 @@ __all__ = [
     "device_warnings_recorded",
     "next_step",
     "report_of_error",
+    "run_row",
     "versions_of",
     "write_run",
 ]
@@ -70,7 +71,7 @@ class Diagnosis:
         return self.verdict == verdicts.PASS
 
     def set_signature(self, loaded: Any) -> None:
-        from hfadapt.judge.signature import signature_fields, structural_signature
+        from hfadapt.loading.signature import signature_fields, structural_signature
 
         source = getattr(loaded, "raw_config", None) or loaded.config
         try:
@@ -83,9 +84,13 @@ class Diagnosis:
         self.finished_at = utcnow()
         self.timings["total"] = round((self.finished_at - self.started_at).total_seconds(), 4)
 
+    def to_run_row(self) -> Run:
+        """This diagnosis as one unsaved ``Run`` row of runs.db (no id, no sweep yet)."""
+        return run_row(self)
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: what ``hfadapt diagnose --json`` prints."""
-        return _clean(
+        data: dict[str, Any] = _clean(
             {
                 "model_id": self.model_id,
                 "verdict": self.verdict,
@@ -115,6 +120,7 @@ class Diagnosis:
                 "finished_at": self.finished_at.isoformat() if self.finished_at else None,
             }
         )
+        return data
 
 
 def _clean(value: Any) -> Any:
@@ -186,7 +192,8 @@ def next_step(diag: Diagnosis) -> str:
     return ""
 
 
-def _row(diag: Diagnosis) -> Run:
+def run_row(diag: Diagnosis) -> Run:
+    """The diagnosis as one unsaved ``Run`` row: every column, the evidence in full."""
     m, report, d = diag.metrics, diag.report, diag.divergence
     evidence = dict(diag.evidence)
     if m is not None:
@@ -251,7 +258,7 @@ def write_run(diag: Diagnosis, engine: Any) -> int | None:
     """Insert the diagnosis as one Run row (``engine`` from ``hfadapt.db.engine.get_engine``)."""
     from hfadapt.db import engine as store
 
-    row = _row(diag)
+    row = run_row(diag)
     with store.session(engine) as sess:
         sess.add(row)
         sess.flush()
@@ -296,12 +303,9 @@ def device_warnings_recorded(diag: Diagnosis) -> Iterator[None]:
     """Device warnings go into the evidence, not onto the terminal: per-call fallback / int64
     warnings are dropped (the report counts every one; a BERT forward raises hundreds), others
     (graph breaks in compiled mode...) are kept once each in ``evidence["device_warnings"]``."""
-    try:
-        from hfadapt.spyre.tracking import SpyreDowncastWarning, SpyreFallbackWarning
+    from hfadapt.spyre.tracking import SpyreDowncastWarning, SpyreFallbackWarning
 
-        counted: tuple[type[Warning], ...] = (SpyreFallbackWarning, SpyreDowncastWarning)
-    except ImportError:
-        counted = ()
+    counted: tuple[type[Warning], ...] = (SpyreFallbackWarning, SpyreDowncastWarning)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:

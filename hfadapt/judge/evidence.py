@@ -39,6 +39,7 @@ _SOURCES: dict[str, tuple[EvidenceLevel, str]] = {
         EvidenceLevel.CONFIG,
         "its own config.json, from the real configs bundled with hfadapt",
     ),
+    "structural:given": (EvidenceLevel.CONFIG, "its own config.json, handed over by the caller"),
     "structural:defaults": (
         EvidenceLevel.ARCHITECTURE,
         "the model_type's default config (transformers): this model's own shapes were not checked",

@@ -6,13 +6,13 @@ direction: it is judged by its absolute error, never by cosine."""
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
+
+from hfadapt.loading.pooling import PoolingSpec, pool
 
 # A run passes when every real token's last hidden state keeps at least this cosine to the
 # CPU fp32 reference (hf-adapters, vllm-spyre) and nothing is NaN or inf.
@@ -23,7 +23,7 @@ COSINE_EPS = 1e-12
 # error (| <dev, ref> / <ref, ref> - 1 |: a row scaled by s shows s; an error across the row,
 # which cosine measures, hardly shows). Set between what the real all-MiniLM-L6-v2 with the
 # bundled adapters shows on the simulated card and a row scaled by 2% (0.02), which cosine
-# alone passes (docs/design.md, "Verdicts"). Measured (probes of hfadapt.judge.probes, the
+# alone passes (docs/design.md, "Verdicts"). Measured (probes of hfadapt.loading.probes, the
 # profile spyre-2026.07): all-MiniLM-L6-v2 at most 0.0121 compiled, 0.0124 eager (median 0.0016;
 # its worst tokens are short rows, norm 2.0 against a median 3.7); a 2% scale: 0.0200.
 NORM_ERROR_MAX = 0.015
@@ -33,100 +33,14 @@ ZERO_ROW_FRACTION = 1e-4
 # ... and its device row passes when its error's norm stays within this fraction of that median.
 ZERO_ROW_ERROR_MAX = 0.01
 
-POOLING_MODES = ("mean", "cls", "lasttoken", "max", "mean_sqrt_len")
-
-
-@dataclass(frozen=True)
-class PoolingSpec:
-    """How token states become one sentence vector: sentence-transformers' Pooling (+ Normalize)."""
-
-    mode: str = "mean"
-    normalize: bool = False
-    source: str = "default"  # "modules.json" / "1_Pooling/config.json", or "default"
-
-    def describe(self) -> str:
-        return f"{self.mode}{' + normalize' if self.normalize else ''} ({self.source})"
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-
-
-def _mode_from_pooling_config(cfg: dict[str, Any]) -> str | None:
-    # sentence-transformers >= 5 writes "pooling_mode": "cls"; older files one flag per mode.
-    mode = cfg.get("pooling_mode")
-    if isinstance(mode, str):
-        mode = {"mean_tokens": "mean", "cls_token": "cls", "max_tokens": "max"}.get(mode, mode)
-        return mode if mode in POOLING_MODES else None
-    flags = (
-        ("pooling_mode_cls_token", "cls"),
-        ("pooling_mode_lasttoken", "lasttoken"),
-        ("pooling_mode_max_tokens", "max"),
-        ("pooling_mode_mean_sqrt_len_tokens", "mean_sqrt_len"),
-        ("pooling_mode_mean_tokens", "mean"),
-    )
-    for key, name in flags:
-        if cfg.get(key):
-            return name
-    return None
-
-
-def pooling_from_folder(folder: str | Path | None) -> PoolingSpec:
-    """The pooling a sentence-transformers folder declares; mean pooling when it declares none."""
-    if folder is None:
-        return PoolingSpec()
-    root = Path(folder)
-    modules = _read_json(root / "modules.json")
-    pooling_dir = root / "1_Pooling"
-    normalize = False
-    source = "default"
-    if isinstance(modules, list):
-        for entry in modules:
-            if not isinstance(entry, dict):
-                continue
-            kind = str(entry.get("type", ""))
-            if kind.endswith("Pooling") and entry.get("path"):
-                pooling_dir = root / str(entry["path"])
-            normalize = normalize or kind.lower().endswith("normalize")
-        source = "modules.json"
-    cfg = _read_json(pooling_dir / "config.json")
-    mode = _mode_from_pooling_config(cfg) if isinstance(cfg, dict) else None
-    if mode is None:
-        return PoolingSpec(normalize=normalize, source=source)
-    return PoolingSpec(mode=mode, normalize=normalize, source=f"{pooling_dir.name}/config.json")
-
-
-def pool(hidden: torch.Tensor, mask: torch.Tensor, spec: PoolingSpec) -> torch.Tensor:
-    """Sentence vectors [batch, hidden] from token states [batch, seq, hidden], pads excluded."""
-    m = mask.to(hidden.dtype).unsqueeze(-1)
-    counts = m.sum(dim=1).clamp(min=1.0)
-    if spec.mode == "cls":
-        out = hidden[:, 0]
-    elif spec.mode == "lasttoken":
-        # The last real token of each row, whichever side the tokenizer padded.
-        positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
-        last = torch.where(mask.bool(), positions, torch.full_like(positions, -1)).amax(dim=1)
-        out = hidden[torch.arange(hidden.shape[0]), last.clamp(min=0)]
-    elif spec.mode == "max":
-        out = hidden.masked_fill(m == 0, float("-inf")).amax(dim=1)
-    elif spec.mode == "mean_sqrt_len":
-        out = (hidden * m).sum(dim=1) / counts.sqrt()
-    else:
-        out = (hidden * m).sum(dim=1) / counts
-    if spec.normalize:
-        out = torch.nn.functional.normalize(out, p=2.0, dim=-1)
-    return out
-
 
 def cosine_rows(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Cosine of matching rows (last dim), in float64 so fp32 rounding cannot fake a drift."""
     a64, b64 = a.double(), b.double()
     dot = (a64 * b64).sum(dim=-1)
     norms = a64.norm(dim=-1) * b64.norm(dim=-1)
-    return dot / norms.clamp(min=COSINE_EPS)
+    cosine: torch.Tensor = dot / norms.clamp(min=COSINE_EPS)
+    return cosine
 
 
 @dataclass

@@ -18,7 +18,7 @@ from hfadapt.hub.resolve import HubOptions
 
 def _work(job: dict[str, Any]) -> dict[str, Any]:
     from hfadapt.judge import diagnose as judging
-    from hfadapt.spyre.profile import load_profile
+    from hfadapt.judge.options import JudgeOptions
 
     hub = HubOptions(
         revision=job.get("revision"),
@@ -26,18 +26,8 @@ def _work(job: dict[str, Any]) -> dict[str, Any]:
         cache_dir=job.get("cache_dir"),
         local_files_only=True,
     )
-    diag = judging.judge_here(
-        job["model"],
-        load_profile(job.get("profile")),
-        mode=job["mode"],
-        dtype=job.get("dtype"),
-        execution=job["execution"],
-        adapters=bool(job["adapters"]),
-        without_adapters=tuple(str(n) for n in job.get("without_adapters") or ()),
-        profile=job.get("profile"),
-        localize_failures=bool(job["localize_failures"]),
-        hub=hub,
-    )
+    options = JudgeOptions(**job["judge"])  # checked again: a bad option is a UsageError
+    diag = judging.judge_here(job["model"], options, hub)
     return diag.to_dict()
 
 

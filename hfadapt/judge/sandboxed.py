@@ -24,13 +24,14 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from hfadapt import isolation, verdicts
+from hfadapt import isolation, settings, verdicts
 from hfadapt.db.tables import utcnow
 from hfadapt.errors import SandboxError, UsageError, option
 from hfadapt.hub.resolve import HubOptions
 from hfadapt.judge.diagnosis import Diagnosis, next_step, write_run
 from hfadapt.judge.localize import Divergence
 from hfadapt.judge.metrics import Metrics
+from hfadapt.judge.options import JudgeOptions
 from hfadapt.spyre.lowering_report import LoweringReport
 from hfadapt.untrusted import bounded, clean_text, known_secrets, parse_json, redact
 
@@ -51,24 +52,27 @@ def _env(isolated: bool, scratch: Path) -> dict[str, str]:
     Hub settings, and scratch places for the model's copied code and compile caches."""
     tmp = "/tmp" if isolated else str(scratch)
     extra = {
-        "PYTHONPATH": os.pathsep.join(
-            p for p in (str(_package_root()), os.environ.get("PYTHONPATH")) if p
-        ),
-        "HFADAPT_SANDBOX": "1",
+        "PYTHONPATH": os.pathsep.join([str(_package_root()), *settings.python_path()]),
+        settings.HFADAPT_SANDBOX.name: "1",
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "HF_HUB_DISABLE_TELEMETRY": "1",
         "PYTHONDONTWRITEBYTECODE": "1",
-        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+        "OMP_NUM_THREADS": settings.threads() or "1",
         # transformers copies remote code here before importing it: never the user's cache
         "HF_MODULES_CACHE": f"{tmp}/hf_modules",
         "TORCHINDUCTOR_CACHE_DIR": f"{tmp}/inductor",
         # untrusted code never writes graphs other processes would compile from
         "HFADAPT_COMPILE_CACHE": "0",
     }
-    for name in ("HFADAPT_HOME", "HFADAPT_ADAPTERS_PATH", "HFADAPT_CACHE_DIR"):
-        if os.environ.get(name):
-            extra[name] = os.environ[name]
+    for variable in (
+        settings.HFADAPT_HOME,
+        settings.HFADAPT_ADAPTERS_PATH,
+        settings.HFADAPT_CACHE_DIR,
+    ):
+        value = variable.value()
+        if value:
+            extra[variable.name] = value
     from huggingface_hub import constants
 
     # Only the hub cache (model files): HF_HOME, where the login token lives, is a scratch
@@ -105,7 +109,12 @@ def _readable(env: dict[str, str], model: str, cache_dir: str | None) -> list[Pa
 
 
 def judge_and_record(
-    model_ref: str | os.PathLike[str], engine: Any, *, runner: Any, **job: Any
+    model_ref: str | os.PathLike[str],
+    engine: Any,
+    options: JudgeOptions,
+    *,
+    runner: Any,
+    hub: HubOptions,
 ) -> Diagnosis:
     """What ``diagnose(..., trust_remote_code=True)`` does: judge in the sandbox (:func:`judge`),
     then record the validated Diagnosis as one Run row (``engine`` None: not recorded)."""
@@ -114,7 +123,7 @@ def judge_and_record(
             "runner: a custom device runner cannot run inside the sandbox that "
             "trust_remote_code=True judges in; pass runner=None"
         )
-    diag = judge(os.fspath(model_ref), **job)
+    diag = judge(os.fspath(model_ref), options, hub=hub)
     if not diag.next_step:
         diag.next_step = next_step(diag)
     diag.finished()  # total: the parent's wall time, sandbox start-up included
@@ -125,24 +134,19 @@ def judge_and_record(
 
 def judge(
     model_ref: str,
+    options: JudgeOptions,
     *,
-    mode: str,
-    dtype: str | None,
-    execution: str,
-    adapters: bool,
-    profile: str | None,
-    localize_failures: bool,
     hub: HubOptions,
-    unsafe_no_isolation: bool = False,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     memory_mb: int = DEFAULT_MEMORY_MB,
-    without_adapters: tuple[str, ...] = (),
 ) -> Diagnosis:
-    """Judge ``model_ref`` with its own code, in a sandboxed worker; the Diagnosis it returns
-    is rebuilt from validated data (not yet recorded). Raises IsolationUnavailableError when
-    bubblewrap cannot isolate it and ``unsafe_no_isolation`` is False."""
+    """Judge ``model_ref`` with its own code, in a sandboxed worker, as ``options`` say; the
+    Diagnosis it returns is rebuilt from validated data (not yet recorded). Raises
+    IsolationUnavailableError when bubblewrap cannot isolate it and
+    ``options.unsafe_no_isolation`` is False."""
     isolated = isolation.require_isolation(
-        unsafe=unsafe_no_isolation, what=f"the model's own code ({option('trust_remote_code')})"
+        unsafe=options.unsafe_no_isolation,
+        what=f"the model's own code ({option('trust_remote_code')})",
     )
     local = Path(model_ref).expanduser()
     model = str(local.resolve()) if local.exists() else model_ref
@@ -153,13 +157,7 @@ def judge(
     seen_in = Path(isolation.INPUT_DIR) if isolated else inputs
     job = {
         "model": model,
-        "mode": mode,
-        "dtype": dtype,
-        "execution": execution,
-        "adapters": adapters,
-        "without_adapters": list(without_adapters),
-        "profile": profile,
-        "localize_failures": localize_failures,
+        "judge": options.to_dict(),
         "revision": hub.revision,
         "cache_dir": hub.cache_dir,
         "memory_mb": memory_mb,
@@ -172,47 +170,48 @@ def judge(
         start, started_at = time.monotonic(), utcnow()
         try:
             proc = isolation.spawn(
-                command,
-                inputs=inputs,
-                env=env,
+                command, inputs=inputs, env=env,
                 limits=isolation.Limits(cpu_seconds=int(timeout_s) + 5, tmpfs_mb=TMPFS_MB),
-                isolate=isolated,
-                readable=_readable(env, model, hub.cache_dir),
-                cwd=scratch,
-            )
+                isolate=isolated, readable=_readable(env, model, hub.cache_dir), cwd=scratch,
+            )  # fmt: skip
         except OSError as exc:
             raise SandboxError(f"cannot start the sandboxed judge: {exc}") from exc
-        done = isolation.collect(proc, timeout_s, max_stdout=MAX_RESULT_BYTES)
-        seconds = round(time.monotonic() - start, 3)
-        tail = _scrub(clean_text("\n".join(done.stderr_tail.strip().splitlines()[-15:]), 4000))
-        sandbox = {"isolated": isolated, "exit_code": done.code, "seconds": seconds}
-        raw = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else None
-        if raw is None or done.timed_out or done.overflow:
-            why = done.overflow or tail
-            return _no_result(
-                model_ref, mode, execution, dtype, done.timed_out, timeout_s, sandbox, why
-            )
-        try:
-            data = parse_json(
-                _scrub(raw.decode("utf-8", errors="replace")), max_bytes=MAX_RESULT_BYTES
-            )
-            _raise_input_error(data)
-            diag = from_data(data)
-        except (ValueError, TypeError, KeyError) as exc:
-            why = f"the sandboxed judge left an invalid result: {' '.join(str(exc).split())[:200]}"
-            diag = _no_result(model_ref, mode, execution, dtype, False, timeout_s, sandbox, why)
-            diag.started_at = started_at
-            return diag
-        diag.model_id = (
-            model_ref  # the parent's id for the model it asked about, never the worker's
-        )
-        diag.evidence["sandbox"] = sandbox
+        diag = _result(model_ref, options, proc, start, timeout_s, isolated)
         diag.started_at = started_at
-        if "total" in diag.timings:  # the worker's own total; "total" becomes the parent's
-            diag.timings["in_sandbox"] = diag.timings.pop("total")
         return diag
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def _result(
+    model_ref: str,
+    options: JudgeOptions,
+    proc: Any,
+    start: float,
+    timeout_s: float,
+    isolated: bool,
+) -> Diagnosis:
+    """The worker's Diagnosis, validated; a worker_crashed/timeout one when it left none."""
+    done = isolation.collect(proc, timeout_s, max_stdout=MAX_RESULT_BYTES)
+    seconds = round(time.monotonic() - start, 3)
+    tail = _scrub(clean_text("\n".join(done.stderr_tail.strip().splitlines()[-15:]), 4000))
+    sandbox = {"isolated": isolated, "exit_code": done.code, "seconds": seconds}
+    raw = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else None
+    if raw is None or done.timed_out or done.overflow:
+        why = done.overflow or tail
+        return _no_result(model_ref, options, done.timed_out, timeout_s, sandbox, why)
+    try:
+        data = parse_json(_scrub(raw.decode("utf-8", errors="replace")), max_bytes=MAX_RESULT_BYTES)
+        _raise_input_error(data)
+        diag = from_data(data)
+    except (ValueError, TypeError, KeyError) as exc:
+        why = f"the sandboxed judge left an invalid result: {' '.join(str(exc).split())[:200]}"
+        return _no_result(model_ref, options, False, timeout_s, sandbox, why)
+    diag.model_id = model_ref  # the parent's id for the model it asked about, never the worker's
+    diag.evidence["sandbox"] = sandbox
+    if "total" in diag.timings:  # the worker's own total; "total" becomes the parent's
+        diag.timings["in_sandbox"] = diag.timings.pop("total")
+    return diag
 
 
 def _raise_input_error(data: Any) -> None:
@@ -233,7 +232,7 @@ def _raise_input_error(data: Any) -> None:
 def _scrub(text: str) -> str:
     """A second fence: any value of a credential-named variable of this process is cut out
     of what the worker returned (the worker never had them; this makes sure)."""
-    for key, value in os.environ.items():
+    for key, value in settings.environment().items():
         if isolation.SECRET_NAME.search(key) and len(value) >= 6:
             text = text.replace(value, "[redacted]")
     return redact(text, known_secrets())
@@ -241,9 +240,7 @@ def _scrub(text: str) -> str:
 
 def _no_result(
     model: str,
-    mode: str,
-    execution: str,
-    dtype: str | None,
+    options: JudgeOptions,
     timed_out: bool,
     timeout_s: float,
     sandbox: dict[str, Any],
@@ -260,10 +257,10 @@ def _no_result(
         model_id=model,
         verdict=verdict,
         reason=f"{reason}: {last[:300]}" if last else reason,
-        mode=mode,
-        execution=execution,
-        dtype=dtype or "auto",
-        structural=mode == "structural",
+        mode=options.mode.value,
+        execution=options.execution.value,
+        dtype=options.dtype_name,
+        structural=options.structural,
     )
     diag.evidence["sandbox"] = {**sandbox, "stderr_tail": why[-4000:]}
     return diag

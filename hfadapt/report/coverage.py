@@ -14,6 +14,16 @@ from typing import Any
 from sqlalchemy.engine import Engine
 
 from hfadapt import verdicts
+from hfadapt.db.census import (
+    Blocker,
+    FailureFingerprint,
+    ModelRun,
+    blockers,
+    census,
+    failures,
+    resolve_sweep,
+    scope_runs,
+)
 from hfadapt.db.engine import describe
 from hfadapt.errors import UsageError
 from hfadapt.report.charts import shorten
@@ -27,16 +37,6 @@ from hfadapt.report.diff import (
     SweepDiff,
     diff_sweeps,
     label,
-)
-from hfadapt.report.failures import (
-    Blocker,
-    FailureFingerprint,
-    ModelRun,
-    blockers,
-    census,
-    failures,
-    resolve_sweep,
-    scope_runs,
 )
 from hfadapt.report.models import LevelRow, ModelRow, by_evidence, model_rows
 from hfadapt.sweep.store import Sweep

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from sqlalchemy.engine import Engine
 
 from hfadapt import verdicts
-from hfadapt.report.failures import scope_runs
+from hfadapt.db.census import scope_runs
 
 __all__ = [
     "FAIL",

@@ -9,18 +9,17 @@ from __future__ import annotations
 import csv
 import io
 from dataclasses import asdict, dataclass, fields
-from typing import Any
 from urllib.parse import quote
 
 from sqlalchemy import select
 from sqlalchemy.engine import Engine
 from sqlmodel import col
 
+from hfadapt.db.census import ModelRun
 from hfadapt.db.engine import session
 from hfadapt.db.tables import HubModel, Run
 from hfadapt.judge.evidence import LEVELS, UNKNOWN, level_label, pass_note
 from hfadapt.report.charts import shorten
-from hfadapt.report.failures import ModelRun
 
 __all__ = [
     "HUB_URL",
@@ -145,8 +144,3 @@ def latest_verdicts(engine: Engine, model_ids: list[str]) -> dict[str, tuple[str
         for model_id, verdict, level in sess.execute(stmt):
             out[model_id] = (verdict, level_label(level))
     return out
-
-
-def describe_level(level: str | None) -> dict[str, Any]:
-    """The level and what a pass at it means (for ``show --json``)."""
-    return {"evidence_level": level_label(level), "pass_means": pass_note(level)}

@@ -41,7 +41,7 @@ class DL16Format:
         mantissa = bits & ((1 << self.mantissa_bits) - 1)
         if exponent == 0 and mantissa == 0:
             return sign * 0.0
-        return sign * 2.0 ** (exponent - self.bias) * (1 + mantissa / 2**self.mantissa_bits)
+        return sign * math.ldexp(1 + mantissa / 2**self.mantissa_bits, exponent - self.bias)
 
     @property
     def max_finite(self) -> float:
@@ -144,11 +144,11 @@ def _native_round(x: torch.Tensor, fmt: DL16Format, transfer: bool = False) -> b
     float32 tensor; False when the torch path must do it."""
     global _native
     if _native is False:
-        try:
-            from hfadapt.spyre.dl16_native import load
+        from hfadapt.spyre.dl16_native import load
 
+        try:
             _native = load()
-        except Exception:  # never let the accelerator break rounding
+        except Exception:  # never let the accelerator (its build) break rounding
             _native = None
     if (
         _native is None

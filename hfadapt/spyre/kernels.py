@@ -339,11 +339,11 @@ def _fusable_bias(bias: torch.Tensor, columns: int) -> bool:
 @lru_cache(maxsize=1)
 def _native_kernels() -> tuple[Callable[..., None] | None, Callable[..., None] | None]:
     """(sum of truncated partials, the same with bias and DL16 rounding), None when not built."""
-    try:
-        from hfadapt.spyre.dl16_native import load_sum_truncated, load_sum_truncated_round
+    from hfadapt.spyre.dl16_native import load_sum_truncated, load_sum_truncated_round
 
+    try:
         return load_sum_truncated(), load_sum_truncated_round()
-    except Exception:  # never let the accelerator break the product
+    except Exception:  # never let the accelerator (its build) break the product
         return None, None
 
 

@@ -1,4 +1,4 @@
-"""Ops the card lowers whole that PyTorch would decompose first (item 0 of issue 12).
+"""Ops the card lowers whole that PyTorch would decompose first.
 
 ``torch.nn.functional.rms_norm`` and ``softmax(x, dim, dtype=...)`` are CompositeImplicit in
 ATen: before any backend sees them, PyTorch rewrites them into fp32 upcasts, ``pow`` and
@@ -41,11 +41,13 @@ def _rms_norm(
     weight: torch.Tensor | None,
     eps: float | None,
 ) -> torch.Tensor:
-    return torch.ops.aten.rms_norm.default(input, list(normalized_shape), weight, eps)
+    out: torch.Tensor = torch.ops.aten.rms_norm.default(input, list(normalized_shape), weight, eps)
+    return out
 
 
 def _softmax(input: torch.Tensor, dim: int, dtype: torch.dtype | None) -> torch.Tensor:
-    return torch.ops.aten.softmax.int(input, dim, dtype)
+    out: torch.Tensor = torch.ops.aten.softmax.int(input, dim, dtype)
+    return out
 
 
 def _rms_norm_fake(

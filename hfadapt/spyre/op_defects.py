@@ -71,7 +71,8 @@ def reduced_dims(args: Values, kwargs: dict[str, Any], ndim: int) -> tuple[int, 
 
 
 def _reduction_dtype(args: Values, kwargs: dict[str, Any]) -> torch.dtype | None:
-    return _arg(args, kwargs, 3, "dtype", None)
+    dtype = _arg(args, kwargs, 3, "dtype", None)
+    return dtype if isinstance(dtype, torch.dtype) else None
 
 
 def _is_mean(op: str) -> bool:
@@ -129,7 +130,7 @@ def _rank5_matches(op: str, args: Values, kwargs: dict[str, Any]) -> bool:
 
 def rank5_compute(op: str, args: Values, kwargs: dict[str, Any]) -> torch.Tensor:
     x = args[0]
-    out = x[0].sum()
+    out: torch.Tensor = x[0].sum()
     if _is_mean(op):
         out = out / x.numel()
     return out.reshape((1,) * 5) if _keepdim(args, kwargs) else out

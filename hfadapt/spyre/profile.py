@@ -206,7 +206,7 @@ class Profile:
         for section in (self.layout, self.numerics):
             for spec in section.values():
                 if spec.get("rule") == rule_id:
-                    return self.sources.get(spec.get("source", ""), spec.get("source", ""))
+                    return str(self.sources.get(spec.get("source", ""), spec.get("source", "")))
         for spec in self.dtypes.values():
             if spec.get("rule") == rule_id:
                 return self.sources.get(spec.get("source", ""), "")
@@ -324,7 +324,7 @@ def _build(data: dict[str, Any], path: str) -> Profile:
             sources=data["sources"],
             errors=data["errors"],
             dtypes=data["dtypes"],
-            allowed_casts=frozenset(tuple(p) for p in data["casts"]["allowed"]),  # type: ignore[misc]
+            allowed_casts=frozenset(tuple(p) for p in data["casts"]["allowed"]),
             cast_rule=data["casts"]["rule"],
             fp32_ops=frozenset(data["fp32_ops"]["ops"]),
             fp32_rule=data["fp32_ops"]["rule"],

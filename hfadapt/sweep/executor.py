@@ -19,6 +19,11 @@ class Executor(Protocol):
 
     name: str
 
+    @property
+    def workers(self) -> int | None:
+        """Units at a time (Ray without a count: the cluster's CPUs, known once started)."""
+        ...
+
     def start(self) -> None: ...
 
     def run(self, tasks: Iterable[Task]) -> Iterator[Outcome]: ...
@@ -35,9 +40,10 @@ def make_executor(
     worker: str | Callable[..., Any] = DEFAULT_WORKER,
     address: str | None = None,
     env: dict[str, str] | None = None,
+    max_workers: int | None = None,
 ) -> Executor:
     """The executor called ``name`` ("local" or "ray"). ``workers`` None: Ray's default, the
-    cluster's CPUs (a local pool always gets a number)."""
+    cluster's CPUs, at most ``max_workers`` (a local pool always gets a number)."""
     kind = ExecutorName.parse(name, "executor")
     if kind is ExecutorName.LOCAL:
         if not isinstance(worker, str):
@@ -56,4 +62,5 @@ def make_executor(
         worker=worker,
         address=address,
         env=env,
+        max_workers=max_workers,
     )

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from hfadapt.judge.structural import ALIGNMENT, config_from_dict, lowering_signature
+from hfadapt.loading.structural import ALIGNMENT, config_from_dict, lowering_signature
 
 __all__ = ["NARROW_ABOVE", "Narrowed", "narrowed"]
 
@@ -30,7 +30,7 @@ _INTER = ("intermediate_size", "hidden_dim", "ffn_dim", "d_ff", "n_inner", "mlp_
 
 @dataclass
 class Narrowed:
-    """A narrower config of the same lowering class (hfadapt.judge.signature.lowering_signature:
+    """A narrower config of the same lowering class (hfadapt.loading.signature.lowering_signature:
     the signature without its sizes, their alignment kept), and what changed (field -> (old, new))."""
 
     config: dict[str, Any]

@@ -100,7 +100,7 @@ class _Signer:
     def __call__(self, raw: dict[str, Any]) -> tuple[str, float, Narrowed | None]:
         blob = json.dumps(raw, sort_keys=True, default=str)
         if blob not in self._memo:
-            from hfadapt.judge.structural import structural_signature
+            from hfadapt.loading.structural import structural_signature
 
             small = narrowed(raw, layers=self.layers or 2) if self.narrow and self.layers else None
             cost = _cost(small.config if small else raw, self.layers)
@@ -110,7 +110,7 @@ class _Signer:
 
 def _cost(raw: dict[str, Any], layers: int | None) -> float:
     """Multiply-adds per token of the model as judged (truncated to ``layers`` in structural)."""
-    from hfadapt.judge.structural import config_from_dict
+    from hfadapt.loading.structural import config_from_dict
 
     try:
         config: Any = config_from_dict(raw)
@@ -142,80 +142,120 @@ def plan_sweep(
     ``narrow``: judge wide structural signatures on a narrowed instance (hfadapt.sweep.narrow)."""
     import time
 
-    from hfadapt.judge.load import quiet_transformers, remote_code_reason
-    from hfadapt.judge.structural import STRUCTURAL_LAYERS, find_config
-    from hfadapt.judge.translate import Translation, translated
+    from hfadapt.loading.load import quiet_transformers
 
     start = time.perf_counter()
-    plan = Plan()
-    structural = mode == "structural"
-    signer = _Signer(STRUCTURAL_LAYERS if structural else None, narrow and structural and dedupe)
-    units: dict[str, Unit] = {}
-    source: str | None
+    planner = _Planner(mode, dedupe, narrow)
     with quiet_transformers():
         for model in models:
-            plan.model_types[model.id] = model.model_type
-            crawled = _crawled_config(model)
-            if model.excluded_reason:
-                # the prefilter read the listing: its model_type, or the crawled config
-                source = "structural:crawl" if crawled else "structural:defaults"
-                plan.sources[model.id] = source
-                plan.direct.append(
-                    _direct(model, verdicts.SKIPPED, model.excluded_reason, mode, source,
-                            prefilter=model.excluded_reason)
-                )  # fmt: skip
-                continue
-            bad_id = invalid_model_id(model.id)
-            if bad_id:  # stored before crawls refused such ids: recorded, never looked up
-                plan.sources[model.id] = None
-                plan.direct.append(
-                    _direct(
-                        model, verdicts.LOAD_FAILED, f"not a Hub model id: {bad_id}", mode, None
-                    )
-                )
-                continue
-            raw: dict[str, Any] | None = crawled
-            error: str | None = None
-            source = "structural:crawl" if crawled else None
-            if raw is None:
-                try:
-                    raw, where, _ = find_config(model.id)
-                    source = f"structural:{where}"
-                except HfadaptError as exc:
-                    error = exc.one_line()
-            plan.sources[model.id] = source
-            # remote code shows in the listing's summary too (auto_map, the remote config
-            # class), even when it holds no shapes to judge
-            listing = model.config_json if isinstance(model.config_json, dict) else None
-            seen = raw if raw is not None else listing
-            why = remote_code_reason(seen, model.id)
-            if model.is_custom_code and not why:
-                why = "the Hub marks it custom_code"
-            if why:
-                native = translated(model.id, seen)
-                if not isinstance(native, Translation):
-                    reason = f"{model.id} needs its own code: {why}; {native.one_line()}; review it, then: hfadapt diagnose {model.id} --trust-remote-code"
-                    plan.direct.append(_direct(model, verdicts.CUSTOM_CODE, reason, mode, source))
-                    continue
-                plan.translated[model.id] = native.evidence()
-                raw, error = native.config, None
-            signature: str | None = None
-            cost = 1.0
-            small: Narrowed | None = None
-            if raw is not None:
-                try:
-                    signature, cost, small = signer(raw)
-                except Exception as exc:  # a config the signature cannot read: judged alone
-                    error = f"{type(exc).__name__}: {exc}"
-            key = signature if (signature and dedupe) else MODEL_KEY + model.id
-            unit = units.get(key)
-            if unit is None:
-                unit = units[key] = Unit(
-                    key, signature, [], crawled, cost if signature else 1.0, small
-                )
-            unit.members.append(model.id)
-            if error and len(unit.members) == 1:
-                unit.cost = _OVERHEAD / 5  # fails at the config: cheap
-    plan.units = sorted(units.values(), key=lambda u: -u.cost)  # stable: best rank first on ties
+            planner.add(model)
+    plan = planner.plan
+    plan.units = sorted(planner.units.values(), key=lambda u: -u.cost)  # stable: rank on ties
     plan.signing_seconds = round(time.perf_counter() - start, 3)
     return plan
+
+
+class _Planner:
+    """The plan being built, one crawled model at a time."""
+
+    def __init__(self, mode: str, dedupe: bool, narrow: bool) -> None:
+        from hfadapt.loading.structural import STRUCTURAL_LAYERS
+
+        self.plan = Plan()
+        self.mode, self.dedupe = mode, dedupe
+        structural = mode == "structural"
+        self.signer = _Signer(
+            STRUCTURAL_LAYERS if structural else None, narrow and structural and dedupe
+        )
+        self.units: dict[str, Unit] = {}
+
+    def add(self, model: HubModel) -> None:
+        plan, mode = self.plan, self.mode
+        plan.model_types[model.id] = model.model_type
+        crawled = _crawled_config(model)
+        if model.excluded_reason:
+            # the prefilter read the listing: its model_type, or the crawled config
+            listed = "structural:crawl" if crawled else "structural:defaults"
+            plan.sources[model.id] = listed
+            plan.direct.append(
+                _direct(model, verdicts.SKIPPED, model.excluded_reason, mode, listed,
+                        prefilter=model.excluded_reason)
+            )  # fmt: skip
+            return
+        bad_id = invalid_model_id(model.id)
+        if bad_id:  # stored before crawls refused such ids: recorded, never looked up
+            plan.sources[model.id] = None
+            reason = f"not a Hub model id: {bad_id}"
+            plan.direct.append(_direct(model, verdicts.LOAD_FAILED, reason, mode, None))
+            return
+        raw, source, error = _config_of(model, crawled)
+        plan.sources[model.id] = source
+        native = self._native(model, raw, source)
+        if native is False:
+            return
+        if native is not None:
+            raw, error = native, None
+        self._unit(model, raw, crawled, error)
+
+    def _native(self, model: HubModel, raw: dict[str, Any] | None, source: str | None) -> Any:
+        """For a model that needs its own code: the config of its native translation, or False
+        (recorded ``custom_code`` here); None for a model that needs no code of its own."""
+        from hfadapt.loading.load import remote_code_reason
+        from hfadapt.loading.translate import Translation, translated
+
+        # remote code shows in the listing's summary too (auto_map, the remote config class),
+        # even when it holds no shapes to judge
+        listing = model.config_json if isinstance(model.config_json, dict) else None
+        seen = raw if raw is not None else listing
+        why = remote_code_reason(seen, model.id)
+        if model.is_custom_code and not why:
+            why = "the Hub marks it custom_code"
+        if not why:
+            return None
+        native = translated(model.id, seen)
+        if not isinstance(native, Translation):
+            reason = f"{model.id} needs its own code: {why}; {native.one_line()}; review it, then: hfadapt diagnose {model.id} --trust-remote-code"
+            self.plan.direct.append(_direct(model, verdicts.CUSTOM_CODE, reason, self.mode, source))
+            return False
+        self.plan.translated[model.id] = native.evidence()
+        return native.config
+
+    def _unit(
+        self,
+        model: HubModel,
+        raw: dict[str, Any] | None,
+        crawled: dict[str, Any] | None,
+        error: str | None,
+    ) -> None:
+        """The model joins the unit of its signature (or is judged alone)."""
+        signature: str | None = None
+        cost = 1.0
+        small: Narrowed | None = None
+        if raw is not None:
+            try:
+                signature, cost, small = self.signer(raw)
+            except Exception as exc:  # a config the signature cannot read: judged alone
+                error = f"{type(exc).__name__}: {exc}"
+        key = signature if (signature and self.dedupe) else MODEL_KEY + model.id
+        unit = self.units.get(key)
+        if unit is None:
+            unit = Unit(key, signature, [], crawled, cost if signature else 1.0, small)
+            self.units[key] = unit
+        unit.members.append(model.id)
+        if error and len(unit.members) == 1:
+            unit.cost = _OVERHEAD / 5  # fails at the config: cheap
+
+
+def _config_of(
+    model: HubModel, crawled: dict[str, Any] | None
+) -> tuple[dict[str, Any] | None, str | None, str | None]:
+    """(the config to plan with, where it came from, why there is none)."""
+    from hfadapt.loading.structural import find_config
+
+    if crawled is not None:
+        return crawled, "structural:crawl" if crawled else None, None
+    try:
+        raw, where, _ = find_config(model.id)
+    except HfadaptError as exc:
+        return None, None, exc.one_line()
+    return raw, f"structural:{where}", None

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from hfadapt import verdicts
+from hfadapt import settings, verdicts
 from hfadapt.errors import SweepError
 from hfadapt.sweep.worker import DEFAULT_WORKER, Outcome, Task, crashed
 
@@ -74,7 +74,7 @@ def ray_task(
         setup_process(threads, None)
         _prepared = True
     if env:
-        os.environ.update(env)
+        settings.export(env)
     limit = _address_space_mb() + limit_mb if limit_mb else None
     out = run_task(resolve(worker), task, limit_mb=limit)
     out.host = platform.node()
@@ -88,7 +88,8 @@ def ray_task(
 
 
 class RayExecutor:
-    """Ray tasks, at most ``workers`` at a time (default: the cluster's CPUs)."""
+    """Ray tasks, at most ``workers`` at a time (default: the cluster's CPUs, at most
+    ``max_workers``)."""
 
     name = "ray"
 
@@ -102,12 +103,14 @@ class RayExecutor:
         address: str | None = None,
         env: dict[str, str] | None = None,
         init_kwargs: dict[str, Any] | None = None,
+        max_workers: int | None = None,
     ) -> None:
         try:
             import ray  # noqa: F401
         except ImportError as exc:
             raise SweepError("the ray executor needs Ray: pip install 'hfadapt[ray]'") from exc
         self.workers = workers
+        self.max_workers = max_workers
         self.timeout = timeout
         self.memory_limit_mb = memory_limit_mb
         self.worker = worker
@@ -140,7 +143,8 @@ class RayExecutor:
         a number of workers, run as many tasks at a time as the cluster has CPUs."""
         ray = self._connect()
         if self.workers is None:
-            self.workers = max(1, int(ray.cluster_resources().get("CPU", 1)))
+            cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+            self.workers = min(cpus, self.max_workers or cpus)
 
     def run(self, tasks: Iterable[Task]) -> Iterator[Outcome]:
         pending = list(tasks)

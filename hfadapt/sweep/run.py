@@ -8,28 +8,35 @@ transaction per unit, so a sweep killed at any moment resumes where it stopped."
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import resource
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlalchemy.engine import Engine
 
+from hfadapt import settings
 from hfadapt.errors import SweepError, UsageError, option
-from hfadapt.options import DType, Execution, Executor, Mode
-from hfadapt.sweep.executor import make_executor
+from hfadapt.options import Executor as ExecutorName
+from hfadapt.sweep.executor import Executor, make_executor
 from hfadapt.sweep.limits import default_memory_limit_mb, max_local_workers
+from hfadapt.sweep.options import DEFAULT_TIMEOUT_S, SweepOptions
 from hfadapt.sweep.plan import Plan, Unit, plan_sweep
 from hfadapt.sweep.rows import member_rows, unit_rows
 from hfadapt.sweep.store import FAILED, INTERRUPTED, done_rows, finish_sweep, open_sweep, write_rows
 from hfadapt.sweep.worker import DEFAULT_WORKER, Task
 
-DEFAULT_TIMEOUT_S = 600.0  # hf-adapters' weekly scan: ten minutes per model
-__all__ = ["SweepError", "SweepProgress", "SweepResult", "run_sweep"]
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "SweepError",
+    "SweepOptions",
+    "SweepProgress",
+    "SweepResult",
+    "run_sweep",
+]
 
 
 @dataclass
@@ -92,48 +99,22 @@ class SweepResult:
         return 60.0 * new / self.seconds if self.seconds > 0 else 0.0
 
 
-@contextlib.contextmanager
-def _env(values: dict[str, str]) -> Iterator[None]:
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, old in saved.items():
-            if old is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = old
-
-
-def _check(
-    mode: str,
-    execution: str,
-    dtype: str,
-    workers: int,
-    timeout: float | None,
-    executor: str,
-    memory_limit: int | None,
-) -> None:
-    from hfadapt.spyre.profile import AUTO_DTYPE
-
-    Mode.parse(mode, "mode")
-    Execution.parse(execution, "execution")
-    if dtype != AUTO_DTYPE:  # "auto": the profile's dtype per family, chosen per model
-        DType.parse(dtype, "dtype")
-    Executor.parse(executor, "executor")
-    if workers < 1:
-        raise UsageError(f"workers must be at least 1 (got {workers})")
-    if executor == Executor.LOCAL:
+def _workers(options: SweepOptions, memory_limit: int | None) -> int:
+    """How many units run at once, before the plan is known (the default never exceeds what
+    this machine holds; on Ray the cluster's CPUs decide once connected)."""
+    if options.workers is not None:
+        workers = options.workers
+    elif options.executor == ExecutorName.LOCAL:
+        workers = max(1, min(2, max_local_workers(memory_limit)[0]))
+    else:
+        workers = max(1, min(2, os.cpu_count() or 1))
+    if options.executor == ExecutorName.LOCAL:
         cap, why = max_local_workers(memory_limit)
         if workers > cap:
             raise UsageError(
                 f"workers={workers} is more than this machine holds: at most {cap} ({why})"
             )
-    if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
-        raise UsageError(f"timeout must be a finite number of seconds above 0 (got {timeout})")
-    if memory_limit is not None and memory_limit < 0:
-        raise UsageError(f"memory_limit must be 0 (none) or a number of MB (got {memory_limit})")
+    return workers
 
 
 def _models(engine: Engine, top: int | None, model_type: str | None) -> tuple[list[Any], Any]:
@@ -153,136 +134,73 @@ def _models(engine: Engine, top: int | None, model_type: str | None) -> tuple[li
 
 def run_sweep(
     engine: Engine,
+    options: SweepOptions | None = None,
     *,
-    top: int | None = None,
-    model_type: str | None = None,
-    mode: str = "structural",
-    workers: int | None = None,
-    timeout: float | None = DEFAULT_TIMEOUT_S,
-    memory_limit: int | None = None,
-    executor: str = "local",
-    address: str | None = None,
-    execution: str = "compile",
-    dtype: str | None = None,
-    profile: str | None = None,
-    adapters: bool = True,
-    without_adapters: tuple[str, ...] | list[str] = (),
-    dedupe: bool | None = None,
-    narrow: bool = True,
-    resume: bool | int = True,
-    offline: bool | None = None,
     progress: Callable[[SweepProgress], None] | None = None,
     worker: str | Callable[..., Any] = DEFAULT_WORKER,
     runner: str | None = None,
-    trust_remote_code: bool = False,
-    unsafe_no_isolation: bool = False,
 ) -> SweepResult:
     """Sweep the crawled models (crawling the bundled snapshot first if the database has no
-    crawl) and return what it did. See the module doc.
+    crawl) as ``options`` say, and return what it did. See the module doc.
 
-    ``execution``: "compile" (default: hf-adapters judges through torch.compile) or "eager".
-    ``dtype``: fp16, bf16 or fp32 for every model; None ("auto"): the profile's dtype for each
-    model's family (bf16 for Gemma and T5), recorded on every run.
-    ``workers``: parallel units (default: the CPUs, at most 2 locally). ``timeout``: seconds per
-    unit. ``memory_limit``: MB of address space per worker (default: 85% of RAM shared; 0 for
-    none). ``dedupe``: one run per structural signature (default: in structural mode only).
-    ``narrow``: judge a wide signature on a narrower config with the same signature first
-    (hfadapt.sweep.narrow; numerics and load failures are confirmed at full width).
-    ``resume``: continue the newest unfinished sweep with the same options (an int: that
-    sweep; False: a new one). ``offline``: no Hub requests (default: when the crawl is the
-    bundled snapshot). ``worker``/``runner``: the worker function and device runner as
-    ``module:function`` (tests inject stand-ins). ``trust_remote_code``: models that need
-    their own code (and have no native translation) are judged in the OS sandbox
-    (hfadapt.sweep.remote), never in this process or a worker; IsolationUnavailableError
-    before any work where bubblewrap cannot isolate them, unless ``unsafe_no_isolation``.
-    ``without_adapters``: registry adapters left out of every unit (the rest apply).
+    ``progress`` is called after every unit. ``worker``/``runner``: the worker function and
+    device runner as ``module:function`` (tests inject stand-ins). With
+    ``options.judge.trust_remote_code``, models that need their own code (and have no native
+    translation) are judged in the OS sandbox (hfadapt.sweep.custom_code), never in this
+    process or a worker; IsolationUnavailableError before any work where bubblewrap cannot
+    isolate them, unless ``unsafe_no_isolation``. ``options.judge.without_adapters``: registry
+    adapters left out of every unit (the rest apply), checked against the registry first.
     """
     from hfadapt.spyre.profile import load_profile
 
-    # On Ray the default is the cluster's CPUs, known once connected (RayExecutor.start).
-    cluster_workers = workers is None and executor == "ray"
-    if workers is None:  # the default never exceeds what this machine holds
-        cap = max_local_workers(memory_limit)[0] if executor == "local" else os.cpu_count() or 1
-        workers = max(1, min(2, cap))
-    dtype = dtype or "auto"  # hfadapt.spyre.profile.AUTO_DTYPE, without importing torch here
-    _check(mode, execution, dtype, workers, timeout, executor, memory_limit)
-    if unsafe_no_isolation and not trust_remote_code:
-        raise UsageError("unsafe_no_isolation applies only with trust_remote_code=True")
-    if trust_remote_code:
+    options = options or SweepOptions()
+    judge = options.judge
+    if judge.without_adapters:  # a misspelt name would leave every adapter applied
+        from hfadapt.judge.diagnose import check_adapter_names
+
+        check_adapter_names(judge.without_adapters)
+    workers = _workers(options, options.memory_limit)
+    if judge.trust_remote_code:
         from hfadapt.isolation import require_isolation
 
-        require_isolation(
-            unsafe=unsafe_no_isolation, what=f"the model's own code ({option('trust_remote_code')})"
-        )
-    prof = load_profile(profile)
-    without = _without(adapters, without_adapters)
+        what = f"the model's own code ({option('trust_remote_code')})"
+        require_isolation(unsafe=judge.unsafe_no_isolation, what=what)
+    prof = load_profile(judge.profile)
+    memory_limit = options.memory_limit
     if memory_limit is None:
         memory_limit = default_memory_limit_mb(workers)
-    dedupe = (mode == "structural") if dedupe is None else dedupe
     started = time.perf_counter()
-
-    models, crawl = _models(engine, top, model_type)
+    models, crawl = _models(engine, options.top, options.model_type)
+    offline = options.offline
     if offline is None:
         offline = crawl is not None and crawl.source == "snapshot"
-    env = {"HF_HUB_OFFLINE": "1"} if offline else {}
-    with _env(env):
-        plan = plan_sweep(models, mode=mode, dedupe=dedupe, narrow=narrow)
+    env = {settings.HF_HUB_OFFLINE.name: "1"} if offline else {}
+    with settings.exported(env):
+        plan = plan_sweep(models, mode=judge.mode, dedupe=options.deduped, narrow=options.narrow)
     # Workers start only once the plan stands: bad input or a failed plan spawns nothing, and
     # there are never more workers than units of work.
-    workers = max(1, min(workers, len(plan.units)))
-    pool = make_executor(
-        executor, workers=None if cluster_workers else workers, timeout=timeout,
-        memory_limit_mb=memory_limit or None, worker=worker, address=address, env=env,
-    )  # fmt: skip
-    try:
-        pool.start()
-    except BaseException:
-        pool.close()
-        raise
-    if cluster_workers:
-        workers = max(1, min(getattr(pool, "workers", None) or workers, len(plan.units)))
-        pool.workers = workers  # type: ignore[attr-defined]
-    options = {
-        "mode": mode,
-        "execution": execution,
-        "dtype": dtype,
-        "top": top,
-        "model_type": model_type,
-        "dedupe": dedupe,
-        "narrow": narrow and dedupe and mode == "structural",
-        "profile": f"{prof.name}@{prof.version}",
-        "adapters": adapters,
-        "crawl_id": crawl.id if crawl else None,
-    }
-    if trust_remote_code:  # only then: sweeps started before this option resume as before
-        options["trust_remote_code"] = True
-    if without:  # likewise
-        options["without_adapters"] = list(without)
+    pool = _start_pool(options, workers, len(plan.units), memory_limit, worker, env)
+    crawl_id = crawl.id if crawl else None
+    identity = options.identity(f"{prof.name}@{prof.version}", crawl_id)
     try:
         sweep, resumed = open_sweep(
-            engine, options, resume=resume, mode=mode, execution=execution, dtype=dtype,
-            top=top, model_type=model_type, dedupe=dedupe, executor=executor, workers=workers,
-            timeout_s=timeout, memory_limit_mb=memory_limit or None,
-            crawl_id=crawl.id if crawl else None, models=plan.models, units=len(plan.units),
+            engine, identity, resume=options.resume, mode=judge.mode, execution=judge.execution,
+            dtype=judge.dtype_name, top=options.top, model_type=options.model_type,
+            dedupe=options.deduped, executor=options.executor, workers=pool.workers,
+            timeout_s=options.timeout, memory_limit_mb=memory_limit or None, crawl_id=crawl_id,
+            models=plan.models, units=len(plan.units),
         )  # fmt: skip
     except BaseException:  # refused (another driver runs it), or the database failed
         pool.close()
         raise
     assert sweep.id is not None
     try:
-        if trust_remote_code:
-            from hfadapt.sweep.remote import judge_custom_code
+        if judge.trust_remote_code:
+            from hfadapt.sweep.custom_code import judge_custom_code
 
-            plan.direct = judge_custom_code(
-                plan.direct, done_rows(engine, sweep.id), mode=mode, execution=execution,
-                dtype=dtype, profile=profile, adapters=adapters,
-                unsafe_no_isolation=unsafe_no_isolation, without_adapters=without,
-            )  # fmt: skip
-        return _drive(
-            engine, sweep.id, resumed, plan, started, progress,
-            executor=pool,
-            task_options={"mode": mode, "execution": execution, "dtype": dtype, "profile": profile, "adapters": adapters, "runner": runner, "without_adapters": without},
-        )  # fmt: skip
+            plan.direct = judge_custom_code(plan.direct, done_rows(engine, sweep.id), judge)
+        template = Task("", "", judge=judge, runner=runner)
+        return _drive(engine, sweep.id, resumed, plan, started, progress, pool, template)
     except BaseException as exc:
         pool.close()
         stopped = isinstance(exc, KeyboardInterrupt)
@@ -296,13 +214,152 @@ def run_sweep(
         raise
 
 
-def _without(adapters: bool, names: tuple[str, ...] | list[str]) -> tuple[str, ...]:
-    """The adapter names to leave out, checked against the registry before any work."""
-    if not adapters or not names:
-        return ()
-    from hfadapt.judge.diagnose import check_adapter_names
+def _start_pool(
+    options: SweepOptions,
+    workers: int,
+    units: int,
+    memory_limit: int,
+    worker: str | Callable[..., Any],
+    env: dict[str, str],
+) -> Executor:
+    """The started executor, never with more workers than units of work. On Ray without a
+    worker count, the cluster's CPUs decide (known once connected)."""
+    cluster = options.workers is None and options.executor == ExecutorName.RAY
+    workers = max(1, min(workers, units))
+    pool = make_executor(
+        options.executor, workers=None if cluster else workers, timeout=options.timeout,
+        memory_limit_mb=memory_limit or None, worker=worker, address=options.address, env=env,
+        max_workers=units,
+    )  # fmt: skip
+    try:
+        pool.start()
+    except BaseException:
+        pool.close()
+        raise
+    return pool
 
-    return check_adapter_names(names)
+
+class _Driver:
+    """One session of a sweep: records the rows the plan already decided, reuses units an
+    earlier session half wrote, hands the rest to the executor and records each outcome as it
+    arrives, one transaction per unit, reporting progress after each."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        sweep_id: int,
+        plan: Plan,
+        started: float,
+        progress: Callable[[SweepProgress], None] | None,
+    ) -> None:
+        self.engine, self.sweep_id, self.plan = engine, sweep_id, plan
+        self.started, self.progress = started, progress
+        self.done = done_rows(engine, sweep_id)
+        self.already = len(self.done)
+        counts: Counter[str] = Counter(row["verdict"] for row in self.done.values())
+        self.state = SweepProgress(
+            sweep_id, plan.models, self.already, len(plan.units), 0, counts, 0.0, self.already,
+            cost_total=sum(u.cost for u in plan.units) or 1.0,
+        )  # fmt: skip
+        self.reused = 0
+        self.unit_seconds: dict[str, float] = {}
+
+    def tag(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Remote-code models judged as their native translation say so, members included."""
+        for row in rows:
+            translated = self.plan.translated.get(row["model_id"])
+            if translated is not None:
+                row["evidence"] = {**(row.get("evidence") or {}), "translated_from": translated}
+        return rows
+
+    def report(self, last: str | None, added: list[dict[str, Any]], unit: Unit | None) -> None:
+        state = self.state
+        state.counts.update(r["verdict"] for r in added)
+        state.done += len(added)
+        if unit is not None:
+            state.units_done += 1
+            state.cost_done += unit.cost
+        state.elapsed = time.perf_counter() - self.started
+        state.last = last
+        if self.progress is not None:
+            self.progress(state)
+
+    def record_direct(self) -> None:
+        """The rows no worker needs (skipped, custom code, ...)."""
+        direct = [r for r in self.plan.direct if r["model_id"] not in self.done]
+        if direct:
+            write_rows(self.engine, self.sweep_id, direct)
+        self.report(None, direct, None)
+
+    def tasks(self, template: Task) -> tuple[list[Task], dict[str, Unit]]:
+        """The units left to judge, as tasks like ``template``; units done or half written by
+        an earlier session are recorded here instead."""
+        plan, done = self.plan, self.done
+        tasks: list[Task] = []
+        units: dict[str, Unit] = {}
+        for unit in plan.units:
+            todo = [m for m in unit.members if m not in done]
+            if not todo:
+                self.state.units_done += 1
+                self.state.cost_done += unit.cost
+                continue
+            earlier = next((done[m] for m in unit.members if m in done), None)
+            if earlier is not None:  # a unit half-written by an older plan: copy its verdict
+                sweep = (earlier.get("evidence") or {}).get("sweep", {})
+                rep = sweep.get("representative") or earlier["model_id"]
+                rows = member_rows(unit, todo, earlier, rep, plan.model_types, plan.sources)
+                write_rows(self.engine, self.sweep_id, self.tag(rows))
+                self.reused += 1
+                self.report(rep, rows, unit)
+                continue
+            units[unit.key] = unit
+            small = unit.narrow
+            tasks.append(
+                replace(
+                    template, key=unit.key, model_id=unit.representative, config=unit.config,
+                    models=len(unit.members), narrow=small.config if small else None,
+                    narrow_changes=small.changes if small else None,
+                    config_source=plan.sources.get(unit.representative),
+                )
+            )  # fmt: skip
+        return tasks, units
+
+    def run(self, executor: Any, tasks: list[Task], units: dict[str, Unit]) -> None:
+        plan = self.plan
+        with contextlib.closing(executor):
+            for out in executor.run(tasks):
+                unit = units[out.key]
+                todo = [m for m in unit.members if m not in self.done]
+                rows = unit_rows(unit, todo, out, plan.model_types, plan.sources)
+                write_rows(self.engine, self.sweep_id, self.tag(rows), judged=1)
+                self.unit_seconds[unit.representative] = out.seconds
+                self.report(unit.representative, rows, unit)
+
+    def result(self, resumed: bool, judged: int, executor: Any) -> SweepResult:
+        plan = self.plan
+        seconds = time.perf_counter() - self.started
+        sweep = finish_sweep(self.engine, self.sweep_id, seconds=seconds)
+        units = len(plan.units)
+        return SweepResult(
+            sweep_id=self.sweep_id,
+            resumed=resumed,
+            models=self.state.done,
+            units=units,
+            judged=judged,
+            reused=self.reused,
+            already_done=self.already,
+            counts=dict(sweep.counts or {}),
+            seconds=round(seconds, 3),
+            planning_seconds=plan.signing_seconds,
+            workers=getattr(executor, "workers", None) or 0,
+            executor=executor.name,
+            dedupe_factor=round(plan.judged_models / units, 2) if units else 0.0,
+            translated=len(plan.translated),
+            worker_restarts=getattr(executor, "restarts", 0),
+            driver_peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            worker_peak_rss_mb=getattr(executor, "worker_peak_rss_mb", 0.0),
+            unit_seconds=self.unit_seconds,
+        )
 
 
 def _drive(
@@ -312,106 +369,11 @@ def _drive(
     plan: Plan,
     started: float,
     progress: Callable[[SweepProgress], None] | None,
-    *,
     executor: Any,
-    task_options: dict[str, Any],
+    template: Task,
 ) -> SweepResult:
-    done = done_rows(engine, sweep_id)
-    already = len(done)
-    counts: Counter[str] = Counter(row["verdict"] for row in done.values())
-    types = plan.model_types
-    state = SweepProgress(
-        sweep_id, plan.models, already, len(plan.units), 0, counts, 0.0, already,
-        cost_total=sum(u.cost for u in plan.units) or 1.0,
-    )  # fmt: skip
-
-    def tag(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Remote-code models judged as their native translation say so, members included."""
-        for row in rows:
-            if row["model_id"] in plan.translated:
-                row["evidence"] = {
-                    **(row.get("evidence") or {}),
-                    "translated_from": plan.translated[row["model_id"]],
-                }
-        return rows
-
-    def report(last: str | None, added: list[dict[str, Any]], unit: Unit | None = None) -> None:
-        counts.update(r["verdict"] for r in added)
-        state.done += len(added)
-        if unit is not None:
-            state.units_done += 1
-            state.cost_done += unit.cost
-        state.elapsed = time.perf_counter() - started
-        state.last = last
-        if progress is not None:
-            progress(state)
-
-    direct = [r for r in plan.direct if r["model_id"] not in done]
-    if direct:
-        write_rows(engine, sweep_id, direct)
-    report(None, direct)
-
-    tasks: list[Task] = []
-    units: dict[str, Unit] = {}
-    reused = 0
-    for unit in plan.units:
-        todo = [m for m in unit.members if m not in done]
-        if not todo:
-            state.units_done += 1
-            state.cost_done += unit.cost
-            continue
-        earlier = next((done[m] for m in unit.members if m in done), None)
-        if earlier is not None:  # a unit half-written by an older plan: copy its verdict
-            rep = (earlier.get("evidence") or {}).get("sweep", {}).get("representative") or earlier[
-                "model_id"
-            ]
-            rows = member_rows(unit, todo, earlier, rep, types, plan.sources)
-            write_rows(engine, sweep_id, tag(rows))
-            reused += 1
-            report(rep, rows, unit)
-            continue
-        units[unit.key] = unit
-        small = unit.narrow
-        tasks.append(
-            Task(
-                unit.key, unit.representative, config=unit.config, models=len(unit.members),
-                narrow=small.config if small else None, narrow_changes=small.changes if small else None,
-                config_source=plan.sources.get(unit.representative),
-                **task_options,
-            )
-        )  # fmt: skip
-
-    unit_seconds: dict[str, float] = {}
-    with contextlib.closing(executor):
-        for out in executor.run(tasks):
-            unit = units[out.key]
-            rows = unit_rows(
-                unit, [m for m in unit.members if m not in done], out, types, plan.sources
-            )
-            write_rows(engine, sweep_id, tag(rows), judged=1)
-            unit_seconds[unit.representative] = out.seconds
-            report(unit.representative, rows, unit)
-
-    seconds = time.perf_counter() - started
-    sweep = finish_sweep(engine, sweep_id, seconds=seconds)
-    judged_models = plan.judged_models
-    return SweepResult(
-        sweep_id=sweep_id,
-        resumed=resumed,
-        models=state.done,
-        units=len(plan.units),
-        judged=len(tasks),
-        reused=reused,
-        already_done=already,
-        counts=dict(sweep.counts or {}),
-        seconds=round(seconds, 3),
-        planning_seconds=plan.signing_seconds,
-        workers=getattr(executor, "workers", None) or 0,
-        executor=executor.name,
-        dedupe_factor=round(judged_models / len(plan.units), 2) if plan.units else 0.0,
-        translated=len(plan.translated),
-        worker_restarts=getattr(executor, "restarts", 0),
-        driver_peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-        worker_peak_rss_mb=getattr(executor, "worker_peak_rss_mb", 0.0),
-        unit_seconds=unit_seconds,
-    )
+    driver = _Driver(engine, sweep_id, plan, started, progress)
+    driver.record_direct()
+    tasks, units = driver.tasks(template)
+    driver.run(executor, tasks, units)
+    return driver.result(resumed, len(tasks), executor)

@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import Table, func, insert, select, update
 from sqlalchemy.engine import Connection, Engine
 
+from hfadapt.db.census import get_sweep, latest_sweep, list_sweeps
 from hfadapt.db.engine import describe, session
 from hfadapt.db.tables import DONE, FAILED, INTERRUPTED, RUNNING, Run, Sweep, utcnow
 
@@ -162,27 +163,6 @@ def _refuse_live(sweep: Sweep) -> None:
     raise UsageError(
         f"sweep {sweep.id} is being run right now by process {pid}; wait for it, or start a new sweep instead of resuming (resume=False)"
     )
-
-
-def get_sweep(engine: Engine, sweep_id: int) -> Sweep | None:
-    with session(engine, write=False) as sess:
-        return sess.get(Sweep, sweep_id)
-
-
-def list_sweeps(engine: Engine) -> list[Sweep]:
-    """Every recorded sweep, newest first."""
-    stmt = select(Sweep).order_by(Sweep.id.desc())  # type: ignore[union-attr]
-    with session(engine, write=False) as sess:
-        return list(sess.execute(stmt).scalars())
-
-
-def latest_sweep(engine: Engine, *, finished: bool = False) -> Sweep | None:
-    """The newest sweep (only finished ones when asked), or None."""
-    stmt = select(Sweep).order_by(Sweep.id.desc()).limit(1)  # type: ignore[union-attr]
-    if finished:
-        stmt = stmt.where(Sweep.status == DONE)  # type: ignore[arg-type]
-    with session(engine, write=False) as sess:
-        return sess.execute(stmt).scalars().first()
 
 
 def done_rows(engine: Engine, sweep_id: int) -> dict[str, dict[str, Any]]:

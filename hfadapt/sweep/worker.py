@@ -1,31 +1,28 @@
 """What a sweep worker does: judge one unit of work (one structural signature, or one model)
-and return its result as plain data, never touching runs.db. ``judge`` is the real worker
-function (``hfadapt.judge.diagnose.diagnose`` with ``record=False``); ``serve`` is the loop of a
+and return its result as plain data, never touching runs.db. ``judge_unit`` is the real worker
+function (``hfadapt.diagnose`` with ``record=False``); ``serve`` is the loop of a
 long-lived worker process that runs many units under a memory limit. Executors (local pool,
 Ray) call the same function, named by an import path so any process can load it."""
 
 from __future__ import annotations
 
 import contextlib
-import importlib
-import json
 import os
+import pkgutil
 import resource
-import shutil
 import signal
 import sys
-import tempfile
 import time
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from hfadapt import verdicts
-from hfadapt.judge.evidence import level_of_source
+from hfadapt import settings, verdicts
+from hfadapt.judge.options import JudgeOptions
+from hfadapt.options import Mode
 
-DEFAULT_WORKER = "hfadapt.sweep.worker:judge"
+DEFAULT_WORKER = "hfadapt.sweep.worker:judge_unit"
 # Text of the allocation failures torch, numpy and Python raise under RLIMIT_AS.
 _OOM_MARKERS = ("can't allocate memory", "cannot allocate memory", "std::bad_alloc", "MemoryError")
 
@@ -34,7 +31,7 @@ __all__ = [
     "Outcome",
     "Task",
     "crashed",
-    "judge",
+    "judge_unit",
     "memory_limit",
     "resolve",
     "run_task",
@@ -48,20 +45,16 @@ class Task:
 
     key: str  # the structural signature, or "model:<id>" for a model judged alone
     model_id: str
-    mode: str = "structural"
-    execution: str = "compile"
-    dtype: str = "auto"  # "auto": the profile's dtype for the model's family
-    profile: str | None = None
-    adapters: bool = True
-    without_adapters: tuple[str, ...] = ()  # registry adapters left out (the rest apply)
+    # how to judge it (sweeps keep the cost down: localization is for `hfadapt diagnose`)
+    judge: JudgeOptions = field(
+        default_factory=lambda: JudgeOptions(Mode.STRUCTURAL, localize=False)
+    )
     config: dict[str, Any] | None = None  # the crawled config.json, when the crawl had it
     runner: str | None = None  # "module:attr" of a device runner (None: the simulated device)
-    localize: bool = False  # sweeps keep the cost down: localization is for `hfadapt diagnose`
     models: int = 1  # how many models share this unit (for messages)
     narrow: dict[str, Any] | None = None  # a narrower config with the same signature, tried first
     narrow_changes: dict[str, Any] | None = None  # field -> (real, narrowed)
-    # where the planned config came from (hfadapt.judge.evidence): a config written to a
-    # temporary folder for the worker keeps its real source, not "folder"
+    # where the planned config came from (hfadapt.judge.evidence): the run's evidence level
     config_source: str | None = None
 
 
@@ -86,10 +79,7 @@ def resolve(ref: str | Callable[..., Any]) -> Callable[..., Any]:
     """A callable from ``"package.module:attr"`` (or the callable itself)."""
     if callable(ref):
         return ref
-    module, _, attr = ref.partition(":")
-    target: Any = importlib.import_module(module)
-    for part in attr.split("."):
-        target = getattr(target, part)
+    target = pkgutil.resolve_name(ref)
     if not callable(target):
         raise TypeError(f"{ref} is not callable")
     return target  # type: ignore[no-any-return]
@@ -116,9 +106,9 @@ def crashed(
     row = {
         "verdict": verdict,
         "reason": reason,
-        "mode": task.mode,
-        "execution": task.execution,
-        "dtype": task.dtype,
+        "mode": task.judge.mode.value,
+        "execution": task.judge.execution.value,
+        "dtype": task.judge.dtype_name,
         "evidence": {k: v for k, v in evidence.items() if v is not None},
     }
     return Outcome(task.key, task.model_id, verdict, reason, row)
@@ -145,13 +135,6 @@ def memory_limit(limit_mb: int | None) -> Iterator[None]:
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
-def _config_folder(task: Task, config: dict[str, Any], root: Path) -> Path:
-    folder = root / task.model_id.replace("/", "__")
-    folder.mkdir(parents=True)
-    (folder / "config.json").write_text(json.dumps(config), encoding="utf-8")
-    return folder
-
-
 # Verdicts a narrowed instance decides for its signature; any other is confirmed at full width.
 NARROW_DECIDES = frozenset({verdicts.PASS, verdicts.LOWERING_FAILED, verdicts.UNSUPPORTED_MODEL})
 
@@ -159,44 +142,34 @@ NARROW_DECIDES = frozenset({verdicts.PASS, verdicts.LOWERING_FAILED, verdicts.UN
 def _diagnose(
     task: Task, config: dict[str, Any] | None, runner: Any
 ) -> tuple[str, str, dict[str, Any]]:
-    """(verdict, reason, Run columns) of one diagnosis of the task's model, with ``config``
-    (written to a temporary folder) instead of the one hfadapt would find for it."""
+    """(verdict, reason, Run columns) of one diagnosis of the task's model; in structural mode
+    with ``config`` (the crawled one, or a narrowed instance) instead of the one hfadapt would
+    find for it, labelled with the config source the plan found."""
     from hfadapt.errors import InputError
     from hfadapt.judge.diagnose import diagnose
-    from hfadapt.judge.diagnosis import _row
 
-    tmp: str | None = None
-    ref: str | Path = task.model_id
+    judge = task.judge
+    given = config if judge.structural else None
     try:
-        if config is not None and task.mode == "structural":
-            tmp = tempfile.mkdtemp(prefix="hfadapt-unit-")
-            ref = _config_folder(task, config, Path(tmp))
-        try:
-            diag = diagnose(
-                ref,
-                mode=task.mode,
-                dtype=task.dtype,
-                execution=task.execution,
-                adapters=task.adapters,
-                without_adapters=task.without_adapters,
-                profile=task.profile,
-                runner=runner,
-                record=False,
-                localize_failures=task.localize,
-            )
-        except InputError as exc:  # no model to judge (not cached, no config): it does not load
-            reason = ("[structural] " if task.mode == "structural" else "") + exc.one_line()
-            out = crashed(task, reason, verdict=verdicts.LOAD_FAILED, error=type(exc).__name__)
-            return out.verdict, out.reason, out.row
-    finally:
-        if tmp:
-            shutil.rmtree(tmp, ignore_errors=True)
-    row = _row(diag).model_dump(exclude={"id", "sweep_id"})
-    row["model_id"] = task.model_id
-    if tmp:
-        evidence = dict(row.get("evidence") or {})
-        evidence.pop("path", None)  # the temporary folder, gone now
-        row["evidence"] = evidence
+        diag = diagnose(
+            task.model_id,
+            mode=judge.mode,
+            dtype=judge.dtype_name,
+            execution=judge.execution,
+            adapters=judge.adapters,
+            without_adapters=judge.without_adapters,
+            profile=judge.profile,
+            runner=runner,
+            record=False,
+            localize_failures=judge.localize,
+            config=given,
+            config_source=task.config_source if given is not None else None,
+        )
+    except InputError as exc:  # no model to judge (not cached, no config): it does not load
+        reason = ("[structural] " if judge.structural else "") + exc.one_line()
+        out = crashed(task, reason, verdict=verdicts.LOAD_FAILED, error=type(exc).__name__)
+        return out.verdict, out.reason, out.row
+    row = diag.to_run_row().model_dump(exclude={"id", "sweep_id"})
     return diag.verdict, diag.reason, row
 
 
@@ -210,7 +183,7 @@ def _fresh_dynamo() -> None:
     torch._dynamo.reset()
 
 
-def judge(task: Task) -> Outcome:
+def judge_unit(task: Task) -> Outcome:
     """The real worker: diagnose the representative without recording and return its Run
     columns. A narrowed instance (``task.narrow``) goes first; a verdict it cannot decide
     alone (numerics, loading) is confirmed on the real config."""
@@ -228,11 +201,6 @@ def judge(task: Task) -> Outcome:
     else:
         verdict, reason, row = _diagnose(task, task.config, runner)
     evidence = dict(row.get("evidence") or {})
-    wrote_folder = task.mode == "structural" and (task.config is not None or tried is not None)
-    if wrote_folder and task.config_source and row.get("evidence_level") is not None:
-        level = level_of_source(task.config_source)
-        evidence["config_source"] = task.config_source
-        row["evidence_level"] = level.value if level is not None else None
     if tried is not None:
         evidence["narrowed"] = tried
     row["evidence"] = evidence
@@ -293,10 +261,10 @@ def setup_process(threads: int | None, env: dict[str, str] | None) -> None:
     """Environment and thread count of a worker process. torch reads the thread variables
     when it is imported (by the worker function, not here: a stand-in worker never needs it)."""
     if env:
-        os.environ.update(env)
+        settings.export(env)
     if threads:
-        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-            os.environ[var] = str(threads)
+        names = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+        settings.export(dict.fromkeys(names, str(threads)))
         torch = sys.modules.get("torch")
         if torch is not None:
             torch.set_num_threads(threads)

@@ -19,7 +19,7 @@ judges it and generates its program again (so reports and defects are always thi
   constants as base64 safetensors); never pickles. Written to a temporary file and renamed
   (concurrent sweep workers see a whole entry or none); an entry that does not parse, names
   another key, or does not fit the inputs is ignored and written again;
-- where: ``<cache home>/compile`` (hfadapt.spyre.cache_home); bounded by
+- where: ``<cache home>/compile`` (``$HFADAPT_CACHE_DIR``, hfadapt.settings); bounded by
   ``HFADAPT_COMPILE_CACHE_MB`` (default 256), least recently used entries removed first (a hit
   touches its file); ``HFADAPT_COMPILE_CACHE=0`` turns it off.
 """
@@ -44,7 +44,7 @@ import torch
 from torch import fx
 
 from hfadapt.errors import UntrustedDataError
-from hfadapt.spyre.cache_home import cache_dir
+from hfadapt import settings
 from hfadapt.spyre.compile.graph_codec import GraphCodecError, decode, encode, input_meta
 from hfadapt.spyre.profile import Profile
 from hfadapt.untrusted import parse_json
@@ -54,8 +54,6 @@ __all__ = ["CompileCache", "Entry", "cache_info", "clear", "default_cache", "sta
 log = logging.getLogger(__name__)
 
 FORMAT = 1
-ENV_OFF = "HFADAPT_COMPILE_CACHE"
-ENV_SIZE = "HFADAPT_COMPILE_CACHE_MB"
 DEFAULT_MB = 256
 SUFFIX = ".json"
 MAX_ENTRY_BYTES = 256 * 2**20
@@ -77,7 +75,7 @@ def _count(name: str, n: int = 1) -> None:
 
 
 def directory() -> Path:
-    return cache_dir() / "compile"
+    return settings.kernel_cache() / "compile"
 
 
 @lru_cache(maxsize=1)
@@ -294,16 +292,11 @@ def _tensor_bytes(t: torch.Tensor) -> bytes:
 
 
 def enabled() -> bool:
-    return os.environ.get(ENV_OFF, "1") != "0"
+    return settings.compile_cache_enabled()
 
 
 def max_bytes() -> int:
-    raw = os.environ.get(ENV_SIZE, "")
-    try:
-        mb = float(raw) if raw else DEFAULT_MB
-    except ValueError:
-        mb = DEFAULT_MB
-    return max(int(mb * 2**20), 0)
+    return max(int(settings.compile_cache_mb(DEFAULT_MB) * 2**20), 0)
 
 
 def default_cache() -> CompileCache | None:

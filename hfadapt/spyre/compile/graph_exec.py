@@ -172,10 +172,8 @@ class Runtime:
 def _native_kernel(op: str, profile: Profile) -> Callable[..., Any] | None:
     """The eager device's kernel for ops whose device numerics are not "fp32, then round the
     output" (hfadapt.spyre.kernels), so both paths compute the same; None without one."""
-    try:
-        from hfadapt.spyre.kernels import native_kernel
-    except ImportError:  # the eager device's module is optional for the compile path
-        return None
+    from hfadapt.spyre.kernels import native_kernel
+
     return native_kernel(op, profile)
 
 

@@ -25,7 +25,7 @@ _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fun
 def op_name(target: Any) -> str:
     """The profile's name for an FX call target: ``aten::addmm``, ``aten::pow.Tensor_Scalar``."""
     if isinstance(target, torch._ops.OpOverload):
-        name = target.name()
+        name: str = target.name()
         return ALIASES.get(name, name)
     if isinstance(target, torch._ops.OpOverloadPacket):
         return target._qualified_op_name

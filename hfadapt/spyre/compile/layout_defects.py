@@ -30,10 +30,11 @@ def _head_transpose(node: fx.Node) -> bool:
     """transpose(1, 2) or permute(0, 2, 1, 3) of a 4-D value."""
     packet = op_name(node.target).split(".", 1)[0]
     args = list(node.args[1:])
-    if packet == "aten::transpose" and len(args) == 2 and all(isinstance(d, int) for d in args):
-        return sorted(int(d) % 4 for d in args) == [1, 2]  # type: ignore[arg-type]
+    dims = [d for d in args if isinstance(d, int)]
+    if packet == "aten::transpose" and len(args) == 2 and len(dims) == 2:
+        return sorted(d % 4 for d in dims) == [1, 2]
     if packet == "aten::permute" and args and isinstance(args[0], (list, tuple)):
-        return [int(d) % 4 for d in args[0]] == [0, 2, 1, 3]  # type: ignore[arg-type]
+        return [int(d) % 4 for d in args[0]] == [0, 2, 1, 3]
     return False
 
 

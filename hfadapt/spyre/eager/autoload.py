@@ -20,16 +20,27 @@ Explicit use, with or without the entry point::
 
 from __future__ import annotations
 
-import os
+import sys
 
-ENV = "HFADAPT_SPYRE_AUTOLOAD"
+from hfadapt import settings
+
+ENV = settings.HFADAPT_SPYRE_AUTOLOAD.name
 
 
 def enabled() -> bool:
     """Whether the entry point should register the simulator in this process."""
-    return (
-        os.environ.get(ENV, "1") != "0"
-        and os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD", "1") == "1"
+    return settings.spyre_autoload()
+
+
+def _device_mid_import() -> bool:
+    """Whether one of hfadapt's device modules is executing its import right now: then it is
+    what imports torch (a process whose first torch import came from inside hfadapt.spyre),
+    it is half-initialized, and registration waits for the explicit register() hfadapt's
+    device paths call. (``__spec__._initializing`` is what the import system sets meanwhile.)"""
+    return any(
+        name.startswith("hfadapt.spyre")
+        and getattr(getattr(module, "__spec__", None), "_initializing", False)
+        for name, module in list(sys.modules.items())
     )
 
 
@@ -37,15 +48,10 @@ def _autoload() -> None:
     """The ``torch.backends`` entry point: register the simulated device unless opted out or
     the real torch-spyre is installed. Never raises (a failure would break ``import torch``):
     a device that cannot be registered here is reported by an explicit ``register()``."""
-    if not enabled():
+    if not enabled() or _device_mid_import():
         return
-    try:
-        from hfadapt.spyre.eager.device import real_torch_spyre, register
-    except ImportError:
-        # hfadapt's own device modules are what is importing torch right now (a process whose
-        # first torch import came from inside hfadapt.spyre): they are half-initialized, so
-        # registration waits for the explicit register() hfadapt's device paths call.
-        return
+    from hfadapt.spyre.eager.device import real_torch_spyre, register
+
     if real_torch_spyre() is not None:
         return
     try:

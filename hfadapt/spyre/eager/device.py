@@ -118,7 +118,7 @@ def _ensure() -> None:
         register()
 
 
-class _Hooks(torch._C._acc.PrivateUse1Hooks):  # type: ignore[misc]
+class _Hooks(torch._C._acc.PrivateUse1Hooks):
     def is_available(self) -> bool:
         return True
 
@@ -129,7 +129,7 @@ class _Hooks(torch._C._acc.PrivateUse1Hooks):  # type: ignore[misc]
         return True
 
 
-class _Guard(torch._C._acc.DeviceGuard):  # type: ignore[misc]
+class _Guard(torch._C._acc.DeviceGuard):
     def type_(self) -> Any:
         return torch._C._autograd.DeviceType.PrivateUse1
 

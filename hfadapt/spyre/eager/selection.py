@@ -5,11 +5,12 @@ that registers them."""
 
 from __future__ import annotations
 
-import os
 import threading
 
+from hfadapt import settings
+
 DEVICE_TYPE = "spyre"
-DEVICE_COUNT = max(1, int(os.environ.get("HFADAPT_SPYRE_DEVICES", "1")))
+DEVICE_COUNT = settings.spyre_devices()
 
 _local = threading.local()
 

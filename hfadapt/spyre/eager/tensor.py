@@ -85,7 +85,7 @@ class SpyreTensor(torch.Tensor):
             )
         return _handler(func, args, kwargs or {})
 
-    def tolist(self) -> Any:  # type: ignore[override]
+    def tolist(self) -> Any:
         # torch refuses tolist() on subclasses; a device tensor lists its host copy, as CUDA does.
         return to_host(self).tolist()
 
@@ -104,10 +104,10 @@ def _not_traced_by_dynamo() -> None:
     try:
         from torch._dynamo import eval_frame
 
-        strategy = eval_frame.FrameExecStrategy(
-            eval_frame.FrameAction.SKIP, eval_frame.FrameAction.SKIP
-        )
-        eval_frame.set_code_exec_strategy(
+        # private names, not exported: read as attributes
+        strategy_of, action = eval_frame.FrameExecStrategy, eval_frame.FrameAction  # type: ignore[attr-defined]
+        strategy = strategy_of(action.SKIP, action.SKIP)
+        eval_frame.set_code_exec_strategy(  # type: ignore[attr-defined]
             SpyreTensor.__dict__["__torch_dispatch__"].__func__.__code__, strategy
         )
     except Exception:

@@ -1,0 +1,135 @@
+"""Remote-code models without their code: refuse those no native translation covers (the
+``custom_code`` verdict, with the field that blocks it), translate the others
+(hfadapt.loading.translate), and load a translated model's remote-named checkpoint onto the
+native class. Used by full-mode loading (hfadapt.loading.load) and structural mode."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NoReturn
+
+from hfadapt.errors import CustomCodeError, WeightsError, option
+from hfadapt.hub.resolve import snapshot_row
+from hfadapt.loading import translate
+from hfadapt.loading.signature import config_from_dict
+
+# Missing checkpoint keys that are expected: a pooler embedding models do not use.
+_OPTIONAL_KEYS = ("pooler.",)
+SNAPSHOT_REASON = "the Hub marks it custom_code (bundled snapshot)"
+
+__all__ = [
+    "load_translated",
+    "refuse_untranslatable",
+    "snapshot_custom_row",
+    "translation_note",
+    "translation_of",
+]
+
+
+def _refuse(where: str, reason: str, why: str | None) -> NoReturn:
+    extra = f"; {why}" if why else ""
+    raise CustomCodeError(
+        f"{where} needs its own code: {reason}{extra}; review it, then rerun with {option('trust_remote_code')}"
+    )
+
+
+def snapshot_custom_row(ref: str | os.PathLike[str]) -> Any | None:
+    """The bundled snapshot's row of a Hub id it marks custom_code (None for folders, others)."""
+    text = os.fspath(ref)
+    if Path(text).expanduser().exists():
+        return None
+    row = snapshot_row(text)
+    return row if row is not None and row.is_custom_code else None
+
+
+def refuse_untranslatable(ref: str | os.PathLike[str], trust_remote_code: bool) -> None:
+    """A Hub id the snapshot marks custom_code, of no family hfadapt translates, is refused
+    before any network or cache lookup: the verdict does not depend on its files."""
+    row = snapshot_custom_row(ref)
+    if trust_remote_code or row is None:
+        return
+    if translate.family_for_row(row.config_class, row.model_type) is None:
+        got = translate.translate_row(
+            os.fspath(ref), row.config_class, row.model_type, row.parameters,
+            architectures=row.architectures,
+        )  # fmt: skip
+        _refuse(
+            os.fspath(ref),
+            SNAPSHOT_REASON,
+            got.one_line() if isinstance(got, translate.Refusal) else None,
+        )
+
+
+def translation_of(
+    where: str, raw: dict[str, Any], reason: str, row: Any = None
+) -> translate.Translation:
+    """The native translation of a remote-code config (of a snapshot ``row`` when there is no
+    config.json); CustomCodeError naming the field that keeps it custom_code otherwise."""
+    if row is not None:
+        got = translate.translate_row(
+            where, row.config_class, row.model_type, row.parameters,
+            approximate=row.parameters_from_name, architectures=row.architectures,
+        )  # fmt: skip
+    else:
+        got = translate.translate(raw)
+    if isinstance(got, translate.Refusal):
+        _refuse(where, reason, got.one_line())
+    return got
+
+
+def translation_note(translation: translate.Translation) -> str:
+    return (
+        f"remote code not run: judged as native {translation.native_type} "
+        f"(translated from {translation.family}, {translation.source})"
+    )
+
+
+def _read_checkpoint(files: list[Path]) -> dict[str, Any]:
+    import torch
+
+    state: dict[str, Any] = {}
+    for file in files:
+        if file.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            state.update(load_file(str(file)))
+        else:
+            state.update(torch.load(str(file), map_location="cpu", weights_only=True))
+    return state
+
+
+def load_translated(
+    files: list[Path],
+    translation: translate.Translation,
+    where: str,
+    model_class: Callable[[Any], Any],
+) -> tuple[Any, Any, list[str]]:
+    """(model, config, notes): the native model of ``translation`` with the remote-named
+    checkpoint ``files`` renamed onto it; WeightsError when a tensor the model needs is missing
+    or does not fit."""
+    import torch
+
+    config = config_from_dict(translation.config)
+    state, dropped = translate.rename_checkpoint(translation.family, _read_checkpoint(files))
+    model = model_class(config).from_config(config, dtype=torch.float32)
+    try:
+        info = model.load_state_dict(state, strict=False)
+    except RuntimeError as exc:
+        raise WeightsError(
+            f"weights of {where} do not fit its translated config: {' '.join(str(exc).split())[:200]}"
+        ) from exc
+    missing = sorted(k for k in info.missing_keys if not k.startswith(_OPTIONAL_KEYS))
+    if missing:
+        raise WeightsError(
+            f"weights of {where} lack {len(missing)} tensor(s) the translated model needs, e.g. {missing[0]}"
+        )
+    notes = [translation_note(translation)]
+    if dropped:
+        notes.append(f"remote-only checkpoint tensors not used: {len(dropped)}")
+    if info.unexpected_keys:
+        notes.append(
+            f"unexpected checkpoint keys left unloaded: {len(info.unexpected_keys)}, e.g. {info.unexpected_keys[0]}"
+        )
+    return model, config, notes

@@ -1,0 +1,88 @@
+"""One model at a glance: ``hfadapt show MODEL`` prints its latest recorded run (verdict,
+evidence level, config source, adapters, violations with source lines, next step) from the
+database without judging it again and without importing torch; ``hfadapt models`` shows the
+latest verdict and evidence level beside each crawled model."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.cli_runner import run_cli
+
+from hfadapt.db.engine import sqlite_path
+from hfadapt.report.card import model_card
+
+
+def test_card_of_an_architecture_pass_says_shapes_were_not_checked(report_engine: Any) -> None:
+    card = model_card(report_engine, "m/five")
+    got = (
+        card["verdict"],
+        card["evidence_level"],
+        card["sweep_id"],
+        card["rank"],
+        card["downloads"],
+    )
+    assert got == ("pass", "architecture", 2, 5, 60), got
+    assert card["pass_means"] == "architecture passes; this model's shapes were not checked"
+    assert "shapes were not checked" in card["next_step"], card["next_step"]
+    # Hub ids are case-insensitive: the same card
+    assert model_card(report_engine, "M/Five")["run_id"] == card["run_id"]
+
+
+def test_show_prints_violations_with_source_lines(
+    report_engine: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = str(sqlite_path(report_engine.url))
+    code, out, err = run_cli(["show", "m/three", "--db", db], monkeypatch, capsys)
+    assert code == 0, err
+    assert "m/three: lowering_failed (config evidence)" in out, out
+    assert out.count("[rule.F") == 2, out
+    assert "at transformers/models/bert/modeling_bert.py:42 in forward" in out, out
+    code, out, err = run_cli(["show", "m/three", "--db", db, "--json"], monkeypatch, capsys)
+    data = json.loads(out)
+    assert [v["rule_id"] for v in data["violations"]] == ["rule.F1", "rule.F2"], data["violations"]
+
+
+def test_show_of_an_unknown_model_is_a_usage_error(
+    report_engine: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = str(sqlite_path(report_engine.url))
+    code, out, err = run_cli(["show", "nobody/nothing", "--db", db], monkeypatch, capsys)
+    assert code == 2, (code, out, err)
+    assert "no run of nobody/nothing" in err and "hfadapt sweep" in err, err
+    assert len(err.strip().splitlines()) == 1, err
+
+
+def test_show_does_not_import_torch(report_engine: Any, tmp_path: Path) -> None:
+    """Its speed rests on this: no torch, no transformers on the import path of `show`."""
+    db = str(sqlite_path(report_engine.url))
+    code = (
+        "import sys; from hfadapt.cli import main; sys.argv = ['hfadapt', 'show', 'm/one', '--db', "
+        f"{db!r}]\ntry:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+        "heavy = sorted(m for m in ('torch', 'transformers') if m in sys.modules)\n"
+        "print('HEAVY', heavy)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "HEAVY []" in done.stdout, done.stdout + done.stderr
+
+
+def test_models_shows_latest_verdict_and_evidence(
+    report_engine: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = str(sqlite_path(report_engine.url))
+    code, out, err = run_cli(["models", "--db", db, "--json"], monkeypatch, capsys)
+    assert code == 0, err
+    got = {m["id"]: (m["verdict"], m["evidence_level"]) for m in json.loads(out)}
+    assert got["m/five"] == ("pass", "architecture") and got["m/six"] == (
+        "lowering_failed",
+        "weights",
+    ), got
+    code, out, err = run_cli(["models", "--db", db], monkeypatch, capsys)
+    line = next(line for line in out.splitlines() if "m/five" in line)
+    assert "pass" in line and "architecture" in line, out

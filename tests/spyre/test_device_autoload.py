@@ -1,0 +1,115 @@
+"""``import torch`` finds the simulated device through the ``torch.backends`` entry point, the way
+it finds torch-spyre's card: on by default, off with HFADAPT_SPYRE_AUTOLOAD=0
+or TORCH_DEVICE_BACKEND_AUTOLOAD=0, and never in place of an installed torch_spyre.
+
+The shared venv's hfadapt metadata may predate the entry point, so each fresh process gets a
+dist-info folder declaring exactly what pyproject.toml declares."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from hfadapt.spyre.eager import autoload
+
+ROOT = Path(__file__).resolve().parents[2]
+_PROBE = """
+import torch
+try:
+    print("DEVICE", torch.ones(2, dtype=torch.float16).to("spyre").device)
+except RuntimeError as exc:
+    print("NO DEVICE", str(exc).splitlines()[0])
+"""
+
+
+def _declared() -> dict[str, str]:
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    return dict(data["project"]["entry-points"]["torch.backends"])
+
+
+def _dist_info(tmp: Path, entry_points: dict[str, str]) -> Path:
+    info = tmp / "hfadapt_autoload_probe-0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: hfadapt-autoload-probe\nVersion: 0\n"
+    )
+    lines = "".join(f"{k} = {v}\n" for k, v in entry_points.items())
+    (info / "entry_points.txt").write_text("[torch.backends]\n" + lines)
+    return tmp
+
+
+def test_pyproject_declares_the_torch_backends_entry_point() -> None:
+    declared = _declared()
+    assert declared == {"hfadapt_spyre": "hfadapt.spyre.eager.autoload:_autoload"}, declared
+
+
+def test_opt_out_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(autoload.ENV, raising=False)
+    monkeypatch.delenv("TORCH_DEVICE_BACKEND_AUTOLOAD", raising=False)
+    assert autoload.enabled()
+    monkeypatch.setenv(autoload.ENV, "0")
+    assert not autoload.enabled()
+    monkeypatch.setenv(autoload.ENV, "1")
+    monkeypatch.setenv("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
+    assert not autoload.enabled()
+
+
+def test_import_torch_registers_the_simulator_unless_told_not_to(tmp_path: Path) -> None:
+    meta = _dist_info(tmp_path / "meta", _declared())
+    fake_card = tmp_path / "card"
+    (fake_card / "torch_spyre").mkdir(parents=True)
+    (fake_card / "torch_spyre" / "__init__.py").write_text("")  # importable, registers nothing
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in (autoload.ENV, "TORCH_DEVICE_BACKEND_AUTOLOAD")
+    }
+    path = os.pathsep.join([str(ROOT), str(meta)])
+    cases = {
+        "default": {**base, "PYTHONPATH": path},
+        "hfadapt opt-out": {**base, "PYTHONPATH": path, autoload.ENV: "0"},
+        "torch opt-out": {**base, "PYTHONPATH": path, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"},
+        "real torch_spyre": {**base, "PYTHONPATH": os.pathsep.join([path, str(fake_card)])},
+    }
+    procs = {
+        name: subprocess.Popen(
+            [sys.executable, "-c", _PROBE],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name, env in cases.items()
+    }
+    outs = {}
+    for name, proc in procs.items():
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, (name, err[-2000:])
+        outs[name] = out.strip()
+    print(outs)
+    assert outs["default"] == "DEVICE spyre:0", outs
+    for name in ("hfadapt opt-out", "torch opt-out", "real torch_spyre"):
+        assert outs[name].startswith("NO DEVICE"), (name, outs[name])
+
+
+def test_hfadapt_importing_torch_first_keeps_torch_importable(tmp_path: Path) -> None:
+    """When hfadapt's own device modules are the first to import torch, the entry point meets
+    them half-initialized: it must leave torch importable and registration to register()."""
+    meta = _dist_info(tmp_path / "meta", _declared())
+    env = {k: v for k, v in os.environ.items() if k not in (autoload.ENV,)}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(meta)])
+    code = (
+        "import hfadapt.spyre as s, torch\n"
+        "s.register()\n"
+        "print('DEVICE', torch.ones(2, dtype=torch.float16).to('spyre').device)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().endswith("DEVICE spyre:0"), (out.stdout, out.stderr[-500:])
