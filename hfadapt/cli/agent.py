@@ -12,10 +12,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from hfadapt.cli._app import (
-    WithoutAdapterOption,
     DbOption,
     JsonOption,
     ProfileOption,
+    WithoutAdapterOption,
     app,
     console,
     count_option,

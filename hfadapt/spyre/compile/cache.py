@@ -43,8 +43,8 @@ from typing import Any
 import torch
 from torch import fx
 
-from hfadapt.errors import UntrustedDataError
 from hfadapt import settings
+from hfadapt.errors import UntrustedDataError
 from hfadapt.spyre.compile.graph_codec import GraphCodecError, decode, encode, input_meta
 from hfadapt.spyre.profile import Profile
 from hfadapt.untrusted import parse_json
