@@ -235,3 +235,30 @@ def test_the_key_changes_with_the_profile_version_and_the_dtype() -> None:
     assert store.key(gm16, in16, newer) != base, "profile version"
     with torch.no_grad():
         assert store.key(gm16, in16, profile) != base, "grad mode"
+
+
+class WithConstant(torch.nn.Module):
+    """A tensor made in forward: aot_autograd keeps it as a real constant of the graph."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x / torch.sqrt(torch.tensor(64.0))
+
+
+def test_a_graph_with_a_tensor_constant_is_stored_and_compiles_from_the_cache(
+    cache_on: Path,
+) -> None:
+    """The compiler stores under aot_autograd's fake tensor mode; a real constant is read with
+    that mode set aside (it raised "Please convert all Tensors to FakeTensors")."""
+    from hfadapt.spyre.compile.backend import SpyreBackend
+
+    x = torch.randn(64, 64).half()
+    outs = []
+    for _ in range(2):
+        torch._dynamo.reset()
+        with torch.no_grad():
+            outs.append(torch.compile(WithConstant(), backend=SpyreBackend(), dynamic=False)(x))
+    entries = _entries(cache_on)
+    assert len(entries) == 1 and torch.equal(outs[0], outs[1]), (entries, outs)
+    err = float((outs[1].float() - x.float() / 8).abs().max())
+    bound = float(x.float().abs().max()) / 8 * 2**-8  # DL16 keeps 9 mantissa bits
+    assert err <= bound, f"x / 8 on the device: max abs err {err} (bound {bound})"

@@ -193,9 +193,14 @@ class CompileCache:
     def store(
         self, key: str, gm: fx.GraphModule, inputs: Sequence[Any], static: Sequence[int]
     ) -> bool:
-        """Write the entry (atomically); False when the graph cannot be stored."""
+        """Write the entry (atomically); False when the graph cannot be stored. The compiler
+        calls this under aot_autograd's fake tensor mode: the graph's constants are real
+        tensors, read with that mode set aside."""
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
         try:
-            graph, constants = encode(gm)
+            with unset_fake_temporarily():
+                graph, constants = encode(gm)
         except GraphCodecError as exc:
             log.info("compile cache: not storing a graph (%s)", exc)
             return False
