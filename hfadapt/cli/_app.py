@@ -118,6 +118,13 @@ ProfileOption = Annotated[
 ]
 
 
+def left_out(no_adapters: bool, without_adapter: list[str] | None) -> tuple[str, ...]:
+    """The adapters ``--without-adapter`` names (UsageError beside ``--no-adapters``)."""
+    if no_adapters and without_adapter:
+        raise UsageError("--without-adapter applies only with adapters (not with --no-adapters)")
+    return tuple(without_adapter or ())
+
+
 def finite_seconds(flag: str) -> Any:
     """A typer callback: the value is a finite number of seconds above zero, or a UsageError
     naming ``flag`` (typer itself lets ``nan``, ``inf`` and ``1e309`` through)."""

@@ -21,6 +21,7 @@ from hfadapt.cli._app import (
     count_option,
     err_console,
     existing_engine,
+    left_out,
     writing_engine,
 )
 from hfadapt.cli._files import check_output, write_output
@@ -142,8 +143,7 @@ def draft(
 
     if sum(x is not None for x in (model_ref, fingerprint, top)) != 1:
         raise UsageError("give exactly one of MODEL, --fingerprint ID or --top K")
-    if no_adapters and without_adapter:
-        raise UsageError("--without-adapter applies only with adapters (not with --no-adapters)")
+    without = left_out(no_adapters, without_adapter)
     if list_only and top is None:
         raise UsageError("--list lists the fingerprints --top K would draft for: pass --top K")
     if top is not None and list_only:  # read only: nothing created or written
@@ -163,7 +163,7 @@ def draft(
         Execution.EAGER,
         profile=profile,
         adapters=not no_adapters,
-        without_adapters=tuple(without_adapter or ()),
+        without_adapters=without,
         localize=False,
     )
     targets = workflows.plan_drafts(

@@ -22,6 +22,7 @@ from hfadapt.cli._app import (
     app,
     console,
     err_console,
+    left_out,
 )
 from hfadapt.cli._console import plan_exit
 from hfadapt.errors import ModelNotFoundError, UsageError
@@ -150,8 +151,7 @@ def diagnose(
     check_model_ref(model)
     if unsafe_no_isolation and not trust_remote_code:
         raise UsageError("--unsafe-no-isolation applies only with --trust-remote-code")
-    if no_adapters and without_adapter:
-        raise UsageError("--without-adapter applies only with adapters (not with --no-adapters)")
+    without = left_out(no_adapters, without_adapter)
     if trust_remote_code:
         from hfadapt.errors import option
         from hfadapt.isolation import require_isolation
@@ -168,7 +168,7 @@ def diagnose(
             dtype=dtype.value if dtype is not None else None,
             execution="compile" if compile_ else "eager",
             adapters=not no_adapters,
-            without_adapters=tuple(without_adapter or ()),
+            without_adapters=without,
             trust_remote_code=trust_remote_code,
             profile=profile,
             db=db,

@@ -30,6 +30,7 @@ from hfadapt.cli._app import (
     err_console,
     existing_engine,
     finite_seconds,
+    left_out,
     writing_engine,
 )
 from hfadapt.cli._console import on_interrupt
@@ -214,15 +215,14 @@ def sweep(
     from hfadapt.judge.options import JudgeOptions
     from hfadapt.sweep.options import SweepOptions
 
-    if no_adapters and without_adapter:
-        raise UsageError("--without-adapter applies only with adapters (not with --no-adapters)")
+    without = left_out(no_adapters, without_adapter)
     judging = JudgeOptions(
         mode=mode,
         execution=Execution.COMPILE if compile_ else Execution.EAGER,
         dtype=dtype,
         profile=profile,
         adapters=not no_adapters,
-        without_adapters=tuple(without_adapter or ()),
+        without_adapters=without,
         localize=False,
         trust_remote_code=trust_remote_code,
         unsafe_no_isolation=unsafe_no_isolation,

@@ -63,6 +63,9 @@ def test_usage_errors_are_one_line_and_exit_2(
         (["sweep", "--mode", "fast"], "--mode"),
         (["sweep", "--executor", "slurm"], "--executor"),
         (["diagnose", "m", "--dtype", "int8"], "--dtype"),
+        (["diagnose", "m", "--no-adapters", "--without-adapter", "x"], "--without-adapter"),
+        (["sweep", "--no-adapters", "--without-adapter", "x"], "--without-adapter"),
+        (["draft", "m", "--no-adapters", "--without-adapter", "x"], "--without-adapter"),
     ],
 )
 def test_numbers_and_choices_are_bounded_before_any_work(
