@@ -26,6 +26,7 @@ __all__ = [
     "agent_model",
     "c_compiler",
     "database",
+    "device_heap",
     "drafts_home",
     "environment",
     "export",
@@ -102,6 +103,13 @@ HFADAPT_NATIVE_DL16 = Variable(
     "HFADAPT_NATIVE_DL16",
     "1",
     "0: never build or load the C DL16 kernels; the same arithmetic runs as torch ops, slower",
+)
+HFADAPT_DEVICE_HEAP = Variable(
+    "HFADAPT_DEVICE_HEAP",
+    "1",
+    "0: the simulated device leaves glibc's malloc settings alone; by default its first op "
+    "raises malloc's mmap and trim thresholds to 1 GiB, so freed memory is reused as a card's "
+    "caching allocator reuses its pool (the process keeps its peak memory)",
 )
 HFADAPT_SPYRE_AUTOLOAD = Variable(
     "HFADAPT_SPYRE_AUTOLOAD",
@@ -225,6 +233,7 @@ VARIABLES: tuple[Variable, ...] = (
     HFADAPT_ADAPTERS_PATH,
     HFADAPT_CACHE_DIR,
     HFADAPT_NATIVE_DL16,
+    HFADAPT_DEVICE_HEAP,
     HFADAPT_COMPILE_CACHE,
     HFADAPT_COMPILE_CACHE_MB,
     HFADAPT_SPYRE_AUTOLOAD,
@@ -304,6 +313,12 @@ def compile_cache_mb(default: float) -> float:
 def native_dl16() -> bool:
     """Whether the C DL16 kernels may be built and loaded (``HFADAPT_NATIVE_DL16`` not 0)."""
     return HFADAPT_NATIVE_DL16.value() != "0"
+
+
+def device_heap() -> bool:
+    """Whether the simulated device may raise malloc's thresholds (``HFADAPT_DEVICE_HEAP``
+    not 0)."""
+    return HFADAPT_DEVICE_HEAP.value() != "0"
 
 
 def c_compiler() -> str | None:

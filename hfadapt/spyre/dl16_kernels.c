@@ -8,7 +8,16 @@
    hfadapt_sum_truncated: kernels.chunked_matmul's accumulation (kernels.truncate_partial_ on
    each of ``pieces`` fp32 partial products, then their sum in order) in one pass;
    hfadapt_sum_truncated_round: the same, then an optional bias over the last dimension, then
-   the DL16 rounding, in one pass (a device linear's epilogue). */
+   the DL16 rounding, in one pass (a device linear's epilogue).
+   hfadapt_accumulate_truncated: one step of the same sum made a group of pieces at a time, so
+   that only a group of partial products is held: ``acc`` becomes the group's sum (``first``)
+   or ``acc`` plus each of its truncated pieces in order; the bias and the rounding follow
+   when given, on the last group. Steps in order give hfadapt_sum_truncated_round's bits.
+   hfadapt_softmax_floor: kernels._softmax_floor over the last dimension of ``rows`` rows of
+   ``cols`` values, one row at a time (a row stays in the cache): the row max (NaN wins),
+   exp(max(x - max, -87)) (a polynomial exp, within 2 ulp of fp32 exp on [-87, 0]: far below
+   the DL16 rounding that follows), keys at or below -``code`` raised to ``floor`` when
+   ``floor`` > 0, divided by their sum; each row's max is written to ``top``. */
 #include <stdint.h>
 #include <string.h>
 /* An AVX2 build of each kernel beside the baseline one, chosen when the library loads (GCC's
@@ -90,3 +99,100 @@ CLONES void hfadapt_sum_truncated_round(const float* parts, int64_t pieces, int6
         row_epilogue(parts + r * cols, pieces, n, cols, half, keep, bias, maxf, lam, shift, big,
                      over, out + r * cols);
 }
+
+CLONES void hfadapt_accumulate_truncated(float* acc, const float* parts, int64_t pieces, int64_t n,
+                                  int32_t dropped, int first, const float* bias, int64_t cols,
+                                  float maxf, float lam, int32_t shift, float big, float over,
+                                  int nt) {
+    const uint32_t half = 1u << (dropped - 1);
+    const uint32_t keep = ~((1u << dropped) - 1u);
+    const int64_t rows = n / cols;
+    #pragma omp parallel for schedule(static) num_threads(nt) if(n > 32768)
+    for (int64_t r = 0; r < rows; r++) {
+        float* restrict out = acc + r * cols;
+        const float* restrict row = parts + r * cols;
+        if (first) {
+            row_epilogue(row, pieces, n, cols, half, keep, bias, maxf, lam, shift, big, over, out);
+            continue;
+        }
+        for (int64_t p = 0; p < pieces; p++) {
+            const float* restrict piece = row + p * n;
+            for (int64_t c = 0; c < cols; c++) out[c] = out[c] + truncated(piece[c], half, keep);
+        }
+        if (bias)
+            for (int64_t c = 0; c < cols; c++) out[c] = out[c] + bias[c];
+        if (maxf > 0.0f)
+            for (int64_t c = 0; c < cols; c++)
+                out[c] = round_one(out[c], maxf, lam, shift, big, over, 0.0f);
+    }
+}
+
+/* The softmax's loops select between compared floats: without trapping math GCC makes those
+   selects branch-free and vectorizes the loops (it changes no value: no reassociation, no
+   contraction). Only here: the rounding kernels above run slower built that way. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC push_options
+#pragma GCC optimize("no-trapping-math")
+#endif
+
+/* exp(s) for s in [-87, 0] (and NaN): Cody-Waite reduction by ln 2, Cephes' expf polynomial,
+   2^n by its bits. Branch-free, so a row's loop vectorizes. */
+static inline float exp_neg(float s) {
+    const float magic = 12582912.0f; /* 1.5 * 2^23: (t + magic) - magic rounds t to an integer */
+    float t = s * 1.44269504088896341f;
+    float n = (t + magic) - magic;
+    n = n < -126.0f ? -126.0f : n;
+    float r = s - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    float e = p * (r * r) + r + 1.0f;
+    int32_t k = (int32_t)n + 127;
+    k = k < 1 ? 1 : k;
+    uint32_t bits = (uint32_t)k << 23;
+    float scale;
+    memcpy(&scale, &bits, 4);
+    return e * scale;
+}
+
+static inline float max_or_nan(float m, float v) { return ((v > m) | (v != v)) ? v : m; }
+
+CLONES void hfadapt_softmax_floor(const float* x, float* out, float* top, int64_t rows,
+                                  int64_t cols, float floor, float code, int nt) {
+    const int64_t whole = cols & ~(int64_t)7;
+    #pragma omp parallel for schedule(static) num_threads(nt) if(rows * cols > 32768)
+    for (int64_t r = 0; r < rows; r++) {
+        const float* restrict in = x + r * cols;
+        float* restrict o = out + r * cols;
+        float m[8], acc[8];
+        for (int j = 0; j < 8; j++) m[j] = in[0];
+        for (int64_t c = 0; c < whole; c += 8)
+            for (int j = 0; j < 8; j++) m[j] = max_or_nan(m[j], in[c + j]);
+        float mx = m[0];
+        for (int j = 1; j < 8; j++) mx = max_or_nan(mx, m[j]);
+        for (int64_t c = whole; c < cols; c++) mx = max_or_nan(mx, in[c]);
+        for (int64_t c = 0; c < cols; c++) {
+            float v = in[c];
+            float s = v - mx;
+            s = s < -87.0f ? -87.0f : s;
+            float e = exp_neg(s);
+            o[c] = ((floor > 0.0f) & (v <= -code) & (e < floor)) ? floor : e;
+        }
+        for (int j = 0; j < 8; j++) acc[j] = 0.0f;
+        for (int64_t c = 0; c < whole; c += 8)
+            for (int j = 0; j < 8; j++) acc[j] = acc[j] + o[c + j];
+        float sum = acc[0];
+        for (int j = 1; j < 8; j++) sum = sum + acc[j];
+        for (int64_t c = whole; c < cols; c++) sum = sum + o[c];
+        for (int64_t c = 0; c < cols; c++) o[c] = o[c] / sum;
+        top[r] = mx;
+    }
+}
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC pop_options
+#endif

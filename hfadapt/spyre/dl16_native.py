@@ -129,6 +129,28 @@ def load_sum_truncated_round() -> Callable[..., None] | None:
 
 
 @lru_cache(maxsize=1)
+def load_accumulate_truncated() -> Callable[..., None] | None:
+    """The kernel ``f(acc_ptr, parts_ptr, pieces, n, dropped_bits, first, bias_ptr or None,
+    columns, max_finite, below_min_normal, shift, clamp, overflow, threads)``: one step of
+    load_sum_truncated_round's sum made a group of ``pieces`` partials at a time (``acc``
+    becomes their sum when ``first``, else ``acc`` plus each in order), then the bias and the
+    rounding when given (``max_finite`` 0: no rounding); None when not built."""
+    return _kernel(
+        "hfadapt_accumulate_truncated",
+        *(_PTR, _PTR, _I64, _I64, _I32, _INT, _PTR, _I64),
+        *(_F32, _F32, _I32, _F32, _F32, _INT),
+    )
+
+
+@lru_cache(maxsize=1)
+def load_softmax_floor() -> Callable[..., None] | None:
+    """The kernel ``f(x_ptr, out_ptr, top_ptr, rows, columns, floor, code, threads)``: the
+    softmax with the exp floor (kernels._softmax_floor) over the last dimension of contiguous
+    float32 rows, each row's max written to ``top``; None when not built."""
+    return _kernel("hfadapt_softmax_floor", _PTR, _PTR, _PTR, _I64, _I64, _F32, _F32, _INT)
+
+
+@lru_cache(maxsize=1)
 def load() -> Callable[..., None] | None:
     """The kernel ``f(ptr, n, max_finite, below_min_normal, shift, clamp, overflow, host_inf,
     threads)``

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from hfadapt.spyre import heap
 from hfadapt.spyre.compile.defects import Corruption, misread_layout
 from hfadapt.spyre.compile.graph_rules import GraphCheck, op_name
 from hfadapt.spyre.compile.handoff import HandoffPlan
@@ -118,6 +119,7 @@ class Runtime:
     the cache of converted parameters)."""
 
     def __init__(self, fmt: DL16Format) -> None:
+        heap.keep_freed_memory()  # a compiled program is the device's use, as an eager op is
         self.fmt = fmt
         self._cache: dict[int, tuple[weakref.ref[torch.Tensor], int, int, torch.Tensor]] = {}
 

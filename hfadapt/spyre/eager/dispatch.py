@@ -17,7 +17,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from hfadapt.errors import SpyreOpNotImplementedError
-from hfadapt.spyre import kernels
+from hfadapt.spyre import heap, kernels
 from hfadapt.spyre.dl16 import round_dl16_
 from hfadapt.spyre.dtypes import logical_dtypes
 from hfadapt.spyre.eager.compiled_call import spyre_compiled_call
@@ -53,7 +53,9 @@ _VALUE_PRESERVING = frozenset(
     {"aten::clone", "aten::_unsafe_view", "aten::cat", "aten::stack", "aten::repeat",
      "aten::index_select", "aten::gather", "aten::embedding", "aten::where", "aten::relu",
      "aten::neg", "aten::abs", "aten::maximum", "aten::minimum", "aten::max", "aten::min",
-     "aten::amax", "aten::amin", "aten::floor", "aten::ceil", "aten::sign"}
+     "aten::amax", "aten::amin", "aten::floor", "aten::ceil", "aten::sign",
+     # its fill value is a device number (DL16) like any other value argument
+     "aten::constant_pad_nd"}
 )  # fmt: skip
 # Fallbacks that only move data: running them on the held tensors and passing the result
 # through the host dtype is bit-identical to copying every input to the host (no need to
@@ -79,6 +81,8 @@ class OpEntry:
     defects: tuple[Any, ...] = ()  # the profile's per-op defects that can fire for this op
     # judged otherwise in a compiled call (an outcome, a cast, a defect of one mode only)
     mode_sensitive: bool = False
+    # signatures of calls judged clean (see _judged_clean): the same call is not judged again
+    clean: set[Any] = dataclasses.field(default_factory=set)
 
 
 _entries: dict[tuple[int, str], tuple[Profile, dict[Any, OpEntry]]] = {}
@@ -138,6 +142,8 @@ _CASTS = frozenset({"aten::_to_copy", "aten::to", "aten::copy_", "aten::_copy_fr
 
 
 def dispatch(func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if not heap.kept:
+        heap.keep_freed_memory()
     collector = current()
     entry = op_entry(collector.profile, collector.mode, func)
     if entry.mode_sensitive and collector.mode == "eager" and spyre_compiled_call():
@@ -242,8 +248,7 @@ def _native(
     writes = bool(entry.mutated or entry.out_names)
     if writes and not judged:
         # Judged before running: a refused in-place op must not have written anything.
-        _, _, found = judge(collector.profile, entry.name, args, kwargs, collector.mode)
-        refuse(collector, found)
+        _judge_clean(collector, entry, args, kwargs, None)
         judged = True
     uargs, ukwargs, seen = _unwrap_all(entry, args, kwargs)
     if seen.mapped:
@@ -286,11 +291,48 @@ def _native(
             else _wrap_result(entry, func, args, kwargs, result, seen)
         )
     if not judged:
-        _, _, found = judge(
-            collector.profile, entry.name, args, kwargs, collector.mode, outputs=out
-        )
-        refuse(collector, found)  # in audit mode the computed result stands
+        _judge_clean(collector, entry, args, kwargs, out)  # in audit mode the result stands
     return out
+
+
+# Clean signatures kept per op entry; past this many, the set starts again.
+_CLEAN_SIGNATURES = 512
+
+
+def _judge_clean(
+    collector: Collector, entry: OpEntry, args: Sequence[Any], kwargs: dict[str, Any], out: Any
+) -> None:
+    """Judge a native call (``out``: its results, or None before it runs) and refuse what it
+    violates. A call whose signature was judged clean before is not judged again: the rules
+    read only the dtypes, shapes and devices of the tensors and the other arguments' values,
+    which the signature holds (a violation is never remembered: it is judged and recorded
+    every time)."""
+    try:
+        key: Any = (_signature(args), _signature(kwargs), _signature(out))
+        hash(key)
+    except TypeError:  # an argument without a hash: judged every time
+        key = None
+    if key is not None and key in entry.clean:
+        return
+    _, _, found = judge(collector.profile, entry.name, args, kwargs, collector.mode, outputs=out)
+    if found:
+        refuse(collector, found)
+    elif key is not None:
+        if len(entry.clean) >= _CLEAN_SIGNATURES:
+            entry.clean.clear()
+        entry.clean.add(key)
+
+
+def _signature(x: Any) -> Any:
+    """What the op rules read of an argument: a tensor's dtype, sizes and device type; the
+    value of anything else (nested sequences and dicts as tuples)."""
+    if isinstance(x, torch.Tensor):
+        return (x.dtype, x.shape, x.device.type)
+    if isinstance(x, (list, tuple)):
+        return tuple(_signature(v) for v in x)
+    if isinstance(x, dict):
+        return tuple((k, _signature(v)) for k, v in x.items())
+    return x
 
 
 def _own_kernel(entry: OpEntry, func: Any, collector: Collector) -> Callable[..., Any]:

@@ -1,0 +1,180 @@
+"""The device's faster paths compute what the plain ones compute: the chunked matmul made a
+group of pieces at a time, the softmax's C kernel, the judge that skips a signature judged
+clean before, and the heap that keeps freed memory. Speed itself is measured in benchmarks/;
+these tests pin the values and the verdicts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from hfadapt.spyre import kernels
+from hfadapt.spyre.dl16 import DEFAULT_FORMAT, round_dl16
+
+CODE = DEFAULT_FORMAT.host_inf  # the -inf code a host -inf lands on
+
+
+def _bits_differ(a: torch.Tensor, b: torch.Tensor) -> int:
+    return int((a.view(torch.int32) != b.view(torch.int32)).sum())
+
+
+@pytest.mark.parametrize(
+    ("a_shape", "b_shape"),
+    [((96, 3072), (3072, 40)), ((2, 33, 1000), (1000, 24)), ((5, 17, 640), (5, 640, 30))],
+)
+def test_groups_of_pieces_give_the_bits_of_all_pieces_at_once(
+    monkeypatch: pytest.MonkeyPatch, a_shape: tuple[int, ...], b_shape: tuple[int, ...]
+) -> None:
+    """A group as large as K's pieces, one piece a group, and groups that split unevenly:
+    the same bits, with and without the bias and the rounding, and the same as the torch
+    path's side-by-side sum."""
+    if kernels._native_accumulate() is None:
+        pytest.skip("the C kernels are not built here (no C compiler)")
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn(*a_shape, generator=g) * 2
+    b = torch.randn(*b_shape, generator=g)
+    bias = torch.randn(b_shape[-1], generator=g)
+    results: dict[str, list[torch.Tensor]] = {}
+    out_bytes = 4 * a.shape[-2] * b.shape[-1] * (a.shape[0] if a.dim() == 3 else 1)
+    for name, group_bytes in {"all": 1 << 30, "one": 1, "three": 3 * out_bytes}.items():
+        monkeypatch.setattr(kernels, "GROUP_BYTES", group_bytes)
+        results[name] = [
+            kernels.chunked_matmul(a, b, 256, 9),
+            kernels.chunked_matmul(a, b, 256, 9, bias=bias, fmt=DEFAULT_FORMAT),
+        ]
+    monkeypatch.setattr(kernels, "_native_accumulate", lambda: None)
+    monkeypatch.setattr(kernels, "_native_kernels", lambda: (None, None))
+    results["torch"] = [
+        kernels.chunked_matmul(a, b, 256, 9),
+        kernels.chunked_matmul(a, b, 256, 9, bias=bias, fmt=DEFAULT_FORMAT),
+    ]
+    for name in ("one", "three", "torch"):
+        for i, (got, want) in enumerate(zip(results[name], results["all"], strict=True)):
+            differ = _bits_differ(got, want)
+            assert differ == 0, f"{name} (result {i}): {differ} of {got.numel()} values differ"
+
+
+def _softmax_inputs() -> list[tuple[torch.Tensor, float]]:
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randn(6, 4, 29, 64, generator=g) * 6
+    scores[..., 40:] = -CODE  # padded keys at the -inf code
+    scores[0, 0, 0, :] = -CODE  # a row with nothing but the code
+    scores[1, 1, 1, 3] = float("nan")
+    odd = torch.randn(9, 13, generator=g) * 30  # a width that is not a multiple of 8
+    odd[2, :5] = -1e4  # keys far below the max: exp clamped at -87
+    return [(scores, 0.0), (scores, 2.0**-20), (odd, 0.0), (odd, 1e-3)]
+
+
+@pytest.mark.parametrize("case", range(4))
+def test_the_softmax_kernel_agrees_with_the_torch_ops(case: int) -> None:
+    """The C softmax (one pass per row) against the torch ops it replaces: within 12 fp32
+    ulps (its own exp and order of the sum), the same NaNs, the floor on coded keys, and after
+    the DL16 rounding the same value in all but a few in ten thousand."""
+    x, floor = _softmax_inputs()[case]
+    fast = kernels._softmax_rows(x, -1, floor, CODE)
+    if fast is None:
+        pytest.skip("the C kernels are not built here (no C compiler)")
+    out, top = fast
+    want = kernels._softmax_shifted(x, x.amax(-1, keepdim=True), -1, floor, CODE)
+    assert torch.equal(out.isnan(), want.isnan()), "NaN rows differ"
+    assert torch.equal(top.isnan(), x.amax(-1, keepdim=True).isnan())
+    finite = ~want.isnan()
+    ulps = int((out[finite].view(torch.int32) - want[finite].view(torch.int32)).abs().max())
+    moved = float((round_dl16(out[finite]) != round_dl16(want[finite])).float().mean())
+    print(f"case {case}: max {ulps} ulp apart, {moved:.2e} of DL16 values moved")
+    assert ulps <= 12, ulps
+    assert moved <= 2e-4, moved
+    if floor > 0 and x.dim() == 4:
+        coded = out[2, 0, 0, 40:]  # coded keys of an ordinary row keep floor / sum
+        assert float(coded.min()) > 0, coded
+    assert torch.allclose(out[finite].sum(), want[finite].sum(), rtol=1e-5)
+
+
+def test_the_misread_of_a_coded_row_still_reaches_the_sdpa_softmax() -> None:
+    """Inside SDPA a row of nothing but the code becomes NaN (the amax misread), on the C
+    kernel's path as on the torch ops' path."""
+    x, _ = _softmax_inputs()[0]
+    out, misread = kernels.sdpa_softmax(x, -1, 0.0, CODE, True)
+    assert misread
+    assert bool(out[0, 0, 0].isnan().all()), out[0, 0, 0, :4]
+    assert not bool(out[0, 0, 1].isnan().any())
+
+
+def test_a_violation_is_reported_every_time_a_clean_call_is_not_judged_again(
+    spyre: object,
+) -> None:
+    """The judge remembers only clean signatures: a matmul with K = 32 (refused) after clean
+    K = 64 ones is judged and refused each time it comes, and the clean one is judged once."""
+    from hfadapt.errors import SpyreOpError
+    from hfadapt.spyre.eager import dispatch
+    from hfadapt.spyre.tracking import tracking
+
+    a64 = torch.randn(8, 64).half().to("spyre")
+    b64 = torch.randn(64, 8).half().to("spyre")
+    a32 = torch.randn(8, 32).half().to("spyre")
+    b32 = torch.randn(32, 8).half().to("spyre")
+    judged: list[str] = []
+    real = dispatch.judge
+
+    def counting(*args: object, **kwargs: object) -> object:
+        judged.append(str(args[1]))
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    refusals = 0
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(dispatch, "judge", counting)
+        with tracking():
+            for _ in range(5):
+                a64 @ b64
+            clean_judged = judged.count("aten::mm")
+            for _ in range(3):
+                with pytest.raises(SpyreOpError, match="32"):
+                    a32 @ b32
+                refusals += 1
+    print(f"mm judged {clean_judged} times for 5 clean calls, {judged.count('aten::mm')} in all")
+    assert clean_judged == 1, clean_judged
+    assert judged.count("aten::mm") == 4, judged
+    assert refusals == 3
+
+
+_FAULTS = """
+import resource, sys, torch
+from hfadapt.spyre import heap
+raised = heap.keep_freed_memory()
+def faults_of_one_round():
+    x = torch.empty(64 << 18)  # 64 MiB
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    x.fill_(1.0)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+faults_of_one_round()
+print(raised, min(faults_of_one_round() for _ in range(3)))
+"""
+
+
+@pytest.mark.parametrize("setting", ["1", "0"])
+def test_the_device_heap_reuses_freed_memory(setting: str) -> None:
+    """With the heap kept (the default), a 64 MiB tensor made again after one was freed takes
+    almost no page faults; with HFADAPT_DEVICE_HEAP=0 it faults in its 16,384 pages again."""
+    import os
+
+    env = {**os.environ, "HFADAPT_DEVICE_HEAP": setting, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_FAULTS)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=True,
+    )
+    raised, faults = done.stdout.split()
+    print(f"HFADAPT_DEVICE_HEAP={setting}: raised {raised}, {faults} page faults")
+    if setting == "1":
+        assert raised == "True"
+        assert int(faults) < 1000, faults
+    else:
+        assert raised == "False"
+        assert int(faults) > 10000, faults
