@@ -4,6 +4,7 @@ about particular ops beyond the named checks in hfadapt.spyre.op_rules."""
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -181,8 +182,9 @@ class Profile:
     def layout_value(self, key: str, default: int = 64) -> int:
         return int(self.layout.get(key, {}).get("value", default))
 
-    @property
+    @functools.cached_property
     def dl16(self) -> DL16Format:
+        """The DL16 format of the profile's numerics (built once: every device op asks)."""
         spec = self.numerics.get("dl16", {})
         default = DL16Format()
         return DL16Format(

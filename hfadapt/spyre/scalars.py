@@ -40,11 +40,18 @@ def device_number(value: Any, fmt: DL16Format) -> Any:
     return value
 
 
+_NUMBERS = (int, float)  # bools pass too (device_number leaves them unchanged)
+
+
 def device_numbers(
     target: Any, args: Sequence[Any], kwargs: dict[str, Any], fmt: DL16Format
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """``args`` and ``kwargs`` with every number the op takes as a value converted to DL16;
     sizes, dims, eps and probabilities (other schema types) are left alone."""
+    if not any(isinstance(a, _NUMBERS) for a in args) and not any(
+        isinstance(v, _NUMBERS) for v in kwargs.values()
+    ):
+        return tuple(args), kwargs  # no number given: nothing to convert
     positions, names = value_arguments(target)
     if not positions and not names:
         return tuple(args), kwargs

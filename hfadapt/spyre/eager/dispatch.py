@@ -308,7 +308,11 @@ def _judge_clean(
     which the signature holds (a violation is never remembered: it is judged and recorded
     every time)."""
     try:
-        key: Any = (_signature(args), _signature(kwargs), _signature(out))
+        key: Any = (
+            _signature(args),
+            _signature(tuple(kwargs.items())) if kwargs else None,
+            _signature(out) if isinstance(out, (list, tuple)) else _signature((out,)),
+        )
         hash(key)
     except TypeError:  # an argument without a hash: judged every time
         key = None
@@ -323,16 +327,22 @@ def _judge_clean(
         entry.clean.add(key)
 
 
-def _signature(x: Any) -> Any:
-    """What the op rules read of an argument: a tensor's dtype, sizes and device type; the
-    value of anything else (nested sequences and dicts as tuples)."""
-    if isinstance(x, torch.Tensor):
-        return (x.dtype, x.shape, x.device.type)
-    if isinstance(x, (list, tuple)):
-        return tuple(_signature(v) for v in x)
-    if isinstance(x, dict):
-        return tuple((k, _signature(v)) for k, v in x.items())
-    return x
+def _signature(values: Sequence[Any]) -> tuple[Any, ...]:
+    """What the op rules read of a sequence of arguments: a tensor's dtype, sizes and device
+    type (a device tensor's class stands for its device); the value of anything else, nested
+    sequences as tuples."""
+    out: list[Any] = []
+    for x in values:
+        kind = type(x)
+        if kind is SpyreTensor:
+            out.append((x.dtype, x.shape, kind))
+        elif isinstance(x, torch.Tensor):
+            out.append((x.dtype, x.shape, x.device.type))
+        elif kind is list or kind is tuple:
+            out.append(_signature(x))
+        else:
+            out.append(x)
+    return tuple(out)
 
 
 def _own_kernel(entry: OpEntry, func: Any, collector: Collector) -> Callable[..., Any]:
