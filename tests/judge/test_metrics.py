@@ -163,7 +163,7 @@ def test_shape_mismatch_is_an_error() -> None:
 def test_a_two_percent_scale_fails_though_its_cosine_is_one() -> None:
     """Per-token cosine ignores a row scaled as a whole (what a reduced-precision norm does):
     the norm error judges it. 2% fails; all-MiniLM-L6-v2 with the bundled adapters on the
-    simulated card shows at most 0.0121 compiled, 0.0124 eager (tests/judge/test_structural_verdicts.py
+    simulated card shows at most 0.0117 compiled, 0.0115 eager (tests/judge/test_structural_verdicts.py
     measures it), under NORM_ERROR_MAX."""
     from hfadapt.judge.metrics import NORM_ERROR_MAX
 
@@ -176,7 +176,7 @@ def test_a_two_percent_scale_fails_though_its_cosine_is_one() -> None:
     assert m.min_token_cosine == pytest.approx(1.0, abs=1e-12)
     assert m.max_norm_error == pytest.approx(0.02, rel=1e-5) and m.worst_norm_token == (1, 2)
     assert not m.passed and "norm error 0.0200 > 0.015 at sentence 1, token 2" in m.failure()
-    assert 0.0124 < NORM_ERROR_MAX < 0.02
+    assert 0.0117 < NORM_ERROR_MAX < 0.02
     dev[1, 2] = ref[1, 2] * 1.01  # within the bound
     assert compare(ref, dev, mask).passed
 
