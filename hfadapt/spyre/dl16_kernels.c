@@ -53,12 +53,16 @@ static inline float truncated(float x, uint32_t half, uint32_t keep) {
 }
 
 /* One row of `cols` values: the in-order sum of the pieces' truncated partials (piece p of
-   this row starts at row + p * n), then the bias, then (when `maxf` > 0) the DL16 rounding. */
+   this row starts at row + p * n), added to what `out` holds when `accumulate`, then the
+   bias, then (when `maxf` > 0) the DL16 rounding. */
 static inline void row_epilogue(const float* restrict row, int64_t pieces, int64_t n,
-                                int64_t cols, uint32_t half, uint32_t keep,
+                                int64_t cols, int accumulate, uint32_t half, uint32_t keep,
                                 const float* restrict bias, float maxf, float lam, int32_t shift,
                                 float big, float over, float* restrict out) {
-    for (int64_t c = 0; c < cols; c++) out[c] = truncated(row[c], half, keep);
+    if (accumulate)
+        for (int64_t c = 0; c < cols; c++) out[c] = out[c] + truncated(row[c], half, keep);
+    else
+        for (int64_t c = 0; c < cols; c++) out[c] = truncated(row[c], half, keep);
     for (int64_t p = 1; p < pieces; p++) {
         const float* restrict piece = row + p * n;
         for (int64_t c = 0; c < cols; c++) out[c] = out[c] + truncated(piece[c], half, keep);
@@ -84,7 +88,8 @@ CLONES void hfadapt_sum_truncated(const float* parts, int64_t pieces, int64_t n,
     #pragma omp parallel for schedule(static) num_threads(nt) if(n > 32768)
     for (int64_t i = 0; i < n; i += block) {
         int64_t len = n - i < block ? n - i : block;
-        row_epilogue(parts + i, pieces, n, len, half, keep, 0, 0.0f, 0.0f, 0, 0.0f, 0.0f, out + i);
+        row_epilogue(parts + i, pieces, n, len, 0, half, keep, 0, 0.0f, 0.0f, 0, 0.0f, 0.0f,
+                     out + i);
     }
 }
 
@@ -96,8 +101,8 @@ CLONES void hfadapt_sum_truncated_round(const float* parts, int64_t pieces, int6
     const int64_t rows = n / cols;
     #pragma omp parallel for schedule(static) num_threads(nt) if(n > 32768)
     for (int64_t r = 0; r < rows; r++)
-        row_epilogue(parts + r * cols, pieces, n, cols, half, keep, bias, maxf, lam, shift, big,
-                     over, out + r * cols);
+        row_epilogue(parts + r * cols, pieces, n, cols, 0, half, keep, bias, maxf, lam, shift,
+                     big, over, out + r * cols);
 }
 
 CLONES void hfadapt_accumulate_truncated(float* acc, const float* parts, int64_t pieces, int64_t n,
@@ -108,23 +113,9 @@ CLONES void hfadapt_accumulate_truncated(float* acc, const float* parts, int64_t
     const uint32_t keep = ~((1u << dropped) - 1u);
     const int64_t rows = n / cols;
     #pragma omp parallel for schedule(static) num_threads(nt) if(n > 32768)
-    for (int64_t r = 0; r < rows; r++) {
-        float* restrict out = acc + r * cols;
-        const float* restrict row = parts + r * cols;
-        if (first) {
-            row_epilogue(row, pieces, n, cols, half, keep, bias, maxf, lam, shift, big, over, out);
-            continue;
-        }
-        for (int64_t p = 0; p < pieces; p++) {
-            const float* restrict piece = row + p * n;
-            for (int64_t c = 0; c < cols; c++) out[c] = out[c] + truncated(piece[c], half, keep);
-        }
-        if (bias)
-            for (int64_t c = 0; c < cols; c++) out[c] = out[c] + bias[c];
-        if (maxf > 0.0f)
-            for (int64_t c = 0; c < cols; c++)
-                out[c] = round_one(out[c], maxf, lam, shift, big, over, 0.0f);
-    }
+    for (int64_t r = 0; r < rows; r++)
+        row_epilogue(parts + r * cols, pieces, n, cols, !first, half, keep, bias, maxf, lam,
+                     shift, big, over, acc + r * cols);
 }
 
 /* The softmax's loops select between compared floats: without trapping math GCC makes those

@@ -420,10 +420,10 @@ def chunked_matmul(
     K is a chunk or less. Then ``bias`` (broadcast over the last dimension) is added and the
     result rounded to ``fmt``, when given (a linear's epilogue).
 
-    With the C kernels built, the pieces' products are made one at a time into one scratch
-    buffer and each joins the accumulator as it comes (two result-sized buffers whatever K,
-    and no batched product: with two threads a batched product of 3 pieces ran 1.8x slower
-    than 3 plain products into one buffer); else side by side, then summed."""
+    With the C kernels built, the pieces' products are made a group at a time into this
+    thread's kept buffer (GROUP_BYTES), and each group joins the accumulator in one pass (no
+    batched product: with two threads a batched product of 3 pieces ran 1.8x slower than 3
+    plain products into one buffer); else side by side, then summed."""
     k = a.shape[-1]
     per = max(STICK, -(-chunk // STICK) * STICK)
     if k <= per:
@@ -449,8 +449,6 @@ def chunked_matmul(
 
 
 # Bytes of partial products held at once: a group of pieces this large is summed in one pass.
-# Under glibc's largest mmap threshold (32 MiB), so the buffer comes from the heap after its
-# first use instead of fresh zeroed pages per call.
 GROUP_BYTES = 24 << 20
 
 

@@ -81,7 +81,7 @@ class OpEntry:
     defects: tuple[Any, ...] = ()  # the profile's per-op defects that can fire for this op
     # judged otherwise in a compiled call (an outcome, a cast, a defect of one mode only)
     mode_sensitive: bool = False
-    # signatures of calls judged clean (see _judged_clean): the same call is not judged again
+    # signatures of calls judged clean (see _judge_clean): the same call is not judged again
     clean: set[Any] = dataclasses.field(default_factory=set)
 
 
