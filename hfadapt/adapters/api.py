@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import pkgutil
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
@@ -145,6 +146,13 @@ class Adapter:
         if not isinstance(obj, type):
             raise AdapterError(f"adapter {self.name}: {module_name} has no class {cls_name}")
         return obj
+
+    def target_loaded(self) -> bool:
+        """Whether the target's module has been imported in this process (a malformed target
+        counts as loaded, so resolving it reports the mistake). An instance of the target can
+        only exist once its module ran: matching skips the rest without importing them."""
+        module_name, sep, _ = self.target.partition(":")
+        return not sep or module_name in sys.modules
 
     @property
     def method_name(self) -> str:

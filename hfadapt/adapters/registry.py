@@ -228,6 +228,8 @@ class Registry:
         config = getattr(model, "config", None)
         out = []
         for a in sorted(self.adapters, key=lambda x: x.priority):
+            if not a.target_loaded():
+                continue  # nothing in this process is an instance of a class never defined
             try:
                 cls = a.target_class()
             except AdapterError as exc:

@@ -14,7 +14,7 @@
    or ``acc`` plus each of its truncated pieces in order; the bias and the rounding follow
    when given, on the last group. Steps in order give hfadapt_sum_truncated_round's bits.
    hfadapt_softmax_floor: kernels._softmax_floor over the last dimension of ``rows`` rows of
-   ``cols`` values, one row at a time (a row stays in the cache): the row max (NaN wins),
+   ``cols`` values, a block of rows at a time (it stays in the cache): the row max (NaN wins),
    exp(max(x - max, -87)) (a polynomial exp, within 2 ulp of fp32 exp on [-87, 0]: far below
    the DL16 rounding that follows), keys at or below -``code`` raised to ``floor`` when
    ``floor`` > 0, divided by their sum; each row's max is written to ``top``. */
@@ -150,37 +150,66 @@ static inline float exp_neg(float s) {
     return e * scale;
 }
 
-static inline float max_or_nan(float m, float v) { return ((v > m) | (v != v)) ? v : m; }
+/* Rows are taken a block at a time (about SOFTMAX_BLOCK values, whole rows): each row's max
+   (NaN wins: any NaN makes it NaN) and its clamped shift, then one flat loop makes the exps of
+   the whole block (short rows, e.g. 29 keys, would leave most of a per-row loop in its scalar
+   tail), then each row's sum (eight lanes) and division. */
+#define SOFTMAX_BLOCK 4096
+
+static inline void softmax_block(const float* restrict x, float* restrict o,
+                                 float* restrict top, int64_t rows, int64_t cols, float floor,
+                                 float code) {
+    const int64_t whole = cols & ~(int64_t)7;
+    for (int64_t r = 0; r < rows; r++) {
+        const float* restrict in = x + r * cols;
+        float* restrict row = o + r * cols;
+        float m[8], nan[8];
+        for (int j = 0; j < 8; j++) m[j] = -__builtin_inff(), nan[j] = 0.0f;
+        for (int64_t c = 0; c < whole; c += 8)
+            for (int j = 0; j < 8; j++) {
+                float v = in[c + j];
+                m[j] = v > m[j] ? v : m[j];
+                nan[j] = v != v ? 1.0f : nan[j];
+            }
+        float mx = -__builtin_inff(), any = 0.0f;
+        for (int j = 0; j < 8; j++) mx = m[j] > mx ? m[j] : mx, any = any + nan[j];
+        for (int64_t c = whole; c < cols; c++) {
+            float v = in[c];
+            mx = v > mx ? v : mx;
+            any = v != v ? 1.0f : any;
+        }
+        if (any > 0.0f) mx = __builtin_nanf("");
+        top[r] = mx;
+        for (int64_t c = 0; c < cols; c++) {
+            float s = in[c] - mx;
+            row[c] = s < -87.0f ? -87.0f : s;
+        }
+    }
+    const int64_t n = rows * cols;
+    for (int64_t i = 0; i < n; i++) {
+        float e = exp_neg(o[i]);
+        o[i] = ((floor > 0.0f) & (x[i] <= -code) & (e < floor)) ? floor : e;
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        float* restrict row = o + r * cols;
+        float acc[8];
+        for (int j = 0; j < 8; j++) acc[j] = 0.0f;
+        for (int64_t c = 0; c < whole; c += 8)
+            for (int j = 0; j < 8; j++) acc[j] = acc[j] + row[c + j];
+        float sum = acc[0];
+        for (int j = 1; j < 8; j++) sum = sum + acc[j];
+        for (int64_t c = whole; c < cols; c++) sum = sum + row[c];
+        for (int64_t c = 0; c < cols; c++) row[c] = row[c] / sum;
+    }
+}
 
 CLONES void hfadapt_softmax_floor(const float* x, float* out, float* top, int64_t rows,
                                   int64_t cols, float floor, float code, int nt) {
-    const int64_t whole = cols & ~(int64_t)7;
+    const int64_t per = cols >= SOFTMAX_BLOCK ? 1 : SOFTMAX_BLOCK / cols;
     #pragma omp parallel for schedule(static) num_threads(nt) if(rows * cols > 32768)
-    for (int64_t r = 0; r < rows; r++) {
-        const float* restrict in = x + r * cols;
-        float* restrict o = out + r * cols;
-        float m[8], acc[8];
-        for (int j = 0; j < 8; j++) m[j] = in[0];
-        for (int64_t c = 0; c < whole; c += 8)
-            for (int j = 0; j < 8; j++) m[j] = max_or_nan(m[j], in[c + j]);
-        float mx = m[0];
-        for (int j = 1; j < 8; j++) mx = max_or_nan(mx, m[j]);
-        for (int64_t c = whole; c < cols; c++) mx = max_or_nan(mx, in[c]);
-        for (int64_t c = 0; c < cols; c++) {
-            float v = in[c];
-            float s = v - mx;
-            s = s < -87.0f ? -87.0f : s;
-            float e = exp_neg(s);
-            o[c] = ((floor > 0.0f) & (v <= -code) & (e < floor)) ? floor : e;
-        }
-        for (int j = 0; j < 8; j++) acc[j] = 0.0f;
-        for (int64_t c = 0; c < whole; c += 8)
-            for (int j = 0; j < 8; j++) acc[j] = acc[j] + o[c + j];
-        float sum = acc[0];
-        for (int j = 1; j < 8; j++) sum = sum + acc[j];
-        for (int64_t c = whole; c < cols; c++) sum = sum + o[c];
-        for (int64_t c = 0; c < cols; c++) o[c] = o[c] / sum;
-        top[r] = mx;
+    for (int64_t r = 0; r < rows; r += per) {
+        const int64_t count = rows - r < per ? rows - r : per;
+        softmax_block(x + r * cols, out + r * cols, top + r, count, cols, floor, code);
     }
 }
 

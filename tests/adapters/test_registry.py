@@ -237,3 +237,40 @@ def test_registry_class_adds_and_refuses_duplicates() -> None:
     twin.add(first)
     assert len(twin.adapters) == 1 and "duplicate" in twin.errors[0].error
     assert PASS == "pass"
+
+
+MATCH_WITHOUT_IMPORTS = """
+import sys, json
+from transformers import BertConfig, BertModel
+from hfadapt.adapters.registry import discover
+reg = discover(paths=[], entry_points=False)
+before = set(sys.modules)
+model = BertModel(BertConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=2,
+                             intermediate_size=128, vocab_size=60)).eval()
+hits = [a.name for a, _ in reg.matches(model)]
+targets = sorted({a.target.partition(":")[0] for a in reg.adapters})
+print(json.dumps({"hits": hits, "targets": targets, "errors": [str(e) for e in reg.errors],
+                  "imported": sorted(set(sys.modules) - before)}))
+"""
+
+
+def test_matching_imports_no_target_module_the_model_does_not_use() -> None:
+    """An adapter whose target module was never imported cannot match anything: matching
+    skips it instead of importing it (sentence-transformers and every other model family's
+    modeling file cost a diagnose a second)."""
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", MATCH_WITHOUT_IMPORTS], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    print(f"\nmatched {seen['hits']}; imported while matching: {seen['imported']}")
+    assert {"layer-norm-unfused", "attention-head-dim-pad"} <= set(seen["hits"]), seen["hits"]
+    assert seen["errors"] == [], seen["errors"]
+    others = [t for t in seen["targets"] if t in seen["imported"]]
+    assert others == [], f"matching imported adapter target modules: {others}"
+    assert len(seen["targets"]) >= 10, seen["targets"]
+    assert not any(m.startswith("sentence_transformers") for m in seen["imported"])
