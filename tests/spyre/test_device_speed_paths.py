@@ -1,6 +1,6 @@
 """The device's faster paths compute what the plain ones compute: the chunked matmul made a
-group of pieces at a time, the softmax's C kernel, the judge that skips a signature judged
-clean before, and the heap that keeps freed memory. Speed itself is measured in benchmarks/;
+group of pieces at a time, the softmax's C kernel, a kernel's output not rounded twice, the
+judge that skips a signature judged clean before, and the heap that keeps freed memory. Speed itself is measured in benchmarks/;
 these tests pin the values and the verdicts."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import torch
 
 from hfadapt.spyre import kernels
 from hfadapt.spyre.dl16 import DEFAULT_FORMAT, round_dl16
+from hfadapt.spyre.profile import load_profile
 
 CODE = DEFAULT_FORMAT.host_inf  # the -inf code a host -inf lands on
 
@@ -115,6 +116,47 @@ def test_the_misread_of_a_coded_row_still_reaches_the_sdpa_softmax() -> None:
     assert misread
     assert bool(out[0, 0, 0].isnan().all()), out[0, 0, 0, :4]
     assert not bool(out[0, 0, 1].isnan().any())
+
+
+def _grid(x: torch.Tensor) -> torch.Tensor:
+    """DL16 data with the edges in it: huge, tiny and zero values, and a NaN."""
+    x = round_dl16(x)
+    flat = x.view(-1)
+    flat[0], flat[1], flat[2], flat[3] = 6e9, -6e9, 1e-9, float("nan")
+    return x
+
+
+KERNEL_CALLS = {
+    "aten::mm": lambda g: (_grid(torch.randn(7, 600, generator=g)), _grid(torch.randn(600, 5, generator=g))),
+    "aten::bmm": lambda g: (_grid(torch.randn(2, 7, 300, generator=g)), _grid(torch.randn(2, 300, 9, generator=g))),
+    "aten::addmm": lambda g: (_grid(torch.randn(5, generator=g)), _grid(torch.randn(7, 600, generator=g)), _grid(torch.randn(600, 5, generator=g))),
+    "aten::_softmax": lambda g: (_grid(torch.randn(4, 9, 70, generator=g) * 4), -1, False),
+    "aten::softmax.int": lambda g: (_grid(torch.randn(4, 9, 70, generator=g) * 4), -1, None),
+    "aten::native_layer_norm": lambda g: (_grid(torch.randn(6, 96, generator=g) + 30), [96], _grid(torch.randn(96, generator=g)), _grid(torch.randn(96, generator=g)), 1e-5),
+    "aten::layer_norm": lambda g: (_grid(torch.randn(6, 96, generator=g) + 30), [96], None, None, 1e-5),
+    "aten::mean.dim": lambda g: (_grid(torch.randn(6, 96, generator=g) * 1e3), [-1], True),
+    "aten::rms_norm": lambda g: (_grid(torch.randn(6, 96, generator=g)), [96], _grid(torch.randn(96, generator=g)), 1e-6),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("op", sorted(KERNEL_CALLS))
+def test_a_kernels_outputs_are_already_on_the_dl16_grid(op: str) -> None:
+    """The eager device stores a device-numerics kernel's outputs without rounding them again
+    (the compiled path never did): every float output must already be a DL16 value, so a
+    second rounding would change no bit."""
+    profile = load_profile()
+    kernel = kernels.native_kernel(op, profile)
+    assert kernel is not None, f"{op}: no kernel in {profile.name}"
+    out = kernel(KERNEL_CALLS[op](torch.Generator().manual_seed(0)), {}, profile.dl16)
+    outputs = [t for t in (out if isinstance(out, tuple) else (out,)) if t.is_floating_point()]
+    for i, t in enumerate(outputs):
+        again = round_dl16(t)
+        same = torch.equal(t.isnan(), again.isnan()) and torch.equal(
+            t.nan_to_num(0.0).view(torch.int32), again.nan_to_num(0.0).view(torch.int32)
+        )
+        moved = int((t.nan_to_num(0.0) != again.nan_to_num(0.0)).sum())
+        print(f"{op} output {i}: {tuple(t.shape)}, {moved} values moved by a second rounding")
+        assert same, f"{op} output {i}: {moved} of {t.numel()} values are not on the DL16 grid"
 
 
 def test_a_violation_is_reported_every_time_a_clean_call_is_not_judged_again(

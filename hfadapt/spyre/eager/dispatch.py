@@ -190,13 +190,16 @@ def _seen(collector: Collector, entry: OpEntry) -> None:
 
 class _Seen:
     """What unwrapping found: the device, and whether any held dtype differs from its logical
-    dtype (then the CPU result's dtype does not tell the logical one)."""
+    dtype (then the CPU result's dtype does not tell the logical one); and, once the op ran,
+    whether its result is already on the DL16 grid (a device-numerics kernel rounds its own
+    DL16 outputs with the profile's format: rounding them again would change nothing)."""
 
-    __slots__ = ("device", "mapped")
+    __slots__ = ("device", "mapped", "rounded")
 
     def __init__(self) -> None:
         self.device: torch.device | None = None
         self.mapped = False
+        self.rounded = False
 
 
 def _unwrap(x: Any, seen: _Seen, host_ok: bool) -> Any:
@@ -271,6 +274,7 @@ def _native(
         elif dl16_kernel:
             assert entry.kernel is not None
             result = entry.kernel(uargs, ukwargs, collector.profile.dl16)
+            seen.rounded = True
         elif func is aten.view.dtype and seen.mapped:
             raise SpyreOpNotImplementedError(
                 f"{entry.name}: the simulator holds DL16 data as float32 and cannot "
@@ -384,7 +388,7 @@ def _wrap_result(
         if entry.view:
             return _wrap_view(result, args[0], device)
         dtype = result.dtype if not seen.mapped else logical_dtypes(func, args, kwargs, result)[0]
-        return wrap(_stored(entry, args, result, dtype), device=device, dtype=dtype)
+        return wrap(_stored(entry, args, result, dtype, seen.rounded), device=device, dtype=dtype)
     leaves, spec = pytree.tree_flatten(result)
     tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
     if not tensors:
@@ -401,7 +405,7 @@ def _wrap_result(
             (
                 _wrap_view(x, args[0], device)
                 if entry.view
-                else _wrap_fresh(entry, args, x, next(it), device)
+                else _wrap_fresh(entry, args, x, next(it), device, seen.rounded)
             )
             if isinstance(x, torch.Tensor)
             else x
@@ -421,14 +425,25 @@ def _wrap_view(x: torch.Tensor, base: torch.Tensor, device: torch.device) -> Spy
 
 
 def _wrap_fresh(
-    entry: OpEntry, args: Sequence[Any], x: torch.Tensor, dtype: torch.dtype, device: torch.device
+    entry: OpEntry,
+    args: Sequence[Any],
+    x: torch.Tensor,
+    dtype: torch.dtype,
+    device: torch.device,
+    rounded: bool,
 ) -> SpyreTensor:
-    return wrap(_stored(entry, args, x, dtype), dtype, device)
+    return wrap(_stored(entry, args, x, dtype, rounded), dtype, device)
 
 
 def _stored(
-    entry: OpEntry, args: Sequence[Any], result: torch.Tensor, dtype: torch.dtype
+    entry: OpEntry,
+    args: Sequence[Any],
+    result: torch.Tensor,
+    dtype: torch.dtype,
+    rounded: bool = False,
 ) -> torch.Tensor:
+    if rounded and result.dtype == torch.float32 and is_dl16(dtype):
+        return result  # a kernel's output: on the DL16 grid already
     if (
         entry.value_preserving
         and is_dl16(dtype)
