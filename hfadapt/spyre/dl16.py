@@ -102,11 +102,11 @@ def _constants(fmt: DL16Format) -> _Constants:
 
 def native_rounding_args(
     fmt: DL16Format = DEFAULT_FORMAT,
-) -> tuple[float, float, int, float, float]:
-    """(max_finite, below_min_normal, shift, clamp, overflow): the rounding arguments the C
+) -> tuple[float, float, int, float]:
+    """(max_finite, below_min_normal, dropped bits, overflow): the rounding arguments the C
     kernels of hfadapt.spyre.dl16_native take for ``fmt``."""
     c = _constants(fmt)
-    return c.max_finite, c.below_min_normal, c.shift, c.clamp, c.over
+    return c.max_finite, c.below_min_normal, fmt.dropped_bits, c.over
 
 
 def _round_inplace(y: torch.Tensor, fmt: DL16Format, transfer: bool = False) -> torch.Tensor:

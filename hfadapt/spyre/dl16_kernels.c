@@ -1,10 +1,13 @@
 /* The kernels of hfadapt.spyre.dl16_native, built with the system C compiler on first use.
 
-   hfadapt_round_dl16: the same steps as dl16._round_inplace: with a transfer, +-inf becomes
-   +-host_inf; clamp to +-big (NaN passes); add and subtract a magic number of the value's sign and exponent shifted
-   by the dropped mantissa bits (the FPU rounds to nearest even); zero |y| <= the largest float
-   below the smallest normal; a rounded |y| past the largest finite value becomes ``over`` (the
-   profile's overflow value: NaN, the card's 0x7FFF code, or +-inf) with the value's sign.
+   hfadapt_round_dl16: what dl16._round_inplace computes, bit for bit (checked on all 2^32
+   float32 patterns, NaN for NaN), by integer steps: with a transfer, +-inf becomes +-host_inf;
+   the bits are rounded to nearest even at DL16's mantissa (add half of the dropped field less
+   one, plus the lowest kept bit, then clear the field: a carry moves into the exponent, as the
+   FPU's rounding does); |y| <= the largest float below the smallest normal becomes +0; a |y|
+   past the largest finite value becomes ``over`` (the profile's overflow value: NaN, the
+   card's 0x7FFF code, or +-inf) with y's sign; a NaN stays itself. The torch path's clamp and
+   magic addend keep +-inf out of float arithmetic; integer steps need neither.
    hfadapt_sum_truncated: kernels.chunked_matmul's accumulation (kernels.truncate_partial_ on
    each of ``pieces`` fp32 partial products, then their sum in order) in one pass;
    hfadapt_sum_truncated_round: the same, then an optional bias over the last dimension, then
@@ -28,19 +31,25 @@
 #else
 #define CLONES
 #endif
-static inline float round_one(float v, float maxf, float lam, int32_t shift, float big,
-                              float over, float host_inf) {
+static inline float round_one(float v, float maxf, float lam, int32_t dropped, float over,
+                              float host_inf) {
     const float inf = __builtin_inff();
     if (host_inf > 0.0f && (v == inf || v == -inf)) v = v > 0.0f ? host_inf : -host_inf;
-    v = v > big ? big : (v < -big ? -big : v);
-    int32_t b;
+    const uint32_t half = (1u << (dropped - 1)) - 1u, keep = ~((1u << dropped) - 1u);
+    uint32_t b;
     memcpy(&b, &v, 4);
-    uint32_t mb = ((uint32_t)b & 0xFF800000u) + (uint32_t)shift;
-    float m;
-    memcpy(&m, &mb, 4);
-    float y = (v + m) - m;
-    y = (y >= -lam && y <= lam) ? 0.0f : y;
-    return y > maxf ? over : (y < -maxf ? -over : y);
+    const uint32_t r = (b + half + ((b >> dropped) & 1u)) & keep;
+    const uint32_t mag = r & 0x7FFFFFFFu;
+    uint32_t ob;
+    memcpy(&ob, &over, 4);
+    ob = (ob & 0x7FFFFFFFu) | (r & 0x80000000u);
+    float y, a, signed_over;
+    memcpy(&y, &r, 4);
+    memcpy(&a, &mag, 4);
+    memcpy(&signed_over, &ob, 4);
+    y = a <= lam ? 0.0f : y;
+    y = a > maxf ? signed_over : y;
+    return v != v ? v : y;
 }
 
 static inline float truncated(float x, uint32_t half, uint32_t keep) {
@@ -57,8 +66,8 @@ static inline float truncated(float x, uint32_t half, uint32_t keep) {
    bias, then (when `maxf` > 0) the DL16 rounding. */
 static inline void row_epilogue(const float* restrict row, int64_t pieces, int64_t n,
                                 int64_t cols, int accumulate, uint32_t half, uint32_t keep,
-                                const float* restrict bias, float maxf, float lam, int32_t shift,
-                                float big, float over, float* restrict out) {
+                                const float* restrict bias, float maxf, float lam, int32_t rdrop,
+                                float over, float* restrict out) {
     if (accumulate)
         for (int64_t c = 0; c < cols; c++) out[c] = out[c] + truncated(row[c], half, keep);
     else
@@ -71,13 +80,13 @@ static inline void row_epilogue(const float* restrict row, int64_t pieces, int64
         for (int64_t c = 0; c < cols; c++) out[c] = out[c] + bias[c];
     if (maxf > 0.0f)
         for (int64_t c = 0; c < cols; c++)
-            out[c] = round_one(out[c], maxf, lam, shift, big, over, 0.0f);
+            out[c] = round_one(out[c], maxf, lam, rdrop, over, 0.0f);
 }
 
-CLONES void hfadapt_round_dl16(float* x, int64_t n, float maxf, float lam, int32_t shift, float big,
-                        float over, float host_inf, int nt) {
+CLONES void hfadapt_round_dl16(float* x, int64_t n, float maxf, float lam, int32_t dropped,
+                               float over, float host_inf, int nt) {
     #pragma omp parallel for schedule(static) num_threads(nt) if(n > 32768)
-    for (int64_t i = 0; i < n; i++) x[i] = round_one(x[i], maxf, lam, shift, big, over, host_inf);
+    for (int64_t i = 0; i < n; i++) x[i] = round_one(x[i], maxf, lam, dropped, over, host_inf);
 }
 
 CLONES void hfadapt_sum_truncated(const float* parts, int64_t pieces, int64_t n, int32_t dropped,
@@ -88,34 +97,32 @@ CLONES void hfadapt_sum_truncated(const float* parts, int64_t pieces, int64_t n,
     #pragma omp parallel for schedule(static) num_threads(nt) if(n > 32768)
     for (int64_t i = 0; i < n; i += block) {
         int64_t len = n - i < block ? n - i : block;
-        row_epilogue(parts + i, pieces, n, len, 0, half, keep, 0, 0.0f, 0.0f, 0, 0.0f, 0.0f,
-                     out + i);
+        row_epilogue(parts + i, pieces, n, len, 0, half, keep, 0, 0.0f, 0.0f, 1, 0.0f, out + i);
     }
 }
 
 CLONES void hfadapt_sum_truncated_round(const float* parts, int64_t pieces, int64_t n, int32_t dropped,
                                  const float* bias, int64_t cols, float maxf, float lam,
-                                 int32_t shift, float big, float over, float* out, int nt) {
+                                 int32_t rdrop, float over, float* out, int nt) {
     const uint32_t half = 1u << (dropped - 1);
     const uint32_t keep = ~((1u << dropped) - 1u);
     const int64_t rows = n / cols;
     #pragma omp parallel for schedule(static) num_threads(nt) if(n > 32768)
     for (int64_t r = 0; r < rows; r++)
-        row_epilogue(parts + r * cols, pieces, n, cols, 0, half, keep, bias, maxf, lam, shift,
-                     big, over, out + r * cols);
+        row_epilogue(parts + r * cols, pieces, n, cols, 0, half, keep, bias, maxf, lam, rdrop,
+                     over, out + r * cols);
 }
 
 CLONES void hfadapt_accumulate_truncated(float* acc, const float* parts, int64_t pieces, int64_t n,
                                   int32_t dropped, int first, const float* bias, int64_t cols,
-                                  float maxf, float lam, int32_t shift, float big, float over,
-                                  int nt) {
+                                  float maxf, float lam, int32_t rdrop, float over, int nt) {
     const uint32_t half = 1u << (dropped - 1);
     const uint32_t keep = ~((1u << dropped) - 1u);
     const int64_t rows = n / cols;
     #pragma omp parallel for schedule(static) num_threads(nt) if(n > 32768)
     for (int64_t r = 0; r < rows; r++)
         row_epilogue(parts + r * cols, pieces, n, cols, !first, half, keep, bias, maxf, lam,
-                     shift, big, over, acc + r * cols);
+                     rdrop, over, acc + r * cols);
 }
 
 /* The softmax's loops select between compared floats: without trapping math GCC makes those

@@ -1,7 +1,7 @@
 """An optional C kernel for in-place DL16 rounding of float32 tensors, built with the system C
 compiler on first use and cached. It computes exactly what ``dl16.round_dl16_`` computes (same
-overflow to +-inf, host-infinity mapping, magic-addend rounding and flush to zero, bit for
-bit) in one pass over memory instead of six, which is what keeps the compiled device near CPU speed on a busy machine.
+overflow, host-infinity mapping, rounding to nearest even and flush to zero, bit for bit; by
+integer steps where the torch path uses a magic addend) in one pass over memory instead of six, which is what keeps the compiled device near CPU speed on a busy machine.
 ``dl16.round_dl16_`` and ``round_dl16`` use it when it is built; without a C compiler (or with
 HFADAPT_NATIVE_DL16=0) they take the torch path."""
 
@@ -118,27 +118,27 @@ def load_sum_truncated() -> Callable[..., None] | None:
 @lru_cache(maxsize=1)
 def load_sum_truncated_round() -> Callable[..., None] | None:
     """The kernel ``f(parts_ptr, pieces, n, dropped_bits, bias_ptr or None, columns,
-    max_finite, below_min_normal, shift, clamp, overflow, out_ptr, threads)``: load_sum_truncated's sum,
+    max_finite, below_min_normal, dropped, overflow, out_ptr, threads)``: load_sum_truncated's sum,
     plus ``bias[i % columns]`` when given, rounded to DL16 (as ``load``'s kernel without a
     transfer); None when not built."""
     return _kernel(
         "hfadapt_sum_truncated_round",
         *(_PTR, _I64, _I64, _I32, _PTR, _I64),
-        *(_F32, _F32, _I32, _F32, _F32, _PTR, _INT),
+        *(_F32, _F32, _I32, _F32, _PTR, _INT),
     )
 
 
 @lru_cache(maxsize=1)
 def load_accumulate_truncated() -> Callable[..., None] | None:
     """The kernel ``f(acc_ptr, parts_ptr, pieces, n, dropped_bits, first, bias_ptr or None,
-    columns, max_finite, below_min_normal, shift, clamp, overflow, threads)``: one step of
+    columns, max_finite, below_min_normal, dropped, overflow, threads)``: one step of
     load_sum_truncated_round's sum made a group of ``pieces`` partials at a time (``acc``
     becomes their sum when ``first``, else ``acc`` plus each in order), then the bias and the
     rounding when given (``max_finite`` 0: no rounding); None when not built."""
     return _kernel(
         "hfadapt_accumulate_truncated",
         *(_PTR, _PTR, _I64, _I64, _I32, _INT, _PTR, _I64),
-        *(_F32, _F32, _I32, _F32, _F32, _INT),
+        *(_F32, _F32, _I32, _F32, _INT),
     )
 
 
@@ -152,11 +152,11 @@ def load_softmax_floor() -> Callable[..., None] | None:
 
 @lru_cache(maxsize=1)
 def load() -> Callable[..., None] | None:
-    """The kernel ``f(ptr, n, max_finite, below_min_normal, shift, clamp, overflow, host_inf,
+    """The kernel ``f(ptr, n, max_finite, below_min_normal, dropped, overflow, host_inf,
     threads)``
     (host_inf 0: device arithmetic, no transfer), built on first use; None without a C compiler
     or with HFADAPT_NATIVE_DL16=0."""
-    return _kernel("hfadapt_round_dl16", _PTR, _I64, _F32, _F32, _I32, _F32, _F32, _F32, _INT)
+    return _kernel("hfadapt_round_dl16", _PTR, _I64, _F32, _F32, _I32, _F32, _F32, _INT)
 
 
 def available() -> bool:

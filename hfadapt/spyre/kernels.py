@@ -492,7 +492,7 @@ def _accumulated(
     parts = _scratch(group * size).view(group, *shape)
     threads = torch.get_num_threads()
     dropped = 23 - mantissa_bits
-    no_rounding = (0.0, 0.0, 0, 0.0, 0.0)
+    no_rounding = (0.0, 0.0, 1, 0.0)
     for first in range(0, len(starts), group):
         pieces = starts[first : first + group]
         for i, start in enumerate(pieces):

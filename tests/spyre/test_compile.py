@@ -244,15 +244,17 @@ def test_native_rounding_kernel_matches_the_torch_path_bit_for_bit() -> None:
         [0.0, -0.0, float("inf"), -float("inf"), float("nan"), 3.36e7, 2**-31, 8.5816e9, 8.6e9]
     )
     x = torch.cat([bits.view(torch.float32), special])
-    for transfer in (False, True):
-        torch_path = dl16._round_inplace(x.clone(), DEFAULT_FORMAT, transfer)
-        native = round_dl16_(x.clone(), transfer=transfer)  # the C kernel: it is available
-        same = (native.view(torch.int32) == torch_path.view(torch.int32)) | (
-            native.isnan() & torch_path.isnan()
-        )
-        assert bool(same.all()), (
-            f"transfer={transfer}: {int((~same).sum())} of {x.numel()} values differ"
-        )
+    # the default format (overflow reads back as NaN) and one whose overflow is +-inf
+    for fmt in (DEFAULT_FORMAT, dl16.DL16Format(overflow_nan=False)):
+        for transfer in (False, True):
+            torch_path = dl16._round_inplace(x.clone(), fmt, transfer)
+            native = round_dl16_(x.clone(), fmt, transfer=transfer)  # the C kernel: available
+            same = (native.view(torch.int32) == torch_path.view(torch.int32)) | (
+                native.isnan() & torch_path.isnan()
+            )
+            assert bool(same.all()), (
+                f"{fmt}, transfer={transfer}: {int((~same).sum())} of {x.numel()} values differ"
+            )
 
 
 def test_the_c_kernels_are_a_source_file_of_the_package() -> None:
