@@ -200,3 +200,30 @@ def test_a_fresh_process_compiles_on_device_tensors_first_thing() -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     device, err = done.stdout.split()
     assert device == "spyre:0" and float(err) < 0.05
+
+
+def test_import_torch_leaves_dynamo_alone_until_a_compile_brings_it() -> None:
+    """The device's autoload does not import Dynamo (over a second of every ``import torch``
+    in an environment with hfadapt); when a compile imports it later, on tensors already on
+    the device, the dispatch is still kept out of Dynamo's tracing."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, torch\n"
+        "print('dynamo after import torch:', 'torch._dynamo' in sys.modules)\n"
+        "x = torch.randn(4, 64).half()\n"
+        "xs = x.to('spyre')\n"
+        "print('dynamo after a device op:', 'torch._dynamo' in sys.modules)\n"
+        "out = torch.compile(lambda t: t * t, backend='spyre')(xs)\n"
+        "print(out.device, float((out.cpu().float() - (x.float() * x.float())).abs().max()))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
+    print(done.stdout, done.stderr[-2000:])
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert lines[0].endswith("False") and lines[1].endswith("False"), lines
+    device, err = lines[2].split()
+    assert device == "spyre:0" and float(err) < 0.05, lines[2]

@@ -7,7 +7,12 @@ card does not, and computing in fp16 on a CPU is 3.4x slower than fp32."""
 
 from __future__ import annotations
 
+import contextlib
+import importlib.abc
+import importlib.util
+import sys
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -100,7 +105,9 @@ def _not_traced_by_dynamo() -> None:
     it (a compiled function called on device tensors falls back to running op by op; tracing
     the simulator's own rounding on fake tensors failed with "Tensor.item() cannot be called
     on meta tensors"). Skips the dispatch frame and every frame it calls (a private Dynamo
-    API; where it is missing, the dispatch is disabled for Dynamo the public way)."""
+    API; where it is missing, the dispatch is disabled for Dynamo the public way). Called
+    once torch._dynamo is imported (``_when_dynamo_loads``), not before: importing Dynamo
+    costs ``import torch`` more than a second, and most processes never compile."""
     try:
         from torch._dynamo import eval_frame
 
@@ -115,7 +122,40 @@ def _not_traced_by_dynamo() -> None:
         SpyreTensor.__torch_dispatch__ = classmethod(torch.compiler.disable(original))  # type: ignore[assignment,method-assign]
 
 
-_not_traced_by_dynamo()
+class _WhenImported(importlib.abc.MetaPathFinder):
+    """Runs ``then`` right after the module ``name`` executes, whoever imports it."""
+
+    def __init__(self, name: str, then: Callable[[], None]) -> None:
+        self.name, self.then = name, then
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != self.name:
+            return None
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(self)  # once; the other finders find the module itself
+        spec = importlib.util.find_spec(fullname)
+        loader = getattr(spec, "loader", None)
+        run = getattr(loader, "exec_module", None)
+        if run is None:
+            return spec
+        then = self.then
+
+        def exec_module(module: ModuleType) -> None:
+            run(module)
+            then()
+
+        loader.exec_module = exec_module  # type: ignore[union-attr]  # this spec's own loader
+        return spec
+
+
+def _when_dynamo_loads() -> None:
+    if "torch._dynamo" in sys.modules:
+        _not_traced_by_dynamo()
+    elif not any(isinstance(f, _WhenImported) for f in sys.meta_path):
+        sys.meta_path.insert(0, _WhenImported("torch._dynamo", _not_traced_by_dynamo))
+
+
+_when_dynamo_loads()
 
 
 def wrap(held: torch.Tensor, dtype: torch.dtype, device: torch.device) -> SpyreTensor:
