@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.abc
-import importlib.util
 import sys
 from collections.abc import Callable
 from types import ModuleType
@@ -123,7 +122,8 @@ def _not_traced_by_dynamo() -> None:
 
 
 class _WhenImported(importlib.abc.MetaPathFinder):
-    """Runs ``then`` right after the module ``name`` executes, whoever imports it."""
+    """Runs ``then`` right after the module ``name`` executes, whoever imports it; stays in
+    ``sys.meta_path`` until then (a spec looked up and never executed changes nothing)."""
 
     def __init__(self, name: str, then: Callable[[], None]) -> None:
         self.name, self.then = name, then
@@ -131,20 +131,27 @@ class _WhenImported(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
         if fullname != self.name:
             return None
-        with contextlib.suppress(ValueError):
-            sys.meta_path.remove(self)  # once; the other finders find the module itself
-        spec = importlib.util.find_spec(fullname)
-        loader = getattr(spec, "loader", None)
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            if finder is self or find is None:
+                continue
+            spec = find(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
         run = getattr(loader, "exec_module", None)
         if run is None:
             return spec
-        then = self.then
 
         def exec_module(module: ModuleType) -> None:
             run(module)
-            then()
+            with contextlib.suppress(ValueError):
+                sys.meta_path.remove(self)
+            self.then()
 
-        loader.exec_module = exec_module  # type: ignore[union-attr]  # this spec's own loader
+        loader.exec_module = exec_module  # this spec's own loader
         return spec
 
 
