@@ -147,9 +147,10 @@ class _WhenImported(importlib.abc.MetaPathFinder):
 
         def exec_module(module: ModuleType) -> None:
             run(module)
-            with contextlib.suppress(ValueError):
-                sys.meta_path.remove(self)
-            self.then()
+            if module.__name__ == self.name:  # a loader shared by other modules stays inert
+                with contextlib.suppress(ValueError):
+                    sys.meta_path.remove(self)
+                self.then()
 
         loader.exec_module = exec_module  # this spec's own loader
         return spec
