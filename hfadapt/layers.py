@@ -44,8 +44,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("hfadapt.report",),
     # the command line
     ("hfadapt.cli",),
-    # the package itself: ``hfadapt.load`` / ``hfadapt.adapt`` forward to hfadapt.api lazily
-    ("hfadapt",),
+    # the package itself: ``hfadapt.load`` / ``hfadapt.adapt`` forward to hfadapt.api lazily;
+    # ``python -m hfadapt`` runs the command line
+    ("hfadapt", "hfadapt.__main__"),
 )
 
 

@@ -238,3 +238,23 @@ def test_agent_eval_reference_says_what_ran(
     assert "gelu-new-cube" in out and re.search(r"all \d steps", out), (
         out
     )  # the count is the loop's
+
+
+def test_python_dash_m_hfadapt_is_the_command() -> None:
+    """``python -m hfadapt`` runs the same command line (where the scripts folder is not on
+    PATH): its help, and a usage error as one line with exit code 2."""
+    import subprocess
+    import sys
+
+    shown = subprocess.run(
+        [sys.executable, "-m", "hfadapt", "--help"], capture_output=True, text=True, timeout=120
+    )
+    assert shown.returncode == 0 and "diagnose" in shown.stdout, shown.stderr[-500:]
+    bad = subprocess.run(
+        [sys.executable, "-m", "hfadapt", "no-such-command"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    print(bad.returncode, bad.stderr)
+    _one_line_exit_2(bad.returncode, bad.stdout, bad.stderr)
