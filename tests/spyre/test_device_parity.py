@@ -178,14 +178,24 @@ def test_minilm_compiled_on_the_device(minilm_path: object) -> None:
     assert cos > 0.9999, cos
 
 
+def _fresh_process(script: str) -> list[str]:
+    """The lines ``script`` prints, run in a fresh interpreter (it must exit 0)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
+    print(done.stdout, done.stderr[-2000:])
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.splitlines()
+
+
 def test_a_fresh_process_compiles_on_device_tensors_first_thing() -> None:
     """In a fresh process (nothing warmed up), the first thing a user does, torch-spyre's way:
     compile, call on spyre tensors. Dynamo used to trace the device's own code there and fail
     ("Tensor.item() cannot be called on meta tensors")."""
-    import subprocess
-    import sys
-
-    script = (
+    lines = _fresh_process(
         "import torch, hfadapt.spyre.eager.device as d\n"
         "from hfadapt.spyre.compile import backend\n"
         "d.register(); backend.register()\n"
@@ -193,12 +203,7 @@ def test_a_fresh_process_compiles_on_device_tensors_first_thing() -> None:
         "out = torch.compile(lambda t: t * t, backend='spyre')(x.to('spyre'))\n"
         "print(out.device, float((out.cpu().float() - (x.float() * x.float())).abs().max()))\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
-    )
-    print(done.stdout, done.stderr[-2000:])
-    assert done.returncode == 0, done.stderr[-2000:]
-    device, err = done.stdout.split()
+    device, err = lines[0].split()
     assert device == "spyre:0" and float(err) < 0.05
 
 
@@ -206,10 +211,7 @@ def test_import_torch_leaves_dynamo_alone_until_a_compile_brings_it() -> None:
     """The device's autoload does not import Dynamo (over a second of every ``import torch``
     in an environment with hfadapt); when a compile imports it later, on tensors already on
     the device, the dispatch is still kept out of Dynamo's tracing."""
-    import subprocess
-    import sys
-
-    script = (
+    lines = _fresh_process(
         "import sys, torch\n"
         "print('dynamo after import torch:', 'torch._dynamo' in sys.modules)\n"
         "x = torch.randn(4, 64).half()\n"
@@ -218,12 +220,6 @@ def test_import_torch_leaves_dynamo_alone_until_a_compile_brings_it() -> None:
         "out = torch.compile(lambda t: t * t, backend='spyre')(xs)\n"
         "print(out.device, float((out.cpu().float() - (x.float() * x.float())).abs().max()))\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
-    )
-    print(done.stdout, done.stderr[-2000:])
-    assert done.returncode == 0, done.stderr[-2000:]
-    lines = done.stdout.splitlines()
     assert lines[0].endswith("False") and lines[1].endswith("False"), lines
     device, err = lines[2].split()
     assert device == "spyre:0" and float(err) < 0.05, lines[2]
