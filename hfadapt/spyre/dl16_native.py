@@ -72,17 +72,19 @@ def _build(target: Path) -> None:
 
 @lru_cache(maxsize=1)
 def _library() -> ctypes.CDLL | None:
-    """The built library, built on first use; None without a C compiler or with
-    HFADAPT_NATIVE_DL16=0."""
+    """The built library, built on first use; None without a C compiler, with
+    HFADAPT_NATIVE_DL16=0, or when building or loading it failed in any way: the accelerator
+    never breaks an op, the torch path computes the same. Every kernel's loader goes through
+    here, so its callers need no guard of their own."""
     if not settings.native_dl16():
         return None
-    key = hashlib.sha1("|".join([source(), *_FLAGS, platform.machine()]).encode()).hexdigest()
-    target = cache_dir() / f"dl16-{key[:16]}.so"
     try:
+        key = hashlib.sha1("|".join([source(), *_FLAGS, platform.machine()]).encode())
+        target = cache_dir() / f"dl16-{key.hexdigest()[:16]}.so"
         if not target.exists():
             _build(target)
         return ctypes.CDLL(str(target))
-    except (OSError, subprocess.SubprocessError) as exc:
+    except Exception as exc:
         log.info("native DL16 kernels unavailable (%s); using the torch path", exc)
         return None
 
@@ -99,9 +101,9 @@ _PTR, _I64, _I32, _F32, _INT = (
 def _kernel(name: str, *argtypes: Any) -> Callable[..., None] | None:
     """The library's function ``name`` with its C signature, None when the library is not built."""
     lib = _library()
-    if lib is None:
+    fn = getattr(lib, name, None) if lib is not None else None
+    if fn is None:
         return None
-    fn = getattr(lib, name)
     fn.argtypes = list(argtypes)
     fn.restype = None
     return fn  # type: ignore[no-any-return]

@@ -203,14 +203,11 @@ def _softmax_floor(x: torch.Tensor, dim: int, floor: float, code: float) -> torc
     return _softmax_shifted(x, x.amax(dim, keepdim=True), dim, floor, code)
 
 
-@lru_cache(maxsize=1)
 def _native_softmax() -> Callable[..., None] | None:
+    """The softmax's C kernel (dl16_native.load_softmax_floor), None when not built."""
     from hfadapt.spyre.dl16_native import load_softmax_floor
 
-    try:
-        return load_softmax_floor()
-    except Exception:  # never let the accelerator (its build) break the softmax
-        return None
+    return load_softmax_floor()
 
 
 def _softmax_rows(
@@ -381,27 +378,19 @@ def _fusable_bias(bias: torch.Tensor, columns: int) -> bool:
     )
 
 
-@lru_cache(maxsize=1)
 def _native_kernels() -> tuple[Callable[..., None] | None, Callable[..., None] | None]:
     """(sum of truncated partials, the same with bias and DL16 rounding), None when not built."""
     from hfadapt.spyre.dl16_native import load_sum_truncated, load_sum_truncated_round
 
-    try:
-        return load_sum_truncated(), load_sum_truncated_round()
-    except Exception:  # never let the accelerator (its build) break the product
-        return None, None
+    return load_sum_truncated(), load_sum_truncated_round()
 
 
-@lru_cache(maxsize=1)
 def _native_accumulate() -> Callable[..., None] | None:
     """The piece-by-piece step of the truncated sum (dl16_native.load_accumulate_truncated),
     None when not built."""
     from hfadapt.spyre.dl16_native import load_accumulate_truncated
 
-    try:
-        return load_accumulate_truncated()
-    except Exception:  # never let the accelerator (its build) break the product
-        return None
+    return load_accumulate_truncated()
 
 
 def chunked_matmul(

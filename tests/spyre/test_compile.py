@@ -271,6 +271,40 @@ def test_the_c_kernels_are_a_source_file_of_the_package() -> None:
     assert in_python == [], f"C source held in a Python string: {in_python}"
 
 
+FAILED_BUILD = """
+import json, torch
+from hfadapt.spyre import dl16, dl16_native, kernels
+loaders = [n for n in dir(dl16_native) if n.startswith("load")]
+found = {n: getattr(dl16_native, n)() is not None for n in loaders}
+x = torch.randn(64, 300)
+rounded = dl16.round_dl16_(x.clone())
+same = torch.equal(rounded, dl16._round_inplace(x.clone(), dl16.DEFAULT_FORMAT))
+product = kernels.chunked_matmul(x, torch.randn(300, 8), 256, 9)
+print(json.dumps({"found": found, "same": same, "finite": bool(product.isfinite().all())}))
+"""
+
+
+def test_a_failed_kernel_build_leaves_every_op_on_the_torch_path(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A compiler that fails (here ``CC=false``, in a fresh cache folder): every kernel loader
+    gives None, nothing raises, and rounding and the chunked product run as torch ops (the one
+    guard is the library's loader)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, CC="false", HFADAPT_CACHE_DIR=str(tmp_path))
+    done = subprocess.run(
+        [sys.executable, "-c", FAILED_BUILD], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    print(seen)
+    assert len(seen["found"]) >= 5 and not any(seen["found"].values()), seen["found"]
+    assert seen["same"] and seen["finite"], seen
+    assert not list(tmp_path.glob("dl16-*.so")), list(tmp_path.iterdir())
+
+
 def test_report_survives_lowering_and_counts_graphs(spyre_backend) -> None:  # type: ignore[no-untyped-def]
     class TwoGraphs(nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
