@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from machine import report_machine, spread
+from machine import byte_compile, report_machine, spread
 
 TARGET_S = 15.0
 # The floor every run stands on: the interpreter importing what a user's embedding code imports.
@@ -209,6 +209,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     columns = columns_of(opts)
 
     report_machine("before")
+    print(byte_compile())
+    if opts.baseline:
+        print(byte_compile(opts.baseline))
     floors: list[float] = []
     floor_cpus: list[float] = []
     walls: dict[str, list[float]] = {c.name: [] for c in columns}

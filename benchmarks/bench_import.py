@@ -22,7 +22,7 @@ import sys
 import time
 from typing import Any
 
-from machine import report_machine, spread
+from machine import byte_compile, report_machine, spread
 
 CHILD = "import sys, torch; print('torch._dynamo' in sys.modules)"
 
@@ -45,6 +45,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--runs", type=int, default=15)
     opts = parser.parse_args(argv)
     report_machine("before")
+    print(byte_compile())
     one_run(True), one_run(False)  # warm the page cache for both
     runs: dict[bool, list[tuple[float, float, bool]]] = {True: [], False: []}
     for _ in range(opts.runs):

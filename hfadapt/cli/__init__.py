@@ -29,6 +29,7 @@ from hfadapt.cli import show as _show  # noqa: F401
 from hfadapt.cli import sweep as _sweep  # noqa: F401
 from hfadapt.cli._app import app, close_engines, err_console
 from hfadapt.cli._console import exit_code_planned, interrupt_hint, on_interrupt, plan_exit
+from hfadapt.cli._gc import tune as tune_gc
 from hfadapt.cli._noise import LibraryNoise
 from hfadapt.errors import HfadaptError
 
@@ -166,6 +167,7 @@ def _invoke(args: list[str], verbose: bool) -> int:
 def main() -> None:
     """The ``hfadapt`` console script."""
     verbose, args = _hoist_verbose(sys.argv[1:])
+    tune_gc()
     plan_exit(0)
     on_interrupt("")
     noise = LibraryNoise(verbose=verbose)

@@ -25,6 +25,7 @@ from hfadapt.cli._app import (
     left_out,
 )
 from hfadapt.cli._console import plan_exit
+from hfadapt.cli._gc import settle as settle_gc
 from hfadapt.errors import ModelNotFoundError, UsageError
 from hfadapt.judge.evidence import describe_source
 from hfadapt.options import Mode
@@ -148,6 +149,7 @@ def diagnose(
     from hfadapt.errors import InputError
     from hfadapt.judge.diagnose import diagnose as run_diagnose
 
+    settle_gc()  # torch, transformers and the judge are imported: no collection walks them again
     check_model_ref(model)
     if unsafe_no_isolation and not trust_remote_code:
         raise UsageError("--unsafe-no-isolation applies only with --trust-remote-code")

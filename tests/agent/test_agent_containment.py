@@ -621,6 +621,24 @@ def test_a_tampered_or_hostile_graph_is_refused_and_nothing_in_it_runs(tmp_path:
     assert not sentinel.exists(), "a pickle in the artifact was unpickled"
 
 
+def test_the_json_nesting_bound_counts_brackets_outside_strings_only() -> None:
+    """parse_json's depth bound (what keeps a sandbox's answer from exhausting json.loads'
+    recursion) skips brackets in strings, escaped quotes included, and an unterminated string."""
+    from hfadapt.errors import UntrustedDataError
+    from hfadapt.untrusted import parse_json
+
+    deep = "[" * 5 + "]" * 5
+    quoted = json.dumps({"s": '[[[[[[[[ {{{{ \\" ]]]] "[[[['})  # brackets inside one string
+    assert parse_json(quoted, max_depth=1) == json.loads(quoted)
+    assert parse_json(deep, max_depth=5) == [[[[[]]]]]
+    for text, depth in [(deep, 4), ('["\\\\", ' + deep + "]", 5), ('{"a": "\\"", "b": [[]]}', 2)]:
+        with pytest.raises(UntrustedDataError, match="nested deeper") as caught:
+            parse_json(text, max_depth=depth)
+        print(f"{text!r} at max_depth {depth}: {caught.value}")
+    with pytest.raises(UntrustedDataError, match="not valid JSON"):  # unterminated: not "deeper"
+        parse_json('["' + "[" * 50, max_depth=2)
+
+
 # -- the refusals and survivals that stay -----------------------------------------------------------
 
 

@@ -258,3 +258,35 @@ def test_python_dash_m_hfadapt_is_the_command() -> None:
     )
     print(bad.returncode, bad.stderr)
     _one_line_exit_2(bad.returncode, bad.stdout, bad.stderr)
+
+
+def test_the_command_tunes_its_own_collector_and_the_library_never_does() -> None:
+    """The ``hfadapt`` process collects cycles less often and, once diagnose has imported what
+    it runs on, exempts those objects from later collections (hfadapt.cli._gc); a program that
+    imports hfadapt keeps Python's collector as it was."""
+    import gc
+    import subprocess
+    import sys
+
+    report = (
+        "import atexit, gc, sys\n"
+        "atexit.register(lambda: print('GC', *gc.get_threshold(), gc.get_freeze_count()))\n"
+    )
+    command = report + (
+        "from hfadapt.cli import main\n"
+        "sys.argv = ['hfadapt', 'diagnose', 'not a model id!', '--json']\n"
+        "main()\n"
+    )
+    library = report + "import hfadapt, hfadapt.judge.diagnose\n"
+    seen = {}
+    for name, code in (("command", command), ("library", library)):
+        done = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=300
+        )
+        line = [x for x in done.stdout.splitlines() if x.startswith("GC ")]
+        assert line, (name, done.returncode, done.stdout[-500:], done.stderr[-1500:])
+        seen[name] = [int(x) for x in line[-1].split()[1:]]
+    print(f"(threshold0, 1, 2, frozen objects): {seen}; Python's defaults {gc.get_threshold()}")
+    assert seen["command"][:3] == [200_000, 30, 30], seen
+    assert seen["command"][3] > 100_000, f"only {seen['command'][3]} objects frozen"
+    assert seen["library"] == [700, 10, 10, 0], seen

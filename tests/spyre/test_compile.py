@@ -345,6 +345,30 @@ def test_lower_returns_the_report_and_refuses_to_run_a_model_that_does_not_lower
         lowered(fp16(8, 64))
 
 
+def test_an_audit_does_not_tokenize_sources_for_a_log_that_is_off(spyre_backend) -> None:  # type: ignore[no-untyped-def]
+    """Dynamo names the function around every traced call for its trace_call debug log by
+    tokenizing the whole source file (0.38 s for torch/nn/functional.py); lower() skips that
+    while the log is off, and keeps it when the log is on."""
+    from torch._dynamo import funcname_cache, symbolic_convert
+
+    stock = symbolic_convert.get_funcname
+    funcname_cache.clearcache()
+    _, report = spyre_backend.lower(Square(), (fp16(8, 64),))  # traced calls in this file
+    assert report.ok and report.graph_count == 1, report.summary()
+    print(f"log off: files tokenized {sorted(funcname_cache.cache)}")
+    assert __file__ not in funcname_cache.cache, sorted(funcname_cache.cache)
+    assert symbolic_convert.get_funcname is stock, "the stock function was not put back"
+
+    torch._dynamo.reset()
+    torch._logging.set_logs(trace_call=True)
+    try:
+        spyre_backend.lower(Square(), (fp16(8, 64),))
+    finally:
+        torch._logging.set_logs()
+    print(f"log on: files tokenized {sorted(funcname_cache.cache)}")
+    assert __file__ in funcname_cache.cache, sorted(funcname_cache.cache)
+
+
 def test_importing_hfadapt_registers_no_backend() -> None:
     code = (
         "import hfadapt, hfadapt.spyre, hfadapt.spyre.compile.backend as b\n"

@@ -16,6 +16,7 @@ the latest compiled call is ``last_report()``; ``lower()`` audits a model withou
 from __future__ import annotations
 
 import inspect
+import logging
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -422,23 +423,45 @@ def _takes_use_cache(model: Callable[..., Any], config: Any) -> bool:
     return "use_cache" in params
 
 
-@contextmanager
-def _no_guard_latency_probe() -> Iterator[None]:
-    """Dynamo times every new frame's guards once after a cache flush, for its logs only
-    (torch._dynamo.guards.profile_guard_manager: about 0.1 s a frame, 1.2 s of a 2-layer BERT
-    audit's 12 frames). An audit compiles every frame once, so it skips the probe. Private
-    API: where it is absent, nothing changes."""
-    from torch._dynamo import guards
+def _log_enabled(module: Any, logger: str) -> bool:
+    log = getattr(module, logger, None)
+    return log is None or log.isEnabledFor(logging.DEBUG)
 
+
+@contextmanager
+def _no_log_only_work() -> Iterator[None]:
+    """Skip two things Dynamo (torch 2.13) computes only for its own logs, which an audit pays
+    for on every frame it compiles:
+
+    - the guard latency probe: every new frame's guards are timed once after a cache flush
+      (torch._dynamo.guards.profile_guard_manager: about 0.1 s a frame, 1.2 s of a 2-layer
+      BERT audit's 12 frames). An audit compiles every frame once;
+    - the enclosing function's name of every traced call, for the ``trace_call`` debug log:
+      output_graph's create_proxy builds that log's header eagerly, and the name comes from
+      tokenizing the whole source file in pure Python (torch._dynamo.funcname_cache):
+      torch/nn/functional.py alone takes 0.38 s, a third of MiniLM's tracing. Skipped only
+      while that log is off (``TORCH_LOGS=trace_call`` keeps it).
+
+    Private API: where either is absent, nothing changes for it."""
+    from torch._dynamo import guards, output_graph, symbolic_convert
+
+    saved: list[tuple[Any, str, Any]] = []
     probe = getattr(guards, "profile_guard_manager", None)
-    if probe is None:
-        yield
-        return
-    setattr(guards, "profile_guard_manager", lambda *args, **kwargs: 0.0)  # noqa: B010
+    if probe is not None:
+        saved.append((guards, "profile_guard_manager", probe))
+        setattr(guards, "profile_guard_manager", lambda *args, **kwargs: 0.0)  # noqa: B010
+    funcname = getattr(symbolic_convert, "get_funcname", None)
+    if funcname is not None and not (
+        _log_enabled(output_graph, "trace_call_log")
+        or _log_enabled(symbolic_convert, "trace_call_log")
+    ):
+        saved.append((symbolic_convert, "get_funcname", funcname))
+        setattr(symbolic_convert, "get_funcname", lambda filename, lineno: None)  # noqa: B010
     try:
         yield
     finally:
-        setattr(guards, "profile_guard_manager", probe)  # noqa: B010
+        for module, name, value in reversed(saved):
+            setattr(module, name, value)
 
 
 def _call(fn: Callable[..., Any], inputs: Mapping[str, Any] | Sequence[Any]) -> Any:
@@ -483,7 +506,7 @@ def lower(
     )
     breaks_before = _graph_breaks()
     start = time.perf_counter()
-    with collect(p) as collector, patch, _no_guard_latency_probe(), torch.no_grad():
+    with collect(p) as collector, patch, _no_log_only_work(), torch.no_grad():
         output = _call(compiled, example_inputs)
     elapsed = time.perf_counter() - start
     if not collector.entries:
