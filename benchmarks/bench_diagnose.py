@@ -11,7 +11,12 @@ own timings, and the compiled run's compile is split into Dynamo's tracing, AOT 
 the spyre backend. The compiled runs come twice: with the compile cache cold (emptied before
 each run) and warm (filled by one unmeasured run first). ``--baseline CHECKOUT`` adds columns
 running another checkout's code (e.g. ``git worktree add /tmp/base main``), interleaved with
-this one's. ``--stand-in`` replaces the simulated device with plain CPU fp16."""
+this one's. ``--stand-in`` replaces the simulated device with plain CPU fp16.
+
+Ratios come two ways: the median run over the median floor, and the median of each run over
+the floor run just before it (this machine's speed drifts by tens of percent from one minute to
+the next; a pair shares the drift). hfadapt is byte-compiled first, as pip does on install
+(``machine.byte_compile``)."""
 
 from __future__ import annotations
 
@@ -262,6 +267,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         data = last[name]
         cosine = (data.get("metrics") or {}).get("min_token_cosine")
         print(f"  {name}: wall {spread(walls[name])}; {wall / floor:.2f}x the floor")
+        # each run over the floor run just before it: the machine's speed drifts between runs
+        paired = [w / f for w, f in zip(walls[name], floors, strict=True)]
+        print(f"  {'':{len(name)}}  run by run {spread(paired, unit='x', digits=2)} the floor")
         cpu = statistics.median(cpus[name])
         print(f"  {'':{len(name)}}  CPU  {spread(cpus[name])}; {cpu / floor_cpu:.2f}x the floor")
         print(f"    verdict {data['verdict']}, min per-token cosine {cosine}")
@@ -292,6 +300,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "wall_s": wall,
             "cpu_s": cpu,
             "ratio_to_floor": wall / floor,
+            "paired_ratio_to_floor": statistics.median(paired),
             "cpu_ratio_to_floor": cpu / floor_cpu,
             "min_token_cosine": cosine,
             "phases": median,

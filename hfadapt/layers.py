@@ -12,8 +12,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("hfadapt.errors",),
     # every environment variable hfadapt reads
     ("hfadapt.settings",),
-    # reading what untrusted code or servers produced: bounded JSON, clean text, redaction
-    ("hfadapt.untrusted",),
+    # reading what untrusted code or servers produced: bounded JSON, clean text, redaction;
+    # a bounded folder of cache entries shared by processes
+    ("hfadapt.untrusted", "hfadapt.disk_cache"),
     # the sandbox's seccomp filter (libseccomp through ctypes)
     ("hfadapt.seccomp",),
     # OS isolation for untrusted code (bubblewrap): usable by every layer above

@@ -39,6 +39,8 @@ __all__ = [
     "kernel_cache",
     "native_dl16",
     "python_path",
+    "reference_cache_enabled",
+    "reference_cache_mb",
     "scratch_dir",
     "spyre_autoload",
     "spyre_devices",
@@ -86,7 +88,8 @@ HFADAPT_CACHE_DIR = Variable(
     "HFADAPT_CACHE_DIR",
     "$XDG_CACHE_HOME/hfadapt, else ~/.cache/hfadapt",
     "where hfadapt keeps what it builds for itself: the DL16 kernels (built with the C "
-    "compiler) and the compile cache (compile/); all of it can be deleted at any time",
+    "compiler), the compile cache (compile/) and the CPU reference cache (reference/); all of "
+    "it can be deleted at any time",
 )
 HFADAPT_COMPILE_CACHE = Variable(
     "HFADAPT_COMPILE_CACHE",
@@ -98,6 +101,17 @@ HFADAPT_COMPILE_CACHE_MB = Variable(
     "HFADAPT_COMPILE_CACHE_MB",
     "256",
     "the compile cache's size bound in MB (least recently used entries go first)",
+)
+HFADAPT_REFERENCE_CACHE = Variable(
+    "HFADAPT_REFERENCE_CACHE",
+    "1",
+    "0: diagnose neither reads nor writes the CPU reference cache ($HFADAPT_CACHE_DIR/reference: "
+    "a model's fp32 reference on the probes, keyed by its weights, config, code and inputs)",
+)
+HFADAPT_REFERENCE_CACHE_MB = Variable(
+    "HFADAPT_REFERENCE_CACHE_MB",
+    "256",
+    "the CPU reference cache's size bound in MB (least recently used entries go first)",
 )
 HFADAPT_NATIVE_DL16 = Variable(
     "HFADAPT_NATIVE_DL16",
@@ -236,6 +250,8 @@ VARIABLES: tuple[Variable, ...] = (
     HFADAPT_DEVICE_HEAP,
     HFADAPT_COMPILE_CACHE,
     HFADAPT_COMPILE_CACHE_MB,
+    HFADAPT_REFERENCE_CACHE,
+    HFADAPT_REFERENCE_CACHE_MB,
     HFADAPT_SPYRE_AUTOLOAD,
     HFADAPT_SPYRE_DEVICES,
     HFADAPT_AGENT_MODEL,
@@ -300,14 +316,30 @@ def compile_cache_enabled() -> bool:
     return HFADAPT_COMPILE_CACHE.value() != "0"
 
 
-def compile_cache_mb(default: float) -> float:
-    """``HFADAPT_COMPILE_CACHE_MB``: the compile cache's bound (``default`` when unset or not a
-    number)."""
-    raw = HFADAPT_COMPILE_CACHE_MB.value()
+def _megabytes(variable: Variable, default: float) -> float:
+    raw = variable.value()
     try:
         return float(raw) if raw else default
     except ValueError:
         return default
+
+
+def compile_cache_mb(default: float) -> float:
+    """``HFADAPT_COMPILE_CACHE_MB``: the compile cache's bound (``default`` when unset or not a
+    number)."""
+    return _megabytes(HFADAPT_COMPILE_CACHE_MB, default)
+
+
+def reference_cache_enabled() -> bool:
+    """Whether diagnose reads and writes the CPU reference cache (``HFADAPT_REFERENCE_CACHE``
+    not 0)."""
+    return HFADAPT_REFERENCE_CACHE.value() != "0"
+
+
+def reference_cache_mb(default: float) -> float:
+    """``HFADAPT_REFERENCE_CACHE_MB``: the reference cache's bound (``default`` when unset or
+    not a number)."""
+    return _megabytes(HFADAPT_REFERENCE_CACHE_MB, default)
 
 
 def native_dl16() -> bool:

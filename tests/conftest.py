@@ -77,10 +77,11 @@ def fresh_device_warnings() -> None:
 @pytest.fixture(scope="session", autouse=True)
 def _native_dl16_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """The C DL16 kernel (hfadapt.spyre.dl16_native) is built into a session tmp dir, not
-    into the user's cache; the compile cache is off."""
+    into the user's cache; the compile and reference caches are off."""
     import os
 
-    old = {name: os.environ.get(name) for name in ("HFADAPT_CACHE_DIR", "HFADAPT_COMPILE_CACHE")}
+    names = ("HFADAPT_CACHE_DIR", "HFADAPT_COMPILE_CACHE", "HFADAPT_REFERENCE_CACHE")
+    old = {name: os.environ.get(name) for name in names}
     os.environ["HFADAPT_CACHE_DIR"] = str(tmp_path_factory.mktemp("hfadapt-cache"))
     # The persistent compile cache is off: a test that patches the backend must compile afresh
     # (tests/test_compile_cache.py turns it on where it is the subject). To check that verdicts
@@ -90,6 +91,9 @@ def _native_dl16_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Non
     if shared:
         os.environ["HFADAPT_CACHE_DIR"] = shared
     os.environ["HFADAPT_COMPILE_CACHE"] = "1" if shared else "0"
+    # so is the CPU reference cache: every test's reference is computed (and checked) afresh
+    # (tests/judge/test_reference_cache.py turns it on where it is the subject)
+    os.environ["HFADAPT_REFERENCE_CACHE"] = "0"
     yield
     for name, value in old.items():
         if value is None:

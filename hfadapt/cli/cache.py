@@ -1,10 +1,12 @@
-"""``hfadapt cache info`` and ``hfadapt cache clear``: the persistent compile cache of the
-simulated device (hfadapt.spyre.compile.cache): where it is, how many entries and bytes it
-holds, and emptying it. Thin: the library does the work."""
+"""``hfadapt cache info`` and ``hfadapt cache clear``: hfadapt's two persistent caches, the
+simulated device's compile cache (hfadapt.spyre.compile.cache) and the CPU reference cache
+(hfadapt.judge.reference_cache): where each is, how many entries and bytes it holds, and
+emptying them. Thin: the library does the work."""
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import typer
 from rich.markup import escape
@@ -12,11 +14,23 @@ from rich.markup import escape
 from hfadapt.cli._app import JsonOption, app, console
 
 cache_app = typer.Typer(
-    help="The compile cache: what it holds, and emptying it.",
+    help="The compile and reference caches: what they hold, and emptying them.",
     no_args_is_help=True,
     rich_markup_mode=None,
 )
 app.add_typer(cache_app, name="cache")
+
+# (name, the variable that turns it off, its module)
+_CACHES = (
+    ("compile", "HFADAPT_COMPILE_CACHE", "hfadapt.spyre.compile.cache"),
+    ("reference", "HFADAPT_REFERENCE_CACHE", "hfadapt.judge.reference_cache"),
+)
+
+
+def _module(path: str) -> Any:
+    import importlib
+
+    return importlib.import_module(path)
 
 
 def _size(n: int) -> str:
@@ -25,27 +39,27 @@ def _size(n: int) -> str:
 
 @cache_app.command("info")
 def info(as_json: JsonOption = False) -> None:
-    """Where the compile cache is, its entries and size, and its bound."""
-    from hfadapt.spyre.compile.cache import cache_info
-
-    data = cache_info()
+    """Where each cache is, its entries and size, and its bound."""
+    data = {name: _module(module).cache_info() for name, _, module in _CACHES}
     if as_json:
         typer.echo(json.dumps(data, indent=2))
         return
-    state = "on" if data["enabled"] else "off (HFADAPT_COMPILE_CACHE=0)"
-    console.print(
-        f"compile cache {escape(data['path'])}: {data['entries']} entries, "
-        f"{_size(data['bytes'])} of {_size(data['max_bytes'])}; {state}",
-        highlight=False,
-        soft_wrap=True,
-    )
+    for name, variable, _ in _CACHES:
+        item = data[name]
+        state = "on" if item["enabled"] else f"off ({variable}=0)"
+        console.print(
+            f"{name} cache {escape(item['path'])}: {item['entries']} entries, "
+            f"{_size(item['bytes'])} of {_size(item['max_bytes'])}; {state}",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 @cache_app.command("clear")
 def clear() -> None:
-    """Remove every entry of the compile cache (the next compiles fill it again)."""
-    from hfadapt.spyre.compile.cache import cache_info
-    from hfadapt.spyre.compile.cache import clear as clear_cache
-
-    removed = clear_cache()
-    console.print(f"removed {removed} entries from {escape(cache_info()['path'])}", highlight=False)
+    """Remove every entry of both caches (the next runs fill them again)."""
+    for name, _, module in _CACHES:
+        found = _module(module)
+        removed = found.clear()
+        where = escape(found.cache_info()["path"])
+        console.print(f"removed {removed} entries from the {name} cache {where}", highlight=False)

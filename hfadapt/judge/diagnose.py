@@ -78,6 +78,7 @@ def diagnose(
     registry: Registry | None = None,
     config: dict[str, Any] | None = None,
     config_source: str | None = None,
+    reuse_reference: bool = True,
 ) -> Diagnosis:
     """Judge one model on the simulated Spyre device and record the run (see module doc).
 
@@ -99,6 +100,10 @@ def diagnose(
     hfadapt would find for ``model_ref`` (a Hub id, named in the run); ``config_source`` says
     where it came from, a source label such as ``structural:crawl`` (default
     ``structural:given``), which sets the run's evidence level.
+
+    ``reuse_reference``: read and write the CPU reference cache
+    (:mod:`hfadapt.judge.reference_cache`; ``HFADAPT_REFERENCE_CACHE=0`` turns it off
+    everywhere); a sweep passes False.
 
     ``trust_remote_code=True``: the model's own code runs only in the OS sandbox: the whole
     judging happens in a sandboxed worker (:mod:`hfadapt.judge.sandboxed`) and comes back as
@@ -127,7 +132,7 @@ def diagnose(
     )
     return _diagnose_and_record(
         model_ref, options, db, record=record, hub=hub, runner=runner, registry=registry,
-        config=config, config_source=config_source,
+        config=config, config_source=config_source, reuse_reference=reuse_reference,
     )  # fmt: skip
 
 
@@ -142,6 +147,7 @@ def _diagnose_and_record(
     registry: Registry | None,
     config: dict[str, Any] | None,
     config_source: str | None,
+    reuse_reference: bool = False,
 ) -> Diagnosis:
     from hfadapt.spyre.profile import load_profile
 
@@ -160,7 +166,7 @@ def _diagnose_and_record(
             return sandboxed.judge_and_record(model_ref, engine, options, runner=runner, hub=hub)
         return _diagnose(
             model_ref, options, prof, engine, hub=hub, runner=runner, registry=registry,
-            config=config, config_source=config_source,
+            config=config, config_source=config_source, reuse_reference=reuse_reference,
         )  # fmt: skip
     finally:
         if engine is not None and engine is not db:
@@ -195,6 +201,7 @@ def _diagnose(
     registry: Registry | None = None,
     config: dict[str, Any] | None = None,
     config_source: str | None = None,
+    reuse_reference: bool = False,
 ) -> Diagnosis:
     phases = Phases()
     ref_name = model_ref.model_id if isinstance(model_ref, LoadedModel) else os.fspath(model_ref)
@@ -212,6 +219,10 @@ def _diagnose(
         timings=phases.seconds,
     )
     state = judging.Judging(options, diag, phases, hub=hub, runner=runner, registry=registry)
+    if reuse_reference and not options.trust_remote_code:  # the model's own code: never
+        from hfadapt.judge.reference_cache import default_cache
+
+        state.reference_cache = default_cache()
     verdict, reason, error = judging.judge(state, model_ref, config, config_source)
     diag.verdict = verdict
     diag.reason = ("[structural] " if diag.structural else "") + reason

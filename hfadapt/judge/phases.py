@@ -29,6 +29,7 @@ from hfadapt.judge.evidence import level_of_source
 from hfadapt.judge.localize import localize
 from hfadapt.judge.metrics import compare, last_hidden, token_mask
 from hfadapt.judge.options import JudgeOptions
+from hfadapt.judge.reference_cache import ReferenceCache, reference_key
 from hfadapt.loading.load import LoadedModel
 from hfadapt.loading.loader import load_model
 from hfadapt.loading.probes import build_probes, model_inputs
@@ -82,6 +83,7 @@ class Judging:
     reference: torch.Tensor | None = None
     device_model: torch.nn.Module | None = None
     dtype: torch.dtype = torch.float16
+    reference_cache: ReferenceCache | None = None  # None: the reference is always computed
 
     @property
     def model(self) -> LoadedModel:
@@ -198,22 +200,33 @@ def probes(j: Judging) -> Outcome | None:
 
 
 def reference(j: Judging) -> Outcome | None:
-    """The CPU fp32 reference, twice: it must be deterministic and finite on real tokens."""
+    """The CPU fp32 reference, twice: it must be deterministic and finite on real tokens. With
+    a reference cache, a reference an earlier run computed and checked from the same weights,
+    config, code and inputs is read instead (hfadapt.judge.reference_cache)."""
     model = j.model.model
+    cache, key, again = j.reference_cache, None, None
     with j.phases("reference"):
-        try:
-            with torch.inference_mode():
-                first = last_hidden(model(**j.inputs)).detach().clone()
-                again = last_hidden(model(**j.inputs)).detach().clone()
-        except Exception as exc:
-            why = f"the CPU fp32 reference raised {_one_line(exc)}"
-            return verdicts.REFERENCE_FAILED, why, None
-    problem = _not_deterministic(first, again)
+        if cache is not None:
+            key = reference_key(model, j.inputs)
+        first = cache.load(key) if cache is not None and key is not None else None
+        if first is not None:
+            j.diag.evidence["reference"] = f"from the reference cache (entry {str(key)[:12]})"
+        else:
+            try:
+                with torch.inference_mode():
+                    first = last_hidden(model(**j.inputs)).detach().clone()
+                    again = last_hidden(model(**j.inputs)).detach().clone()
+            except Exception as exc:
+                why = f"the CPU fp32 reference raised {_one_line(exc)}"
+                return verdicts.REFERENCE_FAILED, why, None
+    problem = _not_deterministic(first, again) if again is not None else None
     j.mask = token_mask(first, j.real_tokens)  # one vector per sequence (DPR): one "token" each
     if problem is None and not bool(torch.isfinite(first[j.mask]).all()):
         problem = "the CPU fp32 reference itself holds NaN or inf on real tokens"
     if problem:
         return verdicts.REFERENCE_FAILED, problem, None
+    if cache is not None and key is not None and again is not None:
+        cache.store(key, first)  # checked: deterministic and finite
     j.reference = first
     return None
 

@@ -62,8 +62,10 @@ def _env(isolated: bool, scratch: Path) -> dict[str, str]:
         # transformers copies remote code here before importing it: never the user's cache
         "HF_MODULES_CACHE": f"{tmp}/hf_modules",
         "TORCHINDUCTOR_CACHE_DIR": f"{tmp}/inductor",
-        # untrusted code never writes graphs other processes would compile from
+        # untrusted code never writes graphs other processes would compile from, nor
+        # references they would judge against
         "HFADAPT_COMPILE_CACHE": "0",
+        "HFADAPT_REFERENCE_CACHE": "0",
     }
     for variable in (
         settings.HFADAPT_HOME,

@@ -164,6 +164,7 @@ def _diagnose(
             localize_failures=judge.localize,
             config=given,
             config_source=task.config_source if given is not None else None,
+            reuse_reference=False,  # each model is judged once: entries would only churn
         )
     except InputError as exc:  # no model to judge (not cached, no config): it does not load
         reason = ("[structural] " if judge.structural else "") + exc.one_line()

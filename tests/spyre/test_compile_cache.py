@@ -201,15 +201,15 @@ def test_cache_info_and_clear_on_the_command_line(
 ) -> None:
     _compile_small()
     code, out, _ = run_cli(["cache", "info", "--json"], monkeypatch, capsys)
-    info = json.loads(out)
+    info = json.loads(out)["compile"]
     assert code == 0 and info["entries"] == 1 and info["bytes"] > 0, out
     assert Path(info["path"]) == cache_on
     code, out, err = run_cli(["cache", "clear"], monkeypatch, capsys)
     assert code == 0, err
-    assert "removed 1 entries" in out, out
+    assert "removed 1 entries from the compile cache" in out, out
     assert _entries(cache_on) == []
     code, out, _ = run_cli(["cache", "info"], monkeypatch, capsys)
-    assert code == 0 and "0 entries" in out, out
+    assert code == 0 and "compile cache" in out and "0 entries" in out, out
 
 
 def test_the_key_changes_with_the_profile_version_and_the_dtype() -> None:

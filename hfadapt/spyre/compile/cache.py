@@ -27,12 +27,9 @@ judges it and generates its program again (so reports and defects are always thi
 from __future__ import annotations
 
 import base64
-import contextlib
 import hashlib
 import json
 import logging
-import os
-import tempfile
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -44,6 +41,7 @@ import torch
 from torch import fx
 
 from hfadapt import settings
+from hfadapt.disk_cache import BoundedFolder
 from hfadapt.errors import UntrustedDataError
 from hfadapt.spyre.compile.graph_codec import GraphCodecError, decode, encode, input_meta
 from hfadapt.spyre.profile import Profile
@@ -107,7 +105,8 @@ class CompileCache:
     """One cache folder, bounded to ``max_bytes``."""
 
     def __init__(self, root: Path, max_bytes: int) -> None:
-        self.root = Path(root)
+        self.folder = BoundedFolder(root, max_bytes, SUFFIX)
+        self.root = self.folder.root
         self.max_bytes = max_bytes
 
     # -- keys -----------------------------------------------------------------------------------
@@ -142,28 +141,22 @@ class CompileCache:
         text = json.dumps(parts, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()
 
-    def _path(self, key: str) -> Path:
-        return self.root / f"{key}{SUFFIX}"
-
     # -- reading ----------------------------------------------------------------------------------
     def load(self, key: str, inputs: Sequence[Any]) -> Entry | None:
         """The entry for ``key``, checked against ``inputs``; None on a miss or a bad entry
         (which the next store replaces)."""
-        path = self._path(key)
-        try:
-            raw = path.read_bytes()
-        except OSError:
+        raw = self.folder.read(key)
+        if raw is None:
             _count("misses")
             return None
         try:
             entry = self._parse(raw, key, inputs)
         except (GraphCodecError, UntrustedDataError, ValueError, KeyError, TypeError) as exc:
-            log.info("compile cache: ignoring entry %s (%s)", path.name, exc)
+            log.info("compile cache: ignoring entry %s (%s)", self.folder.path(key).name, exc)
             _count("rejected")
             _count("misses")
             return None
-        with contextlib.suppress(OSError):
-            os.utime(path)  # least recently used goes first
+        self.folder.touch(key)  # least recently used goes first
         _count("hits")
         return entry
 
@@ -217,78 +210,26 @@ class CompileCache:
             "graph": graph,
             "constants": blob,
         }
-        try:
-            self.root.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".tmp-", suffix=SUFFIX)
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                    json.dump(data, fh, separators=(",", ":"))
-                os.replace(tmp, self._path(key))
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
-        except OSError as exc:  # a read-only or full disk: compiling still works
-            log.info("compile cache: cannot write (%s)", exc)
-            return False
-        _count("stored")
-        self.evict()
-        return True
+        written, evicted = self.folder.write(key, json.dumps(data, separators=(",", ":")).encode())
+        _count("evicted", evicted)
+        if written:
+            _count("stored")
+        return written
 
     def entries(self) -> list[Path]:
-        try:
-            return [
-                p for p in self.root.iterdir() if p.suffix == SUFFIX and not p.name.startswith(".")
-            ]
-        except OSError:
-            return []
+        return self.folder.entries()
 
     def evict(self) -> int:
         """Remove the least recently used entries until the folder fits ``max_bytes``."""
-        sized = []
-        for p in self.entries():
-            try:
-                st = p.stat()
-            except OSError:
-                continue
-            sized.append((st.st_mtime, st.st_size, p))
-        total = sum(s for _, s, _ in sized)
-        removed = 0
-        for _, size, p in sorted(sized, key=lambda e: e[0]):
-            if total <= self.max_bytes:
-                break
-            try:
-                p.unlink()
-                removed += 1
-            except OSError:
-                pass  # another worker removed it
-            total -= size
+        removed = self.folder.evict()
         _count("evicted", removed)
         return removed
 
     def clear(self) -> int:
-        removed = 0
-        for p in [*self.entries(), *self.root.glob(".tmp-*")]:
-            try:
-                p.unlink()
-                removed += 1
-            except OSError:
-                pass
-        return removed
+        return self.folder.clear()
 
     def info(self) -> dict[str, Any]:
-        sizes = []
-        for p in self.entries():
-            try:
-                sizes.append(p.stat().st_size)
-            except OSError:
-                continue
-        return {
-            "path": str(self.root),
-            "entries": len(sizes),
-            "bytes": sum(sizes),
-            "max_bytes": self.max_bytes,
-            "enabled": enabled(),
-        }
+        return {**self.folder.info(), "enabled": enabled()}
 
 
 def _tensor_bytes(t: torch.Tensor) -> bytes:

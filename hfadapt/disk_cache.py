@@ -1,0 +1,124 @@
+"""A folder of cache entries with a size bound, shared by processes: what hfadapt's persistent
+caches (the compile cache, hfadapt.spyre.compile.cache; the CPU reference cache,
+hfadapt.judge.reference_cache) keep their files in.
+
+- an entry is one file ``<key><suffix>``, written to a temporary file in the folder and renamed,
+  so concurrent sweep workers see a whole entry or none;
+- reading an entry touches it; when a write takes the folder past its bound, the least
+  recently used entries go first;
+- a read-only or full disk is not an error: the caller computes what it wanted to read.
+
+This module imports only the standard library.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+__all__ = ["BoundedFolder"]
+
+log = logging.getLogger(__name__)
+
+
+class BoundedFolder:
+    """Entries ``<key><suffix>`` in ``root``, at most ``max_bytes`` in all (see module doc)."""
+
+    def __init__(self, root: Path, max_bytes: int, suffix: str) -> None:
+        self.root = Path(root)
+        self.max_bytes = max_bytes
+        self.suffix = suffix
+
+    def path(self, key: str) -> Path:
+        return self.root / f"{key}{self.suffix}"
+
+    def read(self, key: str) -> bytes | None:
+        """The entry's bytes, None when there is none (or it cannot be read)."""
+        try:
+            return self.path(key).read_bytes()
+        except OSError:
+            return None
+
+    def touch(self, key: str) -> None:
+        """Mark the entry used now (least recently used entries are evicted first)."""
+        with contextlib.suppress(OSError):
+            os.utime(self.path(key))
+
+    def write(self, key: str, data: bytes) -> tuple[bool, int]:
+        """Write the entry atomically, then evict down to the bound: (written, entries
+        evicted). Not written on a read-only or full disk."""
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".tmp-", suffix=self.suffix)
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(data)
+                os.replace(tmp, self.path(key))
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+        except OSError as exc:
+            log.info("cache %s: cannot write (%s)", self.root, exc)
+            return False, 0
+        return True, self.evict()
+
+    def entries(self) -> list[Path]:
+        try:
+            return [
+                p
+                for p in self.root.iterdir()
+                if p.name.endswith(self.suffix) and not p.name.startswith(".")
+            ]
+        except OSError:
+            return []
+
+    def evict(self) -> int:
+        """Remove the least recently used entries until the folder fits ``max_bytes``."""
+        sized = []
+        for p in self.entries():
+            try:
+                st = p.stat()
+            except OSError:
+                continue
+            sized.append((st.st_mtime, st.st_size, p))
+        total = sum(s for _, s, _ in sized)
+        removed = 0
+        for _, size, p in sorted(sized, key=lambda e: e[0]):
+            if total <= self.max_bytes:
+                break
+            try:
+                p.unlink()
+                removed += 1
+            except OSError:
+                pass  # another worker removed it
+            total -= size
+        return removed
+
+    def clear(self) -> int:
+        """Remove every entry (and any half-written one); the number removed."""
+        removed = 0
+        for p in [*self.entries(), *self.root.glob(".tmp-*")]:
+            try:
+                p.unlink()
+                removed += 1
+            except OSError:
+                pass
+        return removed
+
+    def info(self) -> dict[str, Any]:
+        sizes = []
+        for p in self.entries():
+            try:
+                sizes.append(p.stat().st_size)
+            except OSError:
+                continue
+        return {
+            "path": str(self.root),
+            "entries": len(sizes),
+            "bytes": sum(sizes),
+            "max_bytes": self.max_bytes,
+        }
