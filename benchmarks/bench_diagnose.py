@@ -8,8 +8,9 @@ sentence_transformers``), compiled (diagnose's default) and eager, and where the
 Each run is a fresh ``hfadapt diagnose MODEL --json`` process (interpreter start and imports
 count, as they do for a user), interleaved with a floor process; the phases come from the run's
 own timings, and the compiled run's compile is split into Dynamo's tracing, AOT autograd and
-the spyre backend. The compiled runs come twice: with the compile cache cold (emptied before
-each run) and warm (filled by one unmeasured run first). ``--baseline CHECKOUT`` adds columns
+the spyre backend. The compiled runs come twice: with hfadapt's caches (the compile cache and
+the CPU reference cache) cold (emptied before each run) and warm (filled by one unmeasured run
+first); the eager runs have both off. ``--baseline CHECKOUT`` adds columns
 running another checkout's code (e.g. ``git worktree add /tmp/base main``), interleaved with
 this one's. ``--stand-in`` replaces the simulated device with plain CPU fp16.
 
@@ -106,7 +107,10 @@ if {stand_in}:
         return Run(out, LoweringReport("cpu-stand-in", "0", execution), time.perf_counter() - start)
 
     check.default_runner = lambda: stand_in
-from hfadapt.cli import main
+try:  # what the console script runs
+    from hfadapt.cli import entry as main
+except ImportError:  # a baseline checkout from before it
+    from hfadapt.cli import main
 main()
 """
 
@@ -124,7 +128,7 @@ def floor_seconds() -> tuple[float, float]:
 
 @dataclass
 class Column:
-    """One kind of run: diagnose ``--<execution>``, with the compile cache cold (emptied before
+    """One kind of run: diagnose ``--<execution>``, with hfadapt's caches cold (emptied before
     each run), warm (filled by an unmeasured run first) or off, from this checkout or from
     ``--baseline`` (a checkout of other code, first on PYTHONPATH)."""
 
@@ -142,9 +146,11 @@ def one_run(
     args = [sys.executable, "-c", child, "diagnose", model, "--json", "--db", db]
     args.append(f"--{column.execution}")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HFADAPT_CACHE_DIR": cache_home}
-    env["HFADAPT_COMPILE_CACHE"] = "0" if column.cache == "off" else "1"
-    if column.cache == "cold":
-        shutil.rmtree(os.path.join(cache_home, "compile"), ignore_errors=True)
+    for variable in ("HFADAPT_COMPILE_CACHE", "HFADAPT_REFERENCE_CACHE"):
+        env[variable] = "0" if column.cache == "off" else "1"
+    if column.cache == "cold":  # the first diagnose of this model here: both caches empty
+        for folder in ("compile", "reference"):
+            shutil.rmtree(os.path.join(cache_home, folder), ignore_errors=True)
     if column.baseline:
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (column.baseline, os.environ.get("PYTHONPATH")) if p

@@ -29,8 +29,9 @@ from hfadapt.cli import show as _show  # noqa: F401
 from hfadapt.cli import sweep as _sweep  # noqa: F401
 from hfadapt.cli._app import app, close_engines, err_console
 from hfadapt.cli._console import exit_code_planned, interrupt_hint, on_interrupt, plan_exit
-from hfadapt.cli._gc import tune as tune_gc
 from hfadapt.cli._noise import LibraryNoise
+from hfadapt.cli._process import leave
+from hfadapt.cli._process import tune as tune_gc
 from hfadapt.errors import HfadaptError
 
 INTERRUPTED = 130  # 128 + SIGINT, as shells report it
@@ -181,3 +182,15 @@ def main() -> None:
         with contextlib.suppress(OSError):
             err_console.print(summary, highlight=False, soft_wrap=True, markup=False)
     sys.exit(code)
+
+
+def entry() -> None:
+    """The ``hfadapt`` console script and ``python -m hfadapt``: ``main``, then leaving without
+    the interpreter's teardown (hfadapt.cli._process)."""
+    try:
+        main()
+    except SystemExit as exc:
+        code = exc.code
+    else:
+        code = 0
+    leave(code if isinstance(code, int) else (0 if code is None else 1))

@@ -25,7 +25,7 @@ from hfadapt.cli._app import (
     left_out,
 )
 from hfadapt.cli._console import plan_exit
-from hfadapt.cli._gc import settle as settle_gc
+from hfadapt.cli._process import settle as settle_gc
 from hfadapt.errors import ModelNotFoundError, UsageError
 from hfadapt.judge.evidence import describe_source
 from hfadapt.options import Mode

@@ -262,7 +262,7 @@ def test_python_dash_m_hfadapt_is_the_command() -> None:
 
 def test_the_command_tunes_its_own_collector_and_the_library_never_does() -> None:
     """The ``hfadapt`` process collects cycles less often and, once diagnose has imported what
-    it runs on, exempts those objects from later collections (hfadapt.cli._gc); a program that
+    it runs on, exempts those objects from later collections (hfadapt.cli._process); a program that
     imports hfadapt keeps Python's collector as it was."""
     import gc
     import subprocess
@@ -290,3 +290,46 @@ def test_the_command_tunes_its_own_collector_and_the_library_never_does() -> Non
     assert seen["command"][:3] == [200_000, 30, 30], seen
     assert seen["command"][3] > 100_000, f"only {seen['command'][3]} objects frozen"
     assert seen["library"] == [700, 10, 10, 0], seen
+
+
+def test_the_console_script_skips_teardown_but_not_exit_handlers_or_output() -> None:
+    """``hfadapt.cli.entry`` (the console script, ``python -m hfadapt``) ends with os._exit
+    after the exit handlers and a flush: an atexit handler still runs, every line of a long
+    output arrives, and the exit code is the command's; finalizers that only teardown would run
+    (an object alive until interpreter exit) do not."""
+    import subprocess
+    import sys
+
+    code = (
+        "import atexit, sys\n"
+        "atexit.register(lambda: print('handler ran'))\n"
+        "class Late:\n"
+        "    def __del__(self):\n"
+        "        print('teardown ran')\n"
+        "keep = Late()\n"
+        "from hfadapt.cli import entry\n"
+        "sys.argv = ['hfadapt'] + sys.argv[1:]\n"
+        "entry()\n"
+    )
+    shown = subprocess.run(
+        [sys.executable, "-c", code, "--help"], capture_output=True, text=True, timeout=120
+    )
+    stock = subprocess.run(
+        [sys.executable, "-m", "hfadapt", "--help"], capture_output=True, text=True, timeout=120
+    )
+    print(f"exit {shown.returncode}; last lines {shown.stdout.splitlines()[-2:]}")
+    assert shown.returncode == 0 and shown.stdout.endswith("handler ran\n"), shown.stdout[-300:]
+    assert "teardown ran" not in shown.stdout, "the interpreter's teardown ran"
+    normal = subprocess.run(  # main() exits the normal way: the teardown runs
+        [sys.executable, "-c", code.replace("entry", "main"), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert normal.stdout.endswith("handler ran\nteardown ran\n"), normal.stdout[-200:]
+    assert shown.stdout.removesuffix("handler ran\n") == stock.stdout, "output was lost"
+    bad = subprocess.run(
+        [sys.executable, "-c", code, "no-such-command"], capture_output=True, text=True, timeout=120
+    )
+    assert bad.returncode == 2 and bad.stdout == "handler ran\n", (bad.returncode, bad.stdout)
+    _one_line_exit_2(bad.returncode, "", bad.stderr)
