@@ -51,7 +51,8 @@ def show(
     where = (
         f"rank {card['rank']}, {card['downloads']:,} downloads" if card["rank"] else "not crawled"
     )
-    _say("model", f"{card['model_type'] or '?'}; {where}; {card['hub_url']}")
+    page = f"; {card['hub_url']}" if card["hub_url"] else "; a local folder, not on the Hub"
+    _say("model", f"{card['model_type'] or '?'}; {where}{page}")
     run = f"run {card['run_id']}" + (f" of sweep {card['sweep_id']}" if card["sweep_id"] else "")
     _say(
         "run", f"{run}; {card['mode']}, {card['dtype']}, {card['execution']}; {card['finished_at']}"

@@ -38,7 +38,12 @@ HUB_URL = "https://huggingface.co/"
 
 def hub_url(model_id: str) -> str:
     """The model's Hub page; the id percent-encoded (an id stored before crawls validated them
-    may hold anything)."""
+    may hold anything). Empty for what is not a Hub id: a run of a local folder is recorded
+    under the folder's path, which has no Hub page."""
+    from hfadapt.hub.resolve import looks_like_path
+
+    if looks_like_path(model_id):
+        return ""
     return HUB_URL + quote(model_id, safe="/")
 
 

@@ -86,3 +86,29 @@ def test_models_shows_latest_verdict_and_evidence(
     code, out, err = run_cli(["models", "--db", db], monkeypatch, capsys)
     line = next(line for line in out.splitlines() if "m/five" in line)
     assert "pass" in line and "architecture" in line, out
+
+
+def test_a_local_folders_run_links_to_no_hub_page(
+    tiny_bert: Path,
+    cpu_runner: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A run of a local folder is recorded under the folder's path: ``show`` and the report
+    give no huggingface.co URL for it (there was one, https://huggingface.co//tmp/...), and a
+    Hub id keeps its page."""
+    from hfadapt.judge.diagnose import diagnose
+    from hfadapt.report.models import hub_url
+
+    db = str(tmp_path / "runs.db")
+    diag = diagnose(tiny_bert, runner=cpu_runner, db=db)
+    code, out, err = run_cli(["show", str(tiny_bert), "--db", db], monkeypatch, capsys)
+    assert code == 0 and diag.model_id == str(tiny_bert), (err, diag.model_id)
+    assert "huggingface.co" not in out and "a local folder, not on the Hub" in out, out
+    code, out, err = run_cli(["show", str(tiny_bert), "--db", db, "--json"], monkeypatch, capsys)
+    assert code == 0 and json.loads(out)["hub_url"] == "", out
+    assert hub_url("sentence-transformers/all-MiniLM-L6-v2") == (
+        "https://huggingface.co/sentence-transformers/all-MiniLM-L6-v2"
+    )
+    assert hub_url("./models/x") == hub_url("~/m") == hub_url("/a/b/c") == ""
