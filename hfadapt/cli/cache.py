@@ -61,5 +61,5 @@ def clear() -> None:
     for name, _, module in _CACHES:
         found = _module(module)
         removed = found.clear()
-        where = escape(found.cache_info()["path"])
+        where = escape(str(found.directory()))
         console.print(f"removed {removed} entries from the {name} cache {where}", highlight=False)

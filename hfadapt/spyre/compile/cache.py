@@ -106,8 +106,10 @@ class CompileCache:
 
     def __init__(self, root: Path, max_bytes: int) -> None:
         self.folder = BoundedFolder(root, max_bytes, SUFFIX)
-        self.root = self.folder.root
-        self.max_bytes = max_bytes
+
+    @property
+    def max_bytes(self) -> int:
+        return self.folder.max_bytes
 
     # -- keys -----------------------------------------------------------------------------------
     def key(self, gm: fx.GraphModule, inputs: Sequence[Any], profile: Profile) -> str | None:
