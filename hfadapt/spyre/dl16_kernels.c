@@ -23,11 +23,25 @@
    ``floor`` > 0, divided by their sum; each row's max is written to ``top``. */
 #include <stdint.h>
 #include <string.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+/* Flush-to-zero for the softmax's division only: a masked key's probability, exp(-87) / sum,
+   is an fp32 subnormal, and each subnormal result costs the FPU a microcode assist (a batch
+   whose keys are one quarter padding ran 4.7x slower). With FTZ such a result is +0: the DL16
+   rounding that follows makes every value below DL16's smallest normal +0 anyway, and an fp32
+   result moves by less than 2^-126. No other result changes (FTZ acts on subnormal results
+   only). The caller's mode is restored. */
+#define FTZ_BEGIN unsigned int saved_csr_ = _mm_getcsr(); _mm_setcsr(saved_csr_ | 0x8000u);
+#define FTZ_END _mm_setcsr(saved_csr_);
+#else
+#define FTZ_BEGIN
+#define FTZ_END
+#endif
 /* An AVX2 build of each kernel beside the baseline one, chosen when the library loads (GCC's
    function multiversioning): eight floats a step where the CPU has them, never an illegal
    instruction where it does not. */
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define CLONES __attribute__((target_clones("avx2", "default")))
+#define CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define CLONES
 #endif
@@ -216,7 +230,9 @@ CLONES void hfadapt_softmax_floor(const float* x, float* out, float* top, int64_
     #pragma omp parallel for schedule(static) num_threads(nt) if(rows * cols > 32768)
     for (int64_t r = 0; r < rows; r += per) {
         const int64_t count = rows - r < per ? rows - r : per;
+        FTZ_BEGIN
         softmax_block(x + r * cols, out + r * cols, top + r, count, cols, floor, code);
+        FTZ_END
     }
 }
 

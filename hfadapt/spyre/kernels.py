@@ -415,20 +415,25 @@ def chunked_matmul(
     plain products into one buffer); else side by side, then summed."""
     k = a.shape[-1]
     per = max(STICK, -(-chunk // STICK) * STICK)
-    if k <= per:
-        out = truncate_partial_(torch.matmul(a, b), mantissa_bits)
-        if bias is not None:
-            out.add_(bias)
-        return out if fmt is None else round_dl16_(out, fmt)
-    starts = range(0, k, per)
     step = _native_accumulate()
-    if (
+    native = (
         step is not None
         and a.dtype == b.dtype == torch.float32
         and type(a) is torch.Tensor
         and type(b) is torch.Tensor
         and (bias is None or _fusable_bias(bias, b.shape[-1]))
-    ):
+    )
+    if k <= per:
+        product = torch.matmul(a, b)
+        if native and step is not None and product.is_contiguous():
+            # the truncation, the bias and the rounding in one pass (else three or four)
+            return _epilogue(step, product, mantissa_bits, bias, fmt)
+        out = truncate_partial_(product, mantissa_bits)
+        if bias is not None:
+            out.add_(bias)
+        return out if fmt is None else round_dl16_(out, fmt)
+    starts = range(0, k, per)
+    if native and step is not None:
         return _accumulated(step, a, b, starts, per, mantissa_bits, bias, fmt)
     shape = (*torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1])
     parts = torch.empty((len(starts), *shape), dtype=torch.result_type(a, b))
@@ -436,6 +441,9 @@ def chunked_matmul(
         torch.matmul(a[..., start : start + per], b[..., start : start + per, :], out=parts[i])
     return _sum_truncated(parts, mantissa_bits, bias, fmt)
 
+
+# The C kernels' rounding arguments that mean "no rounding" (max_finite 0)
+_NO_ROUNDING = (0.0, 0.0, 1, 0.0)
 
 # Bytes of partial products held at once: a group of pieces this large is summed in one pass.
 GROUP_BYTES = 24 << 20
@@ -481,7 +489,6 @@ def _accumulated(
     parts = _scratch(group * size).view(group, *shape)
     threads = torch.get_num_threads()
     dropped = 23 - mantissa_bits
-    no_rounding = (0.0, 0.0, 1, 0.0)
     for first in range(0, len(starts), group):
         pieces = starts[first : first + group]
         for i, start in enumerate(pieces):
@@ -490,8 +497,28 @@ def _accumulated(
         step(
             out.data_ptr(), parts.data_ptr(), len(pieces), size, dropped, int(first == 0),
             bias.data_ptr() if tail and bias is not None else None, shape[-1],
-            *(native_rounding_args(fmt) if tail and fmt is not None else no_rounding), threads,
+            *(native_rounding_args(fmt) if tail and fmt is not None else _NO_ROUNDING), threads,
         )  # fmt: skip
+    return out
+
+
+def _epilogue(
+    step: Callable[..., None],
+    product: torch.Tensor,
+    mantissa_bits: int,
+    bias: torch.Tensor | None,
+    fmt: DL16Format | None,
+) -> torch.Tensor:
+    """A one-piece product's epilogue by ``step`` (the C kernel) in one pass: truncated to
+    ``mantissa_bits``, then ``bias`` added and the sum rounded to ``fmt``, when given; the
+    bits of truncate_partial_, add_ and round_dl16_ in turn."""
+    out = torch.empty_like(product)
+    step(
+        out.data_ptr(), product.data_ptr(), 1, out.numel(), 23 - mantissa_bits, 1,
+        None if bias is None else bias.data_ptr(), max(1, product.shape[-1]),
+        *(native_rounding_args(fmt) if fmt is not None else _NO_ROUNDING),
+        torch.get_num_threads(),
+    )  # fmt: skip
     return out
 
 

@@ -400,3 +400,37 @@ def test_sdpa_math_decomposition_is_sdpa(case: str) -> None:
     theirs = F.scaled_dot_product_attention(q, k, v, **kwargs)  # type: ignore[arg-type]
     err = (ours - theirs).abs().max().item()
     assert err < 1e-12, f"{case}: max |decomposition - SDPA| = {err}"
+
+
+def test_a_plain_copy_of_an_intermediate_is_handed_on_not_made(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A clone of a contiguous intermediate (eval-mode dropout's) costs the program nothing and
+    changes no value; a copy of an input and a returned copy are still made."""
+    from hfadapt.spyre.compile import backend
+
+    programs: list[object] = []
+    real = backend.build_executable
+
+    def capture(*args, **kwargs):  # type: ignore[no-untyped-def]
+        built = real(*args, **kwargs)
+        programs.append(built[0])
+        return built
+
+    monkeypatch.setattr(backend, "build_executable", capture)
+
+    class Copies(nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            y = x * 3
+            z = y.clone() + x  # a copy of an intermediate: handed on
+            return z, x.clone(), (y * 2).clone()  # a copy of the input, a returned copy
+
+    x = fp16(4, 64, seed=5)
+    with torch.no_grad():
+        z, copy_of_x, doubled = torch.compile(Copies(), backend="spyre")(x)
+    code = programs[-1].code  # type: ignore[attr-defined]
+    clones = code.count("aten.clone")
+    assert clones == 2, f"{clones} clones in the program:\n{code}"
+    held = r(x.float())  # the input as the device holds it
+    y = r(held * 3)
+    assert torch.equal(z.float(), r(y + held)), (z.float() - r(y + held)).abs().max()
+    assert torch.equal(copy_of_x.float(), held) and copy_of_x.data_ptr() != x.data_ptr()
+    assert torch.equal(doubled.float(), r(y * 2))

@@ -25,14 +25,22 @@ def _bits_differ(a: torch.Tensor, b: torch.Tensor) -> int:
 
 @pytest.mark.parametrize(
     ("a_shape", "b_shape"),
-    [((96, 3072), (3072, 40)), ((2, 33, 1000), (1000, 24)), ((5, 17, 640), (5, 640, 30))],
+    [
+        ((96, 3072), (3072, 40)),
+        ((2, 33, 1000), (1000, 24)),
+        ((5, 17, 640), (5, 640, 30)),
+        # one piece (K <= 256): the one-pass epilogue, a linear's and attention's bmm
+        ((64, 200), (200, 96)),
+        ((12, 29, 32), (12, 32, 29)),
+    ],
 )
 def test_groups_of_pieces_give_the_bits_of_all_pieces_at_once(
     monkeypatch: pytest.MonkeyPatch, a_shape: tuple[int, ...], b_shape: tuple[int, ...]
 ) -> None:
     """A group as large as K's pieces, one piece a group, and groups that split unevenly:
     the same bits, with and without the bias and the rounding, and the same as the torch
-    path's side-by-side sum."""
+    path's side-by-side sum; a product of one piece (its truncation, bias and rounding in one
+    pass) gives the torch ops' bits too."""
     if kernels._native_accumulate() is None:
         pytest.skip("the C kernels are not built here (no C compiler)")
     g = torch.Generator().manual_seed(3)
@@ -88,6 +96,13 @@ def test_the_softmax_kernel_agrees_with_the_torch_ops(case: int) -> None:
         pytest.skip("the C kernels are not built here (no C compiler)")
     out, top = fast
     want = kernels._softmax_shifted(x, x.amax(-1, keepdim=True), -1, floor, CODE)
+    # the kernel flushes results below fp32's smallest normal to +0 (the DL16 rounding makes
+    # them +0 anyway): a subnormal probability costs the FPU a microcode assist per value
+    tiny = (want != 0) & (want.abs() < torch.finfo(torch.float32).tiny)
+    subnormal_out = int(((out != 0) & (out.abs() < torch.finfo(torch.float32).tiny)).sum())
+    assert subnormal_out == 0, f"{subnormal_out} subnormal probabilities left"
+    assert bool((out[tiny] == 0).all()), out[tiny][:4]
+    want = want.masked_fill(tiny, 0.0)
     assert torch.equal(out.isnan(), want.isnan()), "NaN rows differ"
     assert torch.equal(top.isnan(), x.amax(-1, keepdim=True).isnan())
     assert torch.equal(top.nan_to_num(0.0), x.amax(-1, keepdim=True).nan_to_num(0.0)), "row max"
@@ -106,6 +121,20 @@ def test_the_softmax_kernel_agrees_with_the_torch_ops(case: int) -> None:
         coded = out[0, 0, 0, 20:]
         assert float(coded.min()) > 0, coded
     assert torch.allclose(out[finite].sum(), want[finite].sum(), rtol=1e-5)
+
+
+def test_the_softmax_kernel_leaves_the_callers_float_mode_alone() -> None:
+    """The kernel's flush-to-zero is its own: afterwards a subnormal result is still one, in
+    this thread and in torch's worker threads."""
+    x, _ = _softmax_inputs()[0]
+    if kernels._softmax_rows(x, -1, 0.0, CODE) is None:
+        pytest.skip("the C kernels are not built here (no C compiler)")
+    tiny = torch.finfo(torch.float32).tiny
+    one = torch.tensor([tiny]) / 4
+    many = torch.full((1 << 20,), tiny) / 4  # large enough to run on every thread
+    assert float(one[0]) == tiny / 4, float(one[0])
+    flushed = int((many == 0).sum())
+    assert flushed == 0, f"{flushed} of {many.numel()} subnormal results flushed after the kernel"
 
 
 def test_the_misread_of_a_coded_row_still_reaches_the_sdpa_softmax() -> None:

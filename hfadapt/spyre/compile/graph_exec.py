@@ -274,6 +274,11 @@ class _Builder:
             self.env[node] = self._host(node, op, value)
             return
         read = self._reader(node)
+        if _packet(op) == "aten::clone" and _plain_clone(node):
+            # a copy nothing can tell from its input: no op of the program writes into a
+            # value another node made, and the layout is the same (e.g. eval-mode dropout)
+            self.env[node] = read(node.args[0])
+            return
         args = fx.node.map_arg(node.args, read)
         kwargs = fx.node.map_arg(node.kwargs, read)
         inputs_dl16 = any(_dl16_dtype(n.meta.get("val")) for n in node.all_input_nodes)
@@ -395,6 +400,23 @@ class _Builder:
                 raise NotImplementedError(f"{node.op} node {node.name} in an ATen graph")
         self.graph.lint()
         return fx.GraphModule(self.root, self.graph, class_name="SpyreDeviceGraph")
+
+
+def _plain_clone(node: fx.Node) -> bool:
+    """Whether ``node`` (an aten::clone) copies a contiguous intermediate into the same layout
+    and is not itself a graph output: then the program can hand its input on instead (a
+    placeholder's or a constant's copy is kept: the program must not return or alias those)."""
+    source = node.args[0] if node.args else None
+    fmt = node.kwargs.get("memory_format")
+    value = getattr(source, "meta", {}).get("val")
+    return (
+        isinstance(source, fx.Node)
+        and source.op == "call_function"
+        and fmt in (None, torch.preserve_format, torch.contiguous_format)
+        and isinstance(value, torch.Tensor)
+        and value.is_contiguous()
+        and all(user.op != "output" for user in node.users)
+    )
 
 
 def _as_tuple(flags: Any) -> tuple[bool, ...]:
