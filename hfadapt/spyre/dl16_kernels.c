@@ -139,6 +139,61 @@ CLONES void hfadapt_accumulate_truncated(float* acc, const float* parts, int64_t
                      rdrop, over, acc + r * cols);
 }
 
+typedef float v8f __attribute__((vector_size(32)));
+typedef double v8d __attribute__((vector_size(64)));
+
+/* One LayerNorm row of `cols` values with the statistics kept in DL16 (kernels._layer_norm_dl16):
+   mean and mean of squares summed in double (both exact to far below fp32's last bit, so
+   the order of the sum does not matter), taken to fp32 and rounded to DL16; the variance as
+   E[x^2] - E[x]^2 with each step rounded; rstd = 1 / sqrt(var + eps) rounded; then
+   ((x - mean) * rstd * weight + bias) in fp32 steps, rounded. */
+static inline void layer_norm_row(const float* restrict x, int64_t cols,
+                                  const float* restrict weight, const float* restrict bias,
+                                  float eps, float maxf, float lam, int32_t rdrop, float over,
+                                  float* restrict out, float* restrict mean_out,
+                                  float* restrict rstd_out) {
+    v8d lanes = {0}, lanes_sq = {0};
+    const int64_t whole = cols & ~(int64_t)7;
+    for (int64_t c = 0; c < whole; c += 8) {
+        v8f f;
+        memcpy(&f, x + c, sizeof f);
+        const v8d v = __builtin_convertvector(f, v8d);
+        lanes += v;
+        lanes_sq += v * v;
+    }
+    double sum = 0.0, squares = 0.0;
+    for (int j = 0; j < 8; j++) sum += lanes[j], squares += lanes_sq[j];
+    for (int64_t c = whole; c < cols; c++) {
+        const double v = (double)x[c];
+        sum += v;
+        squares += v * v;
+    }
+    const float mean = round_one((float)(sum / (double)cols), maxf, lam, rdrop, over, 0.0f);
+    const float mean_sq = round_one((float)(squares / (double)cols), maxf, lam, rdrop, over, 0.0f);
+    const float mm = round_one(mean * mean, maxf, lam, rdrop, over, 0.0f);
+    const float var = round_one(mean_sq - mm, maxf, lam, rdrop, over, 0.0f);
+    const float rstd = round_one(1.0f / __builtin_sqrtf(var + eps), maxf, lam, rdrop, over, 0.0f);
+    for (int64_t c = 0; c < cols; c++) {
+        float y = (x[c] - mean) * rstd;
+        if (weight) y = y * weight[c];
+        if (bias) y = y + bias[c];
+        out[c] = y;
+    }
+    for (int64_t c = 0; c < cols; c++) out[c] = round_one(out[c], maxf, lam, rdrop, over, 0.0f);
+    *mean_out = mean;
+    *rstd_out = rstd;
+}
+
+CLONES void hfadapt_layer_norm_dl16(const float* x, int64_t rows, int64_t cols,
+                                    const float* weight, const float* bias, float eps,
+                                    float maxf, float lam, int32_t rdrop, float over, float* out,
+                                    float* mean, float* rstd, int nt) {
+    #pragma omp parallel for schedule(static) num_threads(nt) if(rows * cols > 32768)
+    for (int64_t r = 0; r < rows; r++)
+        layer_norm_row(x + r * cols, cols, weight, bias, eps, maxf, lam, rdrop, over,
+                       out + r * cols, mean + r, rstd + r);
+}
+
 /* The softmax's loops select between compared floats: without trapping math GCC makes those
    selects branch-free and vectorizes the loops (it changes no value: no reassociation, no
    contraction). Only here: the rounding kernels above run slower built that way. */
@@ -171,6 +226,9 @@ static inline float exp_neg(float s) {
     return e * scale;
 }
 
+typedef float v16f __attribute__((vector_size(64)));
+typedef int32_t v16i __attribute__((vector_size(64)));
+
 /* Rows are taken a block at a time (about SOFTMAX_BLOCK values, whole rows): each row's max
    (NaN wins: any NaN makes it NaN) and its clamped shift, then one flat loop makes the exps of
    the whole block (short rows, e.g. 29 keys, would leave most of a per-row loop in its scalar
@@ -180,26 +238,33 @@ static inline float exp_neg(float s) {
 static inline void softmax_block(const float* restrict x, float* restrict o,
                                  float* restrict top, int64_t rows, int64_t cols, float floor,
                                  float code) {
-    const int64_t whole = cols & ~(int64_t)7;
+    const int64_t whole = cols & ~(int64_t)15;
+    const int64_t whole8 = cols & ~(int64_t)7;
     for (int64_t r = 0; r < rows; r++) {
         const float* restrict in = x + r * cols;
         float* restrict row = o + r * cols;
-        float m[8], nan[8];
-        for (int j = 0; j < 8; j++) m[j] = -__builtin_inff(), nan[j] = 0.0f;
-        for (int64_t c = 0; c < whole; c += 8)
-            for (int j = 0; j < 8; j++) {
-                float v = in[c + j];
-                m[j] = v > m[j] ? v : m[j];
-                nan[j] = v != v ? 1.0f : nan[j];
-            }
-        float mx = -__builtin_inff(), any = 0.0f;
-        for (int j = 0; j < 8; j++) mx = m[j] > mx ? m[j] : mx, any = any + nan[j];
+        /* the max over 16 lanes and, beside it, whether any value is a NaN, as vector
+           operations (GCC's vector extensions: a plain loop keeps them scalar, since without
+           -ffinite-math-only the compiler may not reorder a max) */
+        v16f m;
+        v16i nan = {0};
+        for (int j = 0; j < 16; j++) m[j] = -__builtin_inff();
+        for (int64_t c = 0; c < whole; c += 16) {
+            v16f v;
+            memcpy(&v, in + c, sizeof v);
+            const v16i greater = v > m;
+            m = (v16f)(((v16i)v & greater) | ((v16i)m & ~greater));
+            nan |= v != v;
+        }
+        float mx = -__builtin_inff();
+        int32_t any = 0;
+        for (int j = 0; j < 16; j++) mx = m[j] > mx ? m[j] : mx, any |= nan[j];
         for (int64_t c = whole; c < cols; c++) {
             float v = in[c];
             mx = v > mx ? v : mx;
-            any = v != v ? 1.0f : any;
+            any |= (int32_t)(v != v);
         }
-        if (any > 0.0f) mx = __builtin_nanf("");
+        if (any) mx = __builtin_nanf("");
         top[r] = mx;
         for (int64_t c = 0; c < cols; c++) {
             float s = in[c] - mx;
@@ -215,11 +280,11 @@ static inline void softmax_block(const float* restrict x, float* restrict o,
         float* restrict row = o + r * cols;
         float acc[8];
         for (int j = 0; j < 8; j++) acc[j] = 0.0f;
-        for (int64_t c = 0; c < whole; c += 8)
+        for (int64_t c = 0; c < whole8; c += 8)
             for (int j = 0; j < 8; j++) acc[j] = acc[j] + row[c + j];
         float sum = acc[0];
         for (int j = 1; j < 8; j++) sum = sum + acc[j];
-        for (int64_t c = whole; c < cols; c++) sum = sum + row[c];
+        for (int64_t c = whole8; c < cols; c++) sum = sum + row[c];
         for (int64_t c = 0; c < cols; c++) row[c] = row[c] / sum;
     }
 }

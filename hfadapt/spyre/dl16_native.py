@@ -153,6 +153,19 @@ def load_softmax_floor() -> Callable[..., None] | None:
 
 
 @lru_cache(maxsize=1)
+def load_layer_norm() -> Callable[..., None] | None:
+    """The kernel ``f(x_ptr, rows, columns, weight_ptr or None, bias_ptr or None, eps,
+    max_finite, below_min_normal, dropped, overflow, out_ptr, mean_ptr, rstd_ptr, threads)``:
+    LayerNorm with DL16 statistics (kernels._layer_norm_dl16) over each row of contiguous
+    float32 values, each row's mean and rstd written out; None when not built."""
+    return _kernel(
+        "hfadapt_layer_norm_dl16",
+        *(_PTR, _I64, _I64, _PTR, _PTR, _F32),
+        *(_F32, _F32, _I32, _F32, _PTR, _PTR, _PTR, _INT),
+    )
+
+
+@lru_cache(maxsize=1)
 def load() -> Callable[..., None] | None:
     """The kernel ``f(ptr, n, max_finite, below_min_normal, dropped, overflow, host_inf,
     threads)``

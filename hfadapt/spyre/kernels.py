@@ -40,10 +40,15 @@ def _layer_norm_dl16(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     # The fused kernel keeps its statistics in DL16 and takes the variance as E[x^2] - E[x]^2:
     # with a large mean both terms are huge and 10 significant bits cancel to noise (or to a
-    # negative variance and NaN), which is what hf-adapters saw and unfused.
+    # negative variance and NaN), which is what hf-adapters saw and unfused. The two means are
+    # summed in float64, so that the C kernel (one pass per row) and these ops agree.
+    fast = _layer_norm_rows(x, normalized_shape, weight, bias, eps, fmt)
+    if fast is not None:
+        return fast
     dims = tuple(range(x.dim() - len(normalized_shape), x.dim()))
-    mean = round_dl16_(x.mean(dims, keepdim=True), fmt)
-    mean_sq = round_dl16_((x * x).mean(dims, keepdim=True), fmt)
+    wide = x.double()
+    mean = round_dl16_(wide.mean(dims, keepdim=True).float(), fmt)
+    mean_sq = round_dl16_((wide * wide).mean(dims, keepdim=True).float(), fmt)
     var = round_dl16_(mean_sq - round_dl16_(mean * mean, fmt), fmt)
     rstd = round_dl16_(torch.rsqrt(var + eps), fmt)
     out = (x - mean).mul_(rstd)
@@ -52,6 +57,61 @@ def _layer_norm_dl16(
     if bias is not None:
         out.add_(bias)
     return round_dl16_(out, fmt), mean, rstd
+
+
+def _plain_rows(t: torch.Tensor | None, numel: int) -> bool:
+    """A weight or bias the C kernel can read: absent, or ``numel`` contiguous float32s."""
+    return t is None or (
+        type(t) is torch.Tensor
+        and t.dtype == torch.float32
+        and t.numel() == numel
+        and t.is_contiguous()
+        and not t.requires_grad
+    )
+
+
+def _layer_norm_rows(
+    x: torch.Tensor,
+    normalized_shape: Sequence[int],
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float,
+    fmt: DL16Format,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """_layer_norm_dl16 by the C kernel, one pass per row; None when the kernel is not
+    built or the tensors are not plain contiguous float32 (then the torch ops compute it)."""
+    from hfadapt.spyre.dl16_native import load_layer_norm
+
+    kernel = load_layer_norm()
+    k = len(normalized_shape)
+    if (
+        kernel is None
+        or type(x) is not torch.Tensor
+        or x.dtype != torch.float32
+        or k == 0
+        or x.dim() < k
+        or tuple(x.shape[x.dim() - k :]) != tuple(normalized_shape)
+        or x.requires_grad
+        or not x.is_contiguous()
+        or x.numel() == 0
+    ):
+        return None
+    cols = math.prod(normalized_shape)
+    if not (_plain_rows(weight, cols) and _plain_rows(bias, cols)):
+        return None
+    rows = x.numel() // cols
+    out = torch.empty_like(x)
+    stats = (*x.shape[: x.dim() - k], *([1] * k))
+    mean = torch.empty(stats, dtype=torch.float32)
+    rstd = torch.empty(stats, dtype=torch.float32)
+    kernel(
+        x.data_ptr(), rows, cols,
+        None if weight is None else weight.data_ptr(),
+        None if bias is None else bias.data_ptr(),
+        float(eps), *native_rounding_args(fmt),
+        out.data_ptr(), mean.data_ptr(), rstd.data_ptr(), torch.get_num_threads(),
+    )  # fmt: skip
+    return out, mean, rstd
 
 
 def native_layer_norm(args: Sequence[Any], kwargs: dict[str, Any], fmt: DL16Format) -> Any:

@@ -274,3 +274,41 @@ def test_the_device_heap_keeps_freed_memory(setting: str) -> None:
     else:
         assert (raised, in_heap) == ("False", "False"), done.stdout
         assert int(returned_mib) >= 56, returned_mib
+
+
+def _layer_norm_cases() -> list[tuple[torch.Tensor, list[int], bool, bool, float]]:
+    g = torch.Generator().manual_seed(4)
+    wide = round_dl16(torch.randn(1024, 768, generator=g) * 3 + 0.5)
+    shifted = round_dl16(torch.randn(4, 33, 96, generator=g) + 30)  # E[x^2] - E[x]^2 cancels
+    two_dims = round_dl16(torch.randn(2, 5, 6, 16, generator=g))
+    two_dims[0, 0, 0, 3] = float("nan")  # a NaN row
+    two_dims[1, 1] = 2.0  # a constant row: variance 0
+    odd = round_dl16(torch.randn(7, 29, generator=g) * 100)  # a width not a multiple of 8
+    return [
+        (wide, [768], True, True, 1e-12),
+        (shifted, [96], False, False, 1e-5),
+        (two_dims, [6, 16], True, False, 1e-6),
+        (odd, [29], False, True, 1e-5),
+    ]
+
+
+@pytest.mark.parametrize("case", range(4))
+def test_the_layer_norm_kernel_gives_the_torch_ops_bits(
+    monkeypatch: pytest.MonkeyPatch, case: int
+) -> None:
+    """LayerNorm with DL16 statistics by the C kernel (one pass per row) and by the torch ops:
+    the same bits in the output, the mean and the rstd, NaN rows and constant rows included."""
+    x, shape, with_weight, with_bias, eps = _layer_norm_cases()[case]
+    g = torch.Generator().manual_seed(5)
+    weight = round_dl16(torch.randn(shape, generator=g)) if with_weight else None
+    bias = round_dl16(torch.randn(shape, generator=g)) if with_bias else None
+    fast = kernels._layer_norm_rows(x, shape, weight, bias, eps, DEFAULT_FORMAT)
+    if fast is None:
+        pytest.skip("the C kernels are not built here (no C compiler)")
+    monkeypatch.setattr(kernels, "_layer_norm_rows", lambda *args: None)
+    slow = kernels._layer_norm_dl16(x, shape, weight, bias, eps, DEFAULT_FORMAT)
+    for name, got, want in zip(("out", "mean", "rstd"), fast, slow, strict=True):
+        assert got.shape == want.shape, (name, got.shape, want.shape)
+        differ = _bits_differ(got.nan_to_num(7.0), want.nan_to_num(7.0))
+        assert differ == 0, f"{name}: {differ} of {got.numel()} values differ"
+        assert torch.equal(got.isnan(), want.isnan()), name
