@@ -434,3 +434,28 @@ def test_a_plain_copy_of_an_intermediate_is_handed_on_not_made(monkeypatch) -> N
     assert torch.equal(z.float(), r(y + held)), (z.float() - r(y + held)).abs().max()
     assert torch.equal(copy_of_x.float(), held) and copy_of_x.data_ptr() != x.data_ptr()
     assert torch.equal(doubled.float(), r(y * 2))
+
+
+def test_a_wider_value_selected_into_a_dl16_result_is_rounded_in_both_modes() -> None:
+    """``where`` makes no new value, but an fp32 0-dim fill promoted into its fp16 result is
+    not on the DL16 grid: a cast to fp16 rounds it, so the result is rounded, compiled as on
+    the eager device (both used to skip the rounding after a value-preserving op in compiled
+    mode only, and 0.3 * 3 came out one DL16 step off)."""
+
+    class Select(nn.Module):
+        def forward(self, x: torch.Tensor, keep: torch.Tensor, fill: torch.Tensor) -> torch.Tensor:
+            return torch.where(keep, x, fill) * 3
+
+    x = fp16(4, 8, seed=7)
+    keep = torch.arange(32).reshape(4, 8) % 3 == 0
+    fill = torch.tensor(0.3)  # fp32, 0-dim: the result is fp16
+    held = r(x.float())
+    expected = r(torch.where(keep, held, r(fill)) * 3)
+    unrounded = r(torch.where(keep, held, fill) * 3)
+    assert not torch.equal(expected, unrounded), "the case must tell the two apart"
+    with torch.no_grad():
+        compiled = torch.compile(Select(), backend="spyre")(x, keep, fill).float()
+        eager = Select()(x.to("spyre"), keep.to("spyre"), fill.to("spyre")).cpu().float()
+    for name, got in (("compiled", compiled), ("eager", eager)):
+        off = int((got != expected).sum())
+        assert off == 0, f"{name}: {off} of {got.numel()} values differ, e.g. {got[~keep][:3]}"

@@ -28,56 +28,9 @@ from hfadapt.spyre.compile.handoff import HandoffPlan
 from hfadapt.spyre.dl16 import DL16Format, round_dl16, round_dl16_
 from hfadapt.spyre.profile import FALLBACK, Profile
 from hfadapt.spyre.scalars import device_numbers
+from hfadapt.spyre.value_preserving import preserves_values
 
 DL16_DTYPES = (torch.float16, torch.bfloat16)
-
-# Ops whose DL16 output holds only values their DL16 inputs (or DL16-rounded scalars) already
-# hold: no rounding needed after them. View ops (OpOverload.is_view) are added automatically.
-VALUE_PRESERVING = frozenset(
-    {
-        "aten::_unsafe_view",  # aliases its input, but its schema does not say so
-        "aten::clone",
-        "aten::cat",
-        "aten::stack",
-        "aten::repeat",
-        "aten::relu",
-        "aten::neg",
-        "aten::abs",
-        "aten::sign",
-        "aten::floor",
-        "aten::ceil",
-        "aten::maximum",
-        "aten::minimum",
-        "aten::amax",
-        "aten::amin",
-        "aten::max",
-        "aten::min",
-        "aten::topk",
-        "aten::where",
-        "aten::clamp",
-        "aten::clamp_min",
-        "aten::clamp_max",
-        "aten::hardtanh",
-        "aten::constant_pad_nd",
-        "aten::full",
-        "aten::full_like",
-        "aten::new_full",
-        "aten::scalar_tensor",
-        "aten::zeros",
-        "aten::zeros_like",
-        "aten::new_zeros",
-        "aten::ones",
-        "aten::ones_like",
-        "aten::new_ones",
-        "aten::fill",
-        "aten::empty",
-        "aten::empty_like",
-        "aten::empty_strided",
-        "aten::lift_fresh_copy",
-        "aten::index_select",
-        "aten::gather",
-    }
-)
 
 # Fallbacks that only select, zero or compare values: run on the held values, then model the
 # round trip through the host dtype on the (small) result instead of converting every input.
@@ -274,10 +227,11 @@ class _Builder:
             self.env[node] = self._host(node, op, value)
             return
         read = self._reader(node)
-        if _packet(op) == "aten::clone" and _plain_clone(node):
+        source = node.args[0] if node.args else None
+        if _packet(op) == "aten::clone" and isinstance(source, fx.Node) and _plain_clone(node):
             # a copy nothing can tell from its input: no op of the program writes into a
             # value another node made, and the layout is the same (e.g. eval-mode dropout)
-            self.env[node] = read(node.args[0])
+            self.env[node] = read(source)
             return
         args = fx.node.map_arg(node.args, read)
         kwargs = fx.node.map_arg(node.kwargs, read)
@@ -325,7 +279,13 @@ class _Builder:
         return read
 
     def _preserves(self, node: fx.Node, op: str) -> bool:
-        if getattr(node.target, "is_view", False) or _packet(op) in VALUE_PRESERVING:
+        if getattr(node.target, "is_view", False):
+            return True
+        dtype = _dl16_dtype(_first(node.meta.get("val")))
+        inputs = [getattr(n.meta.get("val"), "dtype", None) for n in node.all_input_nodes]
+        if dtype is not None and preserves_values(
+            op, [d for d in inputs if isinstance(d, torch.dtype)], dtype
+        ):
             return True
         if _packet(op) == "aten::_to_copy":  # a cast between DL16 dtypes keeps the value
             return bool(node.all_input_nodes) and bool(
@@ -417,6 +377,11 @@ def _plain_clone(node: fx.Node) -> bool:
         and value.is_contiguous()
         and all(user.op != "output" for user in node.users)
     )
+
+
+def _first(value: Any) -> Any:
+    """A node's value, or the first of its values (max, topk: the values, then the indices)."""
+    return value[0] if isinstance(value, (list, tuple)) and value else value
 
 
 def _as_tuple(flags: Any) -> tuple[bool, ...]:

@@ -44,19 +44,10 @@ from hfadapt.spyre.tracking import (
     refuse,
     warn_from_model,
 )
+from hfadapt.spyre.value_preserving import VALUE_PRESERVING, preserves_values
 
 aten = torch.ops.aten
 
-# Ops whose outputs are values of their float inputs (or integers of fewer bits): when every
-# float input is DL16 data of the output's dtype, the output is already on the DL16 grid.
-_VALUE_PRESERVING = frozenset(
-    {"aten::clone", "aten::_unsafe_view", "aten::cat", "aten::stack", "aten::repeat",
-     "aten::index_select", "aten::gather", "aten::embedding", "aten::where", "aten::relu",
-     "aten::neg", "aten::abs", "aten::maximum", "aten::minimum", "aten::max", "aten::min",
-     "aten::amax", "aten::amin", "aten::floor", "aten::ceil", "aten::sign",
-     # its fill value is a device number (DL16) like any other value argument
-     "aten::constant_pad_nd"}
-)  # fmt: skip
 # Fallbacks that only move data: running them on the held tensors and passing the result
 # through the host dtype is bit-identical to copying every input to the host (no need to
 # convert a whole embedding table per call).
@@ -122,7 +113,7 @@ def _build_entry(profile: Profile, mode: str, func: torch._ops.OpOverload) -> Op
         mutated=mutated,
         out_names=out_names,
         view=view and func is not aten.view.dtype,
-        value_preserving=packet in _VALUE_PRESERVING,
+        value_preserving=packet in VALUE_PRESERVING,
         kernel=kernels.native_kernel(name, profile),
         special=TRANSFERS.get(func),
         defects=eager_defects(profile, name, mode),
@@ -447,7 +438,7 @@ def _stored(
     if (
         entry.value_preserving
         and is_dl16(dtype)
-        and all(t.dtype == dtype for t in _tensors(args) if t.is_floating_point())
+        and preserves_values(entry.name, (t.dtype for t in _tensors(args)), dtype)
     ):
         return result if result.dtype == torch.float32 else result.float()
     return store(result, dtype, fresh=True, transfer=False)
