@@ -7,7 +7,6 @@ arguments, limits and environment: ``hfadapt.isolation.spawn``) around ``true``,
 from __future__ import annotations
 
 import argparse
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -17,7 +16,7 @@ from machine import report_machine, spread
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    from hfadapt.isolation import Limits, sandbox_env, spawn, unavailable_reason, wait
+    from hfadapt.isolation import Limits, collect, sandbox_env, spawn, unavailable_reason
 
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--runs", type=int, default=9)
@@ -28,20 +27,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     report_machine("before")
     times: dict[str, list[float]] = {"bwrap": [], "plain": []}
     with tempfile.TemporaryDirectory() as tmp:
-        inputs, outputs = Path(tmp) / "in", Path(tmp) / "out"
+        inputs = Path(tmp) / "in"
         inputs.mkdir()
-        outputs.mkdir()
         for _ in range(args.runs):
             for name, isolate in (("bwrap", True), ("plain", False)):
                 start = time.perf_counter()
                 proc = spawn(
-                    ["true"], inputs=inputs, outputs=outputs, env=sandbox_env(), limits=Limits(),
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, isolate=isolate,
+                    ["true"], inputs=inputs, env=sandbox_env(), limits=Limits(),
+                    isolate=isolate, cwd=inputs,
                 )  # fmt: skip
-                code, _ = wait(proc, 30.0)
+                done = collect(proc, 30.0)
                 times[name].append(time.perf_counter() - start)
-                if code != 0:
-                    raise SystemExit(f"{name}: true exited {code}")
+                if done.code != 0:
+                    raise SystemExit(f"{name}: true exited {done.code}: {done.stderr_tail}")
     print("`true` in hfadapt's bubblewrap sandbox vs started plainly (same limits, environment)")
     for name, values in times.items():
         print(f"  {name:6} {spread([v * 1e3 for v in values], 'ms', 1)}")
