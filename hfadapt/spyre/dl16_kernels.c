@@ -20,7 +20,8 @@
    ``cols`` values, a block of rows at a time (it stays in the cache): the row max (NaN wins),
    exp(max(x - max, -87)) (a polynomial exp, within 2 ulp of fp32 exp on [-87, 0]: far below
    the DL16 rounding that follows), keys at or below -``code`` raised to ``floor`` when
-   ``floor`` > 0, divided by their sum; each row's max is written to ``top``. */
+   ``floor`` > 0, divided by their sum; each row's max is written to ``top``; then, when
+   ``maxf`` > 0, the block's probabilities rounded to DL16 while they are in the cache. */
 #include <stdint.h>
 #include <string.h>
 #if defined(__x86_64__) || defined(__i386__)
@@ -101,6 +102,12 @@ CLONES void hfadapt_round_dl16(float* x, int64_t n, float maxf, float lam, int32
                                float over, float host_inf, int nt) {
     #pragma omp parallel for schedule(static) num_threads(nt) if(n > 32768)
     for (int64_t i = 0; i < n; i++) x[i] = round_one(x[i], maxf, lam, dropped, over, host_inf);
+}
+
+/* DL16 rounding of a span the caller has just written (it is still in the cache); built for
+   each target like the kernels, since the caller's own target does not reach it. */
+CLONES static void round_span(float* x, int64_t n, float maxf, float lam, int32_t dropped, float over) {
+    for (int64_t i = 0; i < n; i++) x[i] = round_one(x[i], maxf, lam, dropped, over, 0.0f);
 }
 
 CLONES void hfadapt_sum_truncated(const float* parts, int64_t pieces, int64_t n, int32_t dropped,
@@ -290,7 +297,8 @@ static inline void softmax_block(const float* restrict x, float* restrict o,
 }
 
 CLONES void hfadapt_softmax_floor(const float* x, float* out, float* top, int64_t rows,
-                                  int64_t cols, float floor, float code, int nt) {
+                                  int64_t cols, float floor, float code, float maxf, float lam,
+                                  int32_t rdrop, float over, int nt) {
     const int64_t per = cols >= SOFTMAX_BLOCK ? 1 : SOFTMAX_BLOCK / cols;
     #pragma omp parallel for schedule(static) num_threads(nt) if(rows * cols > 32768)
     for (int64_t r = 0; r < rows; r += per) {
@@ -298,6 +306,7 @@ CLONES void hfadapt_softmax_floor(const float* x, float* out, float* top, int64_
         FTZ_BEGIN
         softmax_block(x + r * cols, out + r * cols, top + r, count, cols, floor, code);
         FTZ_END
+        if (maxf > 0.0f) round_span(out + r * cols, count * cols, maxf, lam, rdrop, over);
     }
 }
 

@@ -146,10 +146,16 @@ def load_accumulate_truncated() -> Callable[..., None] | None:
 
 @lru_cache(maxsize=1)
 def load_softmax_floor() -> Callable[..., None] | None:
-    """The kernel ``f(x_ptr, out_ptr, top_ptr, rows, columns, floor, code, threads)``: the
-    softmax with the exp floor (kernels._softmax_floor) over the last dimension of contiguous
-    float32 rows, each row's max written to ``top``; None when not built."""
-    return _kernel("hfadapt_softmax_floor", _PTR, _PTR, _PTR, _I64, _I64, _F32, _F32, _INT)
+    """The kernel ``f(x_ptr, out_ptr, top_ptr, rows, columns, floor, code, max_finite,
+    below_min_normal, dropped, overflow, threads)``: the softmax with the exp floor
+    (kernels._softmax_floor) over the last dimension of contiguous float32 rows, each row's
+    max written to ``top``, the probabilities rounded to DL16 unless ``max_finite`` is 0; None
+    when not built."""
+    return _kernel(
+        "hfadapt_softmax_floor",
+        *(_PTR, _PTR, _PTR, _I64, _I64, _F32, _F32),
+        *(_F32, _F32, _I32, _F32, _INT),
+    )
 
 
 @lru_cache(maxsize=1)

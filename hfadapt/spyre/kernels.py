@@ -271,10 +271,11 @@ def _native_softmax() -> Callable[..., None] | None:
 
 
 def _softmax_rows(
-    x: torch.Tensor, dim: int, floor: float, code: float
+    x: torch.Tensor, dim: int, floor: float, code: float, fmt: DL16Format | None = None
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """_softmax_floor over the last dimension of a plain contiguous float32 tensor by the C
-    kernel, one pass per row: (probabilities, the rows' max with keepdim); None when the
+    kernel, one pass per row: (probabilities, the rows' max with keepdim), the probabilities
+    rounded to ``fmt`` when given (a block at a time, while it is in the cache); None when the
     kernel is not built or the tensor is not of that kind (then the torch ops compute it).
     The two differ only in the last bits of fp32 (the kernel's exp and its order of the sum),
     which the DL16 rounding of the result almost always removes."""
@@ -294,7 +295,9 @@ def _softmax_rows(
     out = torch.empty_like(x)
     top = torch.empty((*x.shape[:-1], 1), dtype=torch.float32)
     kernel(x.data_ptr(), out.data_ptr(), top.data_ptr(), x.numel() // columns, columns,
-           float(floor), float(code), torch.get_num_threads())  # fmt: skip
+           float(floor), float(code),
+           *(native_rounding_args(fmt) if fmt is not None else _NO_ROUNDING),
+           torch.get_num_threads())  # fmt: skip
     return out, top
 
 
@@ -311,19 +314,27 @@ def _softmax_shifted(
 
 
 def sdpa_softmax(
-    x: torch.Tensor, dim: int, floor: float, code: float, misread: bool
+    x: torch.Tensor,
+    dim: int,
+    floor: float,
+    code: float,
+    misread: bool,
+    fmt: DL16Format | None = None,
 ) -> tuple[torch.Tensor, bool]:
     """The softmax inside the card's SDPA: the leak of ``_softmax_floor``, and (``misread``)
     the abs-max that reads a row's -inf code (0xEFFF, ``-code``) as ``+code`` (hf-adapters
     ``hf_common.py``): a row holding nothing but the code has exp(x - code) = 0 everywhere and
     becomes 0/0 = NaN (a padded query row of a left-padded batch), which the next attention's
-    P @ V carries into every row. Returns (probabilities, whether a row was misread)."""
-    fast = _softmax_rows(x, dim, floor, code)
+    P @ V carries into every row. Returns (probabilities, rounded to ``fmt`` when given;
+    whether a row was misread)."""
+    fast = _softmax_rows(x, dim, floor, code, fmt)
     if fast is not None:
         out, top = fast
     else:
         top = x.amax(dim, keepdim=True)
         out = _softmax_shifted(x, top, dim, floor, code)
+        if fmt is not None:
+            round_dl16_(out, fmt)
     if not misread:
         return out, False
     coded = top <= -code
@@ -353,9 +364,14 @@ def inside_sdpa(on_misread: Callable[[], None] | None) -> Iterator[None]:
         _IN_SDPA.hook = previous
 
 
-def _softmax_here(x: torch.Tensor, dim: int, floor: float, code: float) -> torch.Tensor:
+def _softmax_here(
+    x: torch.Tensor, dim: int, floor: float, fmt: DL16Format, rounded: bool
+) -> torch.Tensor:
+    """The softmax kernels' softmax, rounded to ``fmt`` when ``rounded`` (a DL16 result)."""
     hook = getattr(_IN_SDPA, "hook", None)
-    out, misread = sdpa_softmax(x, dim, floor, code, hook is not None)
+    out, misread = sdpa_softmax(
+        x, dim, floor, fmt.host_inf, hook is not None, fmt if rounded else None
+    )
     if misread and hook is not None:
         hook()
     return out
@@ -366,12 +382,12 @@ def softmax_kernel(floor: float) -> tuple[Kernel, Kernel]:
     dtype) with the exp floor; the result is rounded to DL16 unless it is fp32."""
 
     def _softmax(args: Sequence[Any], kwargs: dict[str, Any], fmt: DL16Format) -> Any:
-        out = _softmax_here(args[0], int(_arg(args, kwargs, 1, "dim", -1)), floor, fmt.host_inf)
-        return out if _arg(args, kwargs, 2, "half_to_float", False) else round_dl16_(out, fmt)
+        rounded = not _arg(args, kwargs, 2, "half_to_float", False)
+        return _softmax_here(args[0], int(_arg(args, kwargs, 1, "dim", -1)), floor, fmt, rounded)
 
     def softmax(args: Sequence[Any], kwargs: dict[str, Any], fmt: DL16Format) -> Any:
-        out = _softmax_here(args[0], int(_arg(args, kwargs, 1, "dim", -1)), floor, fmt.host_inf)
-        return round_dl16_(out, fmt) if _dl16_result(_arg(args, kwargs, 2, "dtype", None)) else out
+        rounded = _dl16_result(_arg(args, kwargs, 2, "dtype", None))
+        return _softmax_here(args[0], int(_arg(args, kwargs, 1, "dim", -1)), floor, fmt, rounded)
 
     return _softmax, softmax
 

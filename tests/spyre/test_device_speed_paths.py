@@ -121,6 +121,12 @@ def test_the_softmax_kernel_agrees_with_the_torch_ops(case: int) -> None:
         coded = out[0, 0, 0, 20:]
         assert float(coded.min()) > 0, coded
     assert torch.allclose(out[finite].sum(), want[finite].sum(), rtol=1e-5)
+    # rounded in the kernel (a block at a time, in the cache): the bits of rounding after it
+    rounded = kernels._softmax_rows(x, -1, floor, CODE, DEFAULT_FORMAT)
+    assert rounded is not None
+    differ = _bits_differ(rounded[0].nan_to_num(7.0), round_dl16(out).nan_to_num(7.0))
+    assert differ == 0, f"{differ} of {out.numel()} values differ when rounded in the kernel"
+    assert torch.equal(rounded[0].isnan(), out.isnan())
 
 
 def test_the_softmax_kernel_leaves_the_callers_float_mode_alone() -> None:

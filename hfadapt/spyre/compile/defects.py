@@ -66,6 +66,7 @@ from hfadapt.spyre.kernels import sdpa_softmax
 from hfadapt.spyre.lowering_report import DefectFiring
 from hfadapt.spyre.op_defects import TRIGGERS as OP_TRIGGERS
 from hfadapt.spyre.op_defects import exp_first_stick_reread, memory_order, misread_layout
+from hfadapt.spyre.op_rules import is_dl16_dtype
 from hfadapt.spyre.profile import Defect, Profile
 
 __all__ = [
@@ -110,21 +111,28 @@ def softmax_amax_misread(x: torch.Tensor, dim: int, half_to_float: bool = False)
 
 
 def _sdpa_softmax(
-    profile: Profile, fired: list[DefectFiring] | None, firing: DefectFiring | None
+    profile: Profile,
+    fired: list[DefectFiring] | None,
+    firing: DefectFiring | None,
+    node: fx.Node,
 ) -> Callable[..., torch.Tensor]:
     """The card's softmax inside SDPA (hfadapt.spyre.kernels.sdpa_softmax, with the profile's
-    leak); ``fired`` gets ``firing`` when a row is misread at run time (a host -inf mask)."""
+    leak) for the softmax ``node``; ``fired`` gets ``firing`` when a row is misread at run time
+    (a host -inf mask). A DL16 result comes back rounded (the function's ``dl16_output``)."""
     spec = profile.numerics.get("softmax_exp_floor", {})
     floor = float(spec.get("exp_floor", 0.0)) if spec.get("enabled", False) else 0.0
     code = profile.dl16.host_inf
+    value = node_value(node)
+    fmt = profile.dl16 if value is not None and is_dl16_dtype(value.dtype) else None
 
     def softmax(x: torch.Tensor, dim: int, half_to_float: bool = False) -> torch.Tensor:
-        out, misread = sdpa_softmax(x, dim, floor, code, True)
+        out, misread = sdpa_softmax(x, dim, floor, code, True, fmt)
         if misread and fired is not None and firing is not None:
             fired.append(firing)
         return out
 
     softmax.__name__ = "spyre_sdpa_softmax"
+    softmax.dl16_output = fmt is not None  # type: ignore[attr-defined]
     return softmax
 
 
@@ -412,7 +420,7 @@ def _runtime_amax(
         if node in anchored or (t := node_value(node)) is None:
             continue
         firing = firing_at(node, t, defect.id, profile.defect_source(defect), defect.effect)
-        replace = _sdpa_softmax(profile, fired, firing)
+        replace = _sdpa_softmax(profile, fired, firing, node)
         shape = tuple(int(s) for s in t.shape)
         out.append(Corruption(firing, node, frozenset(), (), shape, node, replace, runtime=True))
     return out
@@ -424,7 +432,8 @@ def _corruption(defect: Defect, match: Match, profile: Profile) -> Corruption:
     if spec is not None and spec.compute is not None:
         replace = _op_replacement(defect.trigger, op_name(match.anchor.target))
     if defect.trigger == "minus_inf_fill_into_sdpa_softmax":
-        replace = _sdpa_softmax(profile, None, None)  # recorded at build: the fill is in-graph
+        # recorded at build: the fill is in-graph
+        replace = _sdpa_softmax(profile, None, None, match.anchor)
     # the value read wrongly, or (an op computing wrongly) the op's own result
     t = node_value(match.value if replace is None else match.anchor)
     assert t is not None
