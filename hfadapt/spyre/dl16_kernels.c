@@ -16,6 +16,8 @@
    that only a group of partial products is held: ``acc`` becomes the group's sum (``first``)
    or ``acc`` plus each of its truncated pieces in order; the bias and the rounding follow
    when given, on the last group. Steps in order give hfadapt_sum_truncated_round's bits.
+   hfadapt_layer_norm_dl16: kernels._layer_norm_dl16 over rows of ``cols`` values, one pass per
+   row (layer_norm_row below says how), with each row's mean and rstd written out.
    hfadapt_softmax_floor: kernels._softmax_floor over the last dimension of ``rows`` rows of
    ``cols`` values, a block of rows at a time (it stays in the cache): the row max (NaN wins),
    exp(max(x - max, -87)) (a polynomial exp, within 2 ulp of fp32 exp on [-87, 0]: far below
@@ -38,9 +40,9 @@
 #define FTZ_BEGIN
 #define FTZ_END
 #endif
-/* An AVX2 build of each kernel beside the baseline one, chosen when the library loads (GCC's
-   function multiversioning): eight floats a step where the CPU has them, never an illegal
-   instruction where it does not. */
+/* AVX-512 and AVX2 builds of each kernel beside the baseline one, chosen when the library
+   loads (GCC's function multiversioning): sixteen or eight floats a step where the CPU has
+   them, never an illegal instruction where it does not. */
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
 #define CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else

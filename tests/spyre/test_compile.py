@@ -420,15 +420,17 @@ def test_a_plain_copy_of_an_intermediate_is_handed_on_not_made(monkeypatch) -> N
     class Copies(nn.Module):
         def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
             y = x * 3
-            z = y.clone() + x  # a copy of an intermediate: handed on
-            return z, x.clone(), (y * 2).clone()  # a copy of the input, a returned copy
+            z = y.view(-1).clone().view(4, 64) + x  # a copy of an intermediate: handed on
+            # a copy of the input, a returned copy, a copy of a view of the input
+            return z, x.clone(), (y * 2).clone(), x.view(-1).clone().view(4, 64)
 
     x = fp16(4, 64, seed=5)
     with torch.no_grad():
-        z, copy_of_x, doubled = torch.compile(Copies(), backend="spyre")(x)
+        z, copy_of_x, doubled, copy_of_view = torch.compile(Copies(), backend="spyre")(x)
     code = programs[-1].code  # type: ignore[attr-defined]
     clones = code.count("aten.clone")
-    assert clones == 2, f"{clones} clones in the program:\n{code}"
+    assert clones == 3, f"{clones} clones in the program:\n{code}"
+    assert copy_of_view.data_ptr() != x.data_ptr()
     held = r(x.float())  # the input as the device holds it
     y = r(held * 3)
     assert torch.equal(z.float(), r(y + held)), (z.float() - r(y + held)).abs().max()

@@ -365,19 +365,40 @@ class _Builder:
 
 def _plain_clone(node: fx.Node) -> bool:
     """Whether ``node`` (an aten::clone) copies a contiguous intermediate into the same layout
-    and is not itself a graph output: then the program can hand its input on instead (a
-    placeholder's or a constant's copy is kept: the program must not return or alias those)."""
+    and is not itself a graph output: then the program can hand its input on instead. A copy
+    of data the program did not make (an input or a constant, or a view of one) is kept: the
+    program must not return or alias those."""
     source = node.args[0] if node.args else None
     fmt = node.kwargs.get("memory_format")
     value = getattr(source, "meta", {}).get("val")
     return (
         isinstance(source, fx.Node)
-        and source.op == "call_function"
+        and _made_here(source)
         and fmt in (None, torch.preserve_format, torch.contiguous_format)
         and isinstance(value, torch.Tensor)
         and value.is_contiguous()
         and all(user.op != "output" for user in node.users)
     )
+
+
+# ops that return their input's memory though their schemas do not say so
+_ALIASING = frozenset({"aten::_unsafe_view"})
+
+
+def _made_here(node: fx.Node) -> bool:
+    """Whether ``node``'s data is made by an op of the graph: followed back through views and
+    the items of ops that return several, to a node that is not a view (False at an input or
+    a constant)."""
+    current: Any = node
+    for _ in range(256):  # a chain of views is short; a cycle cannot occur in a graph
+        if not isinstance(current, fx.Node) or current.op != "call_function":
+            return False
+        target = current.target
+        aliasing = target is operator.getitem or getattr(target, "is_view", False)
+        if not aliasing and _packet(op_name(target)) not in _ALIASING:
+            return True
+        current = current.args[0] if current.args else None
+    return False
 
 
 def _first(value: Any) -> Any:
