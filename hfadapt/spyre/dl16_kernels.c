@@ -246,7 +246,7 @@ typedef int32_t v16i __attribute__((vector_size(64)));
 
 static inline void softmax_block(const float* restrict x, float* restrict o,
                                  float* restrict top, int64_t rows, int64_t cols, float floor,
-                                 float code) {
+                                 float code, const float* next, int64_t next_n) {
     const int64_t whole = cols & ~(int64_t)15;
     const int64_t whole8 = cols & ~(int64_t)7;
     for (int64_t r = 0; r < rows; r++) {
@@ -281,7 +281,17 @@ static inline void softmax_block(const float* restrict x, float* restrict o,
         }
     }
     const int64_t n = rows * cols;
-    for (int64_t i = 0; i < n; i++) {
+    /* the next block's input is fetched while this one's exps are made (a cache line per 16
+       values): its max loop then reads from the cache instead of waiting on memory */
+    const int64_t whole_n = n & ~(int64_t)15;
+    for (int64_t i0 = 0; i0 < whole_n; i0 += 16) {
+        if (i0 < next_n) __builtin_prefetch(next + i0, 0, 3);
+        for (int64_t i = i0; i < i0 + 16; i++) {
+            float e = exp_neg(o[i]);
+            o[i] = ((floor > 0.0f) & (x[i] <= -code) & (e < floor)) ? floor : e;
+        }
+    }
+    for (int64_t i = whole_n; i < n; i++) {
         float e = exp_neg(o[i]);
         o[i] = ((floor > 0.0f) & (x[i] <= -code) & (e < floor)) ? floor : e;
     }
@@ -306,7 +316,9 @@ CLONES void hfadapt_softmax_floor(const float* x, float* out, float* top, int64_
     for (int64_t r = 0; r < rows; r += per) {
         const int64_t count = rows - r < per ? rows - r : per;
         FTZ_BEGIN
-        softmax_block(x + r * cols, out + r * cols, top + r, count, cols, floor, code);
+        const int64_t ahead = rows - r - count < per ? rows - r - count : per;
+        softmax_block(x + r * cols, out + r * cols, top + r, count, cols, floor, code,
+                      x + (r + count) * cols, ahead * cols);
         FTZ_END
         if (maxf > 0.0f) round_span(out + r * cols, count * cols, maxf, lam, rdrop, over);
     }

@@ -500,6 +500,8 @@ def chunked_matmul(
         and (bias is None or _fusable_bias(bias, b.shape[-1]))
     )
     if k <= per:
+        if native and step is not None and _blockable(a, b):
+            return _epilogue_blocked(step, a, b, mantissa_bits, bias, fmt)
         product = torch.matmul(a, b)
         if native and step is not None and product.is_contiguous():
             # the truncation, the bias and the rounding in one pass (else three or four)
@@ -595,6 +597,54 @@ def _epilogue(
         *(native_rounding_args(fmt) if fmt is not None else _NO_ROUNDING),
         torch.get_num_threads(),
     )  # fmt: skip
+    return out
+
+
+# Bytes of one-piece products made at a time by _epilogue_blocked: a group of batch items this
+# large stays in the core's cache (2 MiB of L2 on the machines measured) until its epilogue.
+BLOCK_BYTES = 1 << 20
+# Products smaller than this are made whole: the epilogue pass reads them from the cache anyway.
+BLOCKED_FROM = 4 << 20
+
+
+def _blockable(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether a one-piece product is made a group of batch items at a time: a batched
+    product (3-D, the same batch on both sides) larger than BLOCKED_FROM."""
+    return (
+        a.dim() == 3
+        and b.dim() == 3
+        and a.shape[0] == b.shape[0] > 1
+        and 4 * a.shape[0] * a.shape[1] * b.shape[2] > BLOCKED_FROM
+    )
+
+
+def _epilogue_blocked(
+    step: Callable[..., None],
+    a: torch.Tensor,
+    b: torch.Tensor,
+    mantissa_bits: int,
+    bias: torch.Tensor | None,
+    fmt: DL16Format | None,
+) -> torch.Tensor:
+    """A batched one-piece product made a group of batch items at a time into this thread's
+    kept buffer (BLOCK_BYTES, in the cache), each group's epilogue (_epilogue's truncation,
+    bias and rounding) written straight into the result: the bits of _epilogue, without the
+    product's own trip through memory (an attention's scores: 32 x 12 x 256 x 256 held 100 MB)."""
+    batch, rows, cols = a.shape[0], a.shape[1], b.shape[2]
+    out = torch.empty((batch, rows, cols), dtype=torch.float32)
+    group = max(1, BLOCK_BYTES // (4 * rows * cols))
+    scratch = _scratch(group * rows * cols).view(group, rows, cols)
+    threads = torch.get_num_threads()
+    rounding = native_rounding_args(fmt) if fmt is not None else _NO_ROUNDING
+    biased = None if bias is None else bias.data_ptr()
+    for first in range(0, batch, group):
+        last = min(batch, first + group)
+        part = scratch[: last - first]
+        torch.matmul(a[first:last], b[first:last], out=part)
+        step(
+            out[first].data_ptr(), part.data_ptr(), 1, part.numel(), 23 - mantissa_bits, 1,
+            biased, max(1, cols), *rounding, threads,
+        )  # fmt: skip
     return out
 
 

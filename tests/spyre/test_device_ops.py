@@ -158,3 +158,22 @@ def test_set_profile_changes_the_rules(spyre) -> None:
         out = torch.nn.functional.embedding(ids, table)
     assert not report.fallbacks and report.profile_name == "spyre-2026.10"
     assert torch.equal(out.cpu(), table.cpu()[[1, 2, 3]].unsqueeze(0))
+
+
+def test_eval_dropout_hands_its_input_on_and_training_dropout_drops(spyre) -> None:
+    """Dropout reaches the device as its C++ composite kernel does on a real device: in eval
+    mode it returns its input (no copy reaches the card; PyTorch's Python decomposition would
+    clone), in training mode it runs native_dropout."""
+    x = _fp16(16, 64).to("spyre")
+    with torch.inference_mode(), spyre.tracking(collect=True) as report:
+        same = torch.nn.functional.dropout(x, 0.1, training=False)
+    assert same is x
+    assert dict(report.ops_seen) == {}, dict(report.ops_seen)
+    with spyre.tracking(collect=True) as report:
+        dropped = torch.nn.functional.dropout(x, 0.5, training=True).cpu()
+    zeros = float((dropped == 0).float().mean())
+    kept = dropped != 0
+    assert 0.35 < zeros < 0.65, zeros
+    scaled = (x.cpu().float() * 2)[kept]
+    assert torch.equal(dropped.float()[kept], scaled), "kept values are scaled by 1 / (1 - p)"
+    assert report.ops_seen["aten::native_dropout"] == 1, dict(report.ops_seen)

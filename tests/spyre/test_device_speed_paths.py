@@ -67,6 +67,48 @@ def test_groups_of_pieces_give_the_bits_of_all_pieces_at_once(
             assert differ == 0, f"{name} (result {i}): {differ} of {got.numel()} values differ"
 
 
+@pytest.mark.parametrize(
+    ("a_shape", "b_shape", "block_bytes"),
+    [
+        ((12, 29, 64), (12, 64, 29), 3 * 4 * 29 * 29),  # groups of 3 batch items
+        ((10, 40, 64), (10, 64, 48), 4 * 4 * 40 * 48),  # groups of 4: the last one of 2
+        ((7, 33, 200), (7, 200, 20), 1),  # one batch item a group
+    ],
+)
+def test_a_batched_product_made_a_group_at_a_time_gives_the_whole_products_bits(
+    monkeypatch: pytest.MonkeyPatch,
+    a_shape: tuple[int, ...],
+    b_shape: tuple[int, ...],
+    block_bytes: int,
+) -> None:
+    """A one-piece batched product (attention's Q @ K^T, P @ V) made a group of batch items
+    at a time, each group's epilogue written into the result: the bits of the whole product
+    and its epilogue, with and without the bias and the rounding."""
+    if kernels._native_accumulate() is None:
+        pytest.skip("the C kernels are not built here (no C compiler)")
+    g = torch.Generator().manual_seed(5)
+    a = torch.randn(*a_shape, generator=g) * 3
+    b = torch.randn(*b_shape, generator=g)
+    bias = torch.randn(b_shape[-1], generator=g)
+
+    def both() -> list[torch.Tensor]:
+        return [
+            kernels.chunked_matmul(a, b, 256, 9),
+            kernels.chunked_matmul(a, b, 256, 9, bias=bias, fmt=DEFAULT_FORMAT),
+        ]
+
+    monkeypatch.setattr(kernels, "BLOCKED_FROM", 1 << 40)
+    whole = both()
+    monkeypatch.setattr(kernels, "BLOCKED_FROM", 0)
+    monkeypatch.setattr(kernels, "BLOCK_BYTES", block_bytes)
+    assert kernels._blockable(a, b)
+    blocked = both()
+    for i, (got, want) in enumerate(zip(blocked, whole, strict=True)):
+        differ = _bits_differ(got, want)
+        assert got.shape == want.shape, (got.shape, want.shape)
+        assert differ == 0, f"result {i}: {differ} of {got.numel()} values differ"
+
+
 def _softmax_inputs() -> list[tuple[torch.Tensor, float]]:
     g = torch.Generator().manual_seed(0)
     scores = torch.randn(6, 4, 29, 64, generator=g) * 6
