@@ -488,7 +488,8 @@ def chunked_matmul(
     With the C kernels built, the pieces' products are made a group at a time into this
     thread's kept buffer (GROUP_BYTES), and each group joins the accumulator in one pass (no
     batched product: with two threads a batched product of 3 pieces ran 1.8x slower than 3
-    plain products into one buffer); else side by side, then summed."""
+    plain products into one buffer); else side by side, then summed. A large batched product of
+    one piece is made a group of batch items at a time (_epilogue_blocked)."""
     k = a.shape[-1]
     per = max(STICK, -(-chunk // STICK) * STICK)
     step = _native_accumulate()
