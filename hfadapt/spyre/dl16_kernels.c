@@ -235,6 +235,13 @@ static inline float exp_neg(float s) {
     return e * scale;
 }
 
+/* exp of a clamped shift ``s``, raised to ``floor`` (when > 0) for a key ``x`` at or below the
+   -inf code */
+static inline float floored_exp(float s, float x, float floor, float code) {
+    const float e = exp_neg(s);
+    return ((floor > 0.0f) & (x <= -code) & (e < floor)) ? floor : e;
+}
+
 typedef float v16f __attribute__((vector_size(64)));
 typedef int32_t v16i __attribute__((vector_size(64)));
 
@@ -286,15 +293,9 @@ static inline void softmax_block(const float* restrict x, float* restrict o,
     const int64_t whole_n = n & ~(int64_t)15;
     for (int64_t i0 = 0; i0 < whole_n; i0 += 16) {
         if (i0 < next_n) __builtin_prefetch(next + i0, 0, 3);
-        for (int64_t i = i0; i < i0 + 16; i++) {
-            float e = exp_neg(o[i]);
-            o[i] = ((floor > 0.0f) & (x[i] <= -code) & (e < floor)) ? floor : e;
-        }
+        for (int64_t i = i0; i < i0 + 16; i++) o[i] = floored_exp(o[i], x[i], floor, code);
     }
-    for (int64_t i = whole_n; i < n; i++) {
-        float e = exp_neg(o[i]);
-        o[i] = ((floor > 0.0f) & (x[i] <= -code) & (e < floor)) ? floor : e;
-    }
+    for (int64_t i = whole_n; i < n; i++) o[i] = floored_exp(o[i], x[i], floor, code);
     for (int64_t r = 0; r < rows; r++) {
         float* restrict row = o + r * cols;
         float acc[8];

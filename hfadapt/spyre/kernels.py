@@ -592,13 +592,25 @@ def _epilogue(
     ``mantissa_bits``, then ``bias`` added and the sum rounded to ``fmt``, when given; the
     bits of truncate_partial_, add_ and round_dl16_ in turn."""
     out = torch.empty_like(product)
+    _epilogue_into(step, out, product, mantissa_bits, bias, fmt)
+    return out
+
+
+def _epilogue_into(
+    step: Callable[..., None],
+    out: torch.Tensor,
+    product: torch.Tensor,
+    mantissa_bits: int,
+    bias: torch.Tensor | None,
+    fmt: DL16Format | None,
+) -> None:
+    """_epilogue written into ``out`` (contiguous, ``product``'s size)."""
     step(
-        out.data_ptr(), product.data_ptr(), 1, out.numel(), 23 - mantissa_bits, 1,
+        out.data_ptr(), product.data_ptr(), 1, product.numel(), 23 - mantissa_bits, 1,
         None if bias is None else bias.data_ptr(), max(1, product.shape[-1]),
         *(native_rounding_args(fmt) if fmt is not None else _NO_ROUNDING),
         torch.get_num_threads(),
     )  # fmt: skip
-    return out
 
 
 # Bytes of one-piece products made at a time by _epilogue_blocked: a group of batch items this
@@ -635,17 +647,11 @@ def _epilogue_blocked(
     out = torch.empty((batch, rows, cols), dtype=torch.float32)
     group = max(1, BLOCK_BYTES // (4 * rows * cols))
     scratch = _scratch(group * rows * cols).view(group, rows, cols)
-    threads = torch.get_num_threads()
-    rounding = native_rounding_args(fmt) if fmt is not None else _NO_ROUNDING
-    biased = None if bias is None else bias.data_ptr()
     for first in range(0, batch, group):
         last = min(batch, first + group)
         part = scratch[: last - first]
         torch.matmul(a[first:last], b[first:last], out=part)
-        step(
-            out[first].data_ptr(), part.data_ptr(), 1, part.numel(), 23 - mantissa_bits, 1,
-            biased, max(1, cols), *rounding, threads,
-        )  # fmt: skip
+        _epilogue_into(step, out[first:last], part, mantissa_bits, bias, fmt)
     return out
 
 
