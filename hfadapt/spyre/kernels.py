@@ -9,6 +9,7 @@ rounded to DL16)."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import math
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -514,11 +515,21 @@ def chunked_matmul(
     starts = range(0, k, per)
     if native and step is not None:
         return _accumulated(step, a, b, starts, per, mantissa_bits, bias, fmt)
-    shape = (*torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1])
+    shape = (*_batch_shape(a, b), a.shape[-2], b.shape[-1])
     parts = torch.empty((len(starts), *shape), dtype=torch.result_type(a, b))
     for i, start in enumerate(starts):
         torch.matmul(a[..., start : start + per], b[..., start : start + per, :], out=parts[i])
     return _sum_truncated(parts, mantissa_bits, bias, fmt)
+
+
+def _batch_shape(a: torch.Tensor, b: torch.Tensor) -> tuple[int, ...]:
+    """The batch dimensions of a @ b (the operands' leading dimensions broadcast)."""
+    shape = _broadcast(a.shape[:-2], b.shape[:-2])
+    if shape is None:  # torch's own message
+        raise RuntimeError(
+            f"the batch dimensions of {tuple(a.shape)} and {tuple(b.shape)} do not broadcast"
+        )
+    return shape
 
 
 # The C kernels' rounding arguments that mean "no rounding" (max_finite 0)
@@ -561,7 +572,7 @@ def _accumulated(
     """chunked_matmul's pieces made a group at a time (plain products into one buffer), each
     group's truncated pieces added in order by ``step`` (the C kernel), the last adding the
     bias and rounding: the same bits as the sum of all pieces side by side."""
-    shape = (*torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1])
+    shape = (*_batch_shape(a, b), a.shape[-2], b.shape[-1])
     out = torch.empty(shape, dtype=torch.float32)
     size = out.numel()
     group = max(1, min(len(starts), GROUP_BYTES // max(1, 4 * size)))
@@ -652,6 +663,95 @@ def _epilogue_blocked(
         part = scratch[: last - first]
         torch.matmul(a[first:last], b[first:last], out=part)
         _epilogue_into(step, out[first:last], part, mantissa_bits, bias, fmt)
+    return out
+
+
+# -- binary pointwise ops: the op and its DL16 rounding in one pass ----------------------------
+
+# op name -> the C kernel's op code (dl16_kernels.c: OP_ADD, OP_SUB, OP_MUL, OP_DIV)
+BINARY_OPS = {"aten::add.Tensor": 0, "aten::sub.Tensor": 1, "aten::mul.Tensor": 2,
+              "aten::div.Tensor": 3}  # fmt: skip
+_FULL, _COLUMN, _ROW, _SCALAR = 0, 1, 2, 3
+
+
+def _plain(t: Any) -> bool:
+    return type(t) is torch.Tensor and t.dtype == torch.float32 and not t.requires_grad
+
+
+def _broadcast(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...] | None:
+    """The shape ``a`` and ``b`` broadcast to, None when they do not (torch.broadcast_shapes
+    takes 23 us a call, longer than the op it would be checking)."""
+    if a == b:
+        return tuple(a)
+    n = max(len(a), len(b))
+    out = []
+    for p, q in zip((1,) * (n - len(a)) + tuple(a), (1,) * (n - len(b)) + tuple(b), strict=True):
+        if p != q and p != 1 and q != 1:
+            return None
+        out.append(p if q == 1 else q)
+    return tuple(out)
+
+
+def _operand_kind(t: torch.Tensor, shape: Sequence[int]) -> int | None:
+    """How a plain float32 tensor broadcasts against a contiguous result of ``shape``, as the
+    C kernel reads it: the same values, a row vector over the last dimension, one value per
+    row (its last dimension 1, the others the result's), or one value; None otherwise."""
+    if not t.is_contiguous():
+        return None
+    if t.shape == shape:
+        return _FULL
+    if t.numel() == 1:
+        return _SCALAR
+    cols = shape[-1]
+    if t.shape[-1] == cols and t.numel() == cols:
+        return _COLUMN
+    if t.dim() == len(shape) and t.shape[-1] == 1 and t.shape[:-1] == shape[:-1]:
+        return _ROW
+    return None
+
+
+def binary_dl16(op: str, x: Any, y: Any, fmt: DL16Format) -> torch.Tensor | None:
+    """``x OP y`` (an op of BINARY_OPS) rounded to DL16, by the C kernel in one pass: the bits
+    of the CPU op followed by round_dl16_. ``x`` and ``y`` are float32 tensors holding DL16
+    values, or one of them a number; one tensor must be contiguous and the result's shape,
+    the other broadcast as _operand_kind reads it. None when the kernel is not built or the
+    operands are of another kind (then the caller computes it as before)."""
+    from hfadapt.spyre.dl16_native import load_binary_round
+
+    kernel = load_binary_round()
+    if kernel is None:
+        return None
+    number = (int, float)
+    both = _plain(x) and _plain(y)
+    shape = _broadcast(x.shape, y.shape) if both else None
+    if both and shape is None:  # shapes that do not broadcast: torch's op says so in its words
+        return None
+    swap = isinstance(x, number) or (shape is not None and x.shape != shape)
+    if swap:
+        x, y = y, x
+    if not (_plain(x) and x.dim() > 0 and x.numel() > 0 and x.is_contiguous()):
+        return None
+    shape = x.shape  # the result's
+    keep: Any = None
+    if isinstance(y, number) and not isinstance(y, bool):
+        keep = ctypes.c_float(float(y))  # torch's CPU kernel takes the number as a float too
+        if float(keep.value) != float(y):  # not a float32 value: left to torch's path
+            return None
+        kind, pointer = _SCALAR, ctypes.addressof(keep)
+    elif _plain(y) and _broadcast(shape, y.shape) == shape:  # y no larger
+        found = _operand_kind(y, shape)
+        if found is None:
+            return None
+        kind, pointer = found, y.data_ptr()
+    else:
+        return None
+    out = torch.empty(shape, dtype=torch.float32)
+    cols = shape[-1]
+    kernel(
+        x.data_ptr(), pointer, x.numel() // cols, cols, kind, BINARY_OPS[op], int(swap),
+        *native_rounding_args(fmt), out.data_ptr(), torch.get_num_threads(),
+    )  # fmt: skip
+    del keep
     return out
 
 
