@@ -1,8 +1,8 @@
 """The device's faster paths compute what the plain ones compute: the chunked matmul made a
 group of pieces at a time, the softmax's C kernel, a binary op and its rounding in one pass,
-a kernel's output not rounded twice, the
-judge that skips a signature judged clean before, and the heap that keeps freed memory. Speed itself is measured in benchmarks/;
-these tests pin the values and the verdicts."""
+a kernel's output not rounded twice, the judge that skips a signature judged clean before,
+and the heap that keeps freed memory. Speed itself is measured in benchmarks/; these tests
+pin the values and the verdicts."""
 
 from __future__ import annotations
 
