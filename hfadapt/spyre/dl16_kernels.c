@@ -25,6 +25,7 @@
    ``floor`` > 0, divided by their sum; each row's max is written to ``top``; then, when
    ``maxf`` > 0, the block's probabilities rounded to DL16 while they are in the cache. */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <xmmintrin.h>
@@ -244,6 +245,208 @@ CLONES void hfadapt_binary_round(const float* a, const float* b, int64_t rows, i
     for (int64_t r = 0; r < rows; r++)
         binary_row(a + r * cols, b, r, cols, kind, op, swap, maxf, lam, rdrop, over,
                    out + r * cols);
+}
+
+/* A row program of the eager device (hfadapt.spyre.eager.fusion): a chain of binary ops and
+   last-dimension sums over ``rows`` rows of ``cols`` values, run a row at a time so that the
+   chain's intermediate values stay in the cache; each node's result rounded to DL16 as the op
+   by op path rounds it. ``desc`` holds PROGRAM_FIELDS int64 per node: its op (OP_ADD..OP_DIV,
+   or OP_SUM), its result's kind (BINARY_FULL: a row of ``cols``; BINARY_ROW: one value per
+   row), whether it is computed at all, then per operand (one for a sum, two for a binary op)
+   where it comes from (an input tensor, an earlier node, a number), how it broadcasts
+   (the BINARY_* kinds) and its index. ``outs[i]`` is where node i's result goes (a tensor of
+   the result's size), or 0 (a node nothing reads after the program: kept in a scratch row).
+   A sum adds in the order of ATen's CPU sum (aten_sum): the same fp32 result, so the same
+   bits as torch's op followed by the rounding. */
+enum { OP_SUM = 4 };
+enum { FROM_INPUT = 0, FROM_NODE = 1, FROM_NUMBER = 2 };
+#define PROGRAM_FIELDS 9
+
+static inline int64_t ceil_log2(int64_t x) {
+    return x <= 2 ? 1 : 64 - __builtin_clzll((uint64_t)(x - 1));
+}
+
+/* ATen's row_sum (aten/src/ATen/native/cpu/SumKernel.cpp) over ``size`` units of ``w`` lanes
+   (w = 1: scalars): four interleaved partial sums, each a cascade of four levels that adds
+   blocks of 2^level_power units, then the tail units into the first, then the four in order;
+   every add lane by lane in fp32, as its vector adds are. */
+static inline void row_sum_units(const float* restrict x, int64_t size, int w,
+                                 float* restrict out) {
+    float acc[4][4][16];
+    memset(acc, 0, sizeof acc);
+    const int64_t size_ilp = size / 4;
+    int64_t power = ceil_log2(size_ilp) / 4;
+    power = power < 4 ? 4 : power;
+    const int64_t step = (int64_t)1 << power, mask = step - 1;
+    int64_t i = 0;
+    for (; i + step <= size_ilp;) {
+        for (int64_t j = 0; j < step; ++j, ++i)
+            for (int k = 0; k < 4; k++)
+                for (int l = 0; l < w; l++) acc[0][k][l] += x[(i * 4 + k) * w + l];
+        for (int j = 1; j < 4; ++j) {
+            for (int k = 0; k < 4; k++)
+                for (int l = 0; l < w; l++) {
+                    acc[j][k][l] += acc[j - 1][k][l];
+                    acc[j - 1][k][l] = 0.0f;
+                }
+            if ((i & (mask << (j * power))) != 0) break;
+        }
+    }
+    for (; i < size_ilp; ++i)
+        for (int k = 0; k < 4; k++)
+            for (int l = 0; l < w; l++) acc[0][k][l] += x[(i * 4 + k) * w + l];
+    for (int j = 1; j < 4; ++j)
+        for (int k = 0; k < 4; k++)
+            for (int l = 0; l < w; l++) acc[0][k][l] += acc[j][k][l];
+    for (int64_t t = size_ilp * 4; t < size; ++t)
+        for (int l = 0; l < w; l++) acc[0][0][l] += x[t * w + l];
+    for (int k = 1; k < 4; k++)
+        for (int l = 0; l < w; l++) acc[0][0][l] += acc[0][k][l];
+    for (int l = 0; l < w; l++) out[l] = acc[0][0][l];
+}
+
+/* row_sum_units for units of 8 lanes, as GCC vectors (each lane's adds in the same order: the
+   same values; the generic loops over a runtime lane count stay scalar, 4x slower) */
+static inline void row_sum_v8(const float* restrict x, int64_t size, float* restrict out) {
+    const v8f zero = {0};
+    v8f acc[4][4];
+    for (int j = 0; j < 4; j++)
+        for (int k = 0; k < 4; k++) acc[j][k] = zero;
+    const int64_t size_ilp = size / 4;
+    int64_t power = ceil_log2(size_ilp) / 4;
+    power = power < 4 ? 4 : power;
+    const int64_t step = (int64_t)1 << power, mask = step - 1;
+    int64_t i = 0;
+    v8f v;
+    for (; i + step <= size_ilp;) {
+        for (int64_t j = 0; j < step; ++j, ++i)
+            for (int k = 0; k < 4; k++) {
+                memcpy(&v, x + (i * 4 + k) * 8, sizeof v);
+                acc[0][k] += v;
+            }
+        for (int j = 1; j < 4; ++j) {
+            for (int k = 0; k < 4; k++) {
+                acc[j][k] += acc[j - 1][k];
+                acc[j - 1][k] = zero;
+            }
+            if ((i & (mask << (j * power))) != 0) break;
+        }
+    }
+    for (; i < size_ilp; ++i)
+        for (int k = 0; k < 4; k++) {
+            memcpy(&v, x + (i * 4 + k) * 8, sizeof v);
+            acc[0][k] += v;
+        }
+    for (int j = 1; j < 4; ++j)
+        for (int k = 0; k < 4; k++) acc[0][k] += acc[j][k];
+    for (int64_t t = size_ilp * 4; t < size; ++t) {
+        memcpy(&v, x + t * 8, sizeof v);
+        acc[0][0] += v;
+    }
+    for (int k = 1; k < 4; k++) acc[0][0] += acc[0][k];
+    memcpy(out, &acc[0][0], sizeof v);
+}
+
+/* ATen's CPU sum of ``n`` contiguous floats whose vectors have ``lanes`` lanes
+   (vectorized_inner_sum from ``lanes`` values on, scalar_inner_sum below), added to the
+   zero the output starts as */
+static inline float aten_sum(const float* restrict x, int64_t n, int lanes) {
+    float total = 0.0f;
+    if (n >= lanes) {
+        float part[16];
+        const int64_t vecs = n / lanes;
+        if (lanes == 8)
+            row_sum_v8(x, vecs, part);
+        else
+            row_sum_units(x, vecs, lanes, part);
+        for (int64_t k = vecs * lanes; k < n; k++) total += x[k];
+        for (int l = 0; l < lanes; l++) total += part[l];
+    } else {
+        row_sum_units(x, n, 1, &total);
+    }
+    return 0.0f + total;
+}
+
+CLONES void hfadapt_aten_sum(const float* x, int64_t rows, int64_t cols, int lanes, float* out) {
+    for (int64_t r = 0; r < rows; r++) out[r] = aten_sum(x + r * cols, cols, lanes);
+}
+
+/* one operand of a node for row r: a row of values (returned) or one value (*v, NULL
+   returned) */
+static inline const float* program_operand(const int64_t* restrict f, int64_t r, int64_t cols,
+                                           const int64_t* restrict inputs,
+                                           const float* restrict numbers, float* const* rows_of,
+                                           const float* restrict values, float* restrict v) {
+    const int64_t from = f[0], kind = f[1], index = f[2];
+    if (from == FROM_NUMBER) {
+        *v = numbers[index];
+        return NULL;
+    }
+    if (from == FROM_NODE) {
+        if (kind == BINARY_FULL) return rows_of[index];
+        *v = values[index];
+        return NULL;
+    }
+    const float* t = (const float*)(intptr_t)inputs[index];
+    switch (kind) {
+        case BINARY_FULL: return t + r * cols;
+        case BINARY_COLUMN: return t;
+        case BINARY_ROW: *v = t[r]; return NULL;
+        default: *v = t[0]; return NULL;
+    }
+}
+
+CLONES void hfadapt_row_program(int64_t rows, int64_t cols, int64_t nodes, const int64_t* desc,
+                                const int64_t* inputs, const float* numbers, const int64_t* outs,
+                                int lanes, float maxf, float lam, int32_t rdrop, float over,
+                                int nt) {
+    #pragma omp parallel num_threads(nt) if(rows * cols > 32768)
+    {
+        float* scratch = (float*)malloc(sizeof(float) * (size_t)(nodes * cols + nodes) + 64);
+        float** rows_of = (float**)malloc(sizeof(float*) * (size_t)nodes + 8);
+        float* values = scratch + nodes * cols;
+        #pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; r++) {
+            for (int64_t i = 0; i < nodes; i++) {
+                const int64_t* d = desc + i * PROGRAM_FIELDS;
+                if (!d[2]) continue;
+                float* out = (float*)(intptr_t)outs[i];
+                const float* x;
+                float xs = 0.0f;
+                x = program_operand(d + 3, r, cols, inputs, numbers, rows_of, values, &xs);
+                if (d[0] == OP_SUM) {
+                    const float s = round_one(aten_sum(x, cols, lanes), maxf, lam, rdrop, over, 0.0f);
+                    values[i] = s;
+                    if (out) out[r] = s;
+                    continue;
+                }
+                const int op = (int)d[0];
+                float ys = 0.0f;
+                const float* y = program_operand(d + 6, r, cols, inputs, numbers, rows_of, values, &ys);
+                if (d[1] == BINARY_ROW) {
+                    float s;
+                    switch (op) {
+                        case OP_ADD: s = xs + ys; break;
+                        case OP_SUB: s = xs - ys; break;
+                        case OP_MUL: s = xs * ys; break;
+                        default: s = xs / ys; break;
+                    }
+                    s = round_one(s, maxf, lam, rdrop, over, 0.0f);
+                    values[i] = s;
+                    if (out) out[r] = s;
+                    continue;
+                }
+                float* restrict o = out ? out + r * cols : scratch + i * cols;
+                if (x && y) BINARY_LOOPS(x[c], y[c])
+                else if (x) BINARY_LOOPS(x[c], ys)
+                else BINARY_LOOPS(xs, y[c])
+                for (int64_t c = 0; c < cols; c++) o[c] = round_one(o[c], maxf, lam, rdrop, over, 0.0f);
+                rows_of[i] = o;
+            }
+        }
+        free(rows_of);
+        free(scratch);
+    }
 }
 
 /* The softmax's loops select between compared floats: without trapping math GCC makes those

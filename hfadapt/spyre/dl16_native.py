@@ -186,6 +186,27 @@ def load_binary_round() -> Callable[..., None] | None:
 
 
 @lru_cache(maxsize=1)
+def load_aten_sum() -> Callable[..., None] | None:
+    """The kernel ``f(x_ptr, rows, columns, lanes, out_ptr)``: each row's sum of contiguous
+    float32 values in the order of ATen's CPU sum with vectors of ``lanes`` lanes (the sum
+    the row programs make, on its own: their probe compares it with torch's); None when not
+    built."""
+    return _kernel("hfadapt_aten_sum", _PTR, _I64, _I64, _INT, _PTR)
+
+
+@lru_cache(maxsize=1)
+def load_row_program() -> Callable[..., None] | None:
+    """The kernel ``f(rows, columns, nodes, desc_ptr, inputs_ptr, numbers_ptr, outs_ptr,
+    lanes, max_finite, below_min_normal, dropped, overflow, threads)``: a row program of the
+    eager device (hfadapt.spyre.eager.fusion, which writes ``desc``); None when not built."""
+    return _kernel(
+        "hfadapt_row_program",
+        *(_I64, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _INT),
+        *(_F32, _F32, _I32, _F32, _INT),
+    )
+
+
+@lru_cache(maxsize=1)
 def load() -> Callable[..., None] | None:
     """The kernel ``f(ptr, n, max_finite, below_min_normal, dropped, overflow, host_inf,
     threads)``

@@ -524,7 +524,7 @@ def chunked_matmul(
 
 def _batch_shape(a: torch.Tensor, b: torch.Tensor) -> tuple[int, ...]:
     """The batch dimensions of a @ b (the operands' leading dimensions broadcast)."""
-    shape = _broadcast(a.shape[:-2], b.shape[:-2])
+    shape = broadcast_shape(a.shape[:-2], b.shape[:-2])
     if shape is None:  # torch's own message
         raise RuntimeError(
             f"the batch dimensions of {tuple(a.shape)} and {tuple(b.shape)} do not broadcast"
@@ -678,7 +678,7 @@ def _plain(t: Any) -> bool:
     return type(t) is torch.Tensor and t.dtype == torch.float32 and not t.requires_grad
 
 
-def _broadcast(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...] | None:
+def broadcast_shape(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...] | None:
     """The shape ``a`` and ``b`` broadcast to, None when they do not (torch.broadcast_shapes
     takes 23 us a call, longer than the op it would be checking)."""
     if a == b:
@@ -692,7 +692,7 @@ def _broadcast(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...] | None:
     return tuple(out)
 
 
-def _operand_kind(t: torch.Tensor, shape: Sequence[int]) -> int | None:
+def operand_kind(t: torch.Tensor, shape: Sequence[int]) -> int | None:
     """How a plain float32 tensor broadcasts against a contiguous result of ``shape``, as the
     C kernel reads it: the same values, a row vector over the last dimension, one value per
     row (its last dimension 1, the others the result's), or one value; None otherwise."""
@@ -714,7 +714,7 @@ def binary_dl16(op: str, x: Any, y: Any, fmt: DL16Format) -> torch.Tensor | None
     """``x OP y`` (an op of BINARY_OPS) rounded to DL16, by the C kernel in one pass: the bits
     of the CPU op followed by round_dl16_. ``x`` and ``y`` are float32 tensors holding DL16
     values, or one of them a number; one tensor must be contiguous and the result's shape,
-    the other broadcast as _operand_kind reads it. None when the kernel is not built or the
+    the other broadcast as operand_kind reads it. None when the kernel is not built or the
     operands are of another kind (then the caller computes it as before)."""
     from hfadapt.spyre.dl16_native import load_binary_round
 
@@ -723,7 +723,7 @@ def binary_dl16(op: str, x: Any, y: Any, fmt: DL16Format) -> torch.Tensor | None
         return None
     number = (int, float)
     both = _plain(x) and _plain(y)
-    shape = _broadcast(x.shape, y.shape) if both else None
+    shape = broadcast_shape(x.shape, y.shape) if both else None
     if both and shape is None:  # shapes that do not broadcast: torch's op says so in its words
         return None
     swap = isinstance(x, number) or (shape is not None and x.shape != shape)
@@ -738,8 +738,8 @@ def binary_dl16(op: str, x: Any, y: Any, fmt: DL16Format) -> torch.Tensor | None
         if float(keep.value) != float(y):  # not a float32 value: left to torch's path
             return None
         kind, pointer = _SCALAR, ctypes.addressof(keep)
-    elif _plain(y) and _broadcast(shape, y.shape) == shape:  # y no larger
-        found = _operand_kind(y, shape)
+    elif _plain(y) and broadcast_shape(shape, y.shape) == shape:  # y no larger
+        found = operand_kind(y, shape)
         if found is None:
             return None
         kind, pointer = found, y.data_ptr()

@@ -52,6 +52,13 @@ def fired(
     return None
 
 
+def any_fires(
+    defects: Sequence[Defect], op: str, args: Sequence[Any], kwargs: dict[str, Any]
+) -> bool:
+    """Whether one of ``defects`` fires for this call (nothing recorded: ``fired`` does that)."""
+    return any(TRIGGERS[d.trigger].matches(op, list(args), kwargs) for d in defects)
+
+
 def _misreading(
     kernel: Callable[..., Any], order: tuple[int, ...], shape: tuple[int, ...]
 ) -> Compute:

@@ -20,8 +20,9 @@ from hfadapt.errors import SpyreOpNotImplementedError
 from hfadapt.spyre import heap, kernels
 from hfadapt.spyre.dl16 import round_dl16_
 from hfadapt.spyre.dtypes import logical_dtypes
+from hfadapt.spyre.eager import fusion
 from hfadapt.spyre.eager.compiled_call import spyre_compiled_call
-from hfadapt.spyre.eager.defects import eager_defects, eager_sdpa, fired
+from hfadapt.spyre.eager.defects import any_fires, eager_defects, eager_sdpa, fired
 from hfadapt.spyre.eager.selection import thread_index
 from hfadapt.spyre.eager.tensor import (
     SpyreTensor,
@@ -71,6 +72,7 @@ class OpEntry:
     special: Callable[..., Any] | None
     defects: tuple[Any, ...] = ()  # the profile's per-op defects that can fire for this op
     binary: bool = False  # one of kernels.BINARY_OPS: the op and its rounding in one pass
+    fusable: bool = False  # may wait in a row program (fusion.FUSED_OPS)
     # judged otherwise in a compiled call (an outcome, a cast, a defect of one mode only)
     mode_sensitive: bool = False
     # signatures of calls judged clean (see _judge_clean): the same call is not judged again
@@ -119,6 +121,7 @@ def _build_entry(profile: Profile, mode: str, func: torch._ops.OpOverload) -> Op
         special=TRANSFERS.get(func),
         defects=eager_defects(profile, name, mode),
         binary=name in kernels.BINARY_OPS,
+        fusable=name in fusion.FUSED_OPS,
         mode_sensitive=(
             profile.outcome(name, "eager")[0] != profile.outcome(name, "compile")[0]
             or packet in _CASTS
@@ -139,6 +142,8 @@ def dispatch(func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[st
         heap.keep_freed_memory()
     collector = current()
     entry = op_entry(collector.profile, collector.mode, func)
+    if not entry.fusable:
+        fusion.settle()  # the waiting row program runs before any op that may read or write
     if entry.mode_sensitive and collector.mode == "eager" and spyre_compiled_call():
         # a compiled call Dynamo could not trace (tensors already on spyre) runs op by op
         # here: the card compiles it, so its ops are judged by the compiled mode's rules
@@ -244,6 +249,16 @@ def _native(
     mode (judged=True) runs the same way: the best guess of what it computes once an adapter
     makes it lower, and far cheaper than fp16 arithmetic on the host."""
     writes = bool(entry.mutated or entry.out_names)
+    if (
+        entry.fusable
+        and not writes
+        and not judged
+        and not (entry.defects and any_fires(entry.defects, entry.name, args, kwargs))
+    ):
+        waiting = fusion.defer(entry.name, args, kwargs, collector.profile.dl16)
+        if waiting is not None:
+            _judge_clean(collector, entry, args, kwargs, waiting)
+            return waiting
     if writes and not judged:
         # Judged before running: a refused in-place op must not have written anything.
         _judge_clean(collector, entry, args, kwargs, None)

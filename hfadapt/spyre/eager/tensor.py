@@ -55,9 +55,13 @@ def is_dl16(dtype: torch.dtype) -> bool:
 
 class SpyreTensor(torch.Tensor):
     """A tensor on the simulated Spyre card. ``_held`` is the CPU tensor with the card's data:
-    same sizes, strides and offset as the wrapper, so a view of the wrapper is a view of it."""
+    same sizes, strides and offset as the wrapper, so a view of the wrapper is a view of it.
 
-    _held: torch.Tensor
+    A result the device has not made yet (a node of a row program, hfadapt.spyre.eager.fusion)
+    holds no data: reading ``_held`` runs its program first."""
+
+    _data: torch.Tensor | None
+    _node: Any = None  # the row program node that makes this tensor, until it has run
 
     @staticmethod
     def __new__(cls, held: torch.Tensor, dtype: torch.dtype, device: torch.device) -> SpyreTensor:
@@ -69,8 +73,15 @@ class SpyreTensor(torch.Tensor):
             dtype=dtype,
             device=device,
         )
-        r._held = held
+        r._data = held
         return r
+
+    @property
+    def _held(self) -> torch.Tensor:
+        data = self._data
+        if data is None:
+            return _made(self)
+        return data
 
     # Only __torch_dispatch__ (ATen level) sees the device; torch functions run as usual.
     __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
@@ -168,6 +179,37 @@ _when_dynamo_loads()
 
 def wrap(held: torch.Tensor, dtype: torch.dtype, device: torch.device) -> SpyreTensor:
     return SpyreTensor(held, dtype, device)
+
+
+def pending(
+    shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, node: Any
+) -> SpyreTensor:
+    """A contiguous device tensor that ``node`` of a row program will make: its data comes
+    when something reads it (``_held``)."""
+    r = torch.Tensor._make_wrapper_subclass(SpyreTensor, shape, dtype=dtype, device=device)
+    r._data = None
+    r._node = node
+    return r
+
+
+# What makes a pending tensor's data: hfadapt.spyre.eager.fusion sets it when it is imported
+# (this module does not import it), as the dispatch sets its handler.
+_maker: Callable[[SpyreTensor], None] | None = None
+
+
+def set_maker(maker: Callable[[SpyreTensor], None]) -> None:
+    """Run ``maker(t)`` when a pending tensor ``t`` is read: it must set ``t._data``."""
+    global _maker
+    _maker = maker
+
+
+def _made(t: SpyreTensor) -> torch.Tensor:
+    if _maker is not None and t._node is not None:
+        _maker(t)
+    data = t._data
+    if data is None:
+        raise DeviceError("a device tensor whose data was never made (its row program is gone)")
+    return data
 
 
 def to_host(t: SpyreTensor) -> torch.Tensor:

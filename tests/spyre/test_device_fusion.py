@@ -1,0 +1,179 @@
+"""Row programs (hfadapt.spyre.eager.fusion): the eager device's binary ops and last-dimension
+sums wait and run as one pass over the rows, with the values of running them one at a time,
+bit for bit; calls are judged and counted when they are made; a program's inputs cannot change
+under it; its tensors read right from any thread. Speed is measured in benchmarks/."""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+import torch
+
+from hfadapt.spyre.dl16 import round_dl16
+from hfadapt.spyre.eager import fusion
+
+
+def _dl16(*shape: int, seed: int, scale: float = 1.0, shift: float = 0.0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return round_dl16(torch.randn(*shape, generator=g) * scale + shift).half()
+
+
+def _layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The layer-norm-unfused adapter's arithmetic (adapters/layer_norm.py)."""
+    n = x.shape[-1]
+    mean = (x * (1.0 / n)).sum(dim=(-1,), keepdim=True)
+    centred = x - mean
+    centred = centred - (centred * (1.0 / n)).sum(dim=(-1,), keepdim=True)
+    scaled = centred * (1.0 / math.sqrt(n))
+    var = (scaled * scaled).sum(dim=(-1,), keepdim=True)
+    rstd = torch.where(var > 0, torch.rsqrt(var + 1e-12), torch.zeros_like(var))
+    return centred * rstd * w + b
+
+
+@contextmanager
+def _programs() -> Iterator[list[int]]:
+    """The node count of every program run in this block."""
+    sizes: list[int] = []
+    run = fusion._run
+
+    def counted(program: Any) -> None:
+        sizes.append(len(program.nodes))
+        run(program)
+
+    fusion._run = counted
+    try:
+        yield sizes
+    finally:
+        fusion._run = run
+
+
+@contextmanager
+def _op_by_op() -> Iterator[None]:
+    """Nothing waits: every op runs when it is called (the path without the C kernel)."""
+    fusion._load()
+    kernel = fusion._kernel
+    fusion._kernel = None
+    try:
+        yield
+    finally:
+        fusion._kernel = kernel
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.float().view(torch.int32)
+
+
+def _compare(f: Callable[..., torch.Tensor], *host: torch.Tensor) -> tuple[int, list[int]]:
+    device = [t.to("spyre") for t in host]
+    with torch.inference_mode(), _programs() as sizes:
+        fused = f(*device).cpu()
+    with torch.inference_mode(), _op_by_op():
+        plain = f(*device).cpu()
+    nan = torch.isnan(plain)
+    assert torch.equal(torch.isnan(fused), nan), "NaN in other places"
+    return int((_bits(fused)[~nan] != _bits(plain)[~nan]).sum()), sizes
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(
+    ("shape", "scale", "shift"),
+    [((32, 29, 384), 3.0, 1.0), ((4, 64, 768), 0.5, 300.0), ((2, 8, 1000), 40.0, -2.0)],
+)
+def test_a_layer_norm_chain_in_row_programs_gives_the_op_by_op_bits(
+    spyre, shape: tuple[int, ...], scale: float, shift: float, threads: int
+) -> None:
+    """The unfused LayerNorm after a residual add: two programs (the add, the statistics and
+    the centring; then the scale and shift) with every value of the ops run one by one."""
+    torch.set_num_threads(threads)
+    try:
+        x = _dl16(*shape, seed=1, scale=scale, shift=shift)
+        x[0, 0] = 0  # a constant row: var 0, guarded
+        x[-1, -1, :7] = float("inf")  # a row that turns to NaN
+        residual = _dl16(*shape, seed=2)
+        w, b = _dl16(shape[-1], seed=3), _dl16(shape[-1], seed=4)
+        differ, sizes = _compare(lambda x, r, w, b: _layer_norm(x + r, w, b), x, residual, w, b)
+    finally:
+        torch.set_num_threads(1)
+    assert fusion._lanes is not None, "the C sum never matched torch.sum here"
+    assert differ == 0, f"{differ} values differ from the op by op path"
+    assert sizes == [10, 3], f"programs of {sizes} nodes (expected the chain in two)"
+
+
+def test_binary_ops_of_every_operand_kind_wait_and_give_the_op_by_op_bits(spyre) -> None:
+    """Full-size, row vector, per-row and one-value operands, numbers, all four ops, results
+    read at the end. ``2.5 - a`` is aten::rsub, not a program's op: the program so far runs
+    before it; an operand of another kind (a mask broadcast over heads) makes its op run at
+    once (reading the waiting ``b * 0.125``), and a new program takes the rest."""
+    x, y = _dl16(8, 16, 64, seed=5, scale=4.0), _dl16(8, 16, 64, seed=6)
+    col, row = _dl16(64, seed=7), _dl16(8, 16, 1, seed=8, shift=3.0)
+    one, mask = _dl16(1, seed=9), _dl16(8, 1, 64, seed=10)
+
+    def chain(
+        x: torch.Tensor,
+        y: torch.Tensor,
+        col: torch.Tensor,
+        row: torch.Tensor,
+        one: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> torch.Tensor:
+        a = x * y - col
+        b = (2.5 - a) / row + one
+        c = b * 0.125 + mask  # a mask over heads: not a kind the program reads
+        return (c - a) * (a / 3) + (row - one) * row
+
+    differ, sizes = _compare(chain, x, y, col, row, one, mask)
+    assert differ == 0, f"{differ} values differ"
+    assert sizes == [2, 3, 6], f"programs of {sizes} nodes"
+
+
+def test_a_waiting_call_is_judged_and_counted_when_it_is_made(spyre) -> None:
+    """ops_seen counts a call when it is made, not when its program runs; a pending result
+    has no data until it is read."""
+    x = _dl16(16, 512, seed=11).to("spyre")
+    with torch.inference_mode(), spyre.tracking(collect=True) as report:
+        y = x * 3
+        assert y._data is None, "the product waits"
+        counted = dict(report.ops_seen)
+        host = y.cpu()
+    assert counted == {"aten::mul.Tensor": 1}, counted
+    assert torch.equal(host, round_dl16(x.cpu().float() * 3).half())
+
+
+def test_a_programs_inputs_cannot_change_under_it(spyre) -> None:
+    """An in-place write into a waiting op's input runs the program first: the result holds
+    the product of the values it was called with."""
+    host = _dl16(16, 512, seed=12)
+    x = host.to("spyre")
+    with torch.inference_mode():
+        y = x * 2
+        x.add_(1)
+        assert torch.equal(y.cpu(), round_dl16(host.float() * 2).half())
+        assert torch.equal(x.cpu(), round_dl16(host.float() + 1).half())
+
+
+def test_a_pending_tensor_reads_right_from_another_thread(spyre) -> None:
+    x = _dl16(16, 512, seed=13)
+    with torch.inference_mode():
+        y = x.to("spyre") * x.to("spyre")
+        out: list[torch.Tensor] = []
+        reader = threading.Thread(target=lambda: out.append(y.cpu()))
+        reader.start()
+        reader.join()
+    assert torch.equal(out[0], round_dl16(x.float() * x.float()).half())
+
+
+def test_small_and_mixed_dtype_calls_run_at_once(spyre) -> None:
+    """A result below fusion.MIN_VALUES starts no program; an fp16 op with an fp32 operand
+    (an fp32 result) never waits."""
+    small = _dl16(4, 8, seed=14).to("spyre")
+    wide = torch.randn(16, 512).to("spyre")
+    x = _dl16(16, 512, seed=15).to("spyre")
+    with torch.inference_mode():
+        assert (small * 2)._data is not None
+        assert (x * wide)._data is not None
+        assert (x * 2)._data is None
