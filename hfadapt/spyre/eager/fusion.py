@@ -34,7 +34,7 @@ import torch
 
 from hfadapt.spyre.dl16 import DL16Format, native_rounding_args
 from hfadapt.spyre.eager.tensor import SpyreTensor, is_dl16, pending, set_maker
-from hfadapt.spyre.kernels import BINARY_OPS, operand_kind
+from hfadapt.spyre.kernels import BINARY_OPS, broadcast_shape, operand_kind
 from hfadapt.spyre.scalars import device_number
 
 SUM = "aten::sum.dim_IntList"
@@ -264,8 +264,6 @@ def _defer_sum(
 
 
 def _broadcast(shapes: list[tuple[int, ...]]) -> tuple[int, ...] | None:
-    from hfadapt.spyre.kernels import broadcast_shape
-
     out: tuple[int, ...] | None = shapes[0]
     for s in shapes[1:]:
         out = broadcast_shape(out, s) if out is not None else None
