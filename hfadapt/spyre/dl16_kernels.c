@@ -254,13 +254,16 @@ CLONES void hfadapt_binary_round(const float* a, const float* b, int64_t rows, i
    or OP_SUM), its result's kind (BINARY_FULL: a row of ``cols``; BINARY_ROW: one value per
    row), whether it is computed at all, then per operand (one for a sum, two for a binary op)
    where it comes from (an input tensor, an earlier node, a number), how it broadcasts
-   (the BINARY_* kinds) and its index. ``outs[i]`` is where node i's result goes (a tensor of
+   (the BINARY_* kinds, or PROGRAM_GATHER: row ``rows_at[r]`` of the tensor for row r, where
+   ``rows_at`` is the input tensor of index ``at``, e.g. a [batch, 1, queries, keys] mask beside
+   [batch, heads, queries, keys] scores), its index and ``at``. ``outs[i]`` is where node i's result goes (a tensor of
    the result's size), or 0 (a node nothing reads after the program: kept in a scratch row).
    A sum adds in the order of ATen's CPU sum (aten_sum): the same fp32 result, so the same
    bits as torch's op followed by the rounding. */
 enum { OP_SUM = 4 };
 enum { FROM_INPUT = 0, FROM_NODE = 1, FROM_NUMBER = 2 };
-#define PROGRAM_FIELDS 9
+enum { PROGRAM_GATHER = 4 };
+#define PROGRAM_FIELDS 11
 
 static inline int64_t ceil_log2(int64_t x) {
     return x <= 2 ? 1 : 64 - __builtin_clzll((uint64_t)(x - 1));
@@ -392,6 +395,7 @@ static inline const float* program_operand(const int64_t* restrict f, int64_t r,
         case BINARY_FULL: return t + r * cols;
         case BINARY_COLUMN: return t;
         case BINARY_ROW: *v = t[r]; return NULL;
+        case PROGRAM_GATHER: return t + ((const int64_t*)(intptr_t)inputs[f[3]])[r] * cols;
         default: *v = t[0]; return NULL;
     }
 }
@@ -422,7 +426,7 @@ CLONES void hfadapt_row_program(int64_t rows, int64_t cols, int64_t nodes, const
                 }
                 const int op = (int)d[0];
                 float ys = 0.0f;
-                const float* y = program_operand(d + 6, r, cols, inputs, numbers, rows_of, values, &ys);
+                const float* y = program_operand(d + 7, r, cols, inputs, numbers, rows_of, values, &ys);
                 if (d[1] == BINARY_ROW) {
                     float s;
                     switch (op) {

@@ -105,30 +105,27 @@ def test_a_layer_norm_chain_in_row_programs_gives_the_op_by_op_bits(
 
 
 def test_binary_ops_of_every_operand_kind_wait_and_give_the_op_by_op_bits(spyre) -> None:
-    """Full-size, row vector, per-row and one-value operands, numbers, all four ops, results
-    read at the end. ``2.5 - a`` is aten::rsub, not a program's op: the program so far runs
-    before it; an operand of another kind (a mask broadcast over heads) makes its op run at
-    once (reading the waiting ``b * 0.125``), and a new program takes the rest."""
+    """Full-size, row vector, per-row, one-value and gathered (a [batch, 1, keys] mask)
+    operands, numbers, all four ops, results read at the end. ``2.5 - a`` is aten::rsub, not a
+    program's op: the program so far runs before it (after it, the transpose's view does too);
+    an operand of no kind the program reads (a transposed view) makes its op run at once, and a
+    new program takes the rest."""
     x, y = _dl16(8, 16, 64, seed=5, scale=4.0), _dl16(8, 16, 64, seed=6)
     col, row = _dl16(64, seed=7), _dl16(8, 16, 1, seed=8, shift=3.0)
     one, mask = _dl16(1, seed=9), _dl16(8, 1, 64, seed=10)
+    across = _dl16(8, 64, 16, seed=11)  # read through a transposed view: no kind
 
-    def chain(
-        x: torch.Tensor,
-        y: torch.Tensor,
-        col: torch.Tensor,
-        row: torch.Tensor,
-        one: torch.Tensor,
-        mask: torch.Tensor,
-    ) -> torch.Tensor:
+    def chain(*t: torch.Tensor) -> torch.Tensor:
+        x, y, col, row, one, mask, across = t
         a = x * y - col
         b = (2.5 - a) / row + one
-        c = b * 0.125 + mask  # a mask over heads: not a kind the program reads
-        return (c - a) * (a / 3) + (row - one) * row
+        c = b * 0.125 + mask
+        d = c + across.transpose(1, 2)
+        return (d - a) * (a / 3) + (row - one) * row
 
-    differ, sizes = _compare(chain, x, y, col, row, one, mask)
+    differ, sizes = _compare(chain, x, y, col, row, one, mask, across)
     assert differ == 0, f"{differ} values differ"
-    assert sizes == [2, 3, 6], f"programs of {sizes} nodes"
+    assert sizes == [2, 4, 6], f"programs of {sizes} nodes"
 
 
 def test_a_waiting_call_is_judged_and_counted_when_it_is_made(spyre) -> None:
@@ -177,3 +174,19 @@ def test_small_and_mixed_dtype_calls_run_at_once(spyre) -> None:
         assert (small * 2)._data is not None
         assert (x * wide)._data is not None
         assert (x * 2)._data is None
+
+
+def test_attention_scores_scaled_and_masked_in_one_program(spyre) -> None:
+    """Scores times the scale plus a [batch, 1, queries, keys] mask (broadcast over heads, read
+    row by row through a table of row numbers), then the softmax: the op by op path's bits, the
+    scaled scores never written out."""
+    scores = _dl16(4, 12, 29, 64, seed=20, scale=8.0)
+    mask = _dl16(4, 1, 29, 64, seed=21)
+    mask[..., 40:] = -30000.0
+
+    def attention(s: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(s * 0.125 + m, dim=-1)
+
+    differ, sizes = _compare(attention, scores, mask)
+    assert differ == 0, f"{differ} values differ"
+    assert sizes == [2], f"programs of {sizes} nodes"

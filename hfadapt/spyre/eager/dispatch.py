@@ -328,15 +328,7 @@ def _binary(
     dtype, as type promotion gives it. None when the call is of another kind."""
     if kwargs or len(args) != 2:
         return None
-    dtype = None
-    for a in args:
-        if isinstance(a, SpyreTensor):
-            if dtype is None:
-                dtype = a.dtype
-            if a.dtype != dtype or not is_dl16(dtype):
-                return None
-        elif not isinstance(a, (int, float)) or isinstance(a, bool):
-            return None
+    dtype = fusion.dl16_operands(args)
     if dtype is None:
         return None
     held = kernels.binary_dl16(entry.name, uargs[0], uargs[1], collector.profile.dl16)

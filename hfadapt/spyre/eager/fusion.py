@@ -28,6 +28,8 @@ import ctypes
 import math
 import threading
 import weakref
+from collections.abc import Sequence
+from functools import lru_cache
 from typing import Any
 
 import torch
@@ -42,15 +44,16 @@ FUSED_OPS = frozenset(BINARY_OPS) | {SUM}
 _OP_SUM = 4  # dl16_kernels.c: OP_SUM, after the binary ops' codes
 _FULL, _ROW = 0, 2  # a node's result: a row of the program's columns, or one value per row
 _SCALAR = 3
+_GATHER = 4  # a row of the operand's own per row of the result, by a table of row numbers
 _FROM_INPUT, _FROM_NODE, _FROM_NUMBER = 0, 1, 2
-_FIELDS = 9  # int64 per node in the kernel's description
 
 # A program starts with a result of at least this many values (a smaller chain gains nothing)
 MIN_VALUES = 4096
 # A program this long runs, and the next op starts another
 MAX_NODES = 64
 
-Operand = tuple[int, int, int]  # (where from, how it broadcasts, index)
+# (where from, how it broadcasts, index, index of its table of row numbers when gathered)
+Operand = tuple[int, int, int, int]
 
 
 class _Node:
@@ -158,18 +161,17 @@ def defer(name: str, args: tuple[Any, ...], kwargs: dict[str, Any], fmt: DL16For
     return _defer_binary(BINARY_OPS[name], args, kwargs, fmt)
 
 
-def _program_for(
-    shape: tuple[int, ...], fmt: DL16Format, full: bool
-) -> tuple[_Program, int] | None:
-    """The program a result of ``shape`` joins (this thread's, when the shape fits it; else a
-    new one, after the old one ran, for a full-size result) and the result's kind there."""
+def _program_for(shape: tuple[int, ...], fmt: DL16Format) -> tuple[_Program, int] | None:
+    """The program a result of ``shape`` joins (this thread's, when the shape is its own or
+    its rows'; else a new one, after the old one ran, when ``shape`` is large enough to gain)
+    and the result's kind there."""
     program = _current()
     if program is not None and program.fmt is fmt:
         if shape == program.shape:
             return program, _FULL
         if shape == program.row_shape:
             return program, _ROW
-    if not full or len(shape) == 0 or shape[-1] < 2 or math.prod(shape) < MIN_VALUES:
+    if len(shape) == 0 or shape[-1] < 2 or math.prod(shape) < MIN_VALUES:
         return None
     settle()
     program = _local.program = _Program(shape, fmt)
@@ -182,20 +184,40 @@ def _operand(program: _Program, value: Any, fmt: DL16Format) -> Operand | None:
         if ctypes.c_float(number).value != number:
             return None
         program.numbers.append(number)
-        return (_FROM_NUMBER, _SCALAR, len(program.numbers) - 1)
+        return (_FROM_NUMBER, _SCALAR, len(program.numbers) - 1, 0)
     node = value._node
     if isinstance(node, _Node) and node.program is program and not program.done:
-        return (_FROM_NODE, node.kind, node.index)
+        return (_FROM_NODE, node.kind, node.index, 0)
     held = value._held  # a tensor made before (or by another program, which runs now)
     if held.dtype != torch.float32 or held.requires_grad or type(held) is not torch.Tensor:
         return None
     kind = operand_kind(held, program.shape)
-    if kind is None:
+    if kind is not None:
+        return (_FROM_INPUT, kind, program.add_input(held), 0)
+    rows_at = _rows_at(tuple(held.shape), program.shape) if held.is_contiguous() else None
+    if rows_at is None:
         return None
-    return (_FROM_INPUT, kind, program.add_input(held))
+    return (_FROM_INPUT, _GATHER, program.add_input(held), program.add_input(rows_at))
 
 
-def _dl16_operands(args: tuple[Any, ...]) -> torch.dtype | None:
+@lru_cache(maxsize=16)
+def _rows_at(operand: tuple[int, ...], shape: tuple[int, ...]) -> torch.Tensor | None:
+    """For each row of a result of ``shape``, the row of a contiguous operand of shape
+    ``operand`` that broadcasts to it over its leading dimensions (the last one whole, e.g. a
+    [batch, 1, queries, keys] mask beside [batch, heads, queries, keys] scores); None when it
+    does not broadcast so. A table per pair of shapes, kept: a model's layers share them."""
+    if (
+        len(operand) != len(shape)
+        or operand[-1] != shape[-1]
+        or any(o not in (1, s) for o, s in zip(operand[:-1], shape[:-1], strict=True))
+    ):
+        return None
+    with torch.inference_mode(False):
+        rows = torch.arange(math.prod(operand[:-1]), dtype=torch.int64).view(operand[:-1])
+        return rows.expand(shape[:-1]).contiguous().view(-1)
+
+
+def dl16_operands(args: Sequence[Any]) -> torch.dtype | None:
     """The one DL16 dtype of the device tensors among ``args`` (numbers beside them), or None."""
     dtype = None
     for a in args:
@@ -214,20 +236,20 @@ def _defer_binary(
 ) -> SpyreTensor | None:
     if kwargs or len(args) != 2:
         return None
-    dtype = _dl16_operands(args)
+    dtype = dl16_operands(args)
     if dtype is None:
         return None
     tensors = [a for a in args if isinstance(a, SpyreTensor)]
     shape = _broadcast([tuple(t.shape) for t in tensors])
     if shape is None:
         return None
-    found = _program_for(shape, fmt, full=True)
+    found = _program_for(shape, fmt)
     if found is None:
         return None
     program, kind = found
     operands = [_operand(program, a, fmt) for a in args]
     if any(o is None for o in operands) or (
-        kind == _ROW and any(o[1] < _ROW for o in operands if o is not None)
+        kind == _ROW and any(o[1] not in (_ROW, _SCALAR) for o in operands if o is not None)
     ):
         return None
     return _add(program, op, kind, [o for o in operands if o is not None], dtype, tensors[0].device)
@@ -253,7 +275,7 @@ def _defer_sum(
         or math.prod(x.shape[:-1]) < 2  # one row: ATen may split its sum between threads
     ):
         return None
-    found = _program_for(tuple(x.shape), fmt, full=True)
+    found = _program_for(tuple(x.shape), fmt)
     if found is None or found[1] != _FULL:
         return None
     program = found[0]
@@ -317,14 +339,14 @@ def _run(program: _Program) -> None:
         needed = [t is not None for t in alive]
         for i in range(len(nodes) - 1, -1, -1):
             if needed[i]:
-                for source, _, index in nodes[i].operands:
+                for source, _, index, _ in nodes[i].operands:
                     if source == _FROM_NODE:
                         needed[index] = True
         desc: list[int] = []
         outs: list[int] = []
         made: list[tuple[SpyreTensor, torch.Tensor]] = []
         for node, t, need in zip(nodes, alive, needed, strict=True):
-            operands = [*node.operands, (0, 0, 0)][:2]
+            operands = [*node.operands, (0, 0, 0, 0)][:2]
             desc += [node.op, node.kind, int(need), *operands[0], *operands[1]]
             if t is None:
                 outs.append(0)
