@@ -204,17 +204,15 @@ CLONES void hfadapt_layer_norm_dl16(const float* x, int64_t rows, int64_t cols,
                        out + r * cols, mean + r, rstd + r);
 }
 
-/* One binary op of the eager device and its DL16 rounding in one pass (kernels.binary_dl16):
-   out[r, c] = a[r, c] OP b, b being b[r, c] (BINARY_FULL), b[c] (BINARY_COLUMN, a row vector
-   over the last dimension), b[r] (BINARY_ROW, one value per row) or *b (BINARY_SCALAR);
-   ``swap`` computes b OP a. OP is IEEE fp32 add, sub, mul or div (what torch's CPU kernels
-   compute for float32: add and sub with alpha 1 are one rounded step, no reciprocal for div),
-   then the DL16 rounding of hfadapt_round_dl16 without a transfer, while the value is in a
-   register: the bits of the op's output followed by that rounding, one pass instead of two. */
+/* How an operand of a row program's node broadcasts against a row of its result: the same
+   values (BINARY_FULL), a row vector over the last dimension (BINARY_COLUMN), one value per
+   row (BINARY_ROW) or one value (BINARY_SCALAR); and the binary ops, IEEE fp32 add, sub, mul
+   and div (what torch's CPU kernels compute for float32: add and sub with alpha 1 are one
+   rounded step, no reciprocal for div). */
 enum { BINARY_FULL = 0, BINARY_COLUMN = 1, BINARY_ROW = 2, BINARY_SCALAR = 3 };
 enum { OP_ADD = 0, OP_SUB = 1, OP_MUL = 2, OP_DIV = 3 };
 
-/* OP over a row's columns, one loop per op (each vectorizes) */
+/* OP over a row's columns into ``o``, one loop per op (each vectorizes) */
 #define BINARY_LOOPS(X, Y)                                                                   \
     switch (op) {                                                                           \
         case OP_ADD: for (int64_t c = 0; c < cols; c++) o[c] = (X) + (Y); break;           \
@@ -222,30 +220,6 @@ enum { OP_ADD = 0, OP_SUB = 1, OP_MUL = 2, OP_DIV = 3 };
         case OP_MUL: for (int64_t c = 0; c < cols; c++) o[c] = (X) * (Y); break;           \
         default: for (int64_t c = 0; c < cols; c++) o[c] = (X) / (Y); break;               \
     }
-
-/* One row: the op, then the rounding in place while the row is in the cache (a loop of its
-   own: fused into the op's loop, GCC leaves the rounding's selects as branches) */
-static inline void binary_row(const float* restrict a, const float* restrict b, int64_t r,
-                              int64_t cols, int kind, int op, int swap, float maxf, float lam,
-                              int32_t rdrop, float over, float* restrict o) {
-    if (kind == BINARY_FULL || kind == BINARY_COLUMN) {
-        const float* restrict br = kind == BINARY_FULL ? b + r * cols : b;
-        if (swap) BINARY_LOOPS(br[c], a[c]) else BINARY_LOOPS(a[c], br[c])
-    } else {
-        const float v = kind == BINARY_ROW ? b[r] : b[0];
-        if (swap) BINARY_LOOPS(v, a[c]) else BINARY_LOOPS(a[c], v)
-    }
-    for (int64_t c = 0; c < cols; c++) o[c] = round_one(o[c], maxf, lam, rdrop, over, 0.0f);
-}
-
-CLONES void hfadapt_binary_round(const float* a, const float* b, int64_t rows, int64_t cols,
-                                 int kind, int op, int swap, float maxf, float lam,
-                                 int32_t rdrop, float over, float* out, int nt) {
-    #pragma omp parallel for schedule(static) num_threads(nt) if(rows * cols > 32768)
-    for (int64_t r = 0; r < rows; r++)
-        binary_row(a + r * cols, b, r, cols, kind, op, swap, maxf, lam, rdrop, over,
-                   out + r * cols);
-}
 
 /* A row program of the eager device (hfadapt.spyre.eager.fusion): a chain of binary ops and
    last-dimension sums over ``rows`` rows of ``cols`` values, run a row at a time so that the
@@ -444,6 +418,8 @@ CLONES void hfadapt_row_program(int64_t rows, int64_t cols, int64_t nodes, const
                 if (x && y) BINARY_LOOPS(x[c], y[c])
                 else if (x) BINARY_LOOPS(x[c], ys)
                 else BINARY_LOOPS(xs, y[c])
+                /* the rounding in place while the row is in the cache, a loop of its own: fused
+                   into the op's loop, GCC leaves the rounding's selects as branches */
                 for (int64_t c = 0; c < cols; c++) o[c] = round_one(o[c], maxf, lam, rdrop, over, 0.0f);
                 rows_of[i] = o;
             }

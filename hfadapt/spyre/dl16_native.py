@@ -172,20 +172,6 @@ def load_layer_norm() -> Callable[..., None] | None:
 
 
 @lru_cache(maxsize=1)
-def load_binary_round() -> Callable[..., None] | None:
-    """The kernel ``f(a_ptr, b_ptr, rows, columns, kind, op, swap, max_finite,
-    below_min_normal, dropped, overflow, out_ptr, threads)``: ``a OP b`` (``b OP a`` when
-    ``swap``) over ``rows`` x ``columns`` contiguous float32 values of ``a``, ``b`` being the
-    same (kind 0), a row vector over the columns (1), one value per row (2) or one value (3);
-    OP add, sub, mul or div (0-3); the result rounded to DL16; None when not built."""
-    return _kernel(
-        "hfadapt_binary_round",
-        *(_PTR, _PTR, _I64, _I64, _INT, _INT, _INT),
-        *(_F32, _F32, _I32, _F32, _PTR, _INT),
-    )
-
-
-@lru_cache(maxsize=1)
 def load_aten_sum() -> Callable[..., None] | None:
     """The kernel ``f(x_ptr, rows, columns, lanes, out_ptr)``: each row's sum of contiguous
     float32 values in the order of ATen's CPU sum with vectors of ``lanes`` lanes (the sum

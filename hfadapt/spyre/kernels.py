@@ -9,7 +9,6 @@ rounded to DL16)."""
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import math
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -666,16 +665,12 @@ def _epilogue_blocked(
     return out
 
 
-# -- binary pointwise ops: the op and its DL16 rounding in one pass ----------------------------
+# -- binary pointwise ops: what the row programs (hfadapt.spyre.eager.fusion) read ------------
 
 # op name -> the C kernel's op code (dl16_kernels.c: OP_ADD, OP_SUB, OP_MUL, OP_DIV)
 BINARY_OPS = {"aten::add.Tensor": 0, "aten::sub.Tensor": 1, "aten::mul.Tensor": 2,
               "aten::div.Tensor": 3}  # fmt: skip
 _FULL, _COLUMN, _ROW, _SCALAR = 0, 1, 2, 3
-
-
-def _plain(t: Any) -> bool:
-    return type(t) is torch.Tensor and t.dtype == torch.float32 and not t.requires_grad
 
 
 def broadcast_shape(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...] | None:
@@ -693,9 +688,10 @@ def broadcast_shape(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...] | Non
 
 
 def operand_kind(t: torch.Tensor, shape: Sequence[int]) -> int | None:
-    """How a plain float32 tensor broadcasts against a contiguous result of ``shape``, as the
-    C kernel reads it: the same values, a row vector over the last dimension, one value per
-    row (its last dimension 1, the others the result's), or one value; None otherwise."""
+    """How a contiguous tensor broadcasts against a contiguous result of ``shape``, as the
+    row program's C kernel reads it: the same values, a row vector over the last dimension,
+    one value per row (its last dimension 1, the others the result's), or one value; None
+    otherwise."""
     if not t.is_contiguous():
         return None
     if t.shape == shape:
@@ -708,51 +704,6 @@ def operand_kind(t: torch.Tensor, shape: Sequence[int]) -> int | None:
     if t.dim() == len(shape) and t.shape[-1] == 1 and t.shape[:-1] == shape[:-1]:
         return _ROW
     return None
-
-
-def binary_dl16(op: str, x: Any, y: Any, fmt: DL16Format) -> torch.Tensor | None:
-    """``x OP y`` (an op of BINARY_OPS) rounded to DL16, by the C kernel in one pass: the bits
-    of the CPU op followed by round_dl16_. ``x`` and ``y`` are float32 tensors holding DL16
-    values, or one of them a number; one tensor must be contiguous and the result's shape,
-    the other broadcast as operand_kind reads it. None when the kernel is not built or the
-    operands are of another kind (then the caller computes it as before)."""
-    from hfadapt.spyre.dl16_native import load_binary_round
-
-    kernel = load_binary_round()
-    if kernel is None:
-        return None
-    number = (int, float)
-    both = _plain(x) and _plain(y)
-    shape = broadcast_shape(x.shape, y.shape) if both else None
-    if both and shape is None:  # shapes that do not broadcast: torch's op says so in its words
-        return None
-    swap = isinstance(x, number) or (shape is not None and x.shape != shape)
-    if swap:
-        x, y = y, x
-    if not (_plain(x) and x.dim() > 0 and x.numel() > 0 and x.is_contiguous()):
-        return None
-    shape = x.shape  # the result's
-    keep: Any = None
-    if isinstance(y, number) and not isinstance(y, bool):
-        keep = ctypes.c_float(float(y))  # torch's CPU kernel takes the number as a float too
-        if float(keep.value) != float(y):  # not a float32 value: left to torch's path
-            return None
-        kind, pointer = _SCALAR, ctypes.addressof(keep)
-    elif _plain(y) and broadcast_shape(shape, y.shape) == shape:  # y no larger
-        found = operand_kind(y, shape)
-        if found is None:
-            return None
-        kind, pointer = found, y.data_ptr()
-    else:
-        return None
-    out = torch.empty(shape, dtype=torch.float32)
-    cols = shape[-1]
-    kernel(
-        x.data_ptr(), pointer, x.numel() // cols, cols, kind, BINARY_OPS[op], int(swap),
-        *native_rounding_args(fmt), out.data_ptr(), torch.get_num_threads(),
-    )  # fmt: skip
-    del keep
-    return out
 
 
 def matmul_kernels(chunk: int, mantissa_bits: int) -> dict[str, Kernel]:

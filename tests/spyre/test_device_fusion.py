@@ -190,3 +190,95 @@ def test_attention_scores_scaled_and_masked_in_one_program(spyre) -> None:
     differ, sizes = _compare(attention, scores, mask)
     assert differ == 0, f"{differ} values differ"
     assert sizes == [2], f"programs of {sizes} nodes"
+
+
+def _dl16_data(*shape: int, seed: int) -> torch.Tensor:
+    """Held DL16 values (float32) over a wide range, with zeros, infinities, NaN, subnormal-sized
+    and overflowing magnitudes among them."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*shape, generator=g) * torch.exp(torch.randn(*shape, generator=g) * 8)
+    specials = torch.tensor(
+        [0.0, -0.0, float("inf"), float("-inf"), float("nan"), 1e-30, -1e-30, 3e38, 6e4, 1.0]
+    )
+    flat = x.view(-1)
+    k = min(flat.numel(), specials.numel())
+    flat[torch.randperm(flat.numel(), generator=g)[:k]] = specials[:k]
+    return round_dl16(x)
+
+
+_TORCH_BINARY = {
+    "aten::add.Tensor": torch.add,
+    "aten::sub.Tensor": torch.sub,
+    "aten::mul.Tensor": torch.mul,
+    "aten::div.Tensor": torch.div,
+}
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("op", sorted(_TORCH_BINARY))
+def test_a_one_node_program_gives_the_ops_and_the_roundings_bits(
+    spyre, monkeypatch: pytest.MonkeyPatch, op: str, threads: int
+) -> None:
+    """The row program's kernel against torch's CPU op followed by round_dl16, on the held
+    values, for every operand kind it reads (the same shape, a row vector, one value per row,
+    one value, a number), tensors on either side, on rows short and long (every size starts
+    a program here). A NaN's sign and payload depend on which operand the FPU hands on: only
+    its place is compared."""
+    from hfadapt.spyre.eager.tensor import wrap
+
+    monkeypatch.setattr(fusion, "MIN_VALUES", 1)
+    device = torch.device("spyre", 0)
+    torch.set_num_threads(threads)
+    try:
+        for rows, cols in ((7, 5), (300, 384), (1, 33)):
+            a = _dl16_data(rows, cols, seed=rows)
+            others: list[Any] = [
+                _dl16_data(rows, cols, seed=1),
+                _dl16_data(cols, seed=2),
+                _dl16_data(1, cols, seed=3),
+                _dl16_data(rows, 1, seed=4),
+                _dl16_data(1, seed=5),
+                0.375,
+                3,
+                -2.5,
+            ]
+            for b in others:
+                pairs = [(a, b)] + ([(b, a)] if isinstance(b, torch.Tensor) else [])
+                for x, y in pairs:
+                    dx, dy = (
+                        wrap(t, torch.float16, device) if isinstance(t, torch.Tensor) else t
+                        for t in (x, y)
+                    )
+                    with torch.inference_mode():
+                        out = _TORCH_BINARY[op](dx, dy)
+                        assert out._data is None, "the call waits in a program"
+                        got = out._held
+                    want = round_dl16(_TORCH_BINARY[op](x, y))
+                    nan = torch.isnan(want)
+                    other = ~nan & ~torch.isnan(got)
+                    differ = int((_bits(got[other]) != _bits(want[other])).sum())
+                    misplaced = int((torch.isnan(got) != nan).sum())
+                    where = (op, rows, cols, getattr(b, "shape", b))
+                    assert (differ, misplaced) == (0, 0), (*where, differ, misplaced)
+    finally:
+        torch.set_num_threads(1)
+
+
+def test_a_call_the_program_does_not_read_runs_at_once(spyre) -> None:
+    """Operands of no kind the program reads run the op now (no pending result): a transposed
+    operand, a 0-d result, a bool, per-row values of another leading shape, a mixed dtype;
+    shapes that do not broadcast raise torch's own error."""
+    x = _dl16(64, 128, seed=30).to("spyre")
+    cases: list[tuple[Any, Any]] = [
+        (x, _dl16(128, 64, seed=31).to("spyre").t()),
+        (_dl16(1, seed=32).reshape(()).to("spyre"), _dl16(1, seed=33).reshape(()).to("spyre")),
+        (x, True),
+        (_dl16(2, 64, 128, seed=34).to("spyre"), _dl16(64, 1, seed=35).to("spyre")),
+        (x, x.float()),
+    ]
+    with torch.inference_mode():
+        for a, b in cases:
+            out = a * b
+            assert out._data is not None, (getattr(a, "shape", a), getattr(b, "shape", b))
+        with pytest.raises(RuntimeError, match="must match the size"):
+            x * _dl16(64, 127, seed=36).to("spyre")

@@ -179,37 +179,27 @@ def test_eval_dropout_hands_its_input_on_and_training_dropout_drops(spyre) -> No
     assert report.ops_seen["aten::native_dropout"] == 1, dict(report.ops_seen)
 
 
-def test_binary_ops_of_dl16_operands_take_the_one_pass_kernel(spyre, monkeypatch) -> None:
-    """On the eager device, add/sub/mul/div of fp16 operands (or a number beside one) run as
-    the op and its rounding in one pass (kernels.binary_dl16), with the values of the two
-    steps; a mixed-dtype call (fp16 with fp32: an fp32 result) does not, and is not rounded."""
-    from hfadapt.spyre import kernels
-
-    calls: list[str] = []
-    real = kernels.binary_dl16
-
-    def counted(op: str, *args: object) -> object:
-        calls.append(op)
-        return real(op, *args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(kernels, "binary_dl16", counted)
-    x, w, r = _fp16(32, 48), _fp16(48, seed=1), _fp16(32, 1, seed=2)
+def test_binary_ops_of_dl16_operands_wait_in_a_row_program(spyre) -> None:
+    """On the eager device, add/sub/mul/div of fp16 operands (or a number beside one) wait in a
+    row program (hfadapt.spyre.eager.fusion) and give the values of the op and its rounding; a
+    mixed-dtype call (fp16 with fp32: an fp32 result) runs at once and is not rounded."""
+    x, w, r = _fp16(32, 128), _fp16(128, seed=1), _fp16(32, 1, seed=2)
     dx, dw, dr = x.to("spyre"), w.to("spyre"), r.to("spyre")
-    cases = {
-        "x * w": (lambda a, b, c: a * b, dx * dw),
-        "r - x": (lambda a, b, c: c - a, dr - dx),
-        "x + 0.25": (lambda a, b, c: a + 0.25, dx + 0.25),
-        "x / r": (lambda a, b, c: a / c, dx / dr),
-    }
-    assert calls == ["aten::mul.Tensor", "aten::sub.Tensor", "aten::add.Tensor",
-                     "aten::div.Tensor"], calls  # fmt: skip
-    for name, (f, device) in cases.items():
-        want = round_dl16(f(x.float(), w.float(), r.float())).half()
-        got = device.cpu()
-        assert got.dtype == torch.float16, (name, got.dtype)
-        assert torch.equal(got, want), (name, int((got != want).sum()))
-    calls.clear()
-    wide = torch.full((48,), 1.0 + 2**-20)  # no DL16 (nor fp16) value: an fp32 operand
-    mixed = (dx * wide.to("spyre")).cpu()
-    assert calls == [] and mixed.dtype == torch.float32, (calls, mixed.dtype)
-    assert torch.equal(mixed, x.float() * wide), "an fp32 result is not rounded to DL16"
+    with torch.inference_mode():
+        cases = {
+            "x * w": (lambda a, b, c: a * b, dx * dw),
+            "r - x": (lambda a, b, c: c - a, dr - dx),
+            "x + 0.25": (lambda a, b, c: a + 0.25, dx + 0.25),
+            "x / r": (lambda a, b, c: a / c, dx / dr),
+        }
+        waiting = [name for name, (_, device) in cases.items() if device._data is None]
+        assert waiting == list(cases), waiting
+        for name, (f, device) in cases.items():
+            want = round_dl16(f(x.float(), w.float(), r.float())).half()
+            got = device.cpu()
+            assert got.dtype == torch.float16, (name, got.dtype)
+            assert torch.equal(got, want), (name, int((got != want).sum()))
+        wide = torch.full((128,), 1.0 + 2**-20)  # no DL16 (nor fp16) value: an fp32 operand
+        mixed = dx * wide.to("spyre")
+        assert mixed._data is not None and mixed.dtype == torch.float32, mixed.dtype
+        assert torch.equal(mixed.cpu(), x.float() * wide), "an fp32 result is not rounded to DL16"

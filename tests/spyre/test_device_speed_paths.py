@@ -1,8 +1,7 @@
 """The device's faster paths compute what the plain ones compute: the chunked matmul made a
-group of pieces at a time, the softmax's C kernel, a binary op and its rounding in one pass,
-a kernel's output not rounded twice, the judge that skips a signature judged clean before,
-and the heap that keeps freed memory. Speed itself is measured in benchmarks/; these tests
-pin the values and the verdicts."""
+group of pieces at a time, the softmax's C kernel, a kernel's output not rounded twice, the
+judge that skips a signature judged clean before, and the heap that keeps freed memory. Speed
+itself is measured in benchmarks/; these tests pin the values and the verdicts."""
 
 from __future__ import annotations
 
@@ -361,88 +360,3 @@ def test_the_layer_norm_kernel_gives_the_torch_ops_bits(
         differ = _bits_differ(got.nan_to_num(7.0), want.nan_to_num(7.0))
         assert differ == 0, f"{name}: {differ} of {got.numel()} values differ"
         assert torch.equal(got.isnan(), want.isnan()), name
-
-
-def _dl16_data(*shape: int, seed: int) -> torch.Tensor:
-    """DL16 values over a wide range, with zeros, infinities, NaN, subnormal-sized and
-    overflowing magnitudes among them."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(*shape, generator=g) * torch.exp(torch.randn(*shape, generator=g) * 8)
-    specials = torch.tensor(
-        [0.0, -0.0, float("inf"), float("-inf"), float("nan"), 1e-30, -1e-30, 3e38, 6e4, 1.0]
-    )
-    flat = x.view(-1)
-    k = min(flat.numel(), specials.numel())
-    flat[torch.randperm(flat.numel(), generator=g)[:k]] = specials[:k]
-    return round_dl16(x)
-
-
-def _same_values(got: torch.Tensor, want: torch.Tensor) -> tuple[int, int]:
-    """(values whose bits differ outside NaN, positions where only one side is NaN): a NaN's
-    sign and payload depend on which operand the FPU propagates, not on the value."""
-    nan = torch.isnan(want)
-    other = ~nan & ~torch.isnan(got)
-    return _bits_differ(got[other], want[other]), int((torch.isnan(got) != nan).sum())
-
-
-_TORCH_BINARY = {
-    "aten::add.Tensor": torch.add,
-    "aten::sub.Tensor": torch.sub,
-    "aten::mul.Tensor": torch.mul,
-    "aten::div.Tensor": torch.div,
-}
-
-
-@pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("op", sorted(_TORCH_BINARY))
-def test_a_binary_op_and_its_rounding_in_one_pass_give_the_two_steps_bits(
-    op: str, threads: int
-) -> None:
-    """kernels.binary_dl16 against torch's CPU op followed by round_dl16, for every operand
-    kind the C kernel reads (the same shape, a row vector, one value per row, one value, a
-    number), each on either side, on rows short and long."""
-    torch.set_num_threads(threads)
-    try:
-        for rows, cols in ((7, 5), (300, 384), (1, 33)):
-            a = _dl16_data(rows, cols, seed=rows)
-            others: list[object] = [
-                _dl16_data(rows, cols, seed=1),
-                _dl16_data(cols, seed=2),
-                _dl16_data(1, cols, seed=3),
-                _dl16_data(rows, 1, seed=4),
-                _dl16_data(1, seed=5),
-                0.375,
-                3,
-                -2.5,
-            ]
-            for b in others:
-                for x, y in ((a, b), (b, a)):
-                    if not isinstance(x, torch.Tensor) and op == "aten::div.Tensor":
-                        continue  # Python's number / tensor reaches ATen as reciprocal * number
-                    got = kernels.binary_dl16(op, x, y, DEFAULT_FORMAT)
-                    assert got is not None, (op, getattr(b, "shape", b))
-                    want = round_dl16(_TORCH_BINARY[op](x, y))  # type: ignore[arg-type]
-                    differ, nan = _same_values(got, want)
-                    where = (op, rows, cols, getattr(b, "shape", b))
-                    assert (differ, nan) == (0, 0), (*where, differ, nan)
-    finally:
-        torch.set_num_threads(1)
-
-
-def test_a_binary_op_the_kernel_does_not_read_is_left_to_torch() -> None:
-    """Operands of another kind come back as None (the caller runs torch's op): a transposed
-    operand, shapes that do not broadcast (torch's own error follows), a 0-d result, a bool
-    or a number float32 does not hold, and per-row values of another leading shape."""
-    a = _dl16_data(6, 8, seed=0)
-    cases: list[tuple[object, object]] = [
-        (a, _dl16_data(8, 6, seed=1).t()),
-        (a, _dl16_data(6, 7, seed=2)),
-        (_dl16_data(1, seed=3).reshape(()), _dl16_data(1, seed=4).reshape(())),
-        (a, True),
-        (a, 0.1),
-        (_dl16_data(2, 3, 8, seed=5), _dl16_data(3, 1, seed=6)),
-        (a, a.to(torch.float16)),
-    ]
-    for x, y in cases:
-        got = kernels.binary_dl16("aten::mul.Tensor", x, y, DEFAULT_FORMAT)
-        assert got is None, (getattr(x, "shape", x), getattr(y, "shape", y))

@@ -71,7 +71,6 @@ class OpEntry:
     kernel: kernels.Kernel | None
     special: Callable[..., Any] | None
     defects: tuple[Any, ...] = ()  # the profile's per-op defects that can fire for this op
-    binary: bool = False  # one of kernels.BINARY_OPS: the op and its rounding in one pass
     fusable: bool = False  # may wait in a row program (fusion.FUSED_OPS)
     # judged otherwise in a compiled call (an outcome, a cast, a defect of one mode only)
     mode_sensitive: bool = False
@@ -120,7 +119,6 @@ def _build_entry(profile: Profile, mode: str, func: torch._ops.OpOverload) -> Op
         kernel=kernels.native_kernel(name, profile),
         special=TRANSFERS.get(func),
         defects=eager_defects(profile, name, mode),
-        binary=name in kernels.BINARY_OPS,
         fusable=name in fusion.FUSED_OPS,
         mode_sensitive=(
             profile.outcome(name, "eager")[0] != profile.outcome(name, "compile")[0]
@@ -274,12 +272,6 @@ def _native(
         and bool(args)
         and is_dl16(getattr(args[0], "dtype", torch.float32))
     )
-    if entry.binary and not writes and not entry.defects:
-        out = _binary(collector, entry, args, kwargs, uargs, seen)
-        if out is not None:
-            if not judged:
-                _judge_clean(collector, entry, args, kwargs, out)
-            return out
     card = None
     if entry.defects:  # the card's per-op defects reach eager: its eager ops are per-op compiles
         own = _own_kernel(entry, func, collector) if dl16_kernel else _plain(func)
@@ -313,28 +305,6 @@ def _native(
     if not judged:
         _judge_clean(collector, entry, args, kwargs, out)  # in audit mode the result stands
     return out
-
-
-def _binary(
-    collector: Collector,
-    entry: OpEntry,
-    args: Sequence[Any],
-    kwargs: dict[str, Any],
-    uargs: list[Any],
-    seen: _Seen,
-) -> SpyreTensor | None:
-    """A binary op of DL16 operands (device tensors of one DL16 dtype, or a number beside one)
-    by kernels.binary_dl16: the op and its rounding in one pass; the result has the operands'
-    dtype, as type promotion gives it. None when the call is of another kind."""
-    if kwargs or len(args) != 2:
-        return None
-    dtype = fusion.dl16_operands(args)
-    if dtype is None:
-        return None
-    held = kernels.binary_dl16(entry.name, uargs[0], uargs[1], collector.profile.dl16)
-    if held is None:
-        return None
-    return wrap(held, dtype, seen.device or _default_device())
 
 
 # Clean signatures kept per op entry; past this many, the set starts again.

@@ -217,7 +217,7 @@ def _rows_at(operand: tuple[int, ...], shape: tuple[int, ...]) -> torch.Tensor |
         return rows.expand(shape[:-1]).contiguous().view(-1)
 
 
-def dl16_operands(args: Sequence[Any]) -> torch.dtype | None:
+def _dl16_operands(args: Sequence[Any]) -> torch.dtype | None:
     """The one DL16 dtype of the device tensors among ``args`` (numbers beside them), or None."""
     dtype = None
     for a in args:
@@ -236,7 +236,7 @@ def _defer_binary(
 ) -> SpyreTensor | None:
     if kwargs or len(args) != 2:
         return None
-    dtype = dl16_operands(args)
+    dtype = _dl16_operands(args)
     if dtype is None:
         return None
     tensors = [a for a in args if isinstance(a, SpyreTensor)]
