@@ -243,103 +243,74 @@ static inline int64_t ceil_log2(int64_t x) {
     return x <= 2 ? 1 : 64 - __builtin_clzll((uint64_t)(x - 1));
 }
 
-/* ATen's row_sum (aten/src/ATen/native/cpu/SumKernel.cpp) over ``size`` units of ``w`` lanes
-   (w = 1: scalars): four interleaved partial sums, each a cascade of four levels that adds
-   blocks of 2^level_power units, then the tail units into the first, then the four in order;
-   every add lane by lane in fp32, as its vector adds are. */
-static inline void row_sum_units(const float* restrict x, int64_t size, int w,
-                                 float* restrict out) {
-    float acc[4][4][16];
-    memset(acc, 0, sizeof acc);
-    const int64_t size_ilp = size / 4;
-    int64_t power = ceil_log2(size_ilp) / 4;
-    power = power < 4 ? 4 : power;
-    const int64_t step = (int64_t)1 << power, mask = step - 1;
-    int64_t i = 0;
-    for (; i + step <= size_ilp;) {
-        for (int64_t j = 0; j < step; ++j, ++i)
-            for (int k = 0; k < 4; k++)
-                for (int l = 0; l < w; l++) acc[0][k][l] += x[(i * 4 + k) * w + l];
-        for (int j = 1; j < 4; ++j) {
-            for (int k = 0; k < 4; k++)
-                for (int l = 0; l < w; l++) {
-                    acc[j][k][l] += acc[j - 1][k][l];
-                    acc[j - 1][k][l] = 0.0f;
-                }
-            if ((i & (mask << (j * power))) != 0) break;
-        }
+/* ATen's row_sum (aten/src/ATen/native/cpu/SumKernel.cpp) over ``size`` units of W floats
+   held as T (W = 1: scalars; else GCC vectors of W lanes, whose adds are lane by lane in fp32
+   as ATen's vector adds are): four interleaved partial sums, each a cascade of four levels
+   that adds blocks of 2^level_power units, then the tail units into the first, then the four
+   in order. One text for every width (a loop over a runtime lane count stays scalar, 4x
+   slower). */
+#define DEFINE_ROW_SUM(NAME, T, W)                                                            \
+    static inline void NAME(const float* restrict x, int64_t size, float* restrict out) {    \
+        T acc[4][4], v;                                                                      \
+        memset(acc, 0, sizeof acc);                                                          \
+        const int64_t size_ilp = size / 4;                                                   \
+        int64_t power = ceil_log2(size_ilp) / 4;                                             \
+        power = power < 4 ? 4 : power;                                                       \
+        const int64_t step = (int64_t)1 << power, mask = step - 1;                           \
+        int64_t i = 0;                                                                       \
+        for (; i + step <= size_ilp;) {                                                      \
+            for (int64_t j = 0; j < step; ++j, ++i)                                          \
+                for (int k = 0; k < 4; k++) {                                                \
+                    memcpy(&v, x + (i * 4 + k) * W, sizeof v);                               \
+                    acc[0][k] += v;                                                          \
+                }                                                                            \
+            for (int j = 1; j < 4; ++j) {                                                    \
+                for (int k = 0; k < 4; k++) {                                                \
+                    acc[j][k] += acc[j - 1][k];                                              \
+                    memset(&acc[j - 1][k], 0, sizeof v);                                     \
+                }                                                                            \
+                if ((i & (mask << (j * power))) != 0) break;                                 \
+            }                                                                                \
+        }                                                                                    \
+        for (; i < size_ilp; ++i)                                                            \
+            for (int k = 0; k < 4; k++) {                                                    \
+                memcpy(&v, x + (i * 4 + k) * W, sizeof v);                                   \
+                acc[0][k] += v;                                                              \
+            }                                                                                \
+        for (int j = 1; j < 4; ++j)                                                          \
+            for (int k = 0; k < 4; k++) acc[0][k] += acc[j][k];                              \
+        for (int64_t t = size_ilp * 4; t < size; ++t) {                                      \
+            memcpy(&v, x + t * W, sizeof v);                                                 \
+            acc[0][0] += v;                                                                  \
+        }                                                                                    \
+        for (int k = 1; k < 4; k++) acc[0][0] += acc[0][k];                                  \
+        memcpy(out, &acc[0][0], sizeof v);                                                   \
     }
-    for (; i < size_ilp; ++i)
-        for (int k = 0; k < 4; k++)
-            for (int l = 0; l < w; l++) acc[0][k][l] += x[(i * 4 + k) * w + l];
-    for (int j = 1; j < 4; ++j)
-        for (int k = 0; k < 4; k++)
-            for (int l = 0; l < w; l++) acc[0][k][l] += acc[j][k][l];
-    for (int64_t t = size_ilp * 4; t < size; ++t)
-        for (int l = 0; l < w; l++) acc[0][0][l] += x[t * w + l];
-    for (int k = 1; k < 4; k++)
-        for (int l = 0; l < w; l++) acc[0][0][l] += acc[0][k][l];
-    for (int l = 0; l < w; l++) out[l] = acc[0][0][l];
-}
 
-/* row_sum_units for units of 8 lanes, as GCC vectors (each lane's adds in the same order: the
-   same values; the generic loops over a runtime lane count stay scalar, 4x slower) */
-static inline void row_sum_v8(const float* restrict x, int64_t size, float* restrict out) {
-    const v8f zero = {0};
-    v8f acc[4][4];
-    for (int j = 0; j < 4; j++)
-        for (int k = 0; k < 4; k++) acc[j][k] = zero;
-    const int64_t size_ilp = size / 4;
-    int64_t power = ceil_log2(size_ilp) / 4;
-    power = power < 4 ? 4 : power;
-    const int64_t step = (int64_t)1 << power, mask = step - 1;
-    int64_t i = 0;
-    v8f v;
-    for (; i + step <= size_ilp;) {
-        for (int64_t j = 0; j < step; ++j, ++i)
-            for (int k = 0; k < 4; k++) {
-                memcpy(&v, x + (i * 4 + k) * 8, sizeof v);
-                acc[0][k] += v;
-            }
-        for (int j = 1; j < 4; ++j) {
-            for (int k = 0; k < 4; k++) {
-                acc[j][k] += acc[j - 1][k];
-                acc[j - 1][k] = zero;
-            }
-            if ((i & (mask << (j * power))) != 0) break;
-        }
-    }
-    for (; i < size_ilp; ++i)
-        for (int k = 0; k < 4; k++) {
-            memcpy(&v, x + (i * 4 + k) * 8, sizeof v);
-            acc[0][k] += v;
-        }
-    for (int j = 1; j < 4; ++j)
-        for (int k = 0; k < 4; k++) acc[0][k] += acc[j][k];
-    for (int64_t t = size_ilp * 4; t < size; ++t) {
-        memcpy(&v, x + t * 8, sizeof v);
-        acc[0][0] += v;
-    }
-    for (int k = 1; k < 4; k++) acc[0][0] += acc[0][k];
-    memcpy(out, &acc[0][0], sizeof v);
-}
+typedef float v4f __attribute__((vector_size(16)));
+typedef float v16f __attribute__((vector_size(64)));
+DEFINE_ROW_SUM(row_sum_1, float, 1)
+DEFINE_ROW_SUM(row_sum_4, v4f, 4)
+DEFINE_ROW_SUM(row_sum_8, v8f, 8)
+DEFINE_ROW_SUM(row_sum_16, v16f, 16)
 
-/* ATen's CPU sum of ``n`` contiguous floats whose vectors have ``lanes`` lanes
-   (vectorized_inner_sum from ``lanes`` values on, scalar_inner_sum below), added to the
-   zero the output starts as */
+/* ATen's CPU sum of ``n`` contiguous floats whose vectors have ``lanes`` (4, 8 or 16) lanes:
+   vectorized_inner_sum from ``lanes`` values on, scalar_inner_sum below, added to the zero the
+   output starts as */
 static inline float aten_sum(const float* restrict x, int64_t n, int lanes) {
     float total = 0.0f;
     if (n >= lanes) {
         float part[16];
         const int64_t vecs = n / lanes;
-        if (lanes == 8)
-            row_sum_v8(x, vecs, part);
-        else
-            row_sum_units(x, vecs, lanes, part);
+        switch (lanes) {
+            case 4: row_sum_4(x, vecs, part); break;
+            case 16: row_sum_16(x, vecs, part); break;
+            default: row_sum_8(x, vecs, part); break;
+        }
         for (int64_t k = vecs * lanes; k < n; k++) total += x[k];
         for (int l = 0; l < lanes; l++) total += part[l];
     } else {
-        row_sum_units(x, n, 1, &total);
+        row_sum_1(x, n, &total);
     }
     return 0.0f + total;
 }
@@ -468,7 +439,6 @@ static inline float floored_exp(float s, float x, float floor, float code) {
     return ((floor > 0.0f) & (x <= -code) & (e < floor)) ? floor : e;
 }
 
-typedef float v16f __attribute__((vector_size(64)));
 typedef int32_t v16i __attribute__((vector_size(64)));
 
 /* Rows are taken a block at a time (about SOFTMAX_BLOCK values, whole rows): each row's max
