@@ -118,6 +118,12 @@ HFADAPT_NATIVE_DL16 = Variable(
     "1",
     "0: never build or load the C DL16 kernels; the same arithmetic runs as torch ops, slower",
 )
+HFADAPT_NATIVE_AMX = Variable(
+    "HFADAPT_NATIVE_AMX",
+    "1",
+    "0: the device's products of DL16 operands never use AMX's bf16 tiles (where the CPU has "
+    "them); MKL's fp32 products make every piece, as on a CPU without AMX",
+)
 HFADAPT_DEVICE_HEAP = Variable(
     "HFADAPT_DEVICE_HEAP",
     "1",
@@ -247,6 +253,7 @@ VARIABLES: tuple[Variable, ...] = (
     HFADAPT_ADAPTERS_PATH,
     HFADAPT_CACHE_DIR,
     HFADAPT_NATIVE_DL16,
+    HFADAPT_NATIVE_AMX,
     HFADAPT_DEVICE_HEAP,
     HFADAPT_COMPILE_CACHE,
     HFADAPT_COMPILE_CACHE_MB,
@@ -345,6 +352,11 @@ def reference_cache_mb(default: float) -> float:
 def native_dl16() -> bool:
     """Whether the C DL16 kernels may be built and loaded (``HFADAPT_NATIVE_DL16`` not 0)."""
     return HFADAPT_NATIVE_DL16.value() != "0"
+
+
+def native_amx() -> bool:
+    """Whether the device's products may use AMX's bf16 tiles (``HFADAPT_NATIVE_AMX`` not 0)."""
+    return HFADAPT_NATIVE_AMX.value() != "0"
 
 
 def device_heap() -> bool:

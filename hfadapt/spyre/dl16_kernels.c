@@ -524,3 +524,297 @@ CLONES void hfadapt_softmax_floor(const float* x, float* out, float* top, int64_
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC pop_options
 #endif
+
+/* Products of DL16 operands on AMX's bf16 tiles (hfadapt.spyre.amx says when they are used).
+
+   A DL16 value has at most 10 significant bits and an fp16 value 11, so each splits exactly
+   into two bf16 values: hi, its top 16 bits, and lo = v - hi (at most 3 significant bits). A
+   product a * b is then ah*bh + ah*bl + al*bh + al*bl, four products each exact in fp32, and
+   a tile product (TDPBF16PS) adds them into an fp32 accumulator, in its own order and
+   internal precision (the chunked product's contract, as MKL's order is on the fp32 path).
+
+   hfadapt_amx_ready: 1 when the CPU has AMX's tiles and bf16 products and AVX-512, and the
+   kernel grants this process the tile state (arch_prctl ARCH_REQ_XCOMP_PERM), else 0.
+   hfadapt_amx_pack: the split of an operand's values into tiles, zero padded to whole tiles:
+   role 0, the left operand, [row block][k block][hi, lo][16 rows][32 k]; role 1, the right
+   operand, [column block][k block][hi, lo][16 k pairs][16 columns][2] (the pairs' layout the
+   tile product reads). Element (i, k) is x[i * si + k * sk], i a row (role 0) or a column
+   (role 1). Returns how many values do not split exactly, are infinite or NaN (inf * 0 of a
+   zero lo half would make a NaN), or lie outside [2^-40, 2^62] (the tiles treat bf16
+   subnormals as zero, and flush subnormal sums: from 2^-40 on, every product of halves is a
+   normal fp32 number): with any, the product must not be made here.
+   hfadapt_amx_matmul: the chunked product of packed operands, a block of 32 x 32 outputs at a
+   time: each ``piece`` of K (a multiple of 32) made in the tiles, its fp32 partials truncated
+   (as ``truncated`` above) and added in order to the block's accumulator, then the bias and
+   the DL16 rounding (when ``maxf`` > 0): row_epilogue's steps, without a pass through memory
+   between the pieces. */
+#if defined(__x86_64__) && defined(__GNUC__) && \
+    ((!defined(__clang__) && __GNUC__ >= 11) || (defined(__clang__) && __clang_major__ >= 12))
+#define HFADAPT_AMX 1
+#include <cpuid.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+int hfadapt_amx_ready(void) {
+#ifdef HFADAPT_AMX
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
+    if (!((d >> 22) & 1u) || !((d >> 24) & 1u)) return 0; /* AMX-BF16, AMX-TILE */
+    if (!((b >> 16) & 1u) || !((b >> 30) & 1u)) return 0; /* AVX512F, AVX512BW */
+    /* ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA: 0 once granted */
+    return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+#else
+    return 0;
+#endif
+}
+
+#ifdef HFADAPT_AMX
+#define AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw")))
+
+/* split_bf16 for 16 values at once: their halves stored at hi and lo; how many do not split */
+AMX_TARGET static inline int split_16(const float* x, uint16_t* hi, uint16_t* lo) {
+    const __m512i u = _mm512_loadu_si512(x);
+    const __m512i mag = _mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF));
+    const __m512i top = _mm512_and_si512(u, _mm512_set1_epi32((int)0xFFFF0000u));
+    const __m512i ru = _mm512_castps_si512(
+        _mm512_sub_ps(_mm512_castsi512_ps(u), _mm512_castsi512_ps(top)));
+    const __mmask16 special = _mm512_cmpge_epu32_mask(mag, _mm512_set1_epi32(0x7F800000));
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(mag, _mm512_set1_epi32(0x7F800000));
+    const __mmask16 inexact = _mm512_test_epi32_mask(ru, _mm512_set1_epi32(0xFFFF));
+    const __mmask16 range = _mm512_test_epi32_mask(mag, mag) &
+                            (_mm512_cmplt_epu32_mask(mag, _mm512_set1_epi32(0x2B800000)) |
+                             _mm512_cmpge_epu32_mask(mag, _mm512_set1_epi32(0x5E800000)));
+    const __m512i h = _mm512_mask_mov_epi32(_mm512_srli_epi32(u, 16), nan, _mm512_set1_epi32(0x7FC0));
+    const __m512i l = _mm512_maskz_mov_epi32((__mmask16)~special, _mm512_srli_epi32(ru, 16));
+    _mm256_storeu_si256((__m256i*)hi, _mm512_cvtepi32_epi16(h));
+    _mm256_storeu_si256((__m256i*)lo, _mm512_cvtepi32_epi16(l));
+    return __builtin_popcount((unsigned)(inexact | range | special));
+}
+#endif
+
+/* v's two bf16 halves; 1 when they do not add up to v exactly, v is not finite, or it is out of
+   the tiles' range */
+static inline int split_bf16(float v, uint16_t* hi, uint16_t* lo) {
+    uint32_t u, ru;
+    memcpy(&u, &v, 4);
+    const uint32_t mag = u & 0x7FFFFFFFu, top = u & 0xFFFF0000u;
+    float h;
+    memcpy(&h, &top, 4);
+    const float r = v - h; /* exact: the low 16 bits of v's significand */
+    memcpy(&ru, &r, 4);
+    const int special = mag >= 0x7F800000u;
+    const int nan = mag > 0x7F800000u;
+    *hi = nan ? (uint16_t)0x7FC0u : (uint16_t)(u >> 16);
+    *lo = special ? (uint16_t)0u : (uint16_t)(ru >> 16);
+    const int range = mag != 0 && (mag < 0x2B800000u || mag >= 0x5E800000u); /* 2^-40, 2^62 */
+    return special | ((ru & 0xFFFFu) != 0) | range;
+}
+
+#ifdef HFADAPT_AMX
+/* hfadapt_amx_pack's left operand from rows of contiguous values, a tile at a time (its 16
+   rows of 32 values, written to 2 KiB in one place), 16 values a step */
+AMX_TARGET static int64_t amx_pack_rows(const float* x, int64_t rows, int64_t depth, int64_t si,
+                                        int64_t rows_p, int64_t depth_p, uint16_t* out, int nt) {
+    const int64_t kbs = depth_p / 32, whole = depth / 16;
+    int64_t bad = 0;
+    #pragma omp parallel for schedule(static) num_threads(nt) reduction(+:bad) if(rows * depth > 65536)
+    for (int64_t b = 0; b < rows_p / 16; b++) {
+        int64_t count = 0;
+        for (int64_t kb = 0; kb < kbs; kb++) {
+            uint16_t* tile = out + (b * kbs + kb) * 1024;
+            for (int64_t r = 0; r < 16; r++) {
+                const int64_t i = b * 16 + r;
+                uint16_t* at = tile + r * 32;
+                int64_t k = kb * 32;
+                if (i < rows) {
+                    const float* row = x + i * si;
+                    for (; k < kb * 32 + 32 && k < whole * 16; k += 16)
+                        count += split_16(row + k, at + k % 32, at + 512 + k % 32);
+                    for (; k < kb * 32 + 32 && k < depth; k++)
+                        count += split_bf16(row[k], at + k % 32, at + 512 + k % 32);
+                }
+                for (; k < kb * 32 + 32; k++) {
+                    at[k % 32] = 0;
+                    at[512 + k % 32] = 0;
+                }
+            }
+        }
+        bad += count;
+    }
+    return bad;
+}
+#endif
+
+#ifdef HFADAPT_AMX
+/* hfadapt_amx_pack's right operand from columns of contiguous values (a linear's weight
+   rows), 16 at a time: a column's k pairs land 64 bytes apart in its tile */
+AMX_TARGET static int64_t amx_pack_columns(const float* x, int64_t cols, int64_t depth,
+                                           int64_t si, int64_t cols_p, int64_t depth_p,
+                                           uint16_t* out, int nt) {
+    const int64_t kbs = depth_p / 32, whole = depth / 16;
+    int64_t bad = 0;
+    #pragma omp parallel for schedule(static) num_threads(nt) reduction(+:bad) if(cols * depth > 65536)
+    for (int64_t i = 0; i < cols_p; i++) {
+        uint16_t* base = out + (i / 16) * kbs * 1024;
+        const int64_t r = i % 16;
+        int64_t count = 0, k = 0;
+        uint16_t h[16], l[16];
+        if (i < cols) {
+            const float* col = x + i * si;
+            for (; k < whole * 16; k += 16) {
+                count += split_16(col + k, h, l);
+                uint16_t* tile = base + (k / 32) * 1024;
+                for (int64_t p = 0; p < 8; p++) {
+                    const int64_t at = ((k % 32) / 2 + p) * 32 + r * 2;
+                    memcpy(tile + at, h + 2 * p, 4);
+                    memcpy(tile + 512 + at, l + 2 * p, 4);
+                }
+            }
+        }
+        for (; k < depth_p; k++) {
+            const int64_t q = k % 32, at = (k / 32) * 1024 + (q / 2) * 32 + r * 2 + (q & 1);
+            uint16_t hi = 0, lo = 0;
+            if (i < cols && k < depth) count += split_bf16(x[i * si + k], &hi, &lo);
+            base[at] = hi;
+            base[at + 512] = lo;
+        }
+        bad += count;
+    }
+    return bad;
+}
+#endif
+
+CLONES int64_t hfadapt_amx_pack(const float* x, int64_t rows, int64_t depth, int64_t si,
+                                int64_t sk, int role, int64_t rows_p, int64_t depth_p,
+                                uint16_t* out, int nt) {
+    const int64_t kbs = depth_p / 32;
+    int64_t bad = 0;
+#ifdef HFADAPT_AMX
+    if (role == 0 && sk == 1) return amx_pack_rows(x, rows, depth, si, rows_p, depth_p, out, nt);
+    if (role == 1 && sk == 1) return amx_pack_columns(x, rows, depth, si, rows_p, depth_p, out, nt);
+#endif
+    #pragma omp parallel for schedule(static) num_threads(nt) reduction(+:bad) if(rows * depth > 65536)
+    for (int64_t i = 0; i < rows_p; i++) {
+        uint16_t* base = out + (i / 16) * kbs * 1024;
+        const int64_t r = i % 16;
+        for (int64_t kb = 0; kb < kbs; kb++) {
+            uint16_t* tile = base + kb * 1024;
+            for (int64_t q = 0; q < 32; q++) {
+                const int64_t k = kb * 32 + q;
+                const float v = i < rows && k < depth ? x[i * si + k * sk] : 0.0f;
+                uint16_t hi, lo;
+                bad += split_bf16(v, &hi, &lo);
+                const int64_t at = role == 0 ? r * 32 + q : (q / 2) * 32 + r * 2 + (q & 1);
+                tile[at] = hi;
+                tile[at + 512] = lo;
+            }
+        }
+    }
+    return bad;
+}
+
+#ifdef HFADAPT_AMX
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} amx_config;
+
+/* C tiles 0-3 += the four products of one k block's hi and lo tiles: the left tiles a0, a1
+   (16 rows each), the right b0, b1 (16 columns each); 10 tile loads for 16 tile products */
+#define AMX_K_BLOCK(a0, a1, b0, b1)                                                          \
+    do {                                                                                     \
+        _tile_loadd(4, (a0), 64); _tile_loadd(5, (a1), 64);                                  \
+        _tile_loadd(6, (b0), 64); _tile_loadd(7, (b1), 64);                                  \
+        _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7);                                    \
+        _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);                                    \
+        _tile_loadd(6, (b0) + 512, 64); _tile_loadd(7, (b1) + 512, 64);                      \
+        _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7);                                    \
+        _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);                                    \
+        _tile_loadd(4, (a0) + 512, 64); _tile_loadd(5, (a1) + 512, 64);                      \
+        _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7);                                    \
+        _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);                                    \
+        _tile_loadd(6, (b0), 64); _tile_loadd(7, (b1), 64);                                  \
+        _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7);                                    \
+        _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);                                    \
+    } while (0)
+
+/* acc (32 x 32) = part truncated (first), else acc + part truncated */
+AMX_TARGET static inline void amx_accumulate(float* restrict acc, const float* restrict part,
+                                             int first, uint32_t half, uint32_t keep) {
+    const __m512i h = _mm512_set1_epi32((int)half), k = _mm512_set1_epi32((int)keep);
+    for (int i = 0; i < 32 * 32; i += 16) {
+        const __m512i b = _mm512_and_si512(_mm512_add_epi32(_mm512_load_si512(part + i), h), k);
+        __m512 v = _mm512_castsi512_ps(b);
+        if (!first) v = _mm512_add_ps(_mm512_load_ps(acc + i), v);
+        _mm512_store_ps(acc + i, v);
+    }
+}
+#endif
+
+/* Rows of the left operand whose tiles stay in a core's L2 cache while they meet every
+   column block */
+#define AMX_ROWS_HELD 256
+
+#ifdef HFADAPT_AMX
+AMX_TARGET
+#endif
+void hfadapt_amx_matmul(const uint16_t* ap, const uint16_t* bp, int64_t m, int64_t n,
+                        int64_t depth_p, int64_t piece, int32_t dropped, const float* bias,
+                        float maxf, float lam, int32_t rdrop, float over, float* out, int nt) {
+#ifdef HFADAPT_AMX
+    const int64_t mp = (m + 31) / 32 * 32, kbs = depth_p / 32, per = piece / 32;
+    const int64_t held = (mp + AMX_ROWS_HELD - 1) / AMX_ROWS_HELD, cblocks = (n + 31) / 32;
+    const uint32_t half = 1u << (dropped - 1), keep = ~((1u << dropped) - 1u);
+    #pragma omp parallel num_threads(nt) if(m * n * depth_p > (1 << 22))
+    {
+        amx_config cfg;
+        memset(&cfg, 0, sizeof cfg);
+        cfg.palette = 1;
+        for (int t = 0; t < 8; t++) {
+            cfg.rows[t] = 16;
+            cfg.colsb[t] = 64;
+        }
+        _tile_loadconfig(&cfg);
+        float part[32 * 32] __attribute__((aligned(64)));
+        float acc[32 * 32] __attribute__((aligned(64)));
+        #pragma omp for collapse(2) schedule(static)
+        for (int64_t s = 0; s < held; s++)
+            for (int64_t cb = 0; cb < cblocks; cb++) {
+                const int64_t n0 = cb * 32, last = (s + 1) * AMX_ROWS_HELD < mp ? (s + 1) * AMX_ROWS_HELD : mp;
+                const uint16_t* b0 = bp + (n0 / 16) * kbs * 1024;
+                const uint16_t* b1 = b0 + kbs * 1024;
+                for (int64_t m0 = s * AMX_ROWS_HELD; m0 < last; m0 += 32) {
+                    const uint16_t* a0 = ap + (m0 / 16) * kbs * 1024;
+                    const uint16_t* a1 = a0 + kbs * 1024;
+                    for (int64_t p = 0; p < kbs; p += per) {
+                        const int64_t end = p + per < kbs ? p + per : kbs;
+                        _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+                        for (int64_t kb = p; kb < end; kb++)
+                            AMX_K_BLOCK(a0 + kb * 1024, a1 + kb * 1024, b0 + kb * 1024, b1 + kb * 1024);
+                        _tile_stored(0, part, 128);
+                        _tile_stored(1, part + 16, 128);
+                        _tile_stored(2, part + 16 * 32, 128);
+                        _tile_stored(3, part + 16 * 32 + 16, 128);
+                        amx_accumulate(acc, part, p == 0, half, keep);
+                    }
+                    const int64_t rows = m - m0 < 32 ? m - m0 : 32, cols = n - n0 < 32 ? n - n0 : 32;
+                    for (int64_t r = 0; r < rows; r++) {
+                        float* restrict o = out + (m0 + r) * n + n0;
+                        const float* restrict x = acc + r * 32;
+                        for (int64_t c = 0; c < cols; c++) {
+                            float v = bias ? x[c] + bias[n0 + c] : x[c];
+                            o[c] = maxf > 0.0f ? round_one(v, maxf, lam, rdrop, over, 0.0f) : v;
+                        }
+                    }
+                }
+            }
+        _tile_release();
+    }
+#else
+    (void)ap; (void)bp; (void)m; (void)n; (void)depth_p; (void)piece; (void)dropped; (void)bias;
+    (void)maxf; (void)lam; (void)rdrop; (void)over; (void)out; (void)nt;
+#endif
+}

@@ -98,14 +98,14 @@ _PTR, _I64, _I32, _F32, _INT = (
 )
 
 
-def _kernel(name: str, *argtypes: Any) -> Callable[..., None] | None:
+def _kernel(name: str, *argtypes: Any, restype: Any = None) -> Callable[..., Any] | None:
     """The library's function ``name`` with its C signature, None when the library is not built."""
     lib = _library()
     fn = getattr(lib, name, None) if lib is not None else None
     if fn is None:
         return None
     fn.argtypes = list(argtypes)
-    fn.restype = None
+    fn.restype = restype
     return fn  # type: ignore[no-any-return]
 
 
@@ -190,6 +190,33 @@ def load_row_program() -> Callable[..., None] | None:
         *(_I64, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _INT),
         *(_F32, _F32, _I32, _F32, _INT),
     )
+
+
+@lru_cache(maxsize=1)
+def load_amx() -> tuple[Callable[..., int], Callable[..., None]] | None:
+    """The AMX product kernels ``(pack, matmul)`` when this machine and process can run them
+    (the CPU has AMX's bf16 tiles and the kernel grants their state), else None:
+    ``pack(x_ptr, rows, depth, si, sk, role, rows_p, depth_p, out_ptr, threads)`` splits an
+    operand into the tiles' layout and returns how many values do not split exactly;
+    ``matmul(a_ptr, b_ptr, m, n, depth_p, piece, dropped_bits, bias_ptr or None, max_finite,
+    below_min_normal, dropped, overflow, out_ptr, threads)`` makes the chunked product (the
+    layouts and the steps are written in dl16_kernels.c)."""
+    if not settings.native_amx():
+        return None
+    ready = _kernel("hfadapt_amx_ready", restype=_INT)
+    pack = _kernel(
+        "hfadapt_amx_pack",
+        *(_PTR, _I64, _I64, _I64, _I64, _INT, _I64, _I64, _PTR, _INT),
+        restype=_I64,
+    )
+    matmul = _kernel(
+        "hfadapt_amx_matmul",
+        *(_PTR, _PTR, _I64, _I64, _I64, _I64, _I32, _PTR),
+        *(_F32, _F32, _I32, _F32, _PTR, _INT),
+    )
+    if ready is None or pack is None or matmul is None or not ready():
+        return None
+    return pack, matmul
 
 
 @lru_cache(maxsize=1)

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from hfadapt.spyre import amx
 from hfadapt.spyre.dl16 import DL16Format, native_rounding_args, round_dl16_
 from hfadapt.spyre.profile import Profile
 
@@ -500,6 +501,10 @@ def chunked_matmul(
         and type(b) is torch.Tensor
         and (bias is None or _fusable_bias(bias, b.shape[-1]))
     )
+    if native:
+        tiled = amx.product(a, b, per, mantissa_bits, bias, fmt)
+        if tiled is not None:
+            return tiled
     if k <= per:
         if native and step is not None and _blockable(a, b):
             return _epilogue_blocked(step, a, b, mantissa_bits, bias, fmt)

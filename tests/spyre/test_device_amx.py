@@ -1,0 +1,220 @@
+"""Chunked products of DL16 operands on AMX's bf16 tiles (hfadapt.spyre.amx) keep the chunked
+product's contract: the same bits as the fp32 path wherever both sums are exact, every
+truncated partial within one step of the fp32 path's otherwise, the fp32 path for any operand
+that does not split exactly, and a right operand's kept tiles never outliving its values.
+Speed is measured in benchmarks/ (bench_encode, bench_device, bench_compile)."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+from hfadapt.spyre import amx, kernels
+from hfadapt.spyre.dl16 import DEFAULT_FORMAT, round_dl16
+
+pytestmark = pytest.mark.skipif(
+    not amx.available(),
+    reason="this CPU has no AMX bf16 tiles, or the kernel does not grant this process their state",
+)
+
+CHUNK, BITS = 256, 9
+
+
+def _fp32_path(
+    monkeypatch: pytest.MonkeyPatch,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    fmt: object = None,
+) -> torch.Tensor:
+    with monkeypatch.context() as m:
+        m.setattr(amx, "product", lambda *args: None)
+        return kernels.chunked_matmul(a, b, CHUNK, BITS, bias=bias, fmt=fmt)  # type: ignore[arg-type]
+
+
+def _tiled(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    fmt: object = None,
+) -> torch.Tensor:
+    out = amx.product(a, b, CHUNK, BITS, bias, fmt)  # type: ignore[arg-type]
+    assert out is not None, f"{tuple(a.shape)} @ {tuple(b.shape)} did not take the tiles"
+    return out
+
+
+def _exact_values(shape: tuple[int, ...], g: torch.Generator, scale: float) -> torch.Tensor:
+    """Integers of at most 10 significant bits times ``scale`` (a power of two): DL16 values
+    whose products and sums below 2^24 units are exact in fp32, in any order."""
+    return torch.randint(-40, 41, shape, generator=g).float() * scale
+
+
+SHAPES = [
+    ((928, 384), (384, 384)),  # a MiniLM linear: two pieces, the last one 128
+    ((64, 1000), (1000, 96)),  # K not a multiple of 32: a padded last block
+    ((40, 900), (900, 65)),  # rows and columns past whole 32-blocks
+    ((300, 1536), (1536, 40)),  # six pieces
+    ((4, 50, 768), (768, 70)),  # a batched left operand
+]
+
+
+@pytest.mark.parametrize(("a_shape", "b_shape"), SHAPES)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_where_every_sum_is_exact_the_tiles_give_the_fp32_paths_bits(
+    monkeypatch: pytest.MonkeyPatch,
+    a_shape: tuple[int, ...],
+    b_shape: tuple[int, int],
+    threads: int,
+) -> None:
+    """Exact arithmetic leaves no room for order: a misplaced tile, pair, half, pad or piece
+    shows as a differing bit. With a transposed weight (a linear's) and a contiguous right
+    operand, with and without the bias and the rounding."""
+    g = torch.Generator().manual_seed(sum(a_shape) + sum(b_shape))
+    a = _exact_values(a_shape, g, 2.0**-6)
+    w = _exact_values((b_shape[1], b_shape[0]), g, 2.0**-7)
+    bias = _exact_values((b_shape[1],), g, 2.0**-3)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for b in (w.t(), w.t().contiguous()):
+            for extra in ({}, {"bias": bias, "fmt": DEFAULT_FORMAT}):
+                got = _tiled(a, b, **extra)  # type: ignore[arg-type]
+                want = _fp32_path(monkeypatch, a, b, **extra)  # type: ignore[arg-type]
+                differ = int((got.view(torch.int32) != want.view(torch.int32)).sum())
+                assert got.shape == want.shape, (got.shape, want.shape)
+                assert differ == 0, (
+                    f"{differ} of {got.numel()} values differ; b contiguous "
+                    f"{b.is_contiguous()}, {sorted(extra)}, {threads} thread(s)"
+                )
+    finally:
+        torch.set_num_threads(previous)
+
+
+@pytest.mark.parametrize(("a_shape", "b_shape"), SHAPES)
+def test_on_rounded_normal_data_a_truncated_partial_moves_by_one_step_at_most(
+    monkeypatch: pytest.MonkeyPatch, a_shape: tuple[int, ...], b_shape: tuple[int, int]
+) -> None:
+    """DL16-rounded N(0, 1) data: the tiles' fp32 sums and MKL's differ in their last bits,
+    which moves a truncated partial only where the two straddle a step: rarely (at most 1% of
+    values, as two BLAS calls may in test_device_precision), and by at most one step of one
+    piece (2^-8 of the largest piece's magnitude)."""
+    g = torch.Generator().manual_seed(7)
+    a = round_dl16(torch.randn(*a_shape, generator=g))
+    b = round_dl16(torch.randn(b_shape[1], b_shape[0], generator=g) / b_shape[0] ** 0.5).t()
+    got, want = _tiled(a, b), _fp32_path(monkeypatch, a, b)
+    k = b_shape[0]
+    pieces = [
+        (a[..., s : s + CHUNK].double() @ b[s : s + CHUNK].double()).abs()
+        for s in range(0, k, CHUNK)
+    ]
+    step = torch.stack(pieces).amax(0) * 2.0 ** (1 - BITS)  # one step of the largest piece
+    moved = got != want
+    share = float(moved.float().mean())
+    worst = float(((got - want).abs().double() / step).max())
+    print(f"{a_shape} @ {b_shape}: {share:.4%} of values moved, worst by {worst:.2f} steps")
+    assert share <= 0.01, share
+    assert worst <= 1.0, worst
+
+
+@pytest.mark.parametrize(
+    "value",
+    [0.1, float("inf"), float("nan"), 2.0**-45, 2.0**63],
+    ids=["off the grid", "inf", "nan", "below 2^-40", "past 2^62"],
+)
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_an_operand_that_does_not_split_takes_the_fp32_path(
+    monkeypatch: pytest.MonkeyPatch, value: float, side: str
+) -> None:
+    """One value with more than 16 significant bits, infinite, NaN or out of the tiles'
+    range: the tiles refuse the product (inf's zero lo half would make inf * 0 a NaN), and
+    chunked_matmul gives the fp32 path's bits."""
+    g = torch.Generator().manual_seed(3)
+    a = round_dl16(torch.randn(64, 512, generator=g))
+    w = round_dl16(torch.randn(96, 512, generator=g))
+    (a if side == "left" else w)[5, 17] = value
+    b = w.t()
+    assert amx.product(a, b, CHUNK, BITS, None, None) is None
+    got = kernels.chunked_matmul(a, b, CHUNK, BITS)
+    want = _fp32_path(monkeypatch, a, b)
+    assert torch.equal(got.isnan(), want.isnan())
+    differ = int((got.nan_to_num().view(torch.int32) != want.nan_to_num().view(torch.int32)).sum())
+    assert differ == 0, f"{differ} values differ from the fp32 path"
+
+
+def test_small_products_and_batched_right_operands_take_the_fp32_path() -> None:
+    g = torch.Generator().manual_seed(4)
+    a = _exact_values((8, 64), g, 1.0)
+    assert amx.product(a, _exact_values((64, 64), g, 1.0), CHUNK, BITS, None, None) is None
+    big = _exact_values((4, 128, 256), g, 1.0)
+    assert amx.product(big, _exact_values((4, 256, 128), g, 1.0), CHUNK, BITS, None, None) is None
+
+
+def test_a_weights_kept_tiles_follow_its_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The right operand's tiles are kept between calls, and made again when the weight is
+    written in place (its version counter moves), when it is freed and another takes its
+    memory, and every call for an inference tensor (no version counter)."""
+    g = torch.Generator().manual_seed(5)
+    a = _exact_values((128, 512), g, 2.0**-6)
+    w = _exact_values((64, 512), g, 2.0**-7)
+
+    def check(weight: torch.Tensor, what: str) -> None:
+        got, want = _tiled(a, weight.t()), _fp32_path(monkeypatch, a, weight.t())
+        assert torch.equal(got, want), f"{what}: {float((got - want).abs().max())} off"
+
+    check(w, "first call")
+    kept = len(amx._KEPT)
+    check(w, "second call")
+    assert len(amx._KEPT) == kept, (kept, len(amx._KEPT))
+    w.mul_(-2.0)
+    check(w, "after an in-place write")
+    address = w.data_ptr()
+    del w
+    gc.collect()
+    other = _exact_values((64, 512), g, 2.0**-5)
+    check(other, f"a new weight (same address: {other.data_ptr() == address})")
+    with torch.inference_mode():
+        frozen = _exact_values((64, 512), g, 2.0**-7)
+        check(frozen, "an inference tensor")
+        frozen.add_(1.0)
+        check(frozen, "an inference tensor written in place")
+
+
+def test_a_device_linear_is_made_on_the_tiles(spyre: object) -> None:
+    """An eager device linear of DL16 operands reaches the tiles, and its output is the
+    chunked product's of the same values, with the bias and the rounding; after the weight is
+    written in place on the device, the next linear reads the new values."""
+    calls: list[bool] = []
+    real = amx.product
+
+    def counted(*args: object) -> torch.Tensor | None:
+        out = real(*args)  # type: ignore[arg-type]
+        calls.append(out is not None)
+        return out
+
+    g = torch.Generator().manual_seed(6)
+    weight = torch.randn(512, 384, generator=g).half() / 20
+    bias = torch.randn(512, generator=g).half()
+    x = torch.randn(4, 64, 384, generator=g).half()
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(amx, "product", counted)
+        device = torch.nn.functional.linear(
+            x.to("spyre"), weight.to("spyre"), bias.to("spyre")
+        ).cpu()
+    assert calls == [True], calls
+    want = kernels.chunked_matmul(
+        round_dl16(x.float()).reshape(-1, 384),
+        round_dl16(weight.float()).t(),
+        CHUNK,
+        BITS,
+        bias=round_dl16(bias.float()),
+        fmt=DEFAULT_FORMAT,
+    ).view(4, 64, 512)
+    assert torch.equal(device.float(), want), float((device.float() - want).abs().max())
+    # the weight written in place on the device: its tiles are made again
+    on_device = weight.to("spyre")
+    first = torch.nn.functional.linear(x.to("spyre"), on_device).cpu().float()
+    on_device.mul_(-2.0)
+    second = torch.nn.functional.linear(x.to("spyre"), on_device).cpu().float()
+    assert torch.equal(second, round_dl16(first * -2.0)), float((second + 2 * first).abs().max())
