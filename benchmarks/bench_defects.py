@@ -8,13 +8,12 @@ by side in one run. The misread should cost about what the copies of ``.contiguo
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 import warnings
 
 import torch
-from machine import report_machine, spread
+from machine import report_machine, runs_and_threads, spread
 from torch.nn import functional as F
 
 
@@ -68,8 +67,5 @@ def main(runs: int = 9, threads: int = 1) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=9)
-    parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args()
+    args = runs_and_threads(__doc__).parse_args()
     main(args.runs, args.threads)

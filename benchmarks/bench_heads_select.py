@@ -9,12 +9,12 @@ run; at 128 tokens the adapter only delegates, so both programs are the same.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 import warnings
 
 import torch
+from machine import report_machine, runs_and_threads, spread
 
 
 def _model() -> torch.nn.Module:
@@ -36,6 +36,7 @@ def main(runs: int = 9, threads: int = 1, tokens: int = 64) -> dict[str, float]:
     from hfadapt.spyre.compile.backend import lower
 
     torch.set_num_threads(threads)
+    report_machine("before")
     ids = torch.randint(1000, 2000, (8, tokens))
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     registry = default_registry()
@@ -60,19 +61,19 @@ def main(runs: int = 9, threads: int = 1, tokens: int = 64) -> dict[str, float]:
     result = {name: statistics.median(t) for name, t in times.items()}
     print(f"BERT-base shape, 2 layers, 8 x {tokens}, fp16, {threads} thread(s), median of {runs}")
     for name, (_, fired, compile_s) in programs.items():
+        ms = [t * 1e3 for t in times[name]]
         print(
-            f"  {name:13} run {result[name] * 1e3:8.2f} ms  compile {compile_s:6.2f} s  "
+            f"  {name:13} run {spread(ms, 'ms', 2)}  compile {compile_s:6.2f} s  "
             f"defects fired: {fired or 'none'}"
         )
     ratio = result["heads-select"] / result["without it"]
-    print(f"  run-time ratio {ratio:.2f}x")
+    print(f"  run-time ratio {ratio:.2f}x (of medians)")
+    report_machine("after")
     return {**result, "ratio": ratio}
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=9)
-    parser.add_argument("--threads", type=int, default=1)
+    parser = runs_and_threads(__doc__)
     parser.add_argument("--tokens", type=int, default=64)
     args = parser.parse_args()
     main(args.runs, args.threads, args.tokens)

@@ -10,13 +10,12 @@ three alike; it also prints how many values the tiles and the fp32 path give dif
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from collections.abc import Callable
 
 import torch
-from machine import report_machine, spread
+from machine import report_machine, runs_and_threads, spread
 
 # (rows, K, N): MiniLM's Q/K/V/output (x4 a layer), intermediate, output; BERT-base's
 SHAPES = [
@@ -97,8 +96,5 @@ def main(runs: int = 9, threads: int = 1) -> dict[str, dict[str, float]]:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=9)
-    parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args()
+    args = runs_and_threads(__doc__).parse_args()
     main(args.runs, args.threads)

@@ -11,6 +11,7 @@ Scripts run as ``python benchmarks/NAME.py``: this folder is then on ``sys.path`
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import statistics
@@ -89,3 +90,12 @@ def byte_compile(checkout: str | None = None) -> str:
         folder = Path(next(iter(spec.submodule_search_locations)))
     ok = compileall.compile_dir(str(folder), quiet=1, workers=1)
     return f"hfadapt byte-compiled (as pip does on install): {folder} {'ok' if ok else 'FAILED'}"
+
+
+def runs_and_threads(doc: str | None, runs: int = 9, threads: int = 1) -> argparse.ArgumentParser:
+    """The command line most benchmarks take, ``--runs`` and ``--threads``, described by the
+    first paragraph of the script's ``doc``; a script adds its own options before parsing."""
+    parser = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=runs)
+    parser.add_argument("--threads", type=int, default=threads)
+    return parser
