@@ -218,3 +218,39 @@ def test_a_device_linear_is_made_on_the_tiles(spyre: object) -> None:
     on_device.mul_(-2.0)
     second = torch.nn.functional.linear(x.to("spyre"), on_device).cpu().float()
     assert torch.equal(second, round_dl16(first * -2.0)), float((second + 2 * first).abs().max())
+
+
+def test_a_compiled_linear_is_made_on_the_tiles() -> None:
+    """The compile backend's linears reach the tiles too (its kernels are the eager
+    device's), and the compiled output is the eager device's, bit for bit."""
+    calls: list[bool] = []
+    real = amx.product
+
+    def counted(*args: object) -> torch.Tensor | None:
+        out = real(*args)  # type: ignore[arg-type]
+        calls.append(out is not None)
+        return out
+
+    torch.manual_seed(8)
+    model = torch.nn.Sequential(torch.nn.Linear(384, 768), torch.nn.Linear(768, 384)).half()
+    x = torch.randn(96, 384).half()
+    with torch.no_grad(), pytest.MonkeyPatch.context() as m:
+        m.setattr(amx, "product", counted)
+        compiled = torch.compile(model, backend="spyre")(x).float()
+        tiled = sum(calls)
+        eager = model.to("spyre")(x.to("spyre")).cpu().float()
+    assert tiled == 2, calls
+    assert torch.equal(compiled, eager), float((compiled - eager).abs().max())
+
+
+def test_the_setting_turns_the_tiles_off() -> None:
+    """HFADAPT_NATIVE_AMX=0: no product takes the tiles in that process."""
+    import os
+    import subprocess
+    import sys
+
+    code = "from hfadapt.spyre import amx; print(amx.available())"
+    env = {**os.environ, "HFADAPT_NATIVE_AMX": "0"}
+    off = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    on = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert (off.stdout.strip(), on.stdout.strip()) == ("False", "True"), (off, on)
