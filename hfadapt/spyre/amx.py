@@ -18,8 +18,11 @@ grid), is infinite or NaN, or lies outside [2^-40, 2^62] takes the fp32 path, as
 ``HFADAPT_NATIVE_AMX=0`` or on a CPU without AMX.
 
 The right operand's tiles (a linear's weight) are kept between calls while the tensor they
-came from lives and is unchanged (its version counter); the left operand is split into this
-thread's kept buffer every call."""
+came from lives and is unchanged (its version counter): a compiled graph's weights are the same
+tensors call after call. The eager device hands each op a fresh alias of a weight's data (made
+below autograd: no ``_base``, a version counter of its own), so there the tiles are made every
+call (0.07 ms for a 384 x 384 weight, 0.3 ms for 384 x 1536 on one thread). The left operand is
+split into this thread's kept buffer every call."""
 
 from __future__ import annotations
 

@@ -649,36 +649,42 @@ AMX_TARGET static int64_t amx_pack_rows(const float* x, int64_t rows, int64_t de
 
 #ifdef HFADAPT_AMX
 /* hfadapt_amx_pack's right operand from columns of contiguous values (a linear's weight
-   rows), 16 at a time: a column's k pairs land 64 bytes apart in its tile */
+   rows), a tile at a time: its 16 columns' 32 values split into a [column][k] block in the
+   cache, then each tile row (one k pair of every column) gathered from it */
 AMX_TARGET static int64_t amx_pack_columns(const float* x, int64_t cols, int64_t depth,
                                            int64_t si, int64_t cols_p, int64_t depth_p,
                                            uint16_t* out, int nt) {
     const int64_t kbs = depth_p / 32, whole = depth / 16;
+    const __m512i rows = _mm512_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176,
+                                           192, 208, 224, 240);
     int64_t bad = 0;
     #pragma omp parallel for schedule(static) num_threads(nt) reduction(+:bad) if(cols * depth > 65536)
-    for (int64_t i = 0; i < cols_p; i++) {
-        uint16_t* base = out + (i / 16) * kbs * 1024;
-        const int64_t r = i % 16;
-        int64_t count = 0, k = 0;
-        uint16_t h[16], l[16];
-        if (i < cols) {
-            const float* col = x + i * si;
-            for (; k < whole * 16; k += 16) {
-                count += split_16(col + k, h, l);
-                uint16_t* tile = base + (k / 32) * 1024;
-                for (int64_t p = 0; p < 8; p++) {
-                    const int64_t at = ((k % 32) / 2 + p) * 32 + r * 2;
-                    memcpy(tile + at, h + 2 * p, 4);
-                    memcpy(tile + 512 + at, l + 2 * p, 4);
+    for (int64_t b = 0; b < cols_p / 16; b++) {
+        uint16_t hi[16 * 32] __attribute__((aligned(64)));
+        uint16_t lo[16 * 32] __attribute__((aligned(64)));
+        int64_t count = 0;
+        for (int64_t kb = 0; kb < kbs; kb++) {
+            for (int64_t r = 0; r < 16; r++) {
+                const int64_t i = b * 16 + r;
+                int64_t k = kb * 32;
+                if (i < cols) {
+                    const float* col = x + i * si;
+                    for (; k < kb * 32 + 32 && k < whole * 16; k += 16)
+                        count += split_16(col + k, hi + r * 32 + k % 32, lo + r * 32 + k % 32);
+                    for (; k < kb * 32 + 32 && k < depth; k++)
+                        count += split_bf16(col[k], hi + r * 32 + k % 32, lo + r * 32 + k % 32);
+                }
+                for (; k < kb * 32 + 32; k++) {
+                    hi[r * 32 + k % 32] = 0;
+                    lo[r * 32 + k % 32] = 0;
                 }
             }
-        }
-        for (; k < depth_p; k++) {
-            const int64_t q = k % 32, at = (k / 32) * 1024 + (q / 2) * 32 + r * 2 + (q & 1);
-            uint16_t hi = 0, lo = 0;
-            if (i < cols && k < depth) count += split_bf16(x[i * si + k], &hi, &lo);
-            base[at] = hi;
-            base[at + 512] = lo;
+            uint16_t* tile = out + (b * kbs + kb) * 1024;
+            for (int p = 0; p < 16; p++) {
+                const __m512i at = _mm512_add_epi32(rows, _mm512_set1_epi32(p));
+                _mm512_storeu_si512(tile + p * 32, _mm512_i32gather_epi32(at, hi, 4));
+                _mm512_storeu_si512(tile + 512 + p * 32, _mm512_i32gather_epi32(at, lo, 4));
+            }
         }
         bad += count;
     }
