@@ -6,7 +6,9 @@ Speed is measured in benchmarks/ (bench_encode, bench_device, bench_compile)."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -189,10 +191,9 @@ def test_a_weights_kept_tiles_follow_its_values(monkeypatch: pytest.MonkeyPatch)
         check(frozen, "an inference tensor written in place")
 
 
-def test_a_device_linear_is_made_on_the_tiles(spyre: object) -> None:
-    """An eager device linear of DL16 operands reaches the tiles, and its output is the
-    chunked product's of the same values, with the bias and the rounding; after the weight is
-    written in place on the device, the next linear reads the new values."""
+@contextlib.contextmanager
+def _counted_tiles() -> Iterator[list[bool]]:
+    """amx.product patched to record, call by call, whether the product took the tiles."""
     calls: list[bool] = []
     real = amx.product
 
@@ -201,12 +202,20 @@ def test_a_device_linear_is_made_on_the_tiles(spyre: object) -> None:
         calls.append(out is not None)
         return out
 
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(amx, "product", counted)
+        yield calls
+
+
+def test_a_device_linear_is_made_on_the_tiles(spyre: object) -> None:
+    """An eager device linear of DL16 operands reaches the tiles, and its output is the
+    chunked product's of the same values, with the bias and the rounding; after the weight is
+    written in place on the device, the next linear reads the new values."""
     g = torch.Generator().manual_seed(6)
     weight = torch.randn(512, 384, generator=g).half() / 20
     bias = torch.randn(512, generator=g).half()
     x = torch.randn(4, 64, 384, generator=g).half()
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(amx, "product", counted)
+    with _counted_tiles() as calls:
         device = torch.nn.functional.linear(
             x.to("spyre"), weight.to("spyre"), bias.to("spyre")
         ).cpu()
@@ -231,19 +240,10 @@ def test_a_device_linear_is_made_on_the_tiles(spyre: object) -> None:
 def test_a_compiled_linear_is_made_on_the_tiles() -> None:
     """The compile backend's linears reach the tiles too (its kernels are the eager
     device's), and the compiled output is the eager device's, bit for bit."""
-    calls: list[bool] = []
-    real = amx.product
-
-    def counted(*args: object) -> torch.Tensor | None:
-        out = real(*args)  # type: ignore[arg-type]
-        calls.append(out is not None)
-        return out
-
     torch.manual_seed(8)
     model = torch.nn.Sequential(torch.nn.Linear(384, 768), torch.nn.Linear(768, 384)).half()
     x = torch.randn(96, 384).half()
-    with torch.no_grad(), pytest.MonkeyPatch.context() as m:
-        m.setattr(amx, "product", counted)
+    with torch.no_grad(), _counted_tiles() as calls:
         compiled = torch.compile(model, backend="spyre")(x).float()
         tiled = sum(calls)
         eager = model.to("spyre")(x.to("spyre")).cpu().float()
