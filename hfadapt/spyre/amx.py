@@ -35,15 +35,13 @@ from typing import Any
 import torch
 
 from hfadapt.spyre import dl16_native
-from hfadapt.spyre.dl16 import DL16Format, native_rounding_args
+from hfadapt.spyre.dl16 import DL16Format, optional_rounding_args
 
 # Products with fewer multiply-adds than this take the fp32 path: splitting the operands
 # costs more than the tiles save.
 MIN_MACS = 1 << 21
 # The tiles' unit: K and both output dimensions are padded to whole 32-element blocks.
 BLOCK = 32
-# The C kernel's rounding arguments that mean "no rounding" (max_finite 0)
-_NO_ROUNDING = (0.0, 0.0, 1, 0.0)
 
 
 # (the source tensor's id, the view's address, shape and strides)
@@ -92,19 +90,18 @@ def product(
     right = _right_tiles(pack, b, threads)
     if right is None:
         return None
-    kp = _padded(k)
-    tiles = _left_buffer(2 * _padded(m) * kp)
+    mp, kp = _padded(m), _padded(k)
+    tiles = _left_buffer(2 * mp * kp)
     bad = pack(
-        left.data_ptr(), m, k, left.stride(0), left.stride(1), 0, _padded(m), kp,
-        tiles.data_ptr(), threads,
+        left.data_ptr(), m, k, left.stride(0), left.stride(1), 0, mp, kp, tiles.data_ptr(),
+        threads,
     )  # fmt: skip
     if bad:
         return None
     out = torch.empty((*a.shape[:-1], n), dtype=torch.float32)
     matmul(
         tiles.data_ptr(), right.data_ptr(), m, n, kp, per, 23 - mantissa_bits,
-        None if bias is None else bias.data_ptr(),
-        *(native_rounding_args(fmt) if fmt is not None else _NO_ROUNDING),
+        None if bias is None else bias.data_ptr(), *optional_rounding_args(fmt),
         out.data_ptr(), threads,
     )  # fmt: skip
     return out
@@ -122,14 +119,12 @@ def _right_tiles(pack: Callable[..., int], b: torch.Tensor, threads: int) -> tor
         if kept is not None and kept.source() is source and kept.version == version:
             return kept.tiles
     k, n = b.shape
-    tiles: torch.Tensor | None = torch.empty(2 * _padded(n) * _padded(k), dtype=torch.int16)
-    assert tiles is not None
+    made = torch.empty(2 * _padded(n) * _padded(k), dtype=torch.int16)
     bad = pack(
         b.data_ptr(), n, k, b.stride(1), b.stride(0), 1, _padded(n), _padded(k),
-        tiles.data_ptr(), threads,
+        made.data_ptr(), threads,
     )  # fmt: skip
-    if bad:
-        tiles = None
+    tiles = None if bad else made
     if version is not None:
         _KEPT[key] = _Tiles(weakref.ref(source, _forget(key)), version, tiles)
     return tiles

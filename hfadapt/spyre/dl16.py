@@ -109,6 +109,12 @@ def native_rounding_args(
     return c.max_finite, c.below_min_normal, fmt.dropped_bits, c.over
 
 
+def optional_rounding_args(fmt: DL16Format | None) -> tuple[float, float, int, float]:
+    """native_rounding_args(fmt), or for None the arguments that tell the C kernels not to
+    round (max_finite 0)."""
+    return native_rounding_args(fmt) if fmt is not None else (0.0, 0.0, 1, 0.0)
+
+
 def _round_inplace(y: torch.Tensor, fmt: DL16Format, transfer: bool = False) -> torch.Tensor:
     c = _constants(fmt)
     if transfer:  # host +-inf lands on 0xEFFF's magnitude; NaN stays NaN

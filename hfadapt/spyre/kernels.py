@@ -19,7 +19,12 @@ from typing import Any
 import torch
 
 from hfadapt.spyre import amx
-from hfadapt.spyre.dl16 import DL16Format, native_rounding_args, round_dl16_
+from hfadapt.spyre.dl16 import (
+    DL16Format,
+    native_rounding_args,
+    optional_rounding_args,
+    round_dl16_,
+)
 from hfadapt.spyre.profile import Profile
 
 Kernel = Callable[[Sequence[Any], dict[str, Any], DL16Format], Any]
@@ -297,7 +302,7 @@ def _softmax_rows(
     top = torch.empty((*x.shape[:-1], 1), dtype=torch.float32)
     kernel(x.data_ptr(), out.data_ptr(), top.data_ptr(), x.numel() // columns, columns,
            float(floor), float(code),
-           *(native_rounding_args(fmt) if fmt is not None else _NO_ROUNDING),
+           *optional_rounding_args(fmt),
            torch.get_num_threads())  # fmt: skip
     return out, top
 
@@ -536,9 +541,6 @@ def _batch_shape(a: torch.Tensor, b: torch.Tensor) -> tuple[int, ...]:
     return shape
 
 
-# The C kernels' rounding arguments that mean "no rounding" (max_finite 0)
-_NO_ROUNDING = (0.0, 0.0, 1, 0.0)
-
 # Bytes of partial products held at once: a group of pieces this large is summed in one pass.
 GROUP_BYTES = 24 << 20
 
@@ -591,7 +593,7 @@ def _accumulated(
         step(
             out.data_ptr(), parts.data_ptr(), len(pieces), size, dropped, int(first == 0),
             bias.data_ptr() if tail and bias is not None else None, shape[-1],
-            *(native_rounding_args(fmt) if tail and fmt is not None else _NO_ROUNDING), threads,
+            *optional_rounding_args(fmt if tail else None), threads,
         )  # fmt: skip
     return out
 
@@ -623,8 +625,7 @@ def _epilogue_into(
     step(
         out.data_ptr(), product.data_ptr(), 1, product.numel(), 23 - mantissa_bits, 1,
         None if bias is None else bias.data_ptr(), max(1, product.shape[-1]),
-        *(native_rounding_args(fmt) if fmt is not None else _NO_ROUNDING),
-        torch.get_num_threads(),
+        *optional_rounding_args(fmt), torch.get_num_threads(),
     )  # fmt: skip
 
 
@@ -675,7 +676,9 @@ def _epilogue_blocked(
 # op name -> the C kernel's op code (dl16_kernels.c: OP_ADD, OP_SUB, OP_MUL, OP_DIV)
 BINARY_OPS = {"aten::add.Tensor": 0, "aten::sub.Tensor": 1, "aten::mul.Tensor": 2,
               "aten::div.Tensor": 3}  # fmt: skip
-_FULL, _COLUMN, _ROW, _SCALAR = 0, 1, 2, 3
+# how an operand broadcasts against a row of the result (dl16_kernels.c: BINARY_FULL,
+# BINARY_COLUMN, BINARY_ROW, BINARY_SCALAR); FULL and ROW are also a row program node's kinds
+FULL, COLUMN, ROW, SCALAR = 0, 1, 2, 3
 
 
 def broadcast_shape(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...] | None:
@@ -700,14 +703,14 @@ def operand_kind(t: torch.Tensor, shape: Sequence[int]) -> int | None:
     if not t.is_contiguous():
         return None
     if t.shape == shape:
-        return _FULL
+        return FULL
     if t.numel() == 1:
-        return _SCALAR
+        return SCALAR
     cols = shape[-1]
     if t.shape[-1] == cols and t.numel() == cols:
-        return _COLUMN
+        return COLUMN
     if t.dim() == len(shape) and t.shape[-1] == 1 and t.shape[:-1] == shape[:-1]:
-        return _ROW
+        return ROW
     return None
 
 
