@@ -36,14 +36,19 @@ import torch
 
 from hfadapt.spyre.dl16 import DL16Format, native_rounding_args
 from hfadapt.spyre.eager.tensor import SpyreTensor, is_dl16, pending, set_maker
-from hfadapt.spyre.kernels import BINARY_OPS, broadcast_shape, operand_kind
+from hfadapt.spyre.kernels import (
+    BINARY_OPS,
+    FULL,
+    ROW,
+    SCALAR,
+    broadcast_shape,
+    operand_kind,
+)
 from hfadapt.spyre.scalars import device_number
 
 SUM = "aten::sum.dim_IntList"
 FUSED_OPS = frozenset(BINARY_OPS) | {SUM}
 _OP_SUM = 4  # dl16_kernels.c: OP_SUM, after the binary ops' codes
-_FULL, _ROW = 0, 2  # a node's result: a row of the program's columns, or one value per row
-_SCALAR = 3
 _GATHER = 4  # a row of the operand's own per row of the result, by a table of row numbers
 _FROM_INPUT, _FROM_NODE, _FROM_NUMBER = 0, 1, 2
 
@@ -168,14 +173,14 @@ def _program_for(shape: tuple[int, ...], fmt: DL16Format) -> tuple[_Program, int
     program = _current()
     if program is not None and program.fmt is fmt:
         if shape == program.shape:
-            return program, _FULL
+            return program, FULL
         if shape == program.row_shape:
-            return program, _ROW
+            return program, ROW
     if len(shape) == 0 or shape[-1] < 2 or math.prod(shape) < MIN_VALUES:
         return None
     settle()
     program = _local.program = _Program(shape, fmt)
-    return program, _FULL
+    return program, FULL
 
 
 def _operand(program: _Program, value: Any, fmt: DL16Format) -> Operand | None:
@@ -184,7 +189,7 @@ def _operand(program: _Program, value: Any, fmt: DL16Format) -> Operand | None:
         if ctypes.c_float(number).value != number:
             return None
         program.numbers.append(number)
-        return (_FROM_NUMBER, _SCALAR, len(program.numbers) - 1, 0)
+        return (_FROM_NUMBER, SCALAR, len(program.numbers) - 1, 0)
     node = value._node
     if isinstance(node, _Node) and node.program is program and not program.done:
         return (_FROM_NODE, node.kind, node.index, 0)
@@ -249,7 +254,7 @@ def _defer_binary(
     program, kind = found
     operands = [_operand(program, a, fmt) for a in args]
     if any(o is None for o in operands) or (
-        kind == _ROW and any(o[1] not in (_ROW, _SCALAR) for o in operands if o is not None)
+        kind == ROW and any(o[1] not in (ROW, SCALAR) for o in operands if o is not None)
     ):
         return None
     return _add(program, op, kind, [o for o in operands if o is not None], dtype, tensors[0].device)
@@ -276,13 +281,13 @@ def _defer_sum(
     ):
         return None
     found = _program_for(tuple(x.shape), fmt)
-    if found is None or found[1] != _FULL:
+    if found is None or found[1] != FULL:
         return None
     program = found[0]
     operand = _operand(program, x, fmt)
-    if operand is None or operand[1] != _FULL:
+    if operand is None or operand[1] != FULL:
         return None
-    return _add(program, _OP_SUM, _ROW, [operand], x.dtype, x.device)
+    return _add(program, _OP_SUM, ROW, [operand], x.dtype, x.device)
 
 
 def _broadcast(shapes: list[tuple[int, ...]]) -> tuple[int, ...] | None:
@@ -304,7 +309,7 @@ def _add(
         if program.done:  # run meanwhile (another thread read one of its tensors): not joined
             return None
         node = _Node(program, op, kind, operands)
-        out = pending(program.shape if kind == _FULL else program.row_shape, dtype, device, node)
+        out = pending(program.shape if kind == FULL else program.row_shape, dtype, device, node)
         node.result = weakref.ref(out)
         program.nodes.append(node)
     if len(program.nodes) >= MAX_NODES:
@@ -351,7 +356,7 @@ def _run(program: _Program) -> None:
             if t is None:
                 outs.append(0)
                 continue
-            data = torch.empty(program.shape if node.kind == _FULL else program.row_shape)
+            data = torch.empty(program.shape if node.kind == FULL else program.row_shape)
             outs.append(data.data_ptr())
             made.append((t, data))
         count = len(nodes)
