@@ -613,48 +613,46 @@ static inline int split_bf16(float v, uint16_t* hi, uint16_t* lo) {
 }
 
 #ifdef HFADAPT_AMX
-/* hfadapt_amx_pack's left operand from rows of contiguous values, a tile at a time (its 16
-   rows of 32 values, written to 2 KiB in one place), 16 values a step */
-AMX_TARGET static int64_t amx_pack_rows(const float* x, int64_t rows, int64_t depth, int64_t si,
-                                        int64_t rows_p, int64_t depth_p, uint16_t* out, int nt) {
-    const int64_t kbs = depth_p / 32, whole = depth / 16;
-    int64_t bad = 0;
-    #pragma omp parallel for schedule(static) num_threads(nt) reduction(+:bad) if(rows * depth > 65536)
-    for (int64_t b = 0; b < rows_p / 16; b++) {
-        int64_t count = 0;
-        for (int64_t kb = 0; kb < kbs; kb++) {
-            uint16_t* tile = out + (b * kbs + kb) * 1024;
-            for (int64_t r = 0; r < 16; r++) {
-                const int64_t i = b * 16 + r;
-                uint16_t* at = tile + r * 32;
-                int64_t k = kb * 32;
-                if (i < rows) {
-                    const float* row = x + i * si;
-                    for (; k < kb * 32 + 32 && k < whole * 16; k += 16)
-                        count += split_16(row + k, at + k % 32, at + 512 + k % 32);
-                    for (; k < kb * 32 + 32 && k < depth; k++)
-                        count += split_bf16(row[k], at + k % 32, at + 512 + k % 32);
-                }
-                for (; k < kb * 32 + 32; k++) {
-                    at[k % 32] = 0;
-                    at[512 + k % 32] = 0;
-                }
-            }
-        }
-        bad += count;
+/* the 32 values of k block ``kb`` of line ``i`` (a row of the left operand, a column of the
+   right; contiguous, ``si`` apart) split into hi[0..32) and lo[0..32), 16 at a time, zero
+   past ``depth`` and for a line past ``lines``; how many do not split */
+AMX_TARGET static inline int64_t split_line(const float* x, int64_t i, int64_t lines,
+                                            int64_t depth, int64_t si, int64_t kb,
+                                            uint16_t* hi, uint16_t* lo) {
+    const int64_t whole = depth / 16, end = kb * 32 + 32;
+    int64_t bad = 0, k = kb * 32;
+    if (i < lines) {
+        const float* line = x + i * si;
+        for (; k < end && k < whole * 16; k += 16) bad += split_16(line + k, hi + k % 32, lo + k % 32);
+        for (; k < end && k < depth; k++) bad += split_bf16(line[k], hi + k % 32, lo + k % 32);
     }
+    for (; k < end; k++) hi[k % 32] = lo[k % 32] = 0;
     return bad;
 }
-#endif
 
-#ifdef HFADAPT_AMX
+/* hfadapt_amx_pack's left operand from rows of contiguous values, a tile at a time (its 16
+   rows of 32 values, written to 2 KiB in one place) */
+AMX_TARGET static int64_t amx_pack_rows(const float* x, int64_t rows, int64_t depth, int64_t si,
+                                        int64_t rows_p, int64_t depth_p, uint16_t* out, int nt) {
+    const int64_t kbs = depth_p / 32;
+    int64_t bad = 0;
+    #pragma omp parallel for schedule(static) num_threads(nt) reduction(+:bad) if(rows * depth > 65536)
+    for (int64_t b = 0; b < rows_p / 16; b++)
+        for (int64_t kb = 0; kb < kbs; kb++) {
+            uint16_t* tile = out + (b * kbs + kb) * 1024;
+            for (int64_t r = 0; r < 16; r++)
+                bad += split_line(x, b * 16 + r, rows, depth, si, kb, tile + r * 32, tile + 512 + r * 32);
+        }
+    return bad;
+}
+
 /* hfadapt_amx_pack's right operand from columns of contiguous values (a linear's weight
    rows), a tile at a time: its 16 columns' 32 values split into a [column][k] block in the
    cache, then each tile row (one k pair of every column) gathered from it */
 AMX_TARGET static int64_t amx_pack_columns(const float* x, int64_t cols, int64_t depth,
                                            int64_t si, int64_t cols_p, int64_t depth_p,
                                            uint16_t* out, int nt) {
-    const int64_t kbs = depth_p / 32, whole = depth / 16;
+    const int64_t kbs = depth_p / 32;
     const __m512i rows = _mm512_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176,
                                            192, 208, 224, 240);
     int64_t bad = 0;
@@ -662,23 +660,9 @@ AMX_TARGET static int64_t amx_pack_columns(const float* x, int64_t cols, int64_t
     for (int64_t b = 0; b < cols_p / 16; b++) {
         uint16_t hi[16 * 32] __attribute__((aligned(64)));
         uint16_t lo[16 * 32] __attribute__((aligned(64)));
-        int64_t count = 0;
         for (int64_t kb = 0; kb < kbs; kb++) {
-            for (int64_t r = 0; r < 16; r++) {
-                const int64_t i = b * 16 + r;
-                int64_t k = kb * 32;
-                if (i < cols) {
-                    const float* col = x + i * si;
-                    for (; k < kb * 32 + 32 && k < whole * 16; k += 16)
-                        count += split_16(col + k, hi + r * 32 + k % 32, lo + r * 32 + k % 32);
-                    for (; k < kb * 32 + 32 && k < depth; k++)
-                        count += split_bf16(col[k], hi + r * 32 + k % 32, lo + r * 32 + k % 32);
-                }
-                for (; k < kb * 32 + 32; k++) {
-                    hi[r * 32 + k % 32] = 0;
-                    lo[r * 32 + k % 32] = 0;
-                }
-            }
+            for (int64_t r = 0; r < 16; r++)
+                bad += split_line(x, b * 16 + r, cols, depth, si, kb, hi + r * 32, lo + r * 32);
             uint16_t* tile = out + (b * kbs + kb) * 1024;
             for (int p = 0; p < 16; p++) {
                 const __m512i at = _mm512_add_epi32(rows, _mm512_set1_epi32(p));
@@ -686,7 +670,6 @@ AMX_TARGET static int64_t amx_pack_columns(const float* x, int64_t cols, int64_t
                 _mm512_storeu_si512(tile + 512 + p * 32, _mm512_i32gather_epi32(at, lo, 4));
             }
         }
-        bad += count;
     }
     return bad;
 }
