@@ -60,13 +60,15 @@ def token_type_ids_host(
 
 
 def _counts_positions(module: torch.nn.Module) -> bool:
-    """RoBERTa-style embeddings: a padding_idx and create_position_ids_from_input_ids, as a
-    method (roberta, xlm-roberta, camembert...) or a module function (mpnet)."""
-    emb = getattr(module, "embeddings", None)
-    if emb is None or not hasattr(emb, "padding_idx"):
+    """RoBERTa-style embeddings modules: a padding_idx, position embeddings and
+    create_position_ids_from_input_ids, as a method (roberta, xlm-roberta, camembert...) or a
+    module function (mpnet). The ids go to the embeddings call only, as the stock code computes
+    them there: passed to the whole model, transformers 5.25+ also hands them to the mask
+    builder (which reads padded positions as packed sequences) and the encoder."""
+    if not hasattr(module, "padding_idx") or not hasattr(module, "position_embeddings"):
         return False
-    home = sys.modules.get(type(emb).__module__)
-    return hasattr(type(emb), "create_position_ids_from_input_ids") or hasattr(
+    home = sys.modules.get(type(module).__module__)
+    return hasattr(type(module), "create_position_ids_from_input_ids") or hasattr(
         home, "create_position_ids_from_input_ids"
     )
 
@@ -78,7 +80,7 @@ def _position_hook(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[
     ids = forward_arg(module, args, kwargs, "input_ids")
     if ids is None:
         return None
-    positions = on_host(_positions, ids, module.embeddings.padding_idx, back_to=ids.device)
+    positions = on_host(_positions, ids, module.padding_idx, back_to=ids.device)
     return replace_forward_arg(module, args, kwargs, "position_ids", positions)
 
 
@@ -91,10 +93,11 @@ def _positions(input_ids: Tensor, pad: int) -> Tensor:
 @adapter(
     name="position-ids-host",
     kind="pre_hook",
-    target=_ROOT,
+    target="torch.nn.modules.module:Module",
     rule="dtype.cast",
     applies=lambda module, config: _counts_positions(module),
     example=_position_example,
+    proof="model",  # hooks the embeddings inside the example's model: judged on its output
 )
 @inline_only
 def position_ids_host(

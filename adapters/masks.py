@@ -15,15 +15,22 @@ exp(min/2 - max) = 0, as with -inf.
 from __future__ import annotations
 
 import copy
-import sys
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from hfadapt.adapters.api import MASKED, adapter, inline_only, on_host
+from hfadapt.adapters.api import (
+    MASKED,
+    adapter,
+    globals_read,
+    inline_only,
+    innermost,
+    on_host,
+    rebind,
+    stock_method,
+)
 from hfadapt.adapters.examples import tiny_model
-from hfadapt.adapters.rebind import rebind, stock_method
 
 MASK_BUILDERS = (
     "create_causal_mask",
@@ -75,11 +82,16 @@ def _additive_mask(stock: Callable[..., Any], dtype: torch.dtype, **kwargs: Any)
     return mask.to(dtype).clamp(min=MASKED)
 
 
-def _builders_of(module: torch.nn.Module) -> dict[str, Callable[..., Any]]:
-    """The mask builders the model's own module calls, each swapped for its host version."""
-    home = sys.modules.get(type(module).__module__)
+def _builders_of(module: torch.nn.Module, method: str) -> dict[str, Callable[..., Any]]:
+    """The mask builders the class's ``method`` reads from its module's globals, each swapped
+    for its host version (none: the adapter would change nothing there, so it does not apply)."""
+    stock = getattr(type(module), method, None)
+    if stock is None:
+        return {}
+    home = innermost(stock).__globals__
+    reads = globals_read(stock)
     return {
-        name: _host_builder(getattr(home, name)) for name in MASK_BUILDERS if hasattr(home, name)
+        name: _host_builder(home[name]) for name in MASK_BUILDERS if name in reads and name in home
     }
 
 
@@ -89,7 +101,7 @@ def _with_host_masks(module: torch.nn.Module, method: str) -> Callable[..., Any]
     versions. Resolved outside compiled graphs: the first call builds closures and fills this
     file's cache, which Dynamo must not trace (it raised KeyError taking the id of a closure it
     had made itself, depending on which test compiled first)."""
-    return rebind(stock_method(type(module), method), **_builders_of(module))
+    return rebind(stock_method(type(module), method), **_builders_of(module, method))
 
 
 def _example(seed: int):
@@ -113,7 +125,7 @@ def _example_direct(seed: int):
     name="attention-mask-host",
     target="transformers.modeling_utils:PreTrainedModel.forward",
     rule="dtype.cast",
-    applies=lambda module, config: config is not None and bool(_builders_of(module)),
+    applies=lambda module, config: config is not None and bool(_builders_of(module, "forward")),
     example=_example_direct,
     proof="model",
 )
@@ -127,9 +139,7 @@ def masks_on_host(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
     name="attention-mask-host-helper",
     target="transformers.modeling_utils:PreTrainedModel._create_attention_masks",
     rule="dtype.cast",
-    applies=lambda module, config: (
-        hasattr(type(module), "_create_attention_masks") and bool(_builders_of(module))
-    ),
+    applies=lambda module, config: bool(_builders_of(module, "_create_attention_masks")),
     example=_example,
     proof="model",
 )

@@ -180,14 +180,20 @@ def _sentence_transformer(source: Any, hub: HubOptions, *, trust_remote_code: bo
             "sentence-transformers is not importable; reinstall hfadapt "
             f"(pip install hfadapt): {exc}"
         ) from exc
+    # stock layer code, as judged (no hub kernels swapped in: hfadapt.loading.load)
+    stock = {"use_kernels": False}
     if source.kind == "folder":
         return SentenceTransformer(
-            str(source.folder), device="cpu", trust_remote_code=trust_remote_code
+            str(source.folder),
+            device="cpu",
+            trust_remote_code=trust_remote_code,
+            model_kwargs=stock,
         )
     return SentenceTransformer(
         source.model_id,
         device="cpu",
         trust_remote_code=trust_remote_code,
+        model_kwargs=stock,
         revision=hub.revision,
         token=hub.token,
         cache_folder=hub.cache_dir,

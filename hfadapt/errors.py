@@ -11,6 +11,7 @@ lacks (a package, bubblewrap, the Hub when it was asked for).
     │   ├── WeightsError                corrupt or missing weights
     │   ├── TokenizerError              tokenizer missing or unreadable
     │   ├── UsageError                  options that do not fit together
+    │   │   └── EnvironmentChangedError a sweep resumed on other packages or arithmetic
     │   └── OutputError                 an output file that cannot be written
     ├── StoreError                      runs.db cannot be used: exit code 2
     │   ├── SchemaVersionError          written by another hfadapt version; says what to do
@@ -101,6 +102,15 @@ class TokenizerError(InputError):
 
 class UsageError(InputError):
     pass
+
+
+class EnvironmentChangedError(UsageError):
+    """A sweep resumed in an environment (packages, numeric path) other than the one its runs
+    recorded, without leave to; ``changes`` names each key that differs."""
+
+    def __init__(self, message: str, changes: Any = ()) -> None:
+        super().__init__(message)
+        self.changes = list(changes)
 
 
 class OutputError(InputError):

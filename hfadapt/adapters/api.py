@@ -7,7 +7,8 @@ Everything an adapter file needs comes from here: the decorator, ``STICK`` (the 
 ``forward_arg`` / ``replace_forward_arg`` (read and replace one argument of a forward, for
 ``pre_hook`` adapters), the host helpers ``on_host``, ``host_copy`` and ``host_constant`` (run
 stock code on the host, result back on the device; build a constant once), ``stock_method`` and
-``rebind`` (run the model's own code with one name swapped), ``inline_only`` for an adapter
+``rebind`` (run the model's own code with one name swapped; ``globals_read`` and ``innermost``
+say which names that code reads, through its decorators), ``inline_only`` for an adapter
 that only routes the call to other code (``hfadapt.spyre.frames``: Dynamo then never compiles
 it as a frame of its own), and example builders for the proofs (``tiny_model``, ``bert_at_trained_scale``, ``ExpFeatures``). How to write and prove
 one: docs/adapters.md."""
@@ -26,7 +27,7 @@ import torch
 
 from hfadapt.adapters.examples import ExpFeatures, bert_at_trained_scale, tiny_model
 from hfadapt.adapters.host import host_constant, host_copy, on_host, to_device, to_host
-from hfadapt.adapters.rebind import rebind, stock_method
+from hfadapt.adapters.rebind import globals_read, innermost, rebind, stock_method
 from hfadapt.errors import AdapterError
 from hfadapt.spyre.frames import inline_only
 
@@ -40,10 +41,12 @@ __all__ = [
     "bert_at_trained_scale",
     "collected",
     "forward_arg",
+    "globals_read",
     "head_dim",
     "host_constant",
     "host_copy",
     "inline_only",
+    "innermost",
     "on_host",
     "rebind",
     "replace_forward_arg",

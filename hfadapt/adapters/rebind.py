@@ -4,7 +4,16 @@ Model code calls module-level helpers (``rotate_half``, ``create_causal_mask``..
 module's globals, so patching the module would change every model in the process. Instead an
 adapter calls a *copy* of the stock function whose globals dict has the swaps; decorators
 (``functools.wraps`` chains) are copied down to the wrapped function, so their behaviour stays.
-Copies are cached, each with its own code object; the originals are never touched."""
+Copies are cached, each with its own code object; the originals are never touched.
+
+A swap that cannot take effect raises ``AdapterError``, never returns the stock code as if it
+had worked: a target that is not a function (and no wrapper hfadapt can see through), or a
+name the stock code never reads. transformers 5.25+ with the ``kernels`` package installed
+wraps helpers such as ``apply_rotary_pos_emb`` in a hub-kernel ``Func`` module (kernels'
+``use_kernel_forward_from_hub`` on a function) and attention classes' ``forward`` in
+``use_kernelized_func``; both are seen through: the ``Func`` module's stock function is
+rebound (a plain function comes back: the hub kernel never runs on Spyre or the CPU anyway),
+and the kernelized forward is a ``functools.wraps`` chain like any other."""
 
 from __future__ import annotations
 
@@ -15,6 +24,7 @@ from typing import Any
 
 import torch
 
+from hfadapt.errors import AdapterError
 from hfadapt.spyre.frames import inline_only
 
 # transformers' forward decorators (can_return_tuple, merge_with_config_defaults,
@@ -42,9 +52,8 @@ def _copy(
     return new
 
 
-def _rebind(fn: Any, replacements: dict[str, Any]) -> Any:
-    if not isinstance(fn, types.FunctionType):
-        return fn
+def _rebind(target: Any, replacements: dict[str, Any]) -> Any:
+    fn = _plain(target)
     inner = getattr(fn, "__wrapped__", None)
     cells = fn.__closure__ or ()
     if isinstance(inner, types.FunctionType) and any(_holds(c, inner) for c in cells):
@@ -55,9 +64,75 @@ def _rebind(fn: Any, replacements: dict[str, Any]) -> Any:
         if str(fn.__globals__.get("__name__", "")).startswith(_GLUE_DECORATORS):
             inline_only(new)  # argument and output plumbing only: no frame of its own
         return new
+    unread = sorted(set(replacements) - globals_read(fn))
+    if unread:
+        raise AdapterError(
+            f"rebind {_name(fn)}: the stock code never reads {', '.join(unread)}; "
+            "swapping it would change nothing (the model code moved: a dependency update?)"
+        )
     globals_ = dict(fn.__globals__)
     globals_.update(replacements)
+    # No ``__name__``: Dynamo guards an inlined function's globals through the module of that
+    # name (``import`` + attribute) when the dict has one, so its guards would check the stock
+    # module's values, not these (a hub-kernel ``Func`` there failed guard building; a swapped
+    # helper's guard would never hold). Without it, Dynamo guards this dict itself.
+    # ``__package__`` and ``__spec__`` stay, for the relative imports inside function bodies.
+    globals_.pop("__name__", None)
     return _copy(fn, globals_, fn.__closure__)
+
+
+def _name(fn: Any) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
+
+
+def _plain(fn: Any) -> types.FunctionType:
+    """``fn`` as a plain Python function: itself, or the stock function inside a hub-kernel
+    ``Func`` module (an ``nn.Module`` whose class ``forward`` closes over exactly one
+    function). Anything else cannot be rebound: ``AdapterError``."""
+    if isinstance(fn, types.FunctionType):
+        return fn
+    if isinstance(fn, torch.nn.Module) and hasattr(fn, "kernel_layer_name"):
+        forward = getattr(type(fn), "forward", None)
+        cells = getattr(forward, "__closure__", None) or ()
+        funcs = [c.cell_contents for c in cells if _holds_function(c)]
+        if len(funcs) == 1:
+            return _plain(funcs[0])
+    raise AdapterError(
+        f"rebind {_name(fn)}: a {type(fn).__module__}.{type(fn).__qualname__}, not a plain "
+        "function or a wrapper hfadapt can see through; the adapter cannot take effect"
+    )
+
+
+def _holds_function(cell: Any) -> bool:
+    try:
+        return isinstance(cell.cell_contents, types.FunctionType)
+    except ValueError:  # empty cell
+        return False
+
+
+def innermost(fn: Any) -> types.FunctionType:
+    """The function at the bottom of ``fn``'s decorator chain (hub-kernel wrappers and
+    ``functools.wraps`` chains whose wrapper holds the wrapped function): the code a rebind
+    swaps names in."""
+    plain = _plain(fn)
+    inner = getattr(plain, "__wrapped__", None)
+    cells = plain.__closure__ or ()
+    if isinstance(inner, types.FunctionType) and any(_holds(c, inner) for c in cells):
+        return innermost(inner)
+    return plain
+
+
+def globals_read(fn: Any) -> set[str]:
+    """The global names the code at the bottom of ``fn``'s decorator chain can read (its own
+    and its nested functions' and comprehensions', which share its globals)."""
+    code = innermost(fn).__code__
+    names: set[str] = set()
+    todo = [code]
+    while todo:
+        c = todo.pop()
+        names.update(c.co_names)
+        todo.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+    return names
 
 
 def _holds(cell: Any, value: Any) -> bool:
@@ -69,7 +144,8 @@ def _holds(cell: Any, value: Any) -> bool:
 
 def rebind(fn: Callable[..., Any], **replacements: Any) -> Callable[..., Any]:
     """A copy of ``fn`` (and of the functions its decorators wrap) that sees ``replacements``
-    in place of the same-named globals. Cached per (fn, replacement objects)."""
+    in place of the same-named globals. Cached per (fn, replacement objects). ``AdapterError``
+    when the swap could not take effect (see the module text)."""
     key = (id(fn), tuple(sorted((k, id(v)) for k, v in replacements.items())))
     found = _CACHE.get(key)  # the hot path takes no lock (and stays traceable by dynamo)
     if found is None:
@@ -99,4 +175,4 @@ def stock_method(cls: type, name: str) -> Callable[..., Any]:
     return own
 
 
-__all__ = ["rebind", "stock_method"]
+__all__ = ["globals_read", "innermost", "rebind", "stock_method"]

@@ -1,7 +1,8 @@
 """``hfadapt cache info`` and ``hfadapt cache clear``: hfadapt's two persistent caches, the
 simulated device's compile cache (hfadapt.spyre.compile.cache) and the CPU reference cache
-(hfadapt.judge.reference_cache): where each is, how many entries and bytes it holds, and
-emptying them. Thin: the library does the work."""
+(hfadapt.judge.reference_cache): where each is, how many entries and bytes it holds (and the
+temporary files killed writers left, hfadapt.disk_cache), and emptying them. Thin: the library
+does the work."""
 
 from __future__ import annotations
 
@@ -47,9 +48,15 @@ def info(as_json: JsonOption = False) -> None:
     for name, variable, _ in _CACHES:
         item = data[name]
         state = "on" if item["enabled"] else f"off ({variable}=0)"
+        left = ""
+        if item["leftovers"]:
+            left = (
+                f"; {item['leftovers']} unfinished writes ({_size(item['leftover_bytes'])}, "
+                "removed once an hour old)"
+            )
         console.print(
             f"{name} cache {escape(item['path'])}: {item['entries']} entries, "
-            f"{_size(item['bytes'])} of {_size(item['max_bytes'])}; {state}",
+            f"{_size(item['bytes'])} of {_size(item['max_bytes'])}; {state}{left}",
             highlight=False,
             soft_wrap=True,
         )
@@ -57,9 +64,15 @@ def info(as_json: JsonOption = False) -> None:
 
 @cache_app.command("clear")
 def clear() -> None:
-    """Remove every entry of both caches (the next runs fill them again)."""
+    """Remove every entry of both caches (the next runs fill them again), and the temporary
+    files of unfinished writes."""
     for name, _, module in _CACHES:
         found = _module(module)
-        removed = found.clear()
+        removed, leftovers = found.clear()
         where = escape(str(found.directory()))
-        console.print(f"removed {removed} entries from the {name} cache {where}", highlight=False)
+        also = f" and {leftovers} unfinished writes" if leftovers else ""
+        console.print(
+            f"removed {removed} entries from the {name} cache {where}{also}",
+            highlight=False,
+            soft_wrap=True,
+        )

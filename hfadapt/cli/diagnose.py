@@ -27,7 +27,8 @@ from hfadapt.cli._app import (
 from hfadapt.cli._console import plan_exit
 from hfadapt.cli._process import settle as settle_gc
 from hfadapt.errors import ModelNotFoundError, UsageError
-from hfadapt.judge.evidence import describe_source
+from hfadapt.judge.environment import summary
+from hfadapt.judge.evidence import describe_caches, describe_source
 from hfadapt.options import Mode
 
 _COLOURS = {
@@ -142,6 +143,14 @@ def diagnose(
         ),
     ] = None,
     profile: ProfileOption = None,
+    no_cache: Annotated[
+        bool,
+        typer.Option(
+            "--no-cache",
+            help="Neither read nor write the compile and CPU reference caches in this run "
+            "(computed afresh; 'hfadapt cache clear' empties them for every run).",
+        ),
+    ] = False,
     db: DbOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -179,6 +188,7 @@ def diagnose(
             cache_dir=cache_dir,
             local_files_only=local_files_only,
             unsafe_no_isolation=unsafe_no_isolation,
+            caches=not no_cache,
         )
     plan_exit(diag.exit_code)  # a reader closing the pipe early does not change it
     if as_json:
@@ -232,14 +242,15 @@ def render(diag: Any) -> None:
     if isinstance(sandbox, dict):
         how = "in the OS sandbox" if sandbox.get("isolated") else "WITHOUT OS isolation (unsafe)"
         _say("  ", f"judged with the model's own code {how}, {sandbox.get('seconds', 0):.1f} s")
-    v = diag.versions
     revision = f"; revision {diag.revision}" if diag.revision else ""
     _say(
         "  ",
-        f"{diag.mode}, {diag.dtype}, {diag.execution}; profile {v.get('profile', '?')}; "
-        f"torch {v.get('torch', '?')}, transformers {v.get('transformers', '?')}{revision}",
+        f"{diag.mode}, {diag.dtype}, {diag.execution}; {summary(diag.versions)}{revision}",
         style="dim",
     )
+    caches = describe_caches(diag.evidence.get("caches"))
+    if caches is not None:
+        _say("  ", caches, style="dim")
     for note in diag.evidence.get("notes", []):
         _say("  ", str(note), style="dim")
     for warning in diag.evidence.get("device_warnings", []):
@@ -248,6 +259,11 @@ def render(diag: Any) -> None:
     _render_defects(diag.evidence.get("defects", []))
     if diag.adapters:
         _say("  adapters applied: ", ", ".join(diag.adapters))
+    for broken in diag.evidence.get("adapters_ineffective", []):
+        _say(
+            "  [bold]adapter without effect:[/bold] ",
+            f"{broken['adapter']}: its rule {broken['rule']} still fires at {broken['where']}",
+        )
     if diag.evidence.get("without_adapters"):
         _say("  adapters left out: ", ", ".join(diag.evidence["without_adapters"]))
     if diag.metrics is not None:

@@ -238,6 +238,15 @@ def _print_report(rep: Any) -> None:
             f"{t.passed_downloads / t.downloads:.1%}" if t.downloads else "n/a",
         )
     console.print(table)
+    for name, models, downloads in rep.ineffective:
+        console.print(
+            f"[bold]adapter without effect:[/bold] {escape(name)} was applied to "
+            f"{plural(models, 'model')} ({fmt_count(downloads)} downloads) whose runs still met "
+            "its rule in the code it rewrites: check it with hfadapt adapters verify "
+            f"{escape(name)}",
+            highlight=False,
+            soft_wrap=True,
+        )
     a = rep.agreement
     console.print(
         f"agreement with hf-adapters is_supported on {plural(a.compared, 'model')}: {a.rate:.1%} "
@@ -248,3 +257,6 @@ def _print_report(rep: Any) -> None:
     if rep.diff is not None:
         counts = ", ".join(f"{k} {v:,}" for k, v in rep.diff.counts.items())
         console.print(f"against sweep {rep.diff.baseline}: {counts}", highlight=False)
+        envs = rep.diff.environment_line()
+        if envs:
+            console.print(f"  {escape(envs)}", style="yellow", highlight=False, soft_wrap=True)

@@ -1,6 +1,7 @@
 """``hfadapt show MODEL``: one model's latest recorded run at a glance (verdict, evidence
-level, where its config came from, adapters, violations with source lines, metrics, next step),
-read from runs.db without judging it again. Thin: ``hfadapt.report.card`` builds it."""
+level, where its config came from, adapters, violations with source lines, metrics, the
+environment it ran in, next step), read from runs.db without judging it again. Thin:
+``hfadapt.report.card`` builds it."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import typer
 from rich.markup import escape
 
 from hfadapt.cli._app import DbOption, JsonOption, app, console, existing_engine
+from hfadapt.judge.environment import summary
 
 
 def _say(label: str, text: Any, style: str | None = None) -> None:
@@ -64,6 +66,12 @@ def show(
     if card["reason"]:
         _say("reason", card["reason"])
     _say("adapters", ", ".join(card["adapters"]) or "none applied")
+    for broken in card["adapters_ineffective"]:
+        _say(
+            "no effect",
+            f"{broken.get('adapter')}: its rule {broken.get('rule')} still fires at "
+            f"{broken.get('where')}",
+        )
     if card["metrics"]:
         _say("metrics", ", ".join(f"{k} {v:.4g}" for k, v in card["metrics"].items()))
     if card["violations"]:
@@ -77,4 +85,5 @@ def show(
                               soft_wrap=True, style="dim")  # fmt: skip
     if card["fallbacks"]:
         _say("cpu fallbacks", ", ".join(f"{op} x{n}" for op, n in card["fallbacks"].items()))
+    _say("rested on", summary(card["versions"]))
     _say("next", card["next_step"])

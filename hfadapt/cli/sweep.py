@@ -191,6 +191,14 @@ def sweep(
             help="Start a new sweep instead of resuming an unfinished one with the same options.",
         ),
     ] = False,
+    allow_env_change: Annotated[
+        bool,
+        typer.Option(
+            "--allow-env-change",
+            help="Resume the sweep even though its runs recorded another environment (package "
+            "versions, the device's numeric path) than this one; the new runs record this one.",
+        ),
+    ] = False,
     trust_remote_code: Annotated[
         bool,
         typer.Option(
@@ -230,7 +238,7 @@ def sweep(
     options = SweepOptions(
         judge=judging, top=top, model_type=model_type, workers=workers, timeout=timeout,
         memory_limit=memory_limit, executor=executor, address=address, narrow=not full_width,
-        resume=not fresh,
+        resume=not fresh, allow_env_change=allow_env_change,
     )  # fmt: skip
     _check_before_work(options)
     engine = writing_engine(db)
@@ -348,6 +356,13 @@ def _summary(result: Any, engine: Any) -> None:
         highlight=False,
         soft_wrap=True,
     )
+    if result.environment_changes:
+        err_console.print(
+            "  [yellow]environment changed since its earlier runs (--allow-env-change):[/yellow] "
+            + escape(", ".join(result.environment_changes)),
+            highlight=False,
+            soft_wrap=True,
+        )
     snapshot = _snapshot_note(engine)
     if snapshot:
         err_console.print(f"  {snapshot}", highlight=False, soft_wrap=True)

@@ -56,6 +56,8 @@ class ModelRun:
     evidence_level: str | None = None  # weights | config | architecture; None = unknown
     run_id: int | None = None
     translated_from: str | None = None  # the family of a remote-code model judged natively
+    # applied adapters whose own rule still fired in the code they rewrite (they did nothing)
+    ineffective: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -148,6 +150,12 @@ def _family(evidence: Any) -> str | None:
     return family if isinstance(family, str) else None
 
 
+def _ineffective(evidence: Any) -> list[str]:
+    found = evidence.get("adapters_ineffective") if isinstance(evidence, dict) else None
+    names = [d.get("adapter") for d in _list(found) if isinstance(d, dict)]
+    return [n for n in names if isinstance(n, str)]
+
+
 def scope_runs(engine: Engine, sweep_id: int | None = None) -> tuple[Sweep | None, list[ModelRun]]:
     """The runs a report covers: those of ``sweep_id`` (default: the newest sweep), or, in a
     database without sweeps, the latest run of every model."""
@@ -177,6 +185,7 @@ def scope_runs(engine: Engine, sweep_id: int | None = None) -> tuple[Sweep | Non
                 evidence_level=r[11],
                 run_id=r[12],
                 translated_from=_family(r[13]),
+                ineffective=_ineffective(r[13]),
             )
     return sweep, list(latest.values())
 

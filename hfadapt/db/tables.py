@@ -114,7 +114,7 @@ class Run(SQLModel, table=True):
     evidence: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))  # anything else
     versions: dict[str, Any] | None = Field(
         default=None, sa_column=Column(JSON)
-    )  # hfadapt, profile, torch, transformers
+    )  # the environment: hfadapt.judge.environment.KEYS
     profile_version: str | None = None
     timings: dict[str, Any] | None = Field(
         default=None, sa_column=Column(JSON)

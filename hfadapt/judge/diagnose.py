@@ -22,6 +22,7 @@ from hfadapt.loading.load import LoadedModel
 from hfadapt.loading.loader import load_model
 from hfadapt.loading.probes import build_probes
 from hfadapt.options import DType, Execution, Mode
+from hfadapt.spyre.numerics import pinned
 
 if TYPE_CHECKING:
     from hfadapt.adapters.registry import Registry
@@ -79,6 +80,7 @@ def diagnose(
     config: dict[str, Any] | None = None,
     config_source: str | None = None,
     reuse_reference: bool = True,
+    caches: bool = True,
 ) -> Diagnosis:
     """Judge one model on the simulated Spyre device and record the run (see module doc).
 
@@ -103,7 +105,8 @@ def diagnose(
 
     ``reuse_reference``: read and write the CPU reference cache
     (:mod:`hfadapt.judge.reference_cache`; ``HFADAPT_REFERENCE_CACHE=0`` turns it off
-    everywhere); a sweep passes False.
+    everywhere); a sweep passes False. ``caches=False``: this run skips it and the compile
+    cache too (``--no-cache``). The run's evidence says what each cache gave ("caches").
 
     ``trust_remote_code=True``: the model's own code runs only in the OS sandbox: the whole
     judging happens in a sandboxed worker (:mod:`hfadapt.judge.sandboxed`) and comes back as
@@ -132,7 +135,7 @@ def diagnose(
     )
     return _diagnose_and_record(
         model_ref, options, db, record=record, hub=hub, runner=runner, registry=registry,
-        config=config, config_source=config_source, reuse_reference=reuse_reference,
+        config=config, config_source=config_source, reuse_reference=reuse_reference, caches=caches,
     )  # fmt: skip
 
 
@@ -148,6 +151,7 @@ def _diagnose_and_record(
     config: dict[str, Any] | None,
     config_source: str | None,
     reuse_reference: bool = False,
+    caches: bool = True,
 ) -> Diagnosis:
     from hfadapt.spyre.profile import load_profile
 
@@ -167,6 +171,7 @@ def _diagnose_and_record(
         return _diagnose(
             model_ref, options, prof, engine, hub=hub, runner=runner, registry=registry,
             config=config, config_source=config_source, reuse_reference=reuse_reference,
+            caches=caches,
         )  # fmt: skip
     finally:
         if engine is not None and engine is not db:
@@ -190,6 +195,7 @@ def _engine(db: Any) -> Any:
     return db if isinstance(db, Engine) else store.get_engine(db)
 
 
+@pinned()  # exact float32 on the host, whatever the caller set (hfadapt.spyre.numerics)
 def _diagnose(
     model_ref: str | os.PathLike[str] | LoadedModel,
     options: JudgeOptions,
@@ -202,6 +208,7 @@ def _diagnose(
     config: dict[str, Any] | None = None,
     config_source: str | None = None,
     reuse_reference: bool = False,
+    caches: bool = True,
 ) -> Diagnosis:
     phases = Phases()
     ref_name = model_ref.model_id if isinstance(model_ref, LoadedModel) else os.fspath(model_ref)
@@ -219,11 +226,13 @@ def _diagnose(
         timings=phases.seconds,
     )
     state = judging.Judging(options, diag, phases, hub=hub, runner=runner, registry=registry)
-    if reuse_reference and not options.trust_remote_code:  # the model's own code: never
+    state.use_caches = caches
+    if reuse_reference and caches and not options.trust_remote_code:  # own code: never
         from hfadapt.judge.reference_cache import default_cache
 
         state.reference_cache = default_cache()
     verdict, reason, error = judging.judge(state, model_ref, config, config_source)
+    diag.versions = versions_of(prof)  # again: the numeric path the device took, not a guess
     diag.verdict = verdict
     diag.reason = ("[structural] " if diag.structural else "") + reason
     if error is not None:

@@ -15,6 +15,7 @@ from typing import Any
 
 from hfadapt import verdicts
 from hfadapt.db.tables import Run, utcnow
+from hfadapt.judge.adapter_effect import sentence as ineffective_sentence
 from hfadapt.judge.localize import Divergence
 from hfadapt.judge.metrics import Metrics
 from hfadapt.spyre.lowering_report import LoweringReport
@@ -46,7 +47,8 @@ class Diagnosis:
     report: LoweringReport | None = None
     divergence: Divergence | None = None
     adapters: list[str] = field(default_factory=list)
-    versions: dict[str, str] = field(default_factory=dict)  # hfadapt, profile, torch, transformers
+    # the environment: hfadapt.judge.environment.KEYS (packages, profile, numeric path)
+    versions: dict[str, str] = field(default_factory=dict)
     profile_name: str | None = None
     profile_version: str | None = None
     revision: str | None = None
@@ -138,6 +140,9 @@ def next_step(diag: Diagnosis) -> str:
     """One sentence: what to do about this verdict."""
     v = diag.verdict
     model = diag.model_id
+    broken = diag.evidence.get("adapters_ineffective")
+    if broken and v != verdicts.PASS:
+        return ineffective_sentence(broken)
     if v == verdicts.PASS:
         if diag.evidence_level == "architecture":
             return (
@@ -284,18 +289,12 @@ class Phases:
 
 
 def versions_of(profile: Any) -> dict[str, str]:
-    """What a verdict depends on besides the model: hfadapt, the device profile, torch, transformers."""
-    import torch
-    import transformers
+    """What a verdict depends on besides the model: the run's environment
+    (hfadapt.judge.environment: hfadapt, the device profile, python, every package that can
+    move a verdict, the device's numeric path), the one source every recorded run uses."""
+    from hfadapt.judge.environment import environment
 
-    from hfadapt.version import __version__
-
-    return {
-        "hfadapt": __version__,
-        "profile": f"{profile.name}@{profile.version}",
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-    }
+    return environment(profile)
 
 
 @contextlib.contextmanager

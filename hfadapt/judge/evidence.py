@@ -7,15 +7,21 @@ config, came from) and the *evidence level* that source gives (hfadapt.options.E
 - ``architecture``: only the model type's default config, so this model's own shapes were
   not checked (an architecture pass says the *type* lowers, not this model).
 
+A run also says which cache entries it rests on (``evidence["caches"]``, written by
+hfadapt.judge.phases.judge): ``describe_caches`` puts that in one line.
+
 No torch here: reports and ``hfadapt show`` read these labels without importing a model."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from hfadapt.options import EvidenceLevel
 
 __all__ = [
     "LEVELS",
     "UNKNOWN",
+    "describe_caches",
     "describe_source",
     "level_label",
     "level_of_source",
@@ -77,3 +83,36 @@ def pass_note(level: str | None) -> str:
     if level == EvidenceLevel.ARCHITECTURE:
         return "architecture passes; this model's shapes were not checked"
     return "passes; what it rests on was not recorded"
+
+
+def _reference_use(use: Any) -> str:
+    kind, _, key = str(use).partition(":")
+    return {
+        "hit": f"reference read from entry {key}",
+        "miss": f"reference computed, entry {key}",
+        "unkeyed": "reference not cacheable",
+    }.get(kind, "reference off")
+
+
+def _compile_use(use: Any) -> str:
+    if not isinstance(use, dict):
+        return "compile off"
+    counts = {k: len(v) if isinstance(v, list) else v for k, v in use.items()}
+    words = (("hits", "hit", "hits"), ("misses", "miss", "misses"), ("stored", "stored", "stored"))
+    parts = [
+        f"{counts[k]} {one if counts[k] == 1 else many}" for k, one, many in words if counts.get(k)
+    ]
+    parts += [f"{counts[k]} {k}" for k in ("unkeyed", "rejected") if counts.get(k)]
+    return "compile " + (", ".join(parts) if parts else "unused")
+
+
+def describe_caches(caches: Any) -> str | None:
+    """One line: what the reference and compile caches gave a run (its ``evidence["caches"]``);
+    None when the run did not record it."""
+    if not isinstance(caches, dict):
+        return None
+    if caches.get("skipped"):
+        return "caches: skipped for this run (--no-cache)"
+    return (
+        f"caches: {_reference_use(caches.get('reference'))}; {_compile_use(caches.get('compile'))}"
+    )

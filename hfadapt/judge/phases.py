@@ -2,7 +2,8 @@
 build the probes, run the CPU fp32 reference twice (it must be deterministic), apply the
 adapters to a device copy, run the simulated device, judge the numbers, and localize a numeric
 failure to its first divergent module. A phase either decides the verdict (it returns an
-``Outcome``) or leaves what it found on the ``Judging`` for the next one."""
+``Outcome``) or leaves what it found on the ``Judging`` for the next one. What the reference
+and compile caches gave the run is recorded in its evidence (``caches``)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from hfadapt.errors import (
     SpyreUnsupportedModelError,
 )
 from hfadapt.hub.resolve import HubOptions
+from hfadapt.judge.adapter_effect import ineffective_adapters
 from hfadapt.judge.defect_evidence import defect_evidence, defects_in, structural_defect
 from hfadapt.judge.diagnosis import Diagnosis, Phases, device_warnings_recorded, report_of_error
 from hfadapt.judge.evidence import level_of_source
@@ -84,6 +86,8 @@ class Judging:
     device_model: torch.nn.Module | None = None
     dtype: torch.dtype = torch.float16
     reference_cache: ReferenceCache | None = None  # None: the reference is always computed
+    use_caches: bool = True  # False: neither cache is read or written (--no-cache)
+    reference_use: str = "off"  # what the reference cache gave: off, unkeyed, hit:/miss:<key>
 
     @property
     def model(self) -> LoadedModel:
@@ -110,7 +114,30 @@ def judge(
     config: dict[str, Any] | None = None,
     config_source: str | None = None,
 ) -> Outcome:
-    """The phases in order; the first that decides the verdict returns it."""
+    """The phases in order; the first that decides the verdict returns it. The caches each
+    run used go into its evidence: ``caches`` = {"reference": "off" | "unkeyed" |
+    "hit:<key>" | "miss:<key>", "compile": "off" | {"hits", "misses", "stored": [<key>...],
+    "unkeyed", "rejected"}} (keys by their first 12 hex digits), "skipped": true with
+    ``use_caches`` False."""
+    from hfadapt.spyre.compile import cache as compile_cache
+
+    with compile_cache.skipped(not j.use_caches), compile_cache.recording() as used:
+        try:
+            return _phases(j, model_ref, config, config_source)
+        finally:
+            caches: dict[str, Any] = {"reference": j.reference_use, "compile": used.to_dict()}
+            if not j.use_caches:
+                caches["skipped"] = True
+            j.diag.evidence["caches"] = caches
+
+
+def _phases(
+    j: Judging,
+    model_ref: str | os.PathLike[str] | LoadedModel,
+    config: dict[str, Any] | None,
+    config_source: str | None,
+) -> Outcome:
+    """The phases themselves (see ``judge``)."""
     decided = load(j, model_ref, config, config_source) or probes(j) or reference(j)
     if decided is not None:
         return decided
@@ -208,9 +235,11 @@ def reference(j: Judging) -> Outcome | None:
     with j.phases("reference"):
         if cache is not None:
             key = reference_key(model, j.inputs)
+            j.reference_use = "unkeyed" if key is None else f"miss:{key[:12]}"
         first = cache.load(key) if cache is not None and key is not None else None
         if first is not None:
             j.diag.evidence["reference"] = f"from the reference cache (entry {str(key)[:12]})"
+            j.reference_use = f"hit:{str(key)[:12]}"
         else:
             try:
                 with torch.inference_mode():
@@ -276,18 +305,41 @@ def device(j: Judging) -> tuple[Outcome | None, Any]:
             return (verdicts.UNSUPPORTED_MODEL, exc.one_line(), None), None
         except SpyreLoweringError as exc:
             diag.report = exc.report or report_of_error(exc, diag)
+            adapters_took_effect(j)
             return (verdicts.LOWERING_FAILED, exc.one_line(), None), None
         except NotImplementedError as exc:  # an eager op the device cannot run (torch-spyre's)
             return (verdicts.LOWERING_FAILED, " ".join(str(exc).split())[:300], None), None
         finally:
             j.device_model = None
     diag.report = run.report
+    adapters_took_effect(j)
     if run.report is not None and run.report.defects:
         diag.evidence["defects"] = defect_evidence(run.report)
     diag.evidence["device_seconds"] = round(float(getattr(run, "seconds", 0.0) or 0.0), 4)
     if run.report is not None and not run.report.ok:
         return (verdicts.LOWERING_FAILED, run.report.summary(), None), run
     return None, run
+
+
+def adapters_took_effect(j: Judging) -> None:
+    """Record the applied adapters whose own rule still fired in the code they rewrite
+    (``evidence["adapters_ineffective"]``): listed as applied, they did nothing there."""
+    from hfadapt.adapters.registry import default_registry
+    from hfadapt.spyre.profile import load_profile
+
+    diag = j.diag
+    if not diag.adapters or diag.report is None:
+        return
+    try:
+        registry = j.registry if j.registry is not None else default_registry()
+        profile = load_profile(j.options.profile)
+        defect_adapters = {d.id: d.adapter for d in profile.defects}
+        found = ineffective_adapters(diag.report, diag.adapters, registry.adapters, defect_adapters)
+    except Exception as exc:  # evidence, never a reason to lose the verdict
+        diag.evidence["adapters_ineffective_error"] = _one_line(exc)
+        return
+    if found:
+        diag.evidence["adapters_ineffective"] = [f.to_dict() for f in found]
 
 
 def numbers(j: Judging, run: Any) -> Outcome:

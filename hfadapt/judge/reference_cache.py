@@ -13,7 +13,12 @@ so the same key means the same computation:
 - the probe inputs (every tensor's bytes), and the code that reads the reference out
   (hfadapt.judge.metrics);
 - where it ran: the torch and transformers versions, torch's CPU capability and thread count
-  (fp32 sums can round otherwise), the hfadapt version.
+  (fp32 sums can round otherwise), the hfadapt version;
+- how torch computed float32 while it ran (hfadapt.spyre.numerics.state: the float32 matmul
+  precision and every oneDNN fp32 setting, autocast, the default dtype, deterministic
+  algorithms), read when the key is made. Judging runs under ``numerics.pinned()``, so these
+  are constant there; a reference that was not computed in exact float32 (a caller's
+  ``torch.set_float32_matmul_precision("medium")`` or autocast reaching it) is not keyed at all.
 
 A model with forward hooks, or one whose own code runs (``trust_remote_code``, judged in the
 sandbox, which has the cache off), is not cached. Entries are safetensors files (no pickles),
@@ -37,6 +42,7 @@ import torch
 
 from hfadapt import settings
 from hfadapt.disk_cache import BoundedFolder
+from hfadapt.spyre import numerics
 
 __all__ = ["ReferenceCache", "cache_info", "clear", "default_cache"]
 
@@ -97,11 +103,12 @@ def _has_hooks(model: torch.nn.Module) -> bool:
 
 def reference_key(model: torch.nn.Module, inputs: Mapping[str, Any]) -> str | None:
     """The key of ``model``'s reference on ``inputs`` (see the module doc); None when it cannot
-    be keyed (hooks, a model without a config)."""
+    be keyed (hooks, a model without a config, float32 not computed exactly now)."""
     import transformers
 
     config = getattr(model, "config", None)
-    if config is None or _has_hooks(model):
+    ambient = numerics.state()
+    if config is None or _has_hooks(model) or not numerics.exact(ambient):
         return None
     weights = hashlib.sha256()
     for name, t in model.state_dict(keep_vars=False).items():
@@ -133,7 +140,7 @@ def reference_key(model: torch.nn.Module, inputs: Mapping[str, Any]) -> str | No
         "transformers": transformers.__version__,
         "cpu": torch.backends.cpu.get_cpu_capability(),
         "threads": torch.get_num_threads(),
-        "default_dtype": str(torch.get_default_dtype()),
+        "numerics": ambient,  # its default dtype too
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
@@ -183,7 +190,8 @@ class ReferenceCache:
         written, _ = self.folder.write(key, data)
         return written
 
-    def clear(self) -> int:
+    def clear(self) -> tuple[int, int]:
+        """Remove every entry and temporary file: (entries, temporary files) removed."""
         return self.folder.clear()
 
     def info(self) -> dict[str, Any]:
@@ -205,6 +213,7 @@ def cache_info() -> dict[str, Any]:
     return ReferenceCache(directory(), max_bytes()).info()
 
 
-def clear() -> int:
-    """Remove every entry; the number removed."""
+def clear() -> tuple[int, int]:
+    """Remove every entry, and the temporary files of writes (killed writers' leftovers):
+    (entries, temporary files) removed."""
     return ReferenceCache(directory(), max_bytes()).clear()

@@ -28,7 +28,8 @@ from hfadapt import isolation, settings, verdicts
 from hfadapt.db.tables import utcnow
 from hfadapt.errors import SandboxError, UsageError, option
 from hfadapt.hub.resolve import HubOptions
-from hfadapt.judge.diagnosis import Diagnosis, next_step, write_run
+from hfadapt.judge.diagnosis import Diagnosis, next_step, versions_of, write_run
+from hfadapt.judge.environment import KEYS as ENVIRONMENT_KEYS
 from hfadapt.judge.localize import Divergence
 from hfadapt.judge.metrics import Metrics
 from hfadapt.judge.options import JudgeOptions
@@ -41,6 +42,9 @@ TMPFS_MB = 1024  # its /tmp: the model's copied code, compile caches
 MAX_RESULT_BYTES = 32 * 1024 * 1024
 _STR_FIELDS = ("model_id", "reason", "execution", "dtype", "next_step")
 _OPTIONAL_STR = ("revision", "signature", "model_type", "config_source", "evidence_level", "error")
+# versions kept from the worker's result: room for every key of the environment and more
+# (hfadapt.judge.environment.KEYS), never an unbounded dict
+MAX_VERSIONS = 2 * len(ENVIRONMENT_KEYS)
 
 
 def _package_root() -> Path:
@@ -255,6 +259,8 @@ def _no_result(
         else f"the sandboxed judge ended without a result (exit {sandbox['exit_code']})"
     )
     last = why.strip().splitlines()[-1] if why.strip() else ""
+    from hfadapt.spyre.profile import load_profile
+
     diag = Diagnosis(
         model_id=model,
         verdict=verdict,
@@ -263,6 +269,7 @@ def _no_result(
         execution=options.execution.value,
         dtype=options.dtype_name,
         structural=options.structural,
+        versions=versions_of(load_profile(options.profile)),  # where it was attempted
     )
     diag.evidence["sandbox"] = {**sandbox, "stderr_tail": why[-4000:]}
     return diag
@@ -321,7 +328,7 @@ def from_data(data: Any) -> Diagnosis:
     diag.adapters = _strings(data.get("adapters", []), "adapters")
     diag.versions = {
         clean_text(k, 60): clean_text(v, 120)
-        for k, v in list(_obj(data.get("versions"), "versions").items())[:20]
+        for k, v in list(_obj(data.get("versions"), "versions").items())[:MAX_VERSIONS]
     }
     diag.timings = {
         k: float(v)

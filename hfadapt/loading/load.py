@@ -311,6 +311,10 @@ def _load_stock(
             dtype=torch.float32,
             output_loading_info=True,
             trust_remote_code=trust_remote_code,
+            # transformers 5.25+ kernelizes every model it loads (hub kernels swapped into
+            # layer forwards) unless told not to: the judged code is the stock code the card
+            # runs, and loading must not need the ``kernels`` package
+            use_kernels=False,
             **kwargs,
         )
     except Exception as exc:

@@ -1,6 +1,6 @@
 """One model at a glance: its latest recorded run as a plain dict (verdict, evidence level,
 where its config came from, adapters applied, violations with their source lines, metrics, the
-next step), read from runs.db without judging anything again. ``hfadapt show`` prints it. No
+next step, the environment it ran in), read from runs.db without judging anything again. ``hfadapt show`` prints it. No
 torch, no transformers on this path: it answers in well under two seconds."""
 
 from __future__ import annotations
@@ -120,9 +120,15 @@ def model_card(engine: Engine, model_id: str) -> dict[str, Any]:
         "shared_with": _text(sweep_ev.get("representative")) if shared else None,
         "representative_run": _int(sweep_ev.get("representative_run")) if shared else None,
         "adapters": _texts(run.adapters),
+        # applied adapters whose own rule still fired in the code they rewrite (did nothing)
+        "adapters_ineffective": [
+            {k: str(v) for k, v in d.items()} for d in _dicts(evidence.get("adapters_ineffective"))
+        ],
         "violations": [_violation(v) for v in _dicts(run.violations)],
         "fallbacks": {str(op): n for op, n in _dict(run.fallbacks).items() if isinstance(n, int)},
         "metrics": {k: getattr(run, k) for k in _METRICS if getattr(run, k) is not None},
         "next_step": _next_step(run.model_id, run.verdict, level, _text(evidence.get("next_step"))),
+        # what the run rested on (hfadapt.judge.environment.KEYS); {} for a row that recorded none
+        "versions": {str(k): str(v) for k, v in _dict(run.versions).items()},
         "finished_at": run.finished_at.isoformat() if run.finished_at else None,
     }

@@ -134,6 +134,9 @@ class Report:
     adapters: list[AdapterImpact]
     agreement: Agreement
     diff: SweepDiff | None = None
+    # adapters recorded as applied without effect (their rule still fired in the code they
+    # rewrite): adapter, models, downloads; most downloads first
+    ineffective: list[tuple[str, int, int]] = field(default_factory=list)
     other_failures: list[tuple[str, str, int, int]] = field(default_factory=list)
     by_evidence: list[LevelRow] = field(default_factory=list)
     passed_architecture: int = 0
@@ -248,6 +251,16 @@ def _adapters(engine: Engine, runs: list[ModelRun]) -> list[AdapterImpact]:
     )
 
 
+def _ineffective(runs: list[ModelRun]) -> list[tuple[str, int, int]]:
+    """Adapters runs recorded as applied without effect, with their models and downloads."""
+    counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for r in runs:
+        for name in dict.fromkeys(r.ineffective):
+            counts[name][0] += 1
+            counts[name][1] += r.downloads
+    return sorted(((n, m, d) for n, (m, d) in counts.items()), key=lambda t: (-t[2], -t[1], t[0]))
+
+
 def _device_failures_elsewhere(
     engine: Engine, passing: dict[str, ModelRun]
 ) -> dict[str, list[set[str]]]:
@@ -354,6 +367,7 @@ def build_report(
         cumulative=_cumulative(runs),
         fingerprints=census(runs, top),
         adapters=_adapters(engine, runs),
+        ineffective=_ineffective(runs),
         agreement=_agreement(runs),
         diff=diff,
         other_failures=_other_failures(runs),

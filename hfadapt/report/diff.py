@@ -1,16 +1,20 @@
 """The diff between two sweeps, labelled as PyTorch's benchmark harness labels accuracy
 changes: PASS (passes in both), XFAIL (fails in both: an expected failure), FAIL (passed in
-the baseline, fails now: a regression), IMPROVED (failed in the baseline, passes now)."""
+the baseline, fails now: a regression), IMPROVED (failed in the baseline, passes now). It says
+when the two sweeps ran in different environments (package versions, the device's numeric
+path): a verdict that moved may owe it to that, not to the model or an adapter."""
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlalchemy.engine import Engine
 
 from hfadapt import verdicts
 from hfadapt.db.census import scope_runs
+from hfadapt.judge.environment import EnvChange, changes, describe_changes, unrecorded_keys
+from hfadapt.sweep.store import sweep_environments
 
 __all__ = [
     "FAIL",
@@ -47,6 +51,26 @@ class SweepDiff:
     changed: list[DiffRow]  # FAIL and IMPROVED rows, most downloaded first
     only_current: int = 0
     only_baseline: int = 0
+    # the environments the two sweeps' runs recorded (hfadapt.judge.environment): each key
+    # whose values differ, baseline -> current, and the keys only one sweep recorded
+    environment_changes: list[EnvChange] = field(default_factory=list)
+    environment_unrecorded: list[str] = field(default_factory=list)
+    environments: dict[str, int] = field(default_factory=dict)  # "baseline"/"current" -> distinct
+
+    def environment_line(self) -> str:
+        """``environments differ: transformers 5.24.0 -> 5.25.0, ...`` (baseline -> current),
+        or "" when the two sweeps recorded the same environment (or one recorded none)."""
+        parts = []
+        if self.environment_changes:
+            parts.append(
+                f"environments differ (sweep {self.baseline} -> sweep {self.current}): "
+                + describe_changes(self.environment_changes)
+            )
+        if self.environment_unrecorded:
+            parts.append(
+                "recorded by only one of the sweeps: " + ", ".join(self.environment_unrecorded)
+            )
+        return "; ".join(parts)
 
 
 def label(before: str, after: str) -> str:
@@ -74,6 +98,7 @@ def diff_sweeps(engine: Engine, current: int, baseline: int) -> SweepDiff:
             changed.append(DiffRow(r.model_id, prev.verdict, r.verdict, name, r.downloads))
     changed.sort(key=lambda d: (d.label != FAIL, -d.downloads, d.model_id))
     shared = {r.model_id for r in now} & set(old)
+    was, then = sweep_environments(engine, baseline), sweep_environments(engine, current)
     return SweepDiff(
         baseline=baseline,
         current=current,
@@ -81,4 +106,7 @@ def diff_sweeps(engine: Engine, current: int, baseline: int) -> SweepDiff:
         changed=changed,
         only_current=len(now) - len(shared),
         only_baseline=len(old) - len(shared),
+        environment_changes=changes(was, then),
+        environment_unrecorded=unrecorded_keys(was, then),
+        environments={"baseline": len(was), "current": len(then)},
     )

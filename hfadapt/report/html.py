@@ -224,9 +224,20 @@ def _fingerprints(r: Report) -> str:
     )
 
 
+def _without_effect(r: Report) -> str:
+    """Adapters recorded as applied whose rule still fired in the code they rewrite."""
+    return "".join(
+        f'<p class="ineffective"><strong>Adapter without effect: {escape(name)}</strong> was '
+        f"applied to {models:,} model(s) ({escape(fmt_count(downloads))} downloads) whose runs "
+        "still met its rule in the code it rewrites; check it with <code>hfadapt adapters "
+        f"verify {escape(name)}</code>.</p>"
+        for name, models, downloads in r.ineffective
+    )
+
+
 def _adapters(r: Report) -> str:
     if not r.adapters:
-        return "<p>No passing run applied an adapter.</p>"
+        return _without_effect(r) + "<p>No passing run applied an adapter.</p>"
     rows = [
         [a.name, a.unblocked, fmt_count(a.unblocked_downloads), _pct(a.unblocked_downloads, r.downloads),
          a.applied, fmt_count(a.applied_downloads)]
@@ -239,18 +250,22 @@ def _adapters(r: Report) -> str:
         "model the adapter was applied to: an adapter applies wherever its target occurs, "
         "needed or not.</p>"
     )
-    return text + _table(
-        [
-            "adapter",
-            "models it unblocked",
-            "their downloads",
-            "share",
-            "applied, passing",
-            "downloads",
-        ],
-        rows,
-        {1, 2, 3, 4, 5},
-        "adapters",
+    return (
+        _without_effect(r)
+        + text
+        + _table(
+            [
+                "adapter",
+                "models it unblocked",
+                "their downloads",
+                "share",
+                "applied, passing",
+                "downloads",
+            ],
+            rows,
+            {1, 2, 3, 4, 5},
+            "adapters",
+        )
     )
 
 
@@ -311,6 +326,9 @@ def _diff(r: Report) -> str:
         else "<p>No model changed between pass and fail.</p>"
     )
     extra = f"<p>{plural(d.only_current, 'model')} only in sweep {d.current}, {d.only_baseline:,} only in sweep {d.baseline}.</p>"
+    envs = d.environment_line()
+    if envs:
+        extra += f'<p class="environments"><strong>{escape(envs)}</strong></p>'
     return f'<h2 id="diff">Sweep {d.current} against sweep {d.baseline}</h2><p>{chips}</p>{extra}{table}'
 
 

@@ -33,7 +33,9 @@ class SweepOptions:
     with the same signature first (numerics and load failures are confirmed at full width).
     ``resume``: continue the newest unfinished sweep with the same options (an int: that sweep;
     False: a new one). ``offline``: no Hub requests (None: when the crawl is the bundled
-    snapshot). ``address``: the Ray cluster (only with the Ray executor)."""
+    snapshot). ``address``: the Ray cluster (only with the Ray executor).
+    ``allow_env_change``: resume a sweep whose runs recorded another environment (packages,
+    numeric path: hfadapt.judge.environment) than this one; without it, EnvironmentChangedError."""
 
     judge: JudgeOptions = field(default_factory=_sweep_judging)
     top: int | None = None
@@ -47,6 +49,7 @@ class SweepOptions:
     narrow: bool = True
     resume: bool | int = True
     offline: bool | None = None
+    allow_env_change: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "executor", Executor.parse(self.executor, "executor"))

@@ -19,14 +19,30 @@ from typing import Any
 from sqlalchemy.engine import Engine
 
 from hfadapt import settings
-from hfadapt.errors import SweepError, UsageError, option
+from hfadapt.errors import EnvironmentChangedError, SweepError, UsageError, option
+from hfadapt.judge.environment import (
+    NUMERIC_KEYS,
+    EnvChange,
+    changes,
+    describe_changes,
+    environment,
+)
 from hfadapt.options import Executor as ExecutorName
 from hfadapt.sweep.executor import Executor, make_executor
 from hfadapt.sweep.limits import default_memory_limit_mb, max_local_workers
 from hfadapt.sweep.options import DEFAULT_TIMEOUT_S, SweepOptions
 from hfadapt.sweep.plan import Plan, Unit, plan_sweep
 from hfadapt.sweep.rows import member_rows, unit_rows
-from hfadapt.sweep.store import FAILED, INTERRUPTED, done_rows, finish_sweep, open_sweep, write_rows
+from hfadapt.sweep.store import (
+    FAILED,
+    INTERRUPTED,
+    done_rows,
+    finish_sweep,
+    open_sweep,
+    resumable_sweep,
+    sweep_environments,
+    write_rows,
+)
 from hfadapt.sweep.worker import DEFAULT_WORKER, Task
 
 __all__ = [
@@ -92,6 +108,9 @@ class SweepResult:
     driver_peak_rss_mb: float = 0.0
     worker_peak_rss_mb: float = 0.0
     unit_seconds: dict[str, float] = field(default_factory=dict)  # representative -> seconds
+    # a resumed sweep's environment changes let through (allow_env_change), as
+    # "transformers 5.24.0 -> 5.25.0"; its new runs record the new environment
+    environment_changes: list[str] = field(default_factory=list)
 
     @property
     def models_per_minute(self) -> float:
@@ -175,13 +194,13 @@ def run_sweep(
     if offline is None:
         offline = crawl is not None and crawl.source == "snapshot"
     env = {settings.HF_HUB_OFFLINE.name: "1"} if offline else {}
+    crawl_id = crawl.id if crawl else None
+    identity, changed = _environment_checked(engine, options, prof, crawl_id)
     with settings.exported(env):
         plan = plan_sweep(models, mode=judge.mode, dedupe=options.deduped, narrow=options.narrow)
     # Workers start only once the plan stands: bad input or a failed plan spawns nothing, and
     # there are never more workers than units of work.
     pool = _start_pool(options, workers, len(plan.units), memory_limit, worker, env)
-    crawl_id = crawl.id if crawl else None
-    identity = options.identity(f"{prof.name}@{prof.version}", crawl_id)
     try:
         sweep, resumed = open_sweep(
             engine, identity, resume=options.resume, mode=judge.mode, execution=judge.execution,
@@ -200,7 +219,7 @@ def run_sweep(
 
             plan.direct = judge_custom_code(plan.direct, done_rows(engine, sweep.id), judge)
         template = Task("", "", judge=judge, runner=runner)
-        return _drive(engine, sweep.id, resumed, plan, started, progress, pool, template)
+        return _drive(engine, sweep.id, resumed, plan, started, progress, pool, template, changed)
     except BaseException as exc:
         pool.close()
         stopped = isinstance(exc, KeyboardInterrupt)
@@ -212,6 +231,34 @@ def run_sweep(
             error=None if stopped else f"{type(exc).__name__}: {exc}"[:500],
         )
         raise
+
+
+def _environment_checked(
+    engine: Engine, options: SweepOptions, prof: Any, crawl_id: int | None
+) -> tuple[dict[str, Any], list[EnvChange]]:
+    """(the sweep's identity, how this process's environment differs from the one the latest
+    run of the sweep to resume recorded): nothing for a new sweep, or one whose runs recorded
+    none. A change is refused with EnvironmentChangedError naming each key unless
+    ``options.allow_env_change``. Read before any worker starts or any row is written. On Ray
+    the nodes' numeric path is theirs, not this driver's: only the packages are compared."""
+    identity = options.identity(f"{prof.name}@{prof.version}", crawl_id)
+    if options.resume is False:
+        return identity, []
+    found = resumable_sweep(engine, identity, resume=options.resume)
+    recorded = sweep_environments(engine, found.id) if found and found.id is not None else []
+    if found is None or not recorded:
+        return identity, []
+    changed = changes(recorded[-1:], [environment(prof)])
+    if options.executor == ExecutorName.RAY:
+        changed = [c for c in changed if c.key not in NUMERIC_KEYS]
+    if changed and not options.allow_env_change:
+        raise EnvironmentChangedError(
+            f"sweep {found.id} was run in another environment than this one: "
+            f"{describe_changes(changed)}; pass {option('allow_env_change')} to resume it "
+            "anyway (its new runs record this environment), or start a new sweep (resume=False)",
+            changed,
+        )
+    return identity, changed
 
 
 def _start_pool(
@@ -371,9 +418,13 @@ def _drive(
     progress: Callable[[SweepProgress], None] | None,
     executor: Any,
     template: Task,
+    changed: list[EnvChange],
 ) -> SweepResult:
     driver = _Driver(engine, sweep_id, plan, started, progress)
     driver.record_direct()
     tasks, units = driver.tasks(template)
     driver.run(executor, tasks, units)
-    return driver.result(resumed, len(tasks), executor)
+    result = driver.result(resumed, len(tasks), executor)
+    # changes are found only for a sweep to resume: the one resumed here
+    result.environment_changes = [str(c) for c in changed] if resumed else []
+    return result

@@ -13,10 +13,12 @@ from typing import Any
 
 from sqlalchemy import Table, func, insert, select, update
 from sqlalchemy.engine import Connection, Engine
+from sqlmodel import Session
 
 from hfadapt.db.census import get_sweep, latest_sweep, list_sweeps
 from hfadapt.db.engine import describe, session
 from hfadapt.db.tables import DONE, FAILED, INTERRUPTED, RUNNING, Run, Sweep, utcnow
+from hfadapt.judge.environment import distinct
 
 __all__ = [
     "DONE",
@@ -31,6 +33,8 @@ __all__ = [
     "list_sweeps",
     "open_sweep",
     "release_sweep",
+    "resumable_sweep",
+    "sweep_environments",
     "write_rows",
 ]
 
@@ -68,26 +72,8 @@ def _open(
     columns: dict[str, Any],
     claimed: list[int],
 ) -> tuple[Sweep, bool]:
-    from hfadapt.errors import UsageError
-
     with session(engine) as sess:
-        found: Sweep | None = None
-        if resume is not False and not isinstance(resume, bool):
-            found = sess.get(Sweep, int(resume))
-            if found is None:
-                raise UsageError(f"no sweep {resume} to resume")
-            if found.key != key:
-                raise UsageError(
-                    f"sweep {resume} was run with other options ({found.key}); pass the same options to resume it"
-                )
-        elif resume:
-            stmt = (
-                select(Sweep)
-                .where(Sweep.key == key, Sweep.status != DONE)  # type: ignore[arg-type]
-                .order_by(Sweep.id.desc())  # type: ignore[union-attr]
-                .limit(1)
-            )
-            found = sess.execute(stmt).scalars().first()
+        found = _resumable(sess, key, resume)
         if found is not None:
             _claim(engine, found, claimed)
             found.resumes += 1
@@ -106,6 +92,47 @@ def _open(
         sess.flush()
         _claim(engine, sweep, claimed)
         return sweep, False
+
+
+def _resumable(sess: Session, key: str, resume: bool | int) -> Sweep | None:
+    """The sweep ``resume`` names (see ``open_sweep``), or None for a new one."""
+    from hfadapt.errors import UsageError
+
+    if resume is not False and not isinstance(resume, bool):
+        found = sess.get(Sweep, int(resume))
+        if found is None:
+            raise UsageError(f"no sweep {resume} to resume")
+        if found.key != key:
+            raise UsageError(
+                f"sweep {resume} was run with other options ({found.key}); pass the same options to resume it"
+            )
+        return found
+    if not resume:
+        return None
+    stmt = (
+        select(Sweep)
+        .where(Sweep.key == key, Sweep.status != DONE)  # type: ignore[arg-type]
+        .order_by(Sweep.id.desc())  # type: ignore[union-attr]
+        .limit(1)
+    )
+    return sess.execute(stmt).scalars().first()
+
+
+def resumable_sweep(engine: Engine, options: dict[str, Any], *, resume: bool | int) -> Sweep | None:
+    """The sweep ``open_sweep`` with these arguments would resume (None: it would start a new
+    one), read without claiming or changing anything; UsageError as ``open_sweep``'s."""
+    with session(engine, write=False) as sess:
+        return _resumable(sess, sweep_key(options), resume)
+
+
+def sweep_environments(engine: Engine, sweep_id: int) -> list[dict[str, str]]:
+    """The distinct environments (``versions`` of hfadapt.judge.environment) the sweep's runs
+    recorded, oldest first; rows that recorded none (skipped, custom code, a crashed worker)
+    are left out."""
+    run: Table = Run.__table__  # type: ignore[attr-defined]
+    stmt = select(run.c.versions).where(run.c.sweep_id == sweep_id).order_by(run.c.id)
+    with session(engine, write=False) as sess:
+        return distinct(sess.execute(stmt).scalars())
 
 
 # (database, sweep id) -> the PostgreSQL connection holding the lock of driving that sweep

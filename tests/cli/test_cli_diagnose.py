@@ -40,6 +40,12 @@ def test_pass_renders_verdict_metrics_and_exits_0(
     assert code == 0, err
     assert ": pass" in out and "min per-token cosine" in out and "(pass >= 0.99)" in out
     assert "next:" in out and "recorded as run 1" in out and "timings:" in out
+    # what the run rests on, in one line: packages and the numeric path
+    from hfadapt.judge.environment import numeric_path, package_versions
+
+    kernels, dl16 = package_versions()["kernels"], numeric_path()["numeric.dl16"]
+    line = next((x for x in out.splitlines() if "; profile " in x), "")
+    assert f"kernels {kernels}," in line and f"dl16 {dl16}, amx " in line, (line, out)
 
 
 def test_json_output(
@@ -70,7 +76,29 @@ def test_json_output(
         and data["adapters"] == []
     )
     assert data["metrics"]["min_token_cosine"] >= 0.99, data["metrics"]
-    assert set(data["versions"]) == {"hfadapt", "profile", "torch", "transformers"}
+    _check_versions(data["versions"])
+
+
+def _check_versions(versions: dict[str, str]) -> None:
+    """The environment as hfadapt.judge.environment defines it, value by value."""
+    from importlib import metadata
+
+    from hfadapt.judge.environment import KEYS, PACKAGES, numeric_path
+
+    print("\nversions: " + json.dumps(versions, indent=1))
+    assert list(versions) == list(KEYS), list(versions)
+    for key, dist in PACKAGES:
+        try:
+            installed = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            installed = "absent"
+        assert versions[key] == installed, (key, versions[key], installed)
+    assert versions["kernels"] and versions["sentence-transformers"], versions
+    # the numeric path this process has (the stand-in device loaded no kernel: predicted)
+    assert {k: versions[k] for k in numeric_path()} == numeric_path(), versions
+    assert versions["numeric.dl16"] in ("native", "torch"), versions["numeric.dl16"]
+    assert versions["numeric.amx"] in ("tiles", "fp32"), versions["numeric.amx"]
+    assert versions["numeric.matmul_precision"] == "highest", versions  # the run pins it
 
 
 def test_failing_model_shows_the_divergent_module_and_exits_1(
@@ -205,3 +233,46 @@ def test_not_a_model_is_exit_2_and_stores_nothing(
     with session(get_engine(str(db)), write=False) as sess:
         stored = sess.query(Run).count()
     assert stored == 0, f"{stored} run row(s) stored for {model!r}"
+
+
+def test_the_caches_a_run_used_are_one_line_and_no_cache_skips_both(
+    tiny_bert: Path,
+    cpu_runner: Any,
+    device: Callable[[Any], None],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    device(cpu_runner)  # a stand-in device: it compiles nothing, so the compile cache is unused
+    monkeypatch.setenv("HFADAPT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("HFADAPT_REFERENCE_CACHE", "1")
+    monkeypatch.setenv("HFADAPT_COMPILE_CACHE", "1")
+    folder = tmp_path / "cache" / "reference"
+
+    def entries() -> list[str]:
+        return sorted(p.name for p in folder.glob("*.safetensors")) if folder.is_dir() else []
+
+    code, out, err = run_cli(
+        ["diagnose", str(tiny_bert), "--no-cache", "--json"], monkeypatch, capsys
+    )
+    skipped = json.loads(out)
+    assert code == 0 and skipped["verdict"] == "pass", err
+    assert skipped["evidence"]["caches"] == {"reference": "off", "compile": "off", "skipped": True}
+    assert entries() == [], "--no-cache wrote a reference"
+    lines = []
+    for args in ([], [], ["--no-cache"]):
+        code, out, err = run_cli(["diagnose", str(tiny_bert), *args], monkeypatch, capsys)
+        assert code == 0, err
+        lines += [line.strip() for line in out.splitlines() if line.strip().startswith("caches:")]
+    (entry,) = entries()
+    key = entry[:12]
+    assert lines == [
+        f"caches: reference computed, entry {key}; compile unused",
+        f"caches: reference read from entry {key}; compile unused",
+        "caches: skipped for this run (--no-cache)",
+    ], lines
+    code, out, _ = run_cli(["diagnose", str(tiny_bert), "--json"], monkeypatch, capsys)
+    warm = json.loads(out)
+    print("\n" + "\n".join(lines))
+    assert warm["evidence"]["caches"]["reference"] == f"hit:{key}", warm["evidence"]["caches"]
+    assert warm["metrics"] == skipped["metrics"], (warm["metrics"], skipped["metrics"])

@@ -112,3 +112,33 @@ def test_a_local_folders_run_links_to_no_hub_page(
         "https://huggingface.co/sentence-transformers/all-MiniLM-L6-v2"
     )
     assert hub_url("./models/x") == hub_url("~/m") == hub_url("/a/b/c") == ""
+
+
+def test_show_says_what_the_latest_run_rested_on(
+    report_engine: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from sqlalchemy import text
+
+    versions = {
+        "hfadapt": "0.1.0", "profile": "spyre-2026.07@2026.07.2", "python": "3.11.7",
+        "torch": "2.13.0+cpu", "transformers": "5.25.0", "kernels": "0.19.1",
+        "sentence-transformers": "6.3.0", "numeric.dl16": "native", "numeric.amx": "fp32",
+        "numeric.cpu": "AVX2",
+    }  # fmt: skip
+    with report_engine.begin() as conn:
+        conn.execute(
+            text("UPDATE run SET versions = :v WHERE model_id = 'm/one' AND sweep_id = 2"),
+            {"v": json.dumps(versions)},
+        )
+    db = str(sqlite_path(report_engine.url))
+    code, out, err = run_cli(["show", "m/one", "--db", db], monkeypatch, capsys)
+    assert code == 0, err
+    line = next((x.strip() for x in out.splitlines() if "rested on:" in x), "")
+    assert line == (
+        "rested on: profile spyre-2026.07@2026.07.2, torch 2.13.0+cpu, transformers 5.25.0, "
+        "kernels 0.19.1, sentence-transformers 6.3.0, dl16 native, amx fp32, cpu AVX2"
+    ), out
+    code, out, err = run_cli(["show", "m/one", "--db", db, "--json"], monkeypatch, capsys)
+    assert json.loads(out)["versions"] == versions, out
+    code, out, err = run_cli(["show", "m/two", "--db", db], monkeypatch, capsys)
+    assert "rested on: not recorded" in out, out  # a row that recorded no environment

@@ -21,6 +21,7 @@ from hfadapt.errors import (
     UsageError,
 )
 from hfadapt.judge.diagnose import diagnose
+from hfadapt.judge.environment import KEYS as ENVIRONMENT_KEYS
 from hfadapt.spyre.lowering_report import LoweringReport, SourceLocation, Violation
 
 # Small models on a shared machine: one torch thread (see conftest.one_thread).
@@ -62,7 +63,7 @@ def test_tiny_models_pass_and_are_recorded(
         and row.has_nan is False
         and row.has_inf is False
     )
-    assert set(row.versions or {}) == {"hfadapt", "profile", "torch", "transformers"}, row.versions
+    assert list(row.versions or {}) == list(ENVIRONMENT_KEYS), row.versions
     assert row.signature == diag.signature and row.signature and row.profile_version
     assert row.adapters == diag.adapters and isinstance(row.adapters, list)
     assert row.violations == [] and row.fallbacks == {} and row.divergence is None

@@ -153,3 +153,65 @@ def test_cache_info_and_clear_show_both_caches(
     assert _entries(reference_on) == []
     code, out, _ = run_cli(["cache", "info"], monkeypatch, capsys)
     assert code == 0 and out.count("\n") == 2 and "reference cache" in out, out
+
+
+def test_cold_and_warm_caches_give_one_verdict_and_the_warm_run_records_its_hits(
+    tiny_bert: Path, reference_on: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real simulated device, compiled, with both caches: a cold run stores, a warm one
+    (Dynamo's in-memory graphs dropped) reads both, with the same verdict and numbers, and
+    runs.db holds what each run used."""
+    from sqlmodel import select
+
+    from hfadapt.db.engine import get_engine, session
+    from hfadapt.db.tables import Run
+
+    monkeypatch.setenv("HFADAPT_COMPILE_CACHE", "1")
+    cold = diagnose(tiny_bert)
+    torch._dynamo.reset()
+    warm = diagnose(tiny_bert)
+    used = [d.evidence["caches"] for d in (cold, warm)]
+    print(f"\ncold: {cold.reason}\n  {used[0]}\nwarm: {warm.reason}\n  {used[1]}")
+    assert cold.verdict == warm.verdict == verdicts.PASS, (cold.reason, warm.reason)
+    assert cold.metrics is not None and warm.metrics is not None
+    assert warm.metrics.to_dict() == cold.metrics.to_dict(), (cold.reason, warm.reason)
+    key = used[0]["reference"].removeprefix("miss:")
+    assert used[0]["reference"] == f"miss:{key}" and used[1]["reference"] == f"hit:{key}", used
+    assert len(key) == 12 and _entries(reference_on)[0].name.startswith(key), key
+    stored = used[0]["compile"]["stored"]
+    assert stored and used[0]["compile"]["hits"] == [], used[0]
+    assert sorted(used[1]["compile"]["hits"]) == sorted(stored), used
+    assert used[1]["compile"]["misses"] == used[1]["compile"]["stored"] == [], used[1]
+    engine = get_engine()
+    with session(engine, write=False) as sess:
+        rows = list(sess.exec(select(Run).order_by(Run.id)))  # type: ignore[arg-type]
+    engine.dispose()
+    assert [r.evidence["caches"] for r in rows] == used, [r.evidence.get("caches") for r in rows]
+
+
+def test_a_reference_outside_exact_float32_is_not_keyed(tiny_bert: Path) -> None:
+    """A caller's "medium" precision, autocast or float64 default reaching the reference: no
+    key, so no entry is written or read; pinned, the key holds the settings it read."""
+    from hfadapt.spyre import numerics
+
+    lm = load(tiny_bert)
+    inputs = model_inputs(lm.model, build_probes(lm))
+    with numerics.pinned():
+        pinned = reference_key(lm.model, inputs)
+    assert pinned is not None
+    torch.set_float32_matmul_precision("medium")
+    try:
+        medium = reference_key(lm.model, inputs)
+        with numerics.pinned():
+            assert reference_key(lm.model, inputs) == pinned, "pinned, the key moved"
+    finally:
+        torch.set_float32_matmul_precision("highest")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        autocast = reference_key(lm.model, inputs)
+    torch.set_default_dtype(torch.float64)
+    try:
+        float64 = reference_key(lm.model, inputs)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    keys = {"medium": medium, "autocast": autocast, "float64 default": float64}
+    assert keys == dict.fromkeys(keys), keys

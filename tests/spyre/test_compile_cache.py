@@ -100,7 +100,7 @@ def _compile_small(dtype: torch.dtype = torch.float16) -> torch.Tensor:
 
 
 def _entries(folder: Path) -> list[Path]:
-    return sorted(folder.glob("*.json"))
+    return sorted(p for p in folder.glob("*.json") if not p.name.startswith("."))
 
 
 def test_a_corrupt_or_tampered_entry_is_ignored_and_written_again(cache_on: Path) -> None:
@@ -262,3 +262,101 @@ def test_a_graph_with_a_tensor_constant_is_stored_and_compiles_from_the_cache(
     err = float((outs[1].float() - x.float() / 8).abs().max())
     bound = float(x.float().abs().max()) / 8 * 2**-8  # DL16 keeps 9 mantissa bits
     assert err <= bound, f"x / 8 on the device: max abs err {err} (bound {bound})"
+
+
+def test_the_key_changes_with_autocast_the_default_dtype_and_deterministic_algorithms() -> None:
+    """What aot_autograd traces under besides the graph (torch's AOTAutogradCache and FX graph
+    cache key the same): autocast per device type and its dtype, the default dtype."""
+    captured: list[tuple[Any, list[Any]]] = []
+
+    def capture(gm: Any, inputs: list[Any]) -> Any:
+        captured.append((gm, inputs))
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(Small().half(), backend=capture, dynamic=False)(torch.randn(64, 64).half())
+    ((gm, inputs),) = captured
+    store = cache.CompileCache(Path("unused"), 0)
+    profile = load_profile()
+    base = store.key(gm, inputs, profile)
+    keys: dict[str, str | None] = {}
+    for device, dtype in (("cpu", torch.bfloat16), ("cpu", torch.float16), ("spyre", None)):
+        with torch.autocast(device, dtype=dtype):
+            keys[f"autocast {device} {dtype}"] = store.key(gm, inputs, profile)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=False):
+        assert store.key(gm, inputs, profile) == base, "autocast off is no autocast"
+    torch.set_default_dtype(torch.float64)
+    try:
+        keys["float64 default"] = store.key(gm, inputs, profile)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    torch.use_deterministic_algorithms(True)
+    try:
+        keys["deterministic"] = store.key(gm, inputs, profile)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    print({k: (v or "")[:12] for k, v in keys.items()}, (base or "")[:12])
+    assert base is not None and store.key(gm, inputs, profile) == base
+    assert None not in keys.values() and len({base, *keys.values()}) == len(keys) + 1, keys
+
+
+def test_a_graph_traced_under_autocast_never_serves_a_plain_compile(cache_on: Path) -> None:
+    """It did: a plain compile read the graph stored under bf16 autocast and returned bf16."""
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        under = _compile_small()
+    before = cache.stats()
+    plain = _compile_small()
+    after = cache.stats()
+    print(f"\nunder autocast: {under.dtype}; then plain: {plain.dtype}; {before} -> {after}")
+    assert under.dtype == torch.bfloat16 and plain.dtype == torch.float16, (under, plain)
+    assert after["hits"] == before["hits"] and after["stored"] == before["stored"] + 1, after
+    assert len(_entries(cache_on)) == 2, _entries(cache_on)
+    with cache.recording() as used:
+        assert torch.equal(_compile_small(), plain)
+    assert len(used.hits) == 1 and not used.misses and not used.stored, used
+    with cache.skipped(), cache.recording() as skipped:
+        assert torch.equal(_compile_small(), plain)
+    assert skipped.to_dict() == "off", skipped
+
+
+def _killed_writer(folder: Path, data: bytes) -> int:
+    """A process killed between writing its temporary file and renaming it; its pid."""
+    code = (
+        "import os, sys\n"
+        "from pathlib import Path\n"
+        "from hfadapt.disk_cache import BoundedFolder\n"
+        "print(os.getpid(), flush=True)\n"
+        "os.replace = lambda *a: os._exit(9)  # killed right before the rename\n"
+        "BoundedFolder(Path(sys.argv[1]), 2**30, '.json').write('k' * 64, b'x' * int(sys.argv[2]))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(folder), str(len(data))], capture_output=True, timeout=120
+    )
+    assert proc.returncode == 9, proc.stderr.decode()[-2000:]
+    return int(proc.stdout)
+
+
+def test_killed_writers_leftovers_are_counted_evicted_when_stale_and_cleared(
+    cache_on: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hfadapt.disk_cache import STALE_SECONDS
+
+    pids = [_killed_writer(cache_on, b"x" * 3000) for _ in range(2)]
+    left = sorted(cache_on.glob(".tmp-*"))
+    assert [p.name.split("-")[1] for p in left] == sorted(str(p) for p in pids), left
+    code, out, _ = run_cli(["cache", "info", "--json"], monkeypatch, capsys)
+    info = json.loads(out)["compile"]
+    assert code == 0 and (info["entries"], info["leftovers"]) == (0, 2), info
+    assert info["leftover_bytes"] == 6000, info
+    code, out, _ = run_cli(["cache", "info"], monkeypatch, capsys)
+    assert code == 0 and "0 entries" in out and "2 unfinished writes (5.9 KiB" in out, out
+    stale = time.time() - STALE_SECONDS - 60
+    os.utime(left[0], (stale, stale))
+    _compile_small()  # a write evicts: the stale leftover goes, the fresh one may be a writer's
+    assert sorted(cache_on.glob(".tmp-*")) == left[1:], list(cache_on.iterdir())
+    assert len(_entries(cache_on)) == 1
+    code, out, _ = run_cli(["cache", "clear"], monkeypatch, capsys)
+    assert code == 0 and "removed 1 entries from the compile cache" in out, out
+    assert "and 1 unfinished writes" in out, out
+    assert list(cache_on.iterdir()) == [], list(cache_on.iterdir())

@@ -12,6 +12,7 @@ from support.cli_runner import run_cli
 from support.sweeps import small_bert
 
 from hfadapt import verdicts
+from hfadapt.judge.environment import KEYS as ENVIRONMENT_KEYS
 from hfadapt.sweep.options import SweepOptions
 from hfadapt.sweep.run import run_sweep
 from hfadapt.sweep.store import done_rows
@@ -34,7 +35,7 @@ def test_real_worker_judges_each_signature_once_on_the_device(sweep_engine: Any)
     assert rep["reason"].startswith("[structural]") and rep["mode"] == "structural"
     assert rep["evidence"]["config_source"] == "structural:crawl" and "path" not in rep["evidence"]
     assert rep["evidence"]["probes"].startswith("4 probes x 256 tokens"), rep["evidence"]["probes"]
-    assert set(rep["versions"]) == {"hfadapt", "profile", "torch", "transformers"}
+    assert list(rep["versions"]) == list(ENVIRONMENT_KEYS), rep["versions"]
     assert rep["timings"]["device"] > 0 and rep["evidence"]["sweep"]["worker_pid"] > 0
     member = rows["org/bert-a3"]
     assert (member["verdict"], member["min_token_cosine"]) == (

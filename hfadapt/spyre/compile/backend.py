@@ -1,4 +1,8 @@
-"""The ``torch.compile(model, backend="spyre")`` backend of the simulated device.
+"""The compiler of the simulated device: what ``torch.compile(model)`` with torch's default
+backend uses for a graph on the ``spyre`` device (the card's form: torch-spyre has no backend
+named "spyre"; hfadapt.spyre.eager.default_backend routes the default backend's graphs that use
+the device here), and the ``backend="spyre"`` alias kept for earlier code, which also compiles
+host tensors for the device (as ``lower()`` does to audit a model).
 
 Each Dynamo graph is captured as ATen (aot_autograd, with hfadapt.spyre.decompositions'
 table), judged whole against the device profile (graph_check), and then either refused with
@@ -6,8 +10,12 @@ table), judged whole against the device profile (graph_check), and then either r
 is the compiled-mode upstream text) or run as generated DL16 code (graph_exec). The report of
 the latest compiled call is ``last_report()``; ``lower()`` audits a model without raising.
 
+    model = model.half().to("spyre")
+    compiled = torch.compile(model)        # the card's form; profile: torch.spyre.set_profile
+    out = compiled(**inputs)               # inputs on "spyre"
+
     from hfadapt.spyre.compile import backend
-    backend.register()
+    backend.register()                     # the alias (also found by its entry point)
     compiled = torch.compile(model, backend="spyre")   # options={"profile": "spyre-2026.10"}
     out = compiled(**inputs)
     backend.last_report().summary()
@@ -367,7 +375,8 @@ def spyre_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwa
 
 
 def register() -> None:
-    """Make ``torch.compile(..., backend="spyre")`` available. Idempotent."""
+    """Make ``torch.compile(..., backend="spyre")`` available (the alias; also what the default
+    backend's device graphs are routed to, when the entry point is not installed). Idempotent."""
     from torch._dynamo.backends.registry import _COMPILER_FNS, register_backend
 
     if BACKEND_NAME not in _COMPILER_FNS:

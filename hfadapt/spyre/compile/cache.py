@@ -11,8 +11,12 @@ stores aot_autograd's ATen graph as data, and a hit hands that graph to the back
 judges it and generates its program again (so reports and defects are always this build's).
 
 - key: sha256 of the Dynamo graph's code, its tensor constants, every input's shape, stride,
-  dtype, device and requires_grad, grad mode, the device profile's name and version, the
-  hfadapt version and the source of the decompositions, and torch's version;
+  dtype, device and requires_grad, grad mode, the ambient state aot_autograd traces under
+  (hfadapt.spyre.numerics.graph_state: autocast on/off and its dtype per device type, the
+  default dtype, deterministic algorithms; torch's AOTAutogradCache and FX graph cache key
+  the same), the device profile's name and version, the hfadapt version and the source of the
+  decompositions, and torch's version. A graph traced under autocast stored bf16 casts that a
+  plain process then ran; one whose state cannot be read is not cached;
 - stored: only inference graphs aot_autograd compiled without runtime wrappers of its own (no
   input mutation, every output a fresh tensor, one graph input per Dynamo input);
 - entry: one JSON file (``<key>.json``: the graph, hfadapt.spyre.compile.graph_codec, its
@@ -21,18 +25,23 @@ judges it and generates its program again (so reports and defects are always thi
   another key, or does not fit the inputs is ignored and written again;
 - where: ``<cache home>/compile`` (``$HFADAPT_CACHE_DIR``, hfadapt.settings); bounded by
   ``HFADAPT_COMPILE_CACHE_MB`` (default 256), least recently used entries removed first (a hit
-  touches its file); ``HFADAPT_COMPILE_CACHE=0`` turns it off.
+  touches its file); ``HFADAPT_COMPILE_CACHE=0`` turns it off, and so does ``skipped()`` for
+  a block (``hfadapt diagnose --no-cache``);
+- what a block used: ``recording()`` collects the keys it hit, missed and stored (a diagnosis
+  records them in its evidence, ``caches``).
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import logging
 import threading
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -43,11 +52,22 @@ from torch import fx
 from hfadapt import settings
 from hfadapt.disk_cache import BoundedFolder
 from hfadapt.errors import UntrustedDataError
+from hfadapt.spyre import numerics
 from hfadapt.spyre.compile.graph_codec import GraphCodecError, decode, encode, input_meta
 from hfadapt.spyre.profile import Profile
 from hfadapt.untrusted import parse_json
 
-__all__ = ["CompileCache", "Entry", "cache_info", "clear", "default_cache", "stats"]
+__all__ = [
+    "CompileCache",
+    "Entry",
+    "Usage",
+    "cache_info",
+    "clear",
+    "default_cache",
+    "recording",
+    "skipped",
+    "stats",
+]
 
 log = logging.getLogger(__name__)
 
@@ -61,15 +81,80 @@ _lock = threading.Lock()
 _stats = {"hits": 0, "misses": 0, "stored": 0, "rejected": 0, "evicted": 0}
 
 
+KEY_SHOWN = 12  # a key's first hex digits: what a run's evidence names an entry by
+
+
+@dataclass
+class Usage:
+    """What one block (a diagnosis) did with the cache: the entries it hit, missed and stored
+    (their keys' first KEY_SHOWN hex digits), the graphs it could not key, the entries it
+    rejected; ``enabled`` False when the cache was off for it."""
+
+    enabled: bool
+    hits: list[str] = field(default_factory=list)
+    misses: list[str] = field(default_factory=list)
+    stored: list[str] = field(default_factory=list)
+    unkeyed: int = 0
+    rejected: int = 0
+
+    def note(self, kind: str, key: str | None = None) -> None:
+        if kind in ("unkeyed", "rejected"):
+            setattr(self, kind, getattr(self, kind) + 1)
+            return
+        if key is not None:  # one per graph compiled: a few, or a few dozen with graph breaks
+            getattr(self, kind).append(key[:KEY_SHOWN])
+
+    def to_dict(self) -> dict[str, Any] | str:
+        """The entries by kind and the counts (plain JSON values, for evidence); the string
+        ``off`` when the cache was off."""
+        if not self.enabled:
+            return "off"
+        return {
+            "hits": list(self.hits),
+            "misses": list(self.misses),
+            "stored": list(self.stored),
+            "unkeyed": self.unkeyed,
+            "rejected": self.rejected,
+        }
+
+
+_usage: ContextVar[Usage | None] = ContextVar("hfadapt_compile_cache_usage", default=None)
+_skip: ContextVar[bool] = ContextVar("hfadapt_compile_cache_skip", default=False)
+
+
+@contextlib.contextmanager
+def skipped(skip: bool = True) -> Iterator[None]:
+    """Neither read nor write the cache in this block (``skip`` False: no change)."""
+    token = _skip.set(skip or _skip.get())
+    try:
+        yield
+    finally:
+        _skip.reset(token)
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[Usage]:
+    """Collect what this block does with the cache (compiles run in the calling thread)."""
+    usage = Usage(enabled=enabled())
+    token = _usage.set(usage)
+    try:
+        yield usage
+    finally:
+        _usage.reset(token)
+
+
 def stats() -> dict[str, int]:
     """This process's counts: hits, misses, entries stored, rejected (corrupt) and evicted."""
     with _lock:
         return dict(_stats)
 
 
-def _count(name: str, n: int = 1) -> None:
+def _count(name: str, n: int = 1, key: str | None = None) -> None:
     with _lock:
         _stats[name] += n
+    usage = _usage.get()
+    if usage is not None and name in ("hits", "misses", "stored", "rejected"):
+        usage.note(name, key)
 
 
 def directory() -> Path:
@@ -116,10 +201,13 @@ class CompileCache:
         """The key of a Dynamo graph with these inputs; None when it cannot be keyed (symbolic
         sizes, an input of a kind the cache does not describe)."""
         if any(isinstance(x, torch.Tensor) and type(x) not in _PLAIN for x in inputs):
+            _count_unkeyed()
             return None  # tensor subclasses (a fake or functional tensor): not described
         try:
             metas = input_meta(inputs)
-        except GraphCodecError:
+            ambient = numerics.graph_state()
+        except (GraphCodecError, RuntimeError, TypeError, AttributeError):
+            _count_unkeyed()  # inputs not described, or a state torch would not say
             return None
         grads = [bool(getattr(x, "requires_grad", False)) for x in inputs]
         ids = [id(x) for x in inputs]  # repeated inputs: aot_autograd dedups them
@@ -136,6 +224,7 @@ class CompileCache:
             "requires_grad": grads,
             "same": same,
             "grad_enabled": torch.is_grad_enabled(),
+            "ambient": ambient,  # autocast, default dtype, deterministic algorithms
             "profile": [profile.name, profile.version],
             "hfadapt": _code_fingerprint(),
             "torch": torch.__version__,
@@ -149,17 +238,17 @@ class CompileCache:
         (which the next store replaces)."""
         raw = self.folder.read(key)
         if raw is None:
-            _count("misses")
+            _count("misses", key=key)
             return None
         try:
             entry = self._parse(raw, key, inputs)
         except (GraphCodecError, UntrustedDataError, ValueError, KeyError, TypeError) as exc:
             log.info("compile cache: ignoring entry %s (%s)", self.folder.path(key).name, exc)
-            _count("rejected")
-            _count("misses")
+            _count("rejected", key=key)
+            _count("misses", key=key)
             return None
         self.folder.touch(key)  # least recently used goes first
-        _count("hits")
+        _count("hits", key=key)
         return entry
 
     def _parse(self, raw: bytes, key: str, inputs: Sequence[Any]) -> Entry:
@@ -215,7 +304,7 @@ class CompileCache:
         written, evicted = self.folder.write(key, json.dumps(data, separators=(",", ":")).encode())
         _count("evicted", evicted)
         if written:
-            _count("stored")
+            _count("stored", key=key)
         return written
 
     def entries(self) -> list[Path]:
@@ -227,7 +316,8 @@ class CompileCache:
         _count("evicted", removed)
         return removed
 
-    def clear(self) -> int:
+    def clear(self) -> tuple[int, int]:
+        """Remove every entry and temporary file: (entries, temporary files) removed."""
         return self.folder.clear()
 
     def info(self) -> dict[str, Any]:
@@ -239,8 +329,16 @@ def _tensor_bytes(t: torch.Tensor) -> bytes:
     return str((t.dtype, tuple(t.shape))).encode() + t.view(torch.uint8).numpy().tobytes()
 
 
+def _count_unkeyed() -> None:
+    usage = _usage.get()
+    if usage is not None:
+        usage.note("unkeyed")
+
+
 def enabled() -> bool:
-    return settings.compile_cache_enabled()
+    """Whether the cache is read and written here: ``HFADAPT_COMPILE_CACHE`` not 0, and not in
+    a ``skipped()`` block."""
+    return settings.compile_cache_enabled() and not _skip.get()
 
 
 def max_bytes() -> int:
@@ -258,6 +356,7 @@ def cache_info() -> dict[str, Any]:
     return CompileCache(directory(), max_bytes()).info()
 
 
-def clear() -> int:
-    """Remove every entry; the number removed."""
+def clear() -> tuple[int, int]:
+    """Remove every entry, and the temporary files of writes (killed writers' leftovers):
+    (entries, temporary files) removed."""
     return CompileCache(directory(), max_bytes()).clear()

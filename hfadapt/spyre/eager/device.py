@@ -102,9 +102,12 @@ def register(force: bool = False) -> ModuleType:
             hook=_Hooks(),
             device_guard=_Guard(),
         )
+        from hfadapt.spyre.eager.default_backend import install
         from hfadapt.spyre.eager.factories import register_kernels
 
         _library = register_kernels()
+        # torch.compile(model) with the default backend compiles for the device, as on the card
+        install()
         _registered = True
     return sys.modules[__name__]
 

@@ -167,11 +167,19 @@ class _WhenImported(importlib.abc.MetaPathFinder):
         return spec
 
 
+def when_imported(name: str, then: Callable[[], None]) -> None:
+    """Run ``then()`` now if the module ``name`` is imported, else right after it executes
+    (once: a second request for the same module and function adds nothing)."""
+    if name in sys.modules:
+        then()
+    elif not any(
+        isinstance(f, _WhenImported) and f.name == name and f.then is then for f in sys.meta_path
+    ):
+        sys.meta_path.insert(0, _WhenImported(name, then))
+
+
 def _when_dynamo_loads() -> None:
-    if "torch._dynamo" in sys.modules:
-        _not_traced_by_dynamo()
-    elif not any(isinstance(f, _WhenImported) for f in sys.meta_path):
-        sys.meta_path.insert(0, _WhenImported("torch._dynamo", _not_traced_by_dynamo))
+    when_imported("torch._dynamo", _not_traced_by_dynamo)
 
 
 _when_dynamo_loads()
