@@ -1,11 +1,13 @@
 """What every test gets: its database, HF cache and HF token store under its own tmp_path (so
 nothing a test does touches the user's files or sends the user's token anywhere), no state
 left by the test before, the native DL16 kernels built in a session folder, and, under
-``CI=true``, a skipped containment or browser test counted as a failure. Each folder's
+``CI=true``, a skipped containment or browser test counted as a failure, as is a skipped test
+of the C kernels (marker ``native``) on a machine that can run them. Each folder's
 conftest names the shared fixtures its part uses (from ``tests/support``)."""
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from collections.abc import Iterator
@@ -105,6 +107,65 @@ def _native_dl16_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Non
 # Under CI, a containment or browser test that would skip (no bubblewrap, no chromium) fails:
 # what CI is for is proving those promises, and a skip would hide that it could not.
 STRICT_MARKERS = ("containment", "browser")
+# Tests of the C kernels (``native``; ``native(amx=True)``: of AMX's tiles) are as strict under
+# CI wherever this machine can run them: a skip there means a kernel that did not build or load.
+NATIVE_MARKER = "native"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"{NATIVE_MARKER}: tests of the C DL16 kernels (amx=True: of AMX's bf16 tiles); under "
+        "CI=true a skip is a failure where the machine has a C compiler (and, for amx, the "
+        "CPU's tiles with the kernel's grant), unless HFADAPT_NATIVE_DL16/_AMX=0 turn them off",
+    )
+
+
+@functools.lru_cache(maxsize=2)
+def native_capable(amx: bool) -> str | None:
+    """What this machine has that the native tests need, said for a failure message (found
+    without hfadapt's own kernels, which are what a skip may hide); None when it lacks any,
+    or the settings turn the kernels off."""
+    import shutil
+
+    from hfadapt import settings
+
+    if not settings.native_dl16() or (amx and not settings.native_amx()):
+        return None
+    named = settings.c_compiler()
+    compiler = shutil.which(named) if named else shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        return None
+    if not amx:
+        return f"has a C compiler ({compiler})"
+    flags = _cpu_flags()
+    needed = {"amx_bf16", "amx_tile", "avx512f", "avx512bw"}
+    if not needed <= flags or not _amx_granted():
+        return None
+    return f"has a C compiler ({compiler}) and AMX's bf16 tiles ({', '.join(sorted(needed))})"
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def _amx_granted() -> bool:
+    """Whether the kernel grants this process AMX's tile state (arch_prctl
+    ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA), asked as the kernels ask."""
+    import ctypes
+    import platform
+
+    if sys.platform != "linux" or platform.machine() != "x86_64":
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    return int(libc.syscall(158, 0x1023, 18)) == 0  # SYS_arch_prctl on x86_64
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -112,7 +173,15 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     outcome = yield
     report = outcome.get_result()
     strict = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-    if strict and report.skipped and any(item.get_closest_marker(m) for m in STRICT_MARKERS):
-        reason = report.longrepr[-1] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    if not (strict and report.skipped):
+        return
+    reason = report.longrepr[-1] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    if any(item.get_closest_marker(m) for m in STRICT_MARKERS):
         report.outcome = "failed"
         report.longrepr = f"skipped under CI=true, which must run it: {reason}"
+        return
+    native = item.get_closest_marker(NATIVE_MARKER)
+    has = native_capable(bool(native.kwargs.get("amx"))) if native is not None else None
+    if has is not None:
+        report.outcome = "failed"
+        report.longrepr = f"skipped under CI=true, but this machine {has}: {reason}"

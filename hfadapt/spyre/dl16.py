@@ -15,12 +15,25 @@ Two roundings, because the card has two behaviours past the range:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import TypeGuard
 
 import torch
+
+from hfadapt.spyre.dl16_native import dense_span
+
+
+def _decode(bits: int, exponent_bits: int, mantissa_bits: int, bias: int) -> float:
+    sign = -1.0 if bits >> (exponent_bits + mantissa_bits) & 1 else 1.0
+    exponent = (bits >> mantissa_bits) & ((1 << exponent_bits) - 1)
+    mantissa = bits & ((1 << mantissa_bits) - 1)
+    if exponent == 0 and mantissa == 0:
+        return sign * 0.0
+    return sign * math.ldexp(1 + mantissa / 2**mantissa_bits, exponent - bias)
 
 
 @dataclass(frozen=True)
@@ -33,15 +46,16 @@ class DL16Format:
     host_inf_bits: int = 0x6FFF  # the magnitude where a host +-inf lands (0x6FFF / 0xEFFF)
     overflow_nan: bool = True  # device overflow reads back as NaN (False: +-inf)
 
+    def __post_init__(self) -> None:
+        refused = format_problem(**dataclasses.asdict(self))
+        if refused is not None:
+            field, value, allowed = refused
+            raise ValueError(f"DL16 format: {field} = {value!r}; allowed: {allowed}")
+
     def decode(self, bits: int) -> float:
         """The value of a DL16 bit pattern (sign, exponent, mantissa), computed exactly. There
         are no subnormals: exponent field 0 is a normal binade (only all-zero bits are zero)."""
-        sign = -1.0 if bits >> (self.exponent_bits + self.mantissa_bits) & 1 else 1.0
-        exponent = (bits >> self.mantissa_bits) & ((1 << self.exponent_bits) - 1)
-        mantissa = bits & ((1 << self.mantissa_bits) - 1)
-        if exponent == 0 and mantissa == 0:
-            return sign * 0.0
-        return sign * math.ldexp(1 + mantissa / 2**self.mantissa_bits, exponent - self.bias)
+        return _decode(bits, self.exponent_bits, self.mantissa_bits, self.bias)
 
     @property
     def max_finite(self) -> float:
@@ -73,6 +87,73 @@ class DL16Format:
         return 23 - self.mantissa_bits
 
 
+# float32's smallest normal: below it float32 has no exponent for the rounding to follow
+FLOAT32_MIN_NORMAL = 2.0**-126
+
+
+def _integer(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _real(value: object) -> TypeGuard[float]:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def format_problem(
+    *,
+    exponent_bits: object,
+    mantissa_bits: object,
+    bias: object,
+    max_finite_value: object,
+    min_normal_value: object,
+    host_inf_bits: object,
+    overflow_nan: object,
+) -> tuple[str, object, str] | None:
+    """The first DL16Format field the rounding cannot be computed with, as (field, value,
+    what is allowed), or None. The C kernels and the torch path compute with float32: a
+    rounding drops 1 to 23 of its mantissa bits (a shift by -1 is undefined in C and refused by
+    torch), the range lies within float32's normal numbers, and the torch path's magic addend
+    for the overflow clamp (``overflow_clamp`` times 2^dropped bits) is a finite float32."""
+    e, m = exponent_bits, mantissa_bits
+    if not (_integer(e) and 1 <= e <= 8):
+        return "exponent_bits", e, "an integer from 1 to 8 (DL16 values are held as float32)"
+    if not (_integer(m) and 0 <= m <= 22):
+        return (
+            "mantissa_bits",
+            m,
+            "an integer from 0 to 22 (the rounding drops at least one of float32's 23 mantissa "
+            "bits)",
+        )
+    if not (_integer(bias) and 0 <= bias < 2**e):
+        return "bias", bias, f"an integer from 0 to {2**e - 1} (an exponent field of {e} bits)"
+    top, low, dropped = max_finite_value, min_normal_value, 23 - m
+    if not (_real(top) and top < 2.0 ** (127 - dropped)):
+        return (
+            "max_finite_value",
+            top,
+            f"a finite number below 2^{127 - dropped} (the torch path's magic addend for the "
+            f"overflow clamp, the next power of two times 2^{dropped} dropped bits, must be a "
+            "finite float32)",
+        )
+    if not (_real(low) and FLOAT32_MIN_NORMAL <= low < top):
+        return (
+            "min_normal_value",
+            low,
+            "a number from 2^-126 (float32's smallest normal) up to below the largest finite value",
+        )
+    code = host_inf_bits
+    if not (_integer(code) and 0 < code < 2 ** (e + m) and _decode(code, e, m, bias) <= top):
+        return (
+            "host_inf_bits",
+            hex(code) if _integer(code) else code,
+            f"a positive code (below 0x{2 ** (e + m):X}, the sign bit clear) whose value is at "
+            "most the largest finite value (a host infinity lands on a finite value)",
+        )
+    if not isinstance(overflow_nan, bool):
+        return "overflow_nan", overflow_nan, "True (NaN) or False (+-inf)"
+    return None
+
+
 DEFAULT_FORMAT = DL16Format()
 
 
@@ -84,19 +165,22 @@ class _Constants:
     clamp: float
     host_inf: float
     over: float
+    native: tuple[float, float, int, float]  # native_rounding_args: one tuple per format
 
 
 @lru_cache(maxsize=8)
 def _constants(fmt: DL16Format) -> _Constants:
     # Adding 2^(e + dropped) to a value of binade e leaves a sum whose ulp is the DL16 ulp of
     # that value; in float32 bits that is the value's sign and exponent plus `shift`.
+    below = float(torch.nextafter(torch.tensor(fmt.min_normal), torch.tensor(0.0)))
     return _Constants(
         shift=fmt.dropped_bits << 23,
         max_finite=fmt.max_finite,
-        below_min_normal=float(torch.nextafter(torch.tensor(fmt.min_normal), torch.tensor(0.0))),
+        below_min_normal=below,
         clamp=fmt.overflow_clamp,
         host_inf=fmt.host_inf,
         over=fmt.overflow_value,
+        native=(fmt.max_finite, below, fmt.dropped_bits, fmt.overflow_value),
     )
 
 
@@ -104,15 +188,18 @@ def native_rounding_args(
     fmt: DL16Format = DEFAULT_FORMAT,
 ) -> tuple[float, float, int, float]:
     """(max_finite, below_min_normal, dropped bits, overflow): the rounding arguments the C
-    kernels of hfadapt.spyre.dl16_native take for ``fmt``."""
-    c = _constants(fmt)
-    return c.max_finite, c.below_min_normal, fmt.dropped_bits, c.over
+    kernels of hfadapt.spyre.dl16_native take for ``fmt`` (the same tuple every call: the
+    kernels' wrappers check it once)."""
+    return _constants(fmt).native
 
 
 def optional_rounding_args(fmt: DL16Format | None) -> tuple[float, float, int, float]:
     """native_rounding_args(fmt), or for None the arguments that tell the C kernels not to
     round (max_finite 0)."""
-    return native_rounding_args(fmt) if fmt is not None else (0.0, 0.0, 1, 0.0)
+    return native_rounding_args(fmt) if fmt is not None else NO_ROUNDING
+
+
+NO_ROUNDING = (0.0, 0.0, 1, 0.0)  # optional_rounding_args(None): the C kernels do not round
 
 
 def _round_inplace(y: torch.Tensor, fmt: DL16Format, transfer: bool = False) -> torch.Tensor:
@@ -156,31 +243,15 @@ def _native_round(x: torch.Tensor, fmt: DL16Format, transfer: bool = False) -> b
     if (
         _native is None
         or type(x) is not torch.Tensor  # FakeTensor, wrapper subclasses: no real data pointer
-        or x.device.type != "cpu"
+        or not x.is_cpu
         or x.requires_grad
-        or not (x.is_contiguous() or _dense(x))
+        or not (x.is_contiguous() or dense_span(x))
     ):
         return False
     _native(  # type: ignore[operator]
-        x.data_ptr(),
-        x.numel(),
-        *native_rounding_args(fmt),
-        _constants(fmt).host_inf if transfer else 0.0,
+        x, native_rounding_args(fmt), _constants(fmt).host_inf if transfer else 0.0,
         torch.get_num_threads(),
-    )
-    return True
-
-
-def _dense(x: torch.Tensor) -> bool:
-    """Elements fill one gap-free span from data_ptr (a permuted layout, e.g. an elementwise
-    result of a transposed input): rounding the span in memory order rounds every element."""
-    expected = 1
-    for stride, size in sorted(
-        (st, sz) for st, sz in zip(x.stride(), x.shape, strict=True) if sz != 1
-    ):
-        if stride != expected:
-            return False
-        expected *= size
+    )  # fmt: skip
     return True
 
 

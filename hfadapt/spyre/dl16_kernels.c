@@ -24,6 +24,7 @@
    the DL16 rounding that follows), keys at or below -``code`` raised to ``floor`` when
    ``floor`` > 0, divided by their sum; each row's max is written to ``top``; then, when
    ``maxf`` > 0, the block's probabilities rounded to DL16 while they are in the cache. */
+#include <float.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,6 +50,30 @@
 #else
 #define CLONES
 #endif
+/* Argument checks. Each exported kernel checks its sizes, shift amounts and codes before it
+   touches memory, and returns 0, or the 1-based position of the first argument it refuses
+   (hfadapt_amx_pack: its negative, beside its count of values that do not split): a bad
+   argument becomes an error in Python (hfadapt.spyre.dl16_native's wrappers check first and
+   name it), never a shift by a negative or too large amount (undefined: a 23-bit
+   ``partial_mantissa_bits`` made every sum change sign), a division by zero or a loop
+   that does not end. Each check runs once a call, not per value. */
+#define CHECK(ok, position)                                                                  \
+    do {                                                                                     \
+        if (!(ok)) return (position);                                                        \
+    } while (0)
+/* a truncation or rounding that drops ``dropped`` of float32's 23 mantissa bits: at least one
+   (half = 1 << (dropped - 1)) and not past the mantissa */
+#define SHIFT_OK(dropped) ((dropped) >= 1 && (dropped) <= 23)
+/* the rounding arguments (maxf, lam, rdrop, over) at ``at``: maxf 0 says "no rounding" where
+   the kernel allows it (``required`` 0), else a finite maxf > 0, 0 <= lam < maxf, a valid
+   shift */
+#define CHECK_ROUNDING(maxf, lam, rdrop, at, required)                                       \
+    do {                                                                                     \
+        CHECK((maxf) >= 0.0f && (maxf) <= FLT_MAX && (!(required) || (maxf) > 0.0f), (at));  \
+        CHECK((maxf) == 0.0f || ((lam) >= 0.0f && (lam) < (maxf)), (at) + 1);                \
+        CHECK((maxf) == 0.0f || SHIFT_OK(rdrop), (at) + 2);                                  \
+    } while (0)
+
 static inline float round_one(float v, float maxf, float lam, int32_t dropped, float over,
                               float host_inf) {
     const float inf = __builtin_inff();
@@ -101,10 +126,16 @@ static inline void row_epilogue(const float* restrict row, int64_t pieces, int64
             out[c] = round_one(out[c], maxf, lam, rdrop, over, 0.0f);
 }
 
-CLONES void hfadapt_round_dl16(float* x, int64_t n, float maxf, float lam, int32_t dropped,
-                               float over, float host_inf, int nt) {
+CLONES int hfadapt_round_dl16(float* x, int64_t n, float maxf, float lam, int32_t dropped,
+                              float over, float host_inf, int nt) {
+    CHECK(x != NULL || n == 0, 1);
+    CHECK(n >= 0, 2);
+    CHECK_ROUNDING(maxf, lam, dropped, 3, 1);
+    CHECK(host_inf >= 0.0f && host_inf <= FLT_MAX, 7);
+    CHECK(nt >= 1, 8);
     #pragma omp parallel for schedule(static) num_threads(nt) if(n > 32768)
     for (int64_t i = 0; i < n; i++) x[i] = round_one(x[i], maxf, lam, dropped, over, host_inf);
+    return 0;
 }
 
 /* DL16 rounding of a span the caller has just written (it is still in the cache); built for
@@ -113,8 +144,14 @@ CLONES static void round_span(float* x, int64_t n, float maxf, float lam, int32_
     for (int64_t i = 0; i < n; i++) x[i] = round_one(x[i], maxf, lam, dropped, over, 0.0f);
 }
 
-CLONES void hfadapt_sum_truncated(const float* parts, int64_t pieces, int64_t n, int32_t dropped,
-                           float* out, int nt) {
+CLONES int hfadapt_sum_truncated(const float* parts, int64_t pieces, int64_t n, int32_t dropped,
+                                 float* out, int nt) {
+    CHECK(parts != NULL || n == 0, 1);
+    CHECK(pieces >= 1, 2);
+    CHECK(n >= 0, 3);
+    CHECK(SHIFT_OK(dropped), 4);
+    CHECK(out != NULL || n == 0, 5);
+    CHECK(nt >= 1, 6);
     const uint32_t half = 1u << (dropped - 1);
     const uint32_t keep = ~((1u << dropped) - 1u);
     const int64_t block = 4096;
@@ -123,11 +160,21 @@ CLONES void hfadapt_sum_truncated(const float* parts, int64_t pieces, int64_t n,
         int64_t len = n - i < block ? n - i : block;
         row_epilogue(parts + i, pieces, n, len, 0, half, keep, 0, 0.0f, 0.0f, 1, 0.0f, out + i);
     }
+    return 0;
 }
 
-CLONES void hfadapt_sum_truncated_round(const float* parts, int64_t pieces, int64_t n, int32_t dropped,
-                                 const float* bias, int64_t cols, float maxf, float lam,
-                                 int32_t rdrop, float over, float* out, int nt) {
+CLONES int hfadapt_sum_truncated_round(const float* parts, int64_t pieces, int64_t n,
+                                       int32_t dropped, const float* bias, int64_t cols,
+                                       float maxf, float lam, int32_t rdrop, float over,
+                                       float* out, int nt) {
+    CHECK(parts != NULL || n == 0, 1);
+    CHECK(pieces >= 1, 2);
+    CHECK(n >= 0, 3);
+    CHECK(SHIFT_OK(dropped), 4);
+    CHECK(cols >= 1 && n % cols == 0, 6);
+    CHECK_ROUNDING(maxf, lam, rdrop, 7, 0);
+    CHECK(out != NULL || n == 0, 11);
+    CHECK(nt >= 1, 12);
     const uint32_t half = 1u << (dropped - 1);
     const uint32_t keep = ~((1u << dropped) - 1u);
     const int64_t rows = n / cols;
@@ -135,11 +182,22 @@ CLONES void hfadapt_sum_truncated_round(const float* parts, int64_t pieces, int6
     for (int64_t r = 0; r < rows; r++)
         row_epilogue(parts + r * cols, pieces, n, cols, 0, half, keep, bias, maxf, lam, rdrop,
                      over, out + r * cols);
+    return 0;
 }
 
-CLONES void hfadapt_accumulate_truncated(float* acc, const float* parts, int64_t pieces, int64_t n,
-                                  int32_t dropped, int first, const float* bias, int64_t cols,
-                                  float maxf, float lam, int32_t rdrop, float over, int nt) {
+CLONES int hfadapt_accumulate_truncated(float* acc, const float* parts, int64_t pieces,
+                                        int64_t n, int32_t dropped, int first, const float* bias,
+                                        int64_t cols, float maxf, float lam, int32_t rdrop,
+                                        float over, int nt) {
+    CHECK(acc != NULL || n == 0, 1);
+    CHECK(parts != NULL || n == 0, 2);
+    CHECK(pieces >= 1, 3);
+    CHECK(n >= 0, 4);
+    CHECK(SHIFT_OK(dropped), 5);
+    CHECK(first == 0 || first == 1, 6);
+    CHECK(cols >= 1 && n % cols == 0, 8);
+    CHECK_ROUNDING(maxf, lam, rdrop, 9, 0);
+    CHECK(nt >= 1, 13);
     const uint32_t half = 1u << (dropped - 1);
     const uint32_t keep = ~((1u << dropped) - 1u);
     const int64_t rows = n / cols;
@@ -147,6 +205,7 @@ CLONES void hfadapt_accumulate_truncated(float* acc, const float* parts, int64_t
     for (int64_t r = 0; r < rows; r++)
         row_epilogue(parts + r * cols, pieces, n, cols, !first, half, keep, bias, maxf, lam,
                      rdrop, over, acc + r * cols);
+    return 0;
 }
 
 typedef float v8f __attribute__((vector_size(32)));
@@ -194,14 +253,23 @@ static inline void layer_norm_row(const float* restrict x, int64_t cols,
     *rstd_out = rstd;
 }
 
-CLONES void hfadapt_layer_norm_dl16(const float* x, int64_t rows, int64_t cols,
-                                    const float* weight, const float* bias, float eps,
-                                    float maxf, float lam, int32_t rdrop, float over, float* out,
-                                    float* mean, float* rstd, int nt) {
+CLONES int hfadapt_layer_norm_dl16(const float* x, int64_t rows, int64_t cols,
+                                   const float* weight, const float* bias, float eps,
+                                   float maxf, float lam, int32_t rdrop, float over, float* out,
+                                   float* mean, float* rstd, int nt) {
+    CHECK(x != NULL || rows == 0, 1);
+    CHECK(rows >= 0, 2);
+    CHECK(cols >= 1, 3);
+    CHECK_ROUNDING(maxf, lam, rdrop, 7, 1);
+    CHECK(out != NULL || rows == 0, 11);
+    CHECK(mean != NULL || rows == 0, 12);
+    CHECK(rstd != NULL || rows == 0, 13);
+    CHECK(nt >= 1, 14);
     #pragma omp parallel for schedule(static) num_threads(nt) if(rows * cols > 32768)
     for (int64_t r = 0; r < rows; r++)
         layer_norm_row(x + r * cols, cols, weight, bias, eps, maxf, lam, rdrop, over,
                        out + r * cols, mean + r, rstd + r);
+    return 0;
 }
 
 /* How an operand of a row program's node broadcasts against a row of its result: the same
@@ -315,8 +383,14 @@ static inline float aten_sum(const float* restrict x, int64_t n, int lanes) {
     return 0.0f + total;
 }
 
-CLONES void hfadapt_aten_sum(const float* x, int64_t rows, int64_t cols, int lanes, float* out) {
+CLONES int hfadapt_aten_sum(const float* x, int64_t rows, int64_t cols, int lanes, float* out) {
+    CHECK(x != NULL || rows == 0, 1);
+    CHECK(rows >= 0, 2);
+    CHECK(cols >= 0, 3);
+    CHECK(lanes == 4 || lanes == 8 || lanes == 16, 4);
+    CHECK(out != NULL || rows == 0, 5);
     for (int64_t r = 0; r < rows; r++) out[r] = aten_sum(x + r * cols, cols, lanes);
+    return 0;
 }
 
 /* one operand of a node for row r: a row of values (returned) or one value (*v, NULL
@@ -345,10 +419,52 @@ static inline const float* program_operand(const int64_t* restrict f, int64_t r,
     }
 }
 
-CLONES void hfadapt_row_program(int64_t rows, int64_t cols, int64_t nodes, const int64_t* desc,
-                                const int64_t* inputs, const float* numbers, const int64_t* outs,
-                                int lanes, float maxf, float lam, int32_t rdrop, float over,
-                                int nt) {
+/* Whether a row program's nodes are well formed: known ops and kinds, a node's operands read
+   from earlier computed nodes of their own kind, a row where a row is read (a sum's operand;
+   one operand of a binary op with a row result), inputs at addresses that are not null.
+   1 when they are (the input and number indices the caller checks: it knows their count). */
+static int program_ok(int64_t nodes, const int64_t* desc, const int64_t* inputs) {
+    for (int64_t i = 0; i < nodes; i++) {
+        const int64_t* d = desc + i * PROGRAM_FIELDS;
+        if (d[0] < OP_ADD || d[0] > OP_SUM || (d[1] != BINARY_FULL && d[1] != BINARY_ROW))
+            return 0;
+        if (!d[2]) continue;
+        int rows_read = 0;
+        for (int k = 0; k < (d[0] == OP_SUM ? 1 : 2); k++) {
+            const int64_t* f = d + 3 + 4 * k;
+            const int64_t from = f[0], kind = f[1], index = f[2];
+            if (index < 0 || kind < BINARY_FULL || kind > PROGRAM_GATHER) return 0;
+            if (from == FROM_NODE) {
+                const int64_t* node = desc + index * PROGRAM_FIELDS;
+                if (index >= i || !node[2] || node[1] != kind) return 0;
+            } else if (from == FROM_INPUT) {
+                if (!inputs[index] || (kind == PROGRAM_GATHER && (f[3] < 0 || !inputs[f[3]])))
+                    return 0;
+            } else if (from != FROM_NUMBER) {
+                return 0;
+            }
+            rows_read += from != FROM_NUMBER &&
+                         (kind == BINARY_FULL || kind == BINARY_COLUMN || kind == PROGRAM_GATHER);
+        }
+        if ((d[0] == OP_SUM || d[1] == BINARY_FULL) && !rows_read) return 0;
+    }
+    return 1;
+}
+
+CLONES int hfadapt_row_program(int64_t rows, int64_t cols, int64_t nodes, const int64_t* desc,
+                               const int64_t* inputs, const float* numbers, const int64_t* outs,
+                               int lanes, float maxf, float lam, int32_t rdrop, float over,
+                               int nt) {
+    CHECK(rows >= 0, 1);
+    CHECK(cols >= 1, 2);
+    CHECK(nodes >= 0, 3);
+    CHECK(inputs != NULL, 5);
+    CHECK(nodes == 0 || (desc != NULL && program_ok(nodes, desc, inputs)), 4);
+    CHECK(numbers != NULL, 6);
+    CHECK(outs != NULL || nodes == 0, 7);
+    CHECK(lanes == 4 || lanes == 8 || lanes == 16, 8);
+    CHECK_ROUNDING(maxf, lam, rdrop, 9, 1);
+    CHECK(nt >= 1, 13);
     #pragma omp parallel num_threads(nt) if(rows * cols > 32768)
     {
         float* scratch = (float*)malloc(sizeof(float) * (size_t)(nodes * cols + nodes) + 64);
@@ -398,6 +514,7 @@ CLONES void hfadapt_row_program(int64_t rows, int64_t cols, int64_t nodes, const
         free(rows_of);
         free(scratch);
     }
+    return 0;
 }
 
 /* The softmax's loops select between compared floats: without trapping math GCC makes those
@@ -505,9 +622,18 @@ static inline void softmax_block(const float* restrict x, float* restrict o,
     }
 }
 
-CLONES void hfadapt_softmax_floor(const float* x, float* out, float* top, int64_t rows,
-                                  int64_t cols, float floor, float code, float maxf, float lam,
-                                  int32_t rdrop, float over, int nt) {
+CLONES int hfadapt_softmax_floor(const float* x, float* out, float* top, int64_t rows,
+                                 int64_t cols, float floor, float code, float maxf, float lam,
+                                 int32_t rdrop, float over, int nt) {
+    CHECK(x != NULL || rows == 0, 1);
+    CHECK(out != NULL || rows == 0, 2);
+    CHECK(top != NULL || rows == 0, 3);
+    CHECK(rows >= 0, 4);
+    CHECK(cols >= 1, 5);
+    CHECK(floor >= 0.0f && floor <= 1.0f, 6);
+    CHECK(code >= 0.0f && code <= FLT_MAX, 7);
+    CHECK_ROUNDING(maxf, lam, rdrop, 8, 0);
+    CHECK(nt >= 1, 12);
     const int64_t per = cols >= SOFTMAX_BLOCK ? 1 : SOFTMAX_BLOCK / cols;
     #pragma omp parallel for schedule(static) num_threads(nt) if(rows * cols > 32768)
     for (int64_t r = 0; r < rows; r += per) {
@@ -519,6 +645,7 @@ CLONES void hfadapt_softmax_floor(const float* x, float* out, float* top, int64_
         FTZ_END
         if (maxf > 0.0f) round_span(out + r * cols, count * cols, maxf, lam, rdrop, over);
     }
+    return 0;
 }
 
 #if defined(__GNUC__) && !defined(__clang__)
@@ -573,9 +700,9 @@ int hfadapt_amx_ready(void) {
 #ifdef HFADAPT_AMX
 #define AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw")))
 
-/* split_bf16 for 16 values at once: their halves stored at hi and lo; how many do not split */
-AMX_TARGET static inline int split_16(const float* x, uint16_t* hi, uint16_t* lo) {
-    const __m512i u = _mm512_loadu_si512(x);
+/* split_bf16 for 16 values at once, as 32-bit lanes: hi's in the top half of *h (NaN as
+   0x7FC0), lo's in the top half of *l; how many do not split */
+AMX_TARGET static inline int split_16(__m512i u, __m512i* h, __m512i* l) {
     const __m512i mag = _mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF));
     const __m512i top = _mm512_and_si512(u, _mm512_set1_epi32((int)0xFFFF0000u));
     const __m512i ru = _mm512_castps_si512(
@@ -586,11 +713,32 @@ AMX_TARGET static inline int split_16(const float* x, uint16_t* hi, uint16_t* lo
     const __mmask16 range = _mm512_test_epi32_mask(mag, mag) &
                             (_mm512_cmplt_epu32_mask(mag, _mm512_set1_epi32(0x2B800000)) |
                              _mm512_cmpge_epu32_mask(mag, _mm512_set1_epi32(0x5E800000)));
-    const __m512i h = _mm512_mask_mov_epi32(_mm512_srli_epi32(u, 16), nan, _mm512_set1_epi32(0x7FC0));
-    const __m512i l = _mm512_maskz_mov_epi32((__mmask16)~special, _mm512_srli_epi32(ru, 16));
-    _mm256_storeu_si256((__m256i*)hi, _mm512_cvtepi32_epi16(h));
-    _mm256_storeu_si256((__m256i*)lo, _mm512_cvtepi32_epi16(l));
+    *h = _mm512_mask_mov_epi32(u, nan, _mm512_set1_epi32(0x7FC00000));
+    *l = _mm512_maskz_mov_epi32((__mmask16)~special, ru);
     return __builtin_popcount((unsigned)(inexact | range | special));
+}
+
+/* the odd 16-bit words of two vectors: the top halves of their 32 lanes, in order */
+static const uint16_t TOP_WORDS[32] __attribute__((aligned(64))) = {
+    1,  3,  5,  7,  9,  11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31,
+    33, 35, 37, 39, 41, 43, 45, 47, 49, 51, 53, 55, 57, 59, 61, 63};
+
+/* the 32 values of a line from ``k0`` (zero past ``depth``: masked loads, which read nothing
+   past it) split into hi[0..32) and lo[0..32); how many do not split */
+AMX_TARGET static inline int split_32(const float* line, int64_t k0, int64_t depth, uint16_t* hi,
+                                      uint16_t* lo) {
+    const int64_t n = depth - k0;
+    const __mmask16 m0 = n >= 16 ? (__mmask16)0xFFFF : n > 0 ? (__mmask16)((1u << n) - 1u) : 0;
+    const __mmask16 m1 = n >= 32   ? (__mmask16)0xFFFF
+                         : n > 16 ? (__mmask16)((1u << (n - 16)) - 1u)
+                                  : 0;
+    __m512i h0, l0, h1, l1;
+    int bad = split_16(_mm512_maskz_loadu_epi32(m0, line + k0), &h0, &l0);
+    bad += split_16(_mm512_maskz_loadu_epi32(m1, line + k0 + 16), &h1, &l1);
+    const __m512i top = _mm512_load_si512(TOP_WORDS);
+    _mm512_storeu_si512(hi, _mm512_permutex2var_epi16(h0, top, h1));
+    _mm512_storeu_si512(lo, _mm512_permutex2var_epi16(l0, top, l1));
+    return bad;
 }
 #endif
 
@@ -614,20 +762,17 @@ static inline int split_bf16(float v, uint16_t* hi, uint16_t* lo) {
 
 #ifdef HFADAPT_AMX
 /* the 32 values of k block ``kb`` of line ``i`` (a row of the left operand, a column of the
-   right; contiguous, ``si`` apart) split into hi[0..32) and lo[0..32), 16 at a time, zero
-   past ``depth`` and for a line past ``lines``; how many do not split */
+   right; contiguous, ``si`` apart) split into hi[0..32) and lo[0..32), zero past ``depth``
+   and for a line past ``lines``; how many do not split */
 AMX_TARGET static inline int64_t split_line(const float* x, int64_t i, int64_t lines,
                                             int64_t depth, int64_t si, int64_t kb,
                                             uint16_t* hi, uint16_t* lo) {
-    const int64_t whole = depth / 16, end = kb * 32 + 32;
-    int64_t bad = 0, k = kb * 32;
-    if (i < lines) {
-        const float* line = x + i * si;
-        for (; k < end && k < whole * 16; k += 16) bad += split_16(line + k, hi + k % 32, lo + k % 32);
-        for (; k < end && k < depth; k++) bad += split_bf16(line[k], hi + k % 32, lo + k % 32);
+    if (i >= lines) {
+        memset(hi, 0, 64);
+        memset(lo, 0, 64);
+        return 0;
     }
-    for (; k < end; k++) hi[k % 32] = lo[k % 32] = 0;
-    return bad;
+    return split_32(x + i * si, kb * 32, depth, hi, lo);
 }
 
 /* hfadapt_amx_pack's left operand from rows of contiguous values, a tile at a time (its 16
@@ -646,15 +791,43 @@ AMX_TARGET static int64_t amx_pack_rows(const float* x, int64_t rows, int64_t de
     return bad;
 }
 
+/* A tile of 16 lines' 32 values (``src``: 16 rows of 32 halves, 64-byte aligned) in the pairs'
+   layout: row p of ``dst`` holds the values 2p and 2p + 1 of every line. As 32-bit units (a
+   pair each) that is a 16 x 16 transpose, made in registers: units, then unit pairs, then
+   128-bit lanes */
+AMX_TARGET static inline void amx_pairs_transpose(const uint16_t* src, uint16_t* dst) {
+    __m512i r[16], t[16];
+    for (int i = 0; i < 16; i++) r[i] = _mm512_load_si512(src + i * 32);
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    /* r[4g + j], lane L: lines 4g..4g+3 of unit 4L + j */
+    for (int g = 0; g < 16; g += 4) {
+        r[g] = _mm512_unpacklo_epi64(t[g], t[g + 2]);
+        r[g + 1] = _mm512_unpackhi_epi64(t[g], t[g + 2]);
+        r[g + 2] = _mm512_unpacklo_epi64(t[g + 1], t[g + 3]);
+        r[g + 3] = _mm512_unpackhi_epi64(t[g + 1], t[g + 3]);
+    }
+    for (int j = 0; j < 4; j++) {
+        const __m512i v0 = _mm512_shuffle_i32x4(r[j], r[4 + j], 0x44);
+        const __m512i v1 = _mm512_shuffle_i32x4(r[j], r[4 + j], 0xEE);
+        const __m512i v2 = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], 0x44);
+        const __m512i v3 = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], 0xEE);
+        _mm512_storeu_si512(dst + j * 32, _mm512_shuffle_i32x4(v0, v2, 0x88));
+        _mm512_storeu_si512(dst + (4 + j) * 32, _mm512_shuffle_i32x4(v0, v2, 0xDD));
+        _mm512_storeu_si512(dst + (8 + j) * 32, _mm512_shuffle_i32x4(v1, v3, 0x88));
+        _mm512_storeu_si512(dst + (12 + j) * 32, _mm512_shuffle_i32x4(v1, v3, 0xDD));
+    }
+}
+
 /* hfadapt_amx_pack's right operand from columns of contiguous values (a linear's weight
    rows), a tile at a time: its 16 columns' 32 values split into a [column][k] block in the
-   cache, then each tile row (one k pair of every column) gathered from it */
+   cache, then turned into the pairs' layout (amx_pairs_transpose) */
 AMX_TARGET static int64_t amx_pack_columns(const float* x, int64_t cols, int64_t depth,
                                            int64_t si, int64_t cols_p, int64_t depth_p,
                                            uint16_t* out, int nt) {
     const int64_t kbs = depth_p / 32;
-    const __m512i rows = _mm512_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176,
-                                           192, 208, 224, 240);
     int64_t bad = 0;
     #pragma omp parallel for schedule(static) num_threads(nt) reduction(+:bad) if(cols * depth > 65536)
     for (int64_t b = 0; b < cols_p / 16; b++) {
@@ -664,11 +837,8 @@ AMX_TARGET static int64_t amx_pack_columns(const float* x, int64_t cols, int64_t
             for (int64_t r = 0; r < 16; r++)
                 bad += split_line(x, b * 16 + r, cols, depth, si, kb, hi + r * 32, lo + r * 32);
             uint16_t* tile = out + (b * kbs + kb) * 1024;
-            for (int p = 0; p < 16; p++) {
-                const __m512i at = _mm512_add_epi32(rows, _mm512_set1_epi32(p));
-                _mm512_storeu_si512(tile + p * 32, _mm512_i32gather_epi32(at, hi, 4));
-                _mm512_storeu_si512(tile + 512 + p * 32, _mm512_i32gather_epi32(at, lo, 4));
-            }
+            amx_pairs_transpose(hi, tile);
+            amx_pairs_transpose(lo, tile + 512);
         }
     }
     return bad;
@@ -678,6 +848,16 @@ AMX_TARGET static int64_t amx_pack_columns(const float* x, int64_t cols, int64_t
 CLONES int64_t hfadapt_amx_pack(const float* x, int64_t rows, int64_t depth, int64_t si,
                                 int64_t sk, int role, int64_t rows_p, int64_t depth_p,
                                 uint16_t* out, int nt) {
+    CHECK(x != NULL || rows == 0 || depth == 0, -1);
+    CHECK(rows >= 0, -2);
+    CHECK(depth >= 0, -3);
+    CHECK(si >= 0, -4);
+    CHECK(sk >= 0, -5);
+    CHECK(role == 0 || role == 1, -6);
+    CHECK(rows_p >= rows && rows_p % 16 == 0, -7);
+    CHECK(depth_p >= depth && depth_p % 32 == 0, -8);
+    CHECK(out != NULL || rows_p == 0 || depth_p == 0, -9);
+    CHECK(nt >= 1, -10);
     const int64_t kbs = depth_p / 32;
     int64_t bad = 0;
 #ifdef HFADAPT_AMX
@@ -750,9 +930,19 @@ AMX_TARGET static inline void amx_accumulate(float* restrict acc, const float* r
 #ifdef HFADAPT_AMX
 AMX_TARGET
 #endif
-void hfadapt_amx_matmul(const uint16_t* ap, const uint16_t* bp, int64_t m, int64_t n,
-                        int64_t depth_p, int64_t piece, int32_t dropped, const float* bias,
-                        float maxf, float lam, int32_t rdrop, float over, float* out, int nt) {
+int hfadapt_amx_matmul(const uint16_t* ap, const uint16_t* bp, int64_t m, int64_t n,
+                       int64_t depth_p, int64_t piece, int32_t dropped, const float* bias,
+                       float maxf, float lam, int32_t rdrop, float over, float* out, int nt) {
+    CHECK(ap != NULL, 1);
+    CHECK(bp != NULL, 2);
+    CHECK(m >= 0, 3);
+    CHECK(n >= 0, 4);
+    CHECK(depth_p >= 32 && depth_p % 32 == 0, 5);
+    CHECK(piece >= 32 && piece % 32 == 0, 6);
+    CHECK(SHIFT_OK(dropped), 7);
+    CHECK_ROUNDING(maxf, lam, rdrop, 9, 0);
+    CHECK(out != NULL || m == 0 || n == 0, 13);
+    CHECK(nt >= 1, 14);
 #ifdef HFADAPT_AMX
     const int64_t mp = (m + 31) / 32 * 32, kbs = depth_p / 32, per = piece / 32;
     const int64_t held = (mp + AMX_ROWS_HELD - 1) / AMX_ROWS_HELD, cblocks = (n + 31) / 32;
@@ -802,8 +992,9 @@ void hfadapt_amx_matmul(const uint16_t* ap, const uint16_t* bp, int64_t m, int64
             }
         _tile_release();
     }
+    return 0;
 #else
-    (void)ap; (void)bp; (void)m; (void)n; (void)depth_p; (void)piece; (void)dropped; (void)bias;
-    (void)maxf; (void)lam; (void)rdrop; (void)over; (void)out; (void)nt;
+    (void)bias; (void)over;
+    return 1; /* no tiles in this build: hfadapt_amx_ready is 0 and nothing calls this */
 #endif
 }

@@ -25,7 +25,7 @@ from hfadapt.spyre.dl16 import (
     optional_rounding_args,
     round_dl16_,
 )
-from hfadapt.spyre.profile import Profile
+from hfadapt.spyre.profile import STICK_ELEMENTS, Profile
 
 Kernel = Callable[[Sequence[Any], dict[str, Any], DL16Format], Any]
 
@@ -105,17 +105,13 @@ def _layer_norm_rows(
     cols = math.prod(normalized_shape)
     if not (_plain_rows(weight, cols) and _plain_rows(bias, cols)):
         return None
-    rows = x.numel() // cols
     out = torch.empty_like(x)
     stats = (*x.shape[: x.dim() - k], *([1] * k))
     mean = torch.empty(stats, dtype=torch.float32)
     rstd = torch.empty(stats, dtype=torch.float32)
     kernel(
-        x.data_ptr(), rows, cols,
-        None if weight is None else weight.data_ptr(),
-        None if bias is None else bias.data_ptr(),
-        float(eps), *native_rounding_args(fmt),
-        out.data_ptr(), mean.data_ptr(), rstd.data_ptr(), torch.get_num_threads(),
+        x, cols, weight, bias, float(eps), native_rounding_args(fmt), out, mean, rstd,
+        torch.get_num_threads(),
     )  # fmt: skip
     return out, mean, rstd
 
@@ -153,6 +149,16 @@ class Accumulator:
 
     mantissa_bits: int = 11
     lanes: int = 3
+
+    def __post_init__(self) -> None:
+        bits = self.mantissa_bits
+        if isinstance(bits, bool) or not isinstance(bits, int) or not 0 <= bits <= 23:
+            raise ValueError(
+                f"Accumulator: mantissa_bits = {self.mantissa_bits!r}, must be an integer from "
+                "0 to 23 (of float32's 23)"
+            )
+        if isinstance(self.lanes, bool) or not isinstance(self.lanes, int) or self.lanes < 1:
+            raise ValueError(f"Accumulator: lanes = {self.lanes!r}, must be a positive integer")
 
     def sum_last(self, x: torch.Tensor) -> torch.Tensor:
         """The sum over the last dimension of a float32 tensor, accumulated as described."""
@@ -297,12 +303,9 @@ def _softmax_rows(
         or not x.is_contiguous()
     ):
         return None
-    columns = x.shape[-1]
     out = torch.empty_like(x)
     top = torch.empty((*x.shape[:-1], 1), dtype=torch.float32)
-    kernel(x.data_ptr(), out.data_ptr(), top.data_ptr(), x.numel() // columns, columns,
-           float(floor), float(code),
-           *optional_rounding_args(fmt),
+    kernel(x, out, top, float(floor), float(code), optional_rounding_args(fmt),
            torch.get_num_threads())  # fmt: skip
     return out, top
 
@@ -400,13 +403,26 @@ def softmax_kernel(floor: float) -> tuple[Kernel, Kernel]:
 
 # -- matmul: chunked accumulation, each chunk's partial product truncated --------------------
 
-STICK = 64  # fp16 elements in one 128-byte stick: chunk boundaries fall on whole sticks
+STICK = STICK_ELEMENTS  # fp16 elements in one 128-byte stick: chunks are whole sticks
+
+
+def _check_partial_bits(mantissa_bits: int) -> None:
+    """A truncation keeps 0 to 22 of float32's 23 mantissa bits (it drops at least one: its
+    half-step is 1 << (dropped - 1)); anything else is refused here, as the C kernels would."""
+    if isinstance(mantissa_bits, bool) or not isinstance(mantissa_bits, int):
+        raise TypeError(f"mantissa_bits must be an integer, got {mantissa_bits!r}")
+    if not 0 <= mantissa_bits <= 22:
+        raise ValueError(
+            f"mantissa_bits = {mantissa_bits}, must be an integer from 0 to 22 (a truncation "
+            "drops at least one of float32's 23 mantissa bits)"
+        )
 
 
 def truncate_partial_(p: torch.Tensor, mantissa_bits: int) -> torch.Tensor:
     """Round an fp32 partial product to ``mantissa_bits`` in place, as the hardware-simulating
     Triton matmul does (``round_and_trun``): add half of the dropped field to the bit pattern
     (half-up in magnitude) and clear it."""
+    _check_partial_bits(mantissa_bits)
     dropped = 23 - mantissa_bits
     bits = p.view(torch.int32)
     bits.add_(1 << (dropped - 1)).bitwise_and_(-(1 << dropped))
@@ -429,17 +445,10 @@ def _sum_truncated(
         out = torch.empty(parts.shape[1:], dtype=parts.dtype)
         threads = torch.get_num_threads()
         if fmt is not None and native[1] is not None:
-            native[1](
-                parts.data_ptr(), parts.shape[0], out.numel(), 23 - mantissa_bits,
-                None if bias is None else bias.data_ptr(), parts.shape[-1],
-                *native_rounding_args(fmt), out.data_ptr(), threads,
-            )  # fmt: skip
+            native[1](parts, mantissa_bits, bias, native_rounding_args(fmt), out, threads)
             return out
         if bias is None and fmt is None and native[0] is not None:
-            native[0](
-                parts.data_ptr(), parts.shape[0], out.numel(), 23 - mantissa_bits, out.data_ptr(),
-                threads,
-            )  # fmt: skip
+            native[0](parts, mantissa_bits, out, threads)
             return out
     truncate_partial_(parts, mantissa_bits)
     out = parts[0] + parts[1]
@@ -496,7 +505,14 @@ def chunked_matmul(
     batched product: with two threads a batched product of 3 pieces ran 1.8x slower than 3
     plain products into one buffer); else side by side, then summed. A large batched product of
     one piece is made a group of batch items at a time (_epilogue_blocked)."""
+    _check_partial_bits(mantissa_bits)
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise ValueError(f"chunk = {chunk!r}, must be a positive number of elements")
     k = a.shape[-1]
+    if b.dim() < 2 or b.shape[-2] != k:  # torch.matmul's check, made before the pieces
+        raise RuntimeError(
+            f"chunked_matmul: shapes {tuple(a.shape)} and {tuple(b.shape)} cannot be multiplied"
+        )
     per = max(STICK, -(-chunk // STICK) * STICK)
     step = _native_accumulate()
     native = (
@@ -584,16 +600,14 @@ def _accumulated(
     group = max(1, min(len(starts), GROUP_BYTES // max(1, 4 * size)))
     parts = _scratch(group * size).view(group, *shape)
     threads = torch.get_num_threads()
-    dropped = 23 - mantissa_bits
     for first in range(0, len(starts), group):
         pieces = starts[first : first + group]
         for i, start in enumerate(pieces):
             torch.matmul(a[..., start : start + per], b[..., start : start + per, :], out=parts[i])
         tail = first + group >= len(starts)
         step(
-            out.data_ptr(), parts.data_ptr(), len(pieces), size, dropped, int(first == 0),
-            bias.data_ptr() if tail and bias is not None else None, shape[-1],
-            *optional_rounding_args(fmt if tail else None), threads,
+            out, parts, len(pieces), mantissa_bits, first == 0, bias if tail else None,
+            optional_rounding_args(fmt if tail else None), threads,
         )  # fmt: skip
     return out
 
@@ -623,9 +637,8 @@ def _epilogue_into(
 ) -> None:
     """_epilogue written into ``out`` (contiguous, ``product``'s size)."""
     step(
-        out.data_ptr(), product.data_ptr(), 1, product.numel(), 23 - mantissa_bits, 1,
-        None if bias is None else bias.data_ptr(), max(1, product.shape[-1]),
-        *optional_rounding_args(fmt), torch.get_num_threads(),
+        out, product, 1, mantissa_bits, True, bias, optional_rounding_args(fmt),
+        torch.get_num_threads(),
     )  # fmt: skip
 
 

@@ -6,17 +6,19 @@ from __future__ import annotations
 
 import functools
 import json
+import math
+import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
 from hfadapt.errors import ProfileError
 from hfadapt.options import Execution
-from hfadapt.spyre.dl16 import DL16Format
+from hfadapt.spyre.dl16 import DL16Format, format_problem
 
 DEFAULT_PROFILE = "spyre-2026.07"
 
@@ -97,6 +99,7 @@ class Profile:
     _by_op: dict[str, Rule] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
+        _validate(self.layout, self.numerics, f"device profile {self.path or self.name}")
         for rule in self.rules.values():
             for op in rule.ops:
                 if op in self._by_op and self._by_op[op].id != rule.id:
@@ -343,6 +346,253 @@ def _build(data: dict[str, Any], path: str) -> Profile:
         )
     except KeyError as exc:
         raise ProfileError(f"device profile {path} lacks the field {exc}") from exc
+
+
+# -- the numbers a profile gives: checked on load --------------------------------------------
+# A profile's numerics and layout values reach C kernels and torch ops that do not check them
+# (a 23-bit ``partial_mantissa_bits`` made the C sums shift by -1 and change every sign). Each
+# is checked here against what the code can compute with; a value outside is a ProfileError
+# naming the field, its value and what is allowed.
+
+STICK_ELEMENTS = 64  # fp16 elements in one 128-byte stick: what the simulator's kernels assume
+# fields every numerics section may hold that no code computes with
+_NOTES = frozenset({"rule", "source", "cites", "note", "inferred"})
+# numerics section -> the fields it may hold besides _NOTES
+_NUMERICS_FIELDS: dict[str, frozenset[str]] = {
+    "dl16": frozenset(
+        {
+            "sign_bits",
+            "exponent_bits",
+            "mantissa_bits",
+            "bias",
+            "max_finite",
+            "min_normal",
+            "host_inf_bits",
+            "subnormals",
+            "rounding",
+            "overflow",
+        }
+    ),
+    "compute": frozenset(),
+    "reduced_precision_mean": frozenset(
+        {"enabled", "mantissa_bits", "lanes", "published_mean_rel_error", "published_fp16_control"}
+    ),
+    "softmax_exp_floor": frozenset({"enabled", "exp_floor", "published", "masked_by"}),
+    "layer_norm_stats": frozenset({"enabled"}),
+    "matmul_chunks": frozenset({"enabled", "chunk_elements", "partial_mantissa_bits"}),
+}
+# what a profile's DL16 fields are called on DL16Format
+_DL16_FIELDS = {
+    "max_finite_value": "max_finite",
+    "min_normal_value": "min_normal",
+    "overflow_nan": "overflow",
+}
+
+
+class _Fields:
+    """The checks of one profile's values; each refusal names ``where`` and the field."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def refuse(self, field: str, value: Any, allowed: str) -> NoReturn:
+        shown = json.dumps(value) if isinstance(value, (bool, int, float, str)) else repr(value)
+        raise ProfileError(f"{self.where}: {field} is {shown}; allowed: {allowed}")
+
+    def integer(
+        self, spec: dict[str, Any], field: str, key: str, low: int, high: int | None, why: str = ""
+    ) -> int:
+        value = spec[key]
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int)
+            or value < low
+            or (high is not None and value > high)
+        ):
+            span = f"from {low} to {high}" if high is not None else f"of at least {low}"
+            self.refuse(f"{field}.{key}", value, f"an integer {span}{why}")
+        return value
+
+    def number(
+        self, spec: dict[str, Any], field: str, key: str, low: float, high: float, why: str = ""
+    ) -> float:
+        value = spec[key]
+        if not (
+            isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and math.isfinite(value)
+            and low <= value <= high
+        ):
+            self.refuse(f"{field}.{key}", value, f"a number in [{low:g}, {high:g}]{why}")
+        return float(value)
+
+    def boolean(self, spec: dict[str, Any], field: str, key: str) -> bool:
+        value = spec[key]
+        if not isinstance(value, bool):
+            self.refuse(f"{field}.{key}", value, "true or false (a JSON boolean)")
+        return value
+
+    def one_of(
+        self, spec: dict[str, Any], field: str, key: str, allowed: tuple[Any, ...], why: str
+    ) -> None:
+        value = spec[key]
+        if value not in allowed or isinstance(value, bool) != isinstance(allowed[0], bool):
+            self.refuse(f"{field}.{key}", value, " or ".join(map(json.dumps, allowed)) + why)
+
+    def shares(self, spec: dict[str, Any], field: str, key: str) -> None:
+        """A table of published relative errors or probabilities: numbers in [0, 1]."""
+        table = spec[key]
+        if not isinstance(table, dict):
+            self.refuse(f"{field}.{key}", table, "a table of numbers in [0, 1]")
+        for name in table:
+            self.number(table, f"{field}.{key}", name, 0.0, 1.0)
+
+    def section(self, numerics: dict[str, Any], name: str) -> dict[str, Any] | None:
+        spec = numerics.get(name)
+        if spec is None:
+            return None
+        field = f"numerics.{name}"
+        if not isinstance(spec, dict):
+            self.refuse(field, spec, "an object of fields")
+        known = _NUMERICS_FIELDS[name] | _NOTES
+        for key in spec:
+            if key not in known:  # a misspelt field would be read as absent
+                allowed = f"no such field; known: {', '.join(sorted(known))}"
+                self.refuse(f"{field}.{key}", spec[key], allowed)
+        if "inferred" in spec:
+            self.boolean(spec, field, "inferred")
+        if "enabled" in spec:
+            self.boolean(spec, field, "enabled")
+        return spec
+
+    def required(self, spec: dict[str, Any], field: str, *keys: str) -> None:
+        for key in keys:
+            if key not in spec:
+                raise ProfileError(f"{self.where}: {field} lacks the field {key!r}")
+
+
+def _validate(layout: dict[str, Any], numerics: dict[str, Any], where: str) -> None:
+    """Every layout value and numerics field the simulator computes with, checked."""
+    check = _Fields(where)
+    stick = _validate_layout(check, layout)
+    for name in numerics:
+        if name not in _NUMERICS_FIELDS:  # no code reads it: a misspelt section
+            allowed = f"no such section; known: {', '.join(sorted(_NUMERICS_FIELDS))}"
+            check.refuse(f"numerics.{name}", numerics[name], allowed)
+    _validate_dl16(check, numerics)
+    spec = check.section(numerics, "reduced_precision_mean")
+    field = "numerics.reduced_precision_mean"
+    if spec is not None:
+        if spec.get("enabled", False):
+            check.required(spec, field, "mantissa_bits", "lanes")
+        if "mantissa_bits" in spec:
+            check.integer(
+                spec, field, "mantissa_bits", 0, 23, " (an add keeps at most float32's 23)"
+            )
+        if "lanes" in spec:
+            check.integer(spec, field, "lanes", 1, None, " (partial sums)")
+        for key in ("published_mean_rel_error", "published_fp16_control"):
+            if key in spec:
+                check.shares(spec, field, key)
+    spec = check.section(numerics, "softmax_exp_floor")
+    field = "numerics.softmax_exp_floor"
+    if spec is not None:
+        if spec.get("enabled", False):
+            check.required(spec, field, "exp_floor")
+        if "exp_floor" in spec:
+            check.number(
+                spec, field, "exp_floor", 0.0, 1.0, " (a probability's exp, at most exp(0))"
+            )
+        if "published" in spec:
+            check.shares(spec, field, "published")
+    check.section(numerics, "layer_norm_stats")
+    check.section(numerics, "compute")
+    spec = check.section(numerics, "matmul_chunks")
+    field = "numerics.matmul_chunks"
+    if spec is not None:
+        if spec.get("enabled", False):
+            check.required(spec, field, "chunk_elements", "partial_mantissa_bits")
+        if "chunk_elements" in spec:
+            chunk = check.integer(spec, field, "chunk_elements", stick, None)
+            if chunk % stick:
+                allowed = f"a positive multiple of the {stick}-element stick (whole sticks)"
+                check.refuse(f"{field}.chunk_elements", chunk, allowed)
+        if "partial_mantissa_bits" in spec:
+            why = " (a truncation drops at least one of float32's 23 mantissa bits)"
+            check.integer(spec, field, "partial_mantissa_bits", 0, 22, why)
+
+
+def _validate_layout(check: _Fields, layout: dict[str, Any]) -> int:
+    """Every layout entry's values positive integers, the stick the kernels' 64 elements of
+    128 bytes; returns the stick's elements."""
+    for name, spec in layout.items():
+        if not isinstance(spec, dict):
+            check.refuse(f"layout.{name}", spec, "an object of fields")
+        for key in spec:
+            if key.startswith("value"):
+                check.integer(spec, f"layout.{name}", key, 1, None)
+        if "padded_by_compiler" in spec:
+            check.boolean(spec, f"layout.{name}", "padded_by_compiler")
+    stick: int = layout.get("stick_elements_fp16", {}).get("value", STICK_ELEMENTS)
+    if stick != STICK_ELEMENTS:
+        allowed = f"{STICK_ELEMENTS} (the simulator's kernels are built for that stick)"
+        check.refuse("layout.stick_elements_fp16.value", stick, allowed)
+    stick_bytes = layout.get("stick_bytes", {}).get("value", 2 * stick)
+    if stick_bytes != 2 * stick:
+        check.refuse(
+            "layout.stick_bytes.value", stick_bytes, f"{2 * stick} ({stick} fp16 elements)"
+        )
+    fp32 = layout.get("fp32_stick_reduction", {}).get("value", stick_bytes // 4)
+    if fp32 != stick_bytes // 4:
+        allowed = f"{stick_bytes // 4} (the fp32 elements of a {stick_bytes}-byte stick)"
+        check.refuse("layout.fp32_stick_reduction.value", fp32, allowed)
+    return stick
+
+
+def _validate_dl16(check: _Fields, numerics: dict[str, Any]) -> None:
+    spec = check.section(numerics, "dl16")
+    if spec is None:
+        return
+    field = "numerics.dl16"
+    default = DL16Format()
+    if "sign_bits" in spec:
+        check.integer(spec, field, "sign_bits", 1, 1)
+    for key in ("max_finite", "min_normal"):
+        if key in spec:
+            check.number(spec, field, key, 0.0, math.inf)
+    if "subnormals" in spec:
+        check.one_of(
+            spec, field, "subnormals", (False,), " (results below min_normal flush to zero)"
+        )
+    if "rounding" in spec:
+        check.one_of(spec, field, "rounding", ("nearest_even",), " (the one rounding modelled)")
+    if "overflow" in spec:
+        check.one_of(
+            spec,
+            field,
+            "overflow",
+            ("nan", "inf"),
+            " (what a result past max_finite reads back as)",
+        )
+    code = spec.get("host_inf_bits", "0x6FFF")
+    if not (isinstance(code, str) and re.fullmatch(r"(0[xX])?[0-9a-fA-F]{1,8}", code)):
+        check.refuse(
+            f"{field}.host_inf_bits", code, 'a hexadecimal code as a string, e.g. "0x6FFF"'
+        )
+    fmt = dict(
+        exponent_bits=spec.get("exponent_bits", default.exponent_bits),
+        mantissa_bits=spec.get("mantissa_bits", default.mantissa_bits),
+        bias=spec.get("bias", default.bias),
+        max_finite_value=float(spec.get("max_finite", default.max_finite_value)),
+        min_normal_value=float(spec.get("min_normal", default.min_normal_value)),
+        host_inf_bits=int(code, 16),
+        overflow_nan=spec.get("overflow", "nan") == "nan",
+    )
+    refused = format_problem(**fmt)
+    if refused is not None:
+        key, value, allowed = refused
+        name = _DL16_FIELDS.get(key, key)
+        check.refuse(f"{field}.{name}", spec.get(name, value), allowed)
 
 
 def _defects(entries: list[dict[str, Any]]) -> tuple[Defect, ...]:
