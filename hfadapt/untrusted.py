@@ -22,9 +22,29 @@ MAX_STRING = 4000
 MAX_ITEMS = 2000
 REDACTED = "[redacted]"
 
-# Control characters other than newline and tab: ESC starts terminal escape sequences, and
-# the others have no business in a stored reason or name.
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+# Terminal escape sequences whole (CSI ... final byte, OSC ... BEL or ST, two-byte ones, the
+# 8-bit CSI), then any other control character but newline and tab (ESC starts escape
+# sequences, and the others have no business in a stored reason or name), DEL, the C1
+# controls, the line and paragraph separators, and the bidirectional overrides and isolates.
+_CONTROL = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]"
+    r"|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?"
+    r"|\x1b[@-Z\\-_]"
+    r"|\x9b[0-?]*[ -/]*[@-~]"
+    r"|[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]"
+)
+# A line ending of another system (CRLF, a lone CR) becomes a newline before the rest goes.
+_CR = re.compile(r"\r\n?")
+# The password in a URL's userinfo (scheme://user:password@host), and the value of a query
+# parameter that names a secret (?password=..., ?sslpassword=..., ?api_key=...).
+_URL_PASSWORD = re.compile(
+    r"(?P<head>\b[A-Za-z][A-Za-z0-9+.\-]{0,30}://[^\s:/?#@]*):(?P<pw>[^\s/?#]*)@"
+)
+_URL_SECRET_PARAM = re.compile(
+    r"(?P<head>[?&](?:[A-Za-z0-9_\-]*(?:passw|secret|token|api_?key)[A-Za-z0-9_\-]*)=)(?P<value>[^&\s#]*)",
+    re.IGNORECASE,
+)
+HIDDEN = "***"
 
 # Token-shaped strings: Hugging Face, OpenAI-style, GitHub, AWS, Slack tokens, JWTs, private
 # keys. A false positive costs a redacted word; a miss would send a credential to an endpoint.
@@ -44,10 +64,16 @@ SECRET_NAME = re.compile(
 )
 
 
+def strip_control(value: Any) -> str:
+    """``value`` as a string without control characters: escape sequences removed whole,
+    CRLF and a lone CR turned into a newline, newlines and tabs kept, nothing cut."""
+    return _CONTROL.sub("", _CR.sub("\n", str(value)))
+
+
 def clean_text(value: Any, max_len: int = MAX_STRING) -> str:
-    """``value`` as a string without control characters (newlines and tabs kept), cut to
-    ``max_len`` characters (with an ellipsis)."""
-    text = _CONTROL.sub("", str(value))
+    """``value`` as a string without control characters (:func:`strip_control`: newlines and
+    tabs kept), cut to ``max_len`` characters (with an ellipsis)."""
+    text = strip_control(value)
     return text if len(text) <= max_len else text[: max(0, max_len - 3)] + "..."
 
 
@@ -156,13 +182,24 @@ def known_secrets(extra: Iterable[str | None] = ()) -> list[str]:
     return sorted({s for s in found if len(s) >= 8}, key=len, reverse=True)
 
 
+def hide_url_credentials(text: str) -> str:
+    """``text`` with the password of every URL in it (``scheme://user:password@host``) and
+    every secret-named query parameter's value (``?password=...``) replaced by ``***``:
+    what a message, a hint or a log line may show of a database or endpoint URL."""
+    if "://" in text:
+        text = _URL_PASSWORD.sub(lambda m: f"{m['head']}:{HIDDEN}@", text)
+    if "=" in text:
+        text = _URL_SECRET_PARAM.sub(lambda m: f"{m['head']}{HIDDEN}", text)
+    return text
+
+
 def redact(text: str, secrets: Iterable[str] = ()) -> str:
     """``text`` with every known secret value and every token-shaped string replaced by
-    ``[redacted]``."""
+    ``[redacted]``, and the passwords of URLs in it hidden (:func:`hide_url_credentials`)."""
     for secret in secrets:
         if secret and len(secret) >= 8:
             text = text.replace(secret, REDACTED)
-    return _TOKENS.sub(REDACTED, text)
+    return hide_url_credentials(_TOKENS.sub(REDACTED, text))
 
 
 def redact_value(value: Any, secrets: Iterable[str] = ()) -> Any:
@@ -178,13 +215,16 @@ def redact_value(value: Any, secrets: Iterable[str] = ()) -> Any:
 
 
 __all__ = [
+    "HIDDEN",
     "REDACTED",
     "SECRET_NAME",
     "bounded",
     "clean_text",
+    "hide_url_credentials",
     "known_secrets",
     "one_line",
     "parse_json",
     "redact",
     "redact_value",
+    "strip_control",
 ]

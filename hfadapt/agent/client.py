@@ -199,6 +199,9 @@ class AgentClient:
             )
 
     def _fail(self, what: str, retries: int = 0) -> EndpointError:
+        # ``what`` may quote the server: no control characters or escape sequences (the
+        # message is printed and stored in agent_attempt.error), no secrets
+        what = " ".join(clean_text(what, 1000).split())
         return EndpointError(
             redact(f"endpoint {self.settings.endpoint}: {what}", self.settings.secrets()),
             retries=retries,

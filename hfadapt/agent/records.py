@@ -1,7 +1,11 @@
 """The agent's rows in runs.db: one ``draft_session`` per failure worked on, one
 ``agent_attempt`` per answer (prompt, response, endpoint model, tokens, latency, each
 validation step's verdict and output, accepted or not). Every text goes through ``redact``
-first, so an API key that an endpoint or a prompt echoes never lands in the database."""
+first, so an API key that an endpoint or a prompt echoes never lands in the database, and
+through ``strip_control``: much of it comes from the endpoint, the model or a sandbox's stderr,
+and none of it is stored with a control character or a terminal escape sequence (newlines and
+tabs stay, for the prompts, answers, drafts and stderr tails that have lines; a CR line ending
+becomes a newline). Keys of JSON columns are cleaned the same way."""
 
 from __future__ import annotations
 
@@ -11,17 +15,18 @@ from sqlalchemy.engine import Engine
 from sqlmodel import SQLModel, select
 
 from hfadapt.db.tables import AgentAttempt, DraftSession
+from hfadapt.untrusted import strip_control
 
 
 def _scrub(value: Any, secrets: list[str]) -> Any:
     from hfadapt.agent.client import redact
 
     if isinstance(value, str):
-        return redact(value, secrets)
-    if isinstance(value, list):
+        return redact(strip_control(value), secrets)  # stripped first: no secret split by one
+    if isinstance(value, (list, tuple)):
         return [_scrub(v, secrets) for v in value]
     if isinstance(value, dict):
-        return {k: _scrub(v, secrets) for k, v in value.items()}
+        return {_scrub(k, secrets): _scrub(v, secrets) for k, v in value.items()}
     return value
 
 

@@ -33,14 +33,15 @@ from hfadapt.cli._noise import LibraryNoise
 from hfadapt.cli._process import leave
 from hfadapt.cli._process import tune as tune_gc
 from hfadapt.errors import HfadaptError
+from hfadapt.untrusted import hide_url_credentials
 
 INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 
 
 def _fail(message: str) -> None:
-    err_console.print(
-        f"[red]error:[/red] {escape(' '.join(message.split()))}", highlight=False, soft_wrap=True
-    )
+    # no URL password in an error line, whatever raised it (the console's hook hides them too)
+    text = hide_url_credentials(" ".join(message.split()))
+    err_console.print(f"[red]error:[/red] {escape(text)}", highlight=False, soft_wrap=True)
 
 
 def _usage_line(exc: typer.TyperException) -> str:
@@ -100,8 +101,9 @@ def _unexpected(exc: BaseException, verbose: bool) -> int:
     if isinstance(exc, MemoryError):
         _fail("out of memory (MemoryError)")
         return 1
-    if verbose:
-        traceback.print_exception(exc, file=sys.stderr)
+    if verbose:  # the traceback, with no URL password in it either
+        text = "".join(traceback.format_exception(exc))
+        sys.stderr.write(hide_url_credentials(text))
     text = " ".join(str(exc).split())[:300]
     hint = "" if verbose else "; hfadapt --verbose shows the traceback"
     _fail(f"unexpected {type(exc).__name__}: {text} (a bug in hfadapt: please report it{hint})")
@@ -130,7 +132,7 @@ def _invoke(args: list[str], verbose: bool) -> int:
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except KeyboardInterrupt:
-        hint = interrupt_hint()
+        hint = hide_url_credentials(interrupt_hint())
         err_console.print("interrupted" + (f": {hint}" if hint else ""), highlight=False,
                           soft_wrap=True, markup=False)  # fmt: skip
         return INTERRUPTED

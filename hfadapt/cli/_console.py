@@ -3,7 +3,9 @@ summaries and errors on stderr (``err_console``). Piped output is never cropped:
 terminal (and without $COLUMNS) a console is as wide as its longest line. Every stored string
 (runs.db holds text from the Hub, endpoints and sandboxes) reaches the terminal without its
 control characters: a render hook strips them from everything either console prints, so an
-ESC sequence in a model id cannot move the cursor, retitle the window or hide a line."""
+ESC sequence in a model id cannot move the cursor, retitle the window or hide a line. The same
+hook hides the password of any URL in the text (``scheme://user:***@host``,
+``?password=***``), so no message, hint or table shows a database's or endpoint's credential."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from rich.console import Console, ConsoleOptions, ConsoleRenderable, RenderHook,
 from rich.segment import Segment
 
 from hfadapt import settings
+from hfadapt.untrusted import hide_url_credentials
 
 __all__ = [
     "PIPE_WIDTH",
@@ -43,8 +46,9 @@ _ESCAPES = re.compile(
 
 
 def clean(text: str) -> str:
-    """``text`` without control characters (tab and newline stay)."""
-    return _ESCAPES.sub("", text)
+    """``text`` without control characters (tab and newline stay), and without the passwords
+    of the URLs in it (hfadapt.untrusted.hide_url_credentials)."""
+    return hide_url_credentials(_ESCAPES.sub("", text))
 
 
 class _Clean:

@@ -45,9 +45,27 @@ def _log_line(text: str) -> None:
 
 
 def _resume_command() -> str:
-    """This command line as typed, without --fresh: what resumes an interrupted sweep."""
+    """This command line as typed, without --fresh: what resumes an interrupted sweep. A
+    ``--db`` URL is shown without its password (hfadapt.db.urls.hint_value), and then the hint
+    says where libpq takes it from; anything else that looks like a URL password is hidden."""
+    from hfadapt.db.urls import PASSWORD_SOURCES, hint_value
+    from hfadapt.untrusted import hide_url_credentials
+
     args = [a for a in sys.argv[1:] if a not in ("--fresh", "--verbose")]
-    return shlex.join(["hfadapt", *args])
+    shown: list[str] = []
+    left_out = False
+    after_db = False
+    for arg in args:
+        if after_db:
+            arg, hidden = hint_value(arg)
+            left_out = left_out or hidden
+        elif arg.startswith("--db="):
+            value, hidden = hint_value(arg[len("--db=") :])
+            arg, left_out = f"--db={value}", left_out or hidden
+        after_db = arg == "--db"
+        shown.append(hide_url_credentials(arg))
+    command = shlex.join(["hfadapt", *shown])
+    return f"{command} (with {PASSWORD_SOURCES})" if left_out else command
 
 
 _ORDER = ("pass", "lowering_failed", "verification_failed", "unsupported_model", "load_failed",

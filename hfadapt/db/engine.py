@@ -29,6 +29,7 @@ from hfadapt.db.integrity import check_header, load_json, quick_check
 from hfadapt.db.postgres import is_postgres, postgres_engine, translate_postgres_error
 from hfadapt.db.urls import DEFAULT_URL, ENV_VAR, describe, resolve_url, sqlite_path
 from hfadapt.errors import DatabaseUnavailableError, StoreError, UsageError, option
+from hfadapt.untrusted import hide_url_credentials
 
 DB_OPTION = option("db")  # the parameter, shown as its flag by the CLI
 
@@ -62,9 +63,10 @@ def get_engine(url: str | None = None, *, migrate: bool = True) -> Engine:
     resolved = resolve_url(url)
     try:
         parsed = make_url(resolved)
-    except sa_exc.ArgumentError as exc:
+    except (sa_exc.ArgumentError, ValueError) as exc:  # ValueError: a port that is no number
+        shown = hide_url_credentials(resolved)
         raise DatabaseUnavailableError(
-            f"{resolved!r} is not a database URL or path ({exc})"
+            f"{shown!r} is not a database URL or path ({hide_url_credentials(str(exc))})"
         ) from exc
 
     if parsed.drivername.startswith("sqlite"):

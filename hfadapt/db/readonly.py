@@ -54,7 +54,7 @@ def open_readonly(url: str | None = None, *, hint: str = "`hfadapt crawl`") -> E
     resolved = resolve_url(url)
     try:
         path = sqlite_path(make_url(resolved))
-    except sa_exc.ArgumentError:
+    except (sa_exc.ArgumentError, ValueError):  # ValueError: a port that is no number
         path = None  # not a URL at all: get_engine says so in one line
     if path is None:  # a server's database (PostgreSQL): it must hold hfadapt's tables already
         require_schema(url, hint=hint)

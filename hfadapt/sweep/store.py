@@ -19,6 +19,7 @@ from hfadapt.db.census import get_sweep, latest_sweep, list_sweeps
 from hfadapt.db.engine import describe, session
 from hfadapt.db.tables import DONE, FAILED, INTERRUPTED, RUNNING, Run, Sweep, utcnow
 from hfadapt.judge.environment import distinct
+from hfadapt.untrusted import hide_url_credentials, one_line
 
 __all__ = [
     "DONE",
@@ -280,7 +281,8 @@ def finish_sweep(
             sweep = sess.get(Sweep, sweep_id)
             assert sweep is not None
             sweep.status = status
-            sweep.error = error
+            # the exception's text: stored without control characters or a URL's password
+            sweep.error = hide_url_credentials(one_line(error, 500)) if error else None
             sweep.seconds = round(sweep.seconds + seconds, 3)
             sweep.counts = counts
             if status == DONE:
