@@ -14,6 +14,7 @@ import torch
 from hfadapt.errors import SpyreLoweringError, UsageError
 from hfadapt.options import Execution
 from hfadapt.spyre.lowering_report import LoweringReport
+from hfadapt.spyre.numerics import pinned
 from hfadapt.spyre.profile import Profile, load_profile
 
 
@@ -76,6 +77,7 @@ def _compiled(model: torch.nn.Module, inputs: Mapping[str, Any], p: Profile) -> 
     )
 
 
+@pinned()  # every judging run, the agent's proofs included: the caller's precision never leaks in
 def run_on_device(
     model: torch.nn.Module,
     inputs: Mapping[str, Any],

@@ -301,3 +301,30 @@ def test_truncated_partials_grow_with_k() -> None:
         errors[k] = _rel(out, ref)
     print("mean relative error by K: " + ", ".join(f"{k} {e:.3e}" for k, e in errors.items()))
     assert errors[256] < errors[1024] < errors[4096], errors
+
+
+def test_every_device_run_computes_at_pinned_precision_and_gives_the_callers_back() -> None:
+    """``run_on_device`` (the judge's, the agent's proofs' and the eval suite's) runs under
+    exact float32 whatever the caller set, and restores the caller's setting."""
+    from hfadapt.spyre.runner import run_on_device
+
+    seen: list[str] = []
+
+    class Probe(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(64, 64)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            seen.append(torch.get_float32_matmul_precision())
+            return self.lin(x)
+
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("medium")
+    try:
+        run_on_device(Probe(), {"x": torch.randn(2, 64, 64)}, execution="eager")
+        after = torch.get_float32_matmul_precision()
+    finally:
+        torch.set_float32_matmul_precision(before)
+    assert seen == ["highest"], f"precision inside the device run: {seen}"
+    assert after == "medium", f"the caller's precision after the run: {after}"
