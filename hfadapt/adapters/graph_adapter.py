@@ -8,6 +8,12 @@ case it was proven on, the graph's digest; written by hfadapt), ``graph.json`` a
 to read; never imported). Every load validates all of it again: the manifest's fields, the
 digest, every op against the allowlist. Nothing in the folder is executed.
 
+A folder is applied only when this machine proved it (:mod:`hfadapt.graphs.proven`: accepted
+here, or re-proven with ``hfadapt adapters verify``): a copied, hand-written or edited folder is
+refused with the reason until then. The registry reads a folder's manifest and checks its proof
+at discovery; the graph itself is parsed on the adapter's first apply, so a registry's cost
+follows the adapters actually used.
+
 Where it applies: instances of exactly the target class whose plain attributes read while the
 graph was proven (``conditions.reads``: head counts, an ``eps``, ``config.hidden_act``) equal
 what they were then, on calls of the recorded form and sizes within the graph's ranges. A call
@@ -69,10 +75,12 @@ def is_graph_folder(path: Path) -> bool:
     return path.is_dir() and not path.is_symlink() and (path / MANIFEST).is_file()
 
 
-def read_manifest(folder: Path) -> dict[str, Any]:
+def read_manifest(folder: Path, raw: bytes | None = None) -> dict[str, Any]:
     """The validated manifest of a graph adapter folder (AdapterError naming what is wrong)."""
     try:
-        data = parse_json(read_plain_file(folder / MANIFEST, MAX_MANIFEST_BYTES), max_depth=12)
+        if raw is None:
+            raw = read_plain_file(folder / MANIFEST, MAX_MANIFEST_BYTES)
+        data = parse_json(raw, max_bytes=MAX_MANIFEST_BYTES, max_depth=12)
     except (GraphError, UntrustedDataError) as exc:
         raise AdapterError(f"{folder.name}/{MANIFEST}: {exc}") from exc
     if not isinstance(data, dict) or data.get("format") != FORMAT:
@@ -117,21 +125,50 @@ class GraphMethod:
     counter there would be a graph break, and on the card a break after a post-LayerNorm output
     is the handoff defect (defect.post_ln_handoff)."""
 
-    def __init__(self, program: GraphProgram, method: str, name: str) -> None:
-        self.program, self.method, self.name = program, method, name
+    def __init__(
+        self, program: GraphProgram | Callable[[], GraphProgram], method: str, name: str
+    ) -> None:
+        self._program: GraphProgram | None = None
+        self._load: Callable[[], GraphProgram] | None = None
+        if isinstance(program, GraphProgram):
+            self._program = program
+        else:
+            self._load = program  # parsed on first apply (prepare), not at discovery
+        self.method, self.name = method, name
         self.runs = 0
         self.fallbacks = 0
         self._said: set[str] = set()
         self._lock = threading.Lock()
 
+    @property
+    def program(self) -> GraphProgram:
+        found = self._program
+        if found is None:
+            with self._lock:
+                if self._program is None:
+                    assert self._load is not None
+                    self._program = self._load()
+                found = self._program
+        return found
+
+    @property
+    def prepared(self) -> bool:
+        return self._program is not None
+
+    def prepare(self) -> None:
+        """Read, check and build the graph now (the registry calls this before applying: never
+        while Dynamo traces a call)."""
+        _ = self.program
+
     def __call__(self, module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-        bound = self.program.bind(module, args, kwargs)
+        program = self._program if self._program is not None else self.program
+        bound = program.bind(module, args, kwargs)
         if isinstance(bound, str):
             self._fell_back(bound)
             return getattr(type(module), self.method)(module, *args, **kwargs)
         if not torch.compiler.is_compiling():
             self.runs += 1
-        return self.program.run(bound)
+        return program.run(bound)
 
     @torch.compiler.disable
     def _fell_back(self, why: str) -> None:
@@ -146,12 +183,16 @@ class GraphMethod:
                 )
 
 
-def conditions_check(cls: type, reads: dict[str, Any]) -> Callable[[Any, Any], bool]:
-    """The ``applies`` predicate: exactly the target class, every recorded read unchanged."""
+def conditions_check(
+    cls: type | Callable[[], type | None], reads: dict[str, Any]
+) -> Callable[[Any, Any], bool]:
+    """The ``applies`` predicate: exactly the target class (or the class a resolver gives,
+    resolved on first use), every recorded read unchanged."""
 
     def applies(module: Any, config: Any) -> bool:
         m: torch.nn.Module = module
-        if type(m) is not cls:
+        want = cls if isinstance(cls, type) else cls()
+        if want is None or type(m) is not want:
             return False
         return all(read_value(m, path) == value for path, value in reads.items())
 
@@ -159,7 +200,7 @@ def conditions_check(cls: type, reads: dict[str, Any]) -> Callable[[Any, Any], b
 
 
 def graph_adapter(
-    program: GraphProgram,
+    program: GraphProgram | Callable[[], GraphProgram],
     *,
     name: str,
     target: str,
@@ -184,23 +225,90 @@ def graph_adapter(
         source=source,
         form="graph",
     )
-    cls = a.target_class()
-    if cls is None or not issubclass(cls, torch.nn.Module):
-        raise AdapterError(f"{name}: target {target} is not a torch module class")
-    a.applies = conditions_check(cls, reads)
+    if isinstance(program, GraphProgram):
+        cls = a.target_class()
+        if cls is None or not issubclass(cls, torch.nn.Module):
+            raise AdapterError(f"{name}: target {target} is not a torch module class")
+        a.applies = conditions_check(cls, reads)
+    else:  # discovery: the target's module is imported only when a model could match
+
+        def resolve() -> type | None:
+            cls = a.target_class()
+            if cls is None or not issubclass(cls, torch.nn.Module):
+                raise AdapterError(f"{name}: target {target} is not a torch module class")
+            return cls
+
+        a.applies = conditions_check(resolve, reads)
     return a
 
 
-def load_graph_adapter(folder: Path, source: str = "user") -> Adapter:
+class NotProvenError(AdapterError):
+    """A graph adapter folder this machine has not proven (its one line is the reason alone)."""
+
+
+def not_proven_reason(name: str) -> str:
+    return f"graph adapter {name} is not proven on this machine: run hfadapt adapters verify {name}"
+
+
+def _graph_files(folder: Path) -> dict[str, bytes]:
+    from hfadapt.graphs.artifact import MAX_CONSTANT_BYTES, MAX_GRAPH_BYTES
+
+    return {
+        MANIFEST: read_plain_file(folder / MANIFEST, MAX_MANIFEST_BYTES),
+        GRAPH_FILE: read_plain_file(folder / GRAPH_FILE, MAX_GRAPH_BYTES),
+        CONSTANTS_FILE: read_plain_file(folder / CONSTANTS_FILE, MAX_CONSTANT_BYTES),
+    }
+
+
+def _bytes_digest(files: dict[str, bytes]) -> str:
+    h = hashlib.sha256()
+    for name in (GRAPH_FILE, CONSTANTS_FILE):
+        h.update(len(files[name]).to_bytes(8, "big"))
+        h.update(files[name])
+    return h.hexdigest()
+
+
+def _program_loader(folder: Path, data: dict[str, Any], proven: str | None) -> Any:
+    """Reads the graph's bytes once, checks them (against the manifest's digest, and against
+    the content this machine proved when ``proven`` is a digest), and builds the program from
+    exactly those bytes."""
+
+    def load() -> GraphProgram:
+        from hfadapt.graphs.proven import content_digest
+
+        files = _graph_files(folder)
+        if _bytes_digest(files) != data["graph_sha256"]:
+            raise AdapterError(
+                f"{folder.name}: graph.json or constants.safetensors changed since hfadapt wrote them"
+            )
+        if proven is not None and content_digest(folder) != proven:
+            raise NotProvenError(
+                f"{folder.name} changed since it was found: {not_proven_reason(data['name'])}"
+            )
+        return GraphProgram(GraphArtifact.from_bytes(files[GRAPH_FILE], files[CONSTANTS_FILE]))
+
+    return load
+
+
+def load_graph_adapter(
+    folder: Path, source: str = "user", *, proven: bool = True, lazy: bool = False
+) -> Adapter:
     """The adapter a graph folder holds, validated (AdapterError/GraphError when anything is
-    off: a manifest field, the digest, an op outside the allowlist, a constant)."""
+    off: a manifest field, the digest, an op outside the allowlist, a constant). ``proven``:
+    refused unless this machine proved the folder as it is (:mod:`hfadapt.graphs.proven`).
+    ``lazy``: the graph is parsed on the adapter's first apply (``fn.prepare()``), not here."""
+    from hfadapt.graphs.proven import is_proven, proven_digest
+
     data = read_manifest(folder)
-    if graph_digest(folder) != data["graph_sha256"]:
-        raise AdapterError(
-            f"{folder.name}: graph.json or constants.safetensors changed since hfadapt wrote them"
-        )
-    artifact = GraphArtifact.read(folder)
-    program = GraphProgram(artifact)
+    digest: str | None = None
+    if lazy and proven:
+        digest = proven_digest(folder)
+        if digest is None:
+            raise NotProvenError(not_proven_reason(data["name"]))
+    loader = _program_loader(folder, data, digest)
+    program: GraphProgram | Callable[[], GraphProgram] = loader if lazy else loader()
+    if proven and not lazy and not is_proven(folder):
+        raise NotProvenError(not_proven_reason(data["name"]))
     prov_raw = data.get("provenance") if isinstance(data.get("provenance"), dict) else {}
     prov = bounded(prov_raw, max_depth=6, max_string=2000)
     provenance = Provenance(
@@ -236,11 +344,13 @@ __all__ = [
     "MANIFEST",
     "SOURCE_FILE",
     "GraphMethod",
+    "NotProvenError",
     "conditions_check",
     "draft_source",
     "graph_adapter",
     "graph_digest",
     "is_graph_folder",
     "load_graph_adapter",
+    "not_proven_reason",
     "read_manifest",
 ]

@@ -33,7 +33,7 @@ import torch
 from hfadapt import settings
 from hfadapt.adapters import api as adapter_api
 from hfadapt.adapters.api import Adapter
-from hfadapt.adapters.graph_adapter import is_graph_folder, load_graph_adapter
+from hfadapt.adapters.graph_adapter import NotProvenError, is_graph_folder, load_graph_adapter
 from hfadapt.errors import AdapterError
 from hfadapt.spyre.frames import compile_running, inline_only
 
@@ -171,8 +171,8 @@ class Registry:
                 if path.suffix == ".py" and path.is_file():
                     for a in load_file(path, source):
                         self.add(a)
-                elif is_graph_folder(path):
-                    self.add(load_graph_adapter(path, source))
+                elif is_graph_folder(path):  # proven here; parsed on first apply
+                    self.add(load_graph_adapter(path, source, lazy=True))
             except BaseException as exc:
                 self._report(str(path), exc)
 
@@ -189,7 +189,7 @@ class Registry:
                 self.add(a)
 
     def _report(self, where: str, exc: BaseException) -> None:
-        err = LoadError(where, _one_line(exc))
+        err = LoadError(where, str(exc) if isinstance(exc, NotProvenError) else _one_line(exc))
         self.errors.append(err)
         if (where, err.error) not in _REPORTED:  # once per process, however often it reloads
             _REPORTED.add((where, err.error))
@@ -276,6 +276,13 @@ class Registry:
             for a, hits in self.matches(model):
                 if (wanted is not None and a.name not in wanted) or a.name in skipped:
                     continue
+                prepare = getattr(a.fn, "prepare", None)  # a graph adapter: parsed now
+                if prepare is not None and a.name not in handle.applied:
+                    try:
+                        prepare()
+                    except Exception as exc:
+                        self._report(a.path or a.name, exc)
+                        continue
                 handle._apply(a, hits)
         return handle
 

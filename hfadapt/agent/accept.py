@@ -3,8 +3,9 @@ folder (``$HFADAPT_HOME/adapters/<name>/``): the manifest (what it replaces, the
 applies, system-written provenance with the proof's numbers, the case it was proven on, the
 graph's digest), the graph exactly as it was proven, and the drafted source as text for people.
 Every field is hfadapt's or bounded; nothing the endpoint wrote becomes code. The folder is
-written whole and renamed into place, then loaded back through the registry's own validation;
-a folder that does not load back is removed."""
+written whole and renamed into place, recorded as proven on this machine (a keyed signature of
+its content in ``$HFADAPT_HOME``: :mod:`hfadapt.graphs.proven`), then loaded back through the
+registry's own validation; a folder that does not load back is removed."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from hfadapt.adapters.graph_adapter import (
 from hfadapt.agent.cases import FailureCase
 from hfadapt.agent.validate import Validation
 from hfadapt.errors import AdapterError
+from hfadapt.graphs.proven import record_proven
 from hfadapt.untrusted import bounded, clean_text
 
 ENDPOINT_MODEL = re.compile(r"^[A-Za-z0-9._:/@+\-]{1,128}$")
@@ -146,6 +148,7 @@ def accept_draft(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     try:
+        record_proven(path, path.name, "accepted")
         load_graph_adapter(path, source="user")
     except Exception as exc:
         shutil.rmtree(path, ignore_errors=True)

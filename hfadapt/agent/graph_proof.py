@@ -14,22 +14,38 @@ exactly the graph users will run:
   stock code on the CPU), then the case's model on the device without and with the graph: the
   fingerprint gone, no new violation, and how much of the graph runs on the host;
 - ``end_to_end``: the model with the graph on the CPU against stock (min per-token cosine
-  0.999), and on the device against the CPU reference (0.99, and a bounded relative error)."""
+  0.999), and on the device against the CPU reference (0.99, and a bounded relative error).
+
+The proofs are bounded (:func:`prove_bounded`). Sizes first: a graph may declare no size (an
+input's, a symbol's upper bound) beyond ``SIZE_FACTOR`` times the largest extent the case's own
+calls and the fresh sizes need, and before the graph runs on a call it is run on fake tensors
+(shapes only, no memory): a tensor more than ``SIZE_FACTOR`` times the largest the stock code
+makes on that call (or than its largest input) is refused before anything is allocated. Then
+the steps after ``graph`` run in a child process (spawned: hfadapt's own code on the graph as
+data) under an address-space limit, a CPU-time limit and a wall-clock timeout with a kill
+(:class:`ProofLimits`); a graph that reaches one fails the step with the limit it hit, and the
+draft loop goes on to its next attempt."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
+import os
 import pkgutil
+import resource
+import signal
+import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from hfadapt.adapters.api import Adapter
 from hfadapt.adapters.equivalence import ATOL, RTOL, compare_outputs, prove_equivalent
-from hfadapt.adapters.graph_adapter import GraphMethod, graph_adapter
+from hfadapt.adapters.graph_adapter import GraphMethod, graph_adapter, load_graph_adapter
 from hfadapt.agent.cases import FailureCase, captured_example
 from hfadapt.agent.end_to_end import (
     CPU_COSINE_MIN,
@@ -52,6 +68,26 @@ MAX_FRESH_ELEMENTS = 2**24
 MODULE_COSINE_MIN = 0.99
 MODULE_REL_ERR_MAX = 0.1  # the module on the device: DL16 rounding and the card's numerics
 _READ_NAME = __import__("re").compile(r"^[A-Za-z0-9_.]{1,200}$")
+# A graph's sizes against what the case needs: at most this many times the largest extent of
+# the case's calls (and the fresh sizes), and no tensor more than this many times the largest
+# tensor the stock code makes on the same call.
+SIZE_FACTOR = 16
+
+
+@dataclass(frozen=True)
+class ProofLimits:
+    """What the proof of one graph may use: ``memory_mb`` of address space beyond what the
+    child process holds once it has imported hfadapt, ``cpu_seconds`` of CPU time, and
+    ``wall_seconds`` before it is killed. ``in_child=False`` runs the steps in this process,
+    unbounded (for debugging only)."""
+
+    memory_mb: int = 4096
+    cpu_seconds: int = 1800
+    wall_seconds: float = 1800.0
+    in_child: bool = True
+
+
+DEFAULT_LIMITS = ProofLimits()
 
 
 @dataclass
@@ -101,14 +137,22 @@ def graph_call(program: GraphProgram) -> Callable[..., Any]:
 
 
 def step_graph(
-    files: dict[str, bytes], case: FailureCase, name: str, rule: str, draft_reads: Any
+    files: dict[str, bytes],
+    case: FailureCase,
+    name: str,
+    rule: str,
+    draft_reads: Any,
+    *,
+    build: bool = True,
 ) -> tuple[StepReport, Proof]:
+    """``build=False``: the graph's fx modules are not built (the parent, which never runs the
+    graph: the steps that do run in the child)."""
     proof = Proof()
     if "graph.json" not in files:
         return StepReport("graph", "fail", "the sandbox handed back no graph"), proof
     try:
         artifact = GraphArtifact.from_bytes(files["graph.json"], files.get("constants.safetensors"))
-        program = GraphProgram(artifact)
+        program = GraphProgram(artifact, prebuild=build)
     except GraphError as exc:
         return StepReport("graph", "fail", f"the graph does not validate: {exc.one_line()}"), proof
     module, args, kwargs = trusted_example(case)(0)
@@ -118,6 +162,9 @@ def step_graph(
         return StepReport(
             "graph", "fail", "the graph was captured for another call than the case's"
         ), proof
+    too_big = oversized(artifact, module, args, kwargs)
+    if too_big:
+        return StepReport("graph", "fail", too_big, {"size_factor": SIZE_FACTOR}), proof
     wanted = {(kind, n) for n, (kind, _) in module_tensors(module).items()}
     declared = {(i.kind, i.name) for i in artifact.inputs if i.kind in ("param", "buffer")}
     if declared != wanted:
@@ -151,6 +198,123 @@ def step_graph(
         f"{proof.host_share['compute_nodes']} arithmetic ops on the host"
     )
     return StepReport("graph", "pass", summary, output), proof
+
+
+# -- sizes --------------------------------------------------------------------------------------
+
+
+def extent_limit(module: torch.nn.Module, args: Any, kwargs: Any) -> int:
+    """The largest size a graph may declare for this case: ``SIZE_FACTOR`` times the largest
+    extent (or element count) among the module's tensors, the call's and the fresh sizes."""
+    tensors = [t for _, t in module_tensors(module).values()] + _tensors((args, kwargs))
+    largest = max([t.numel() for t in tensors] + [MAX_FRESH_LEN, max(FRESH_BATCHES)])
+    return SIZE_FACTOR * largest
+
+
+def oversized(artifact: GraphArtifact, module: torch.nn.Module, args: Any, kwargs: Any) -> str:
+    """Why the graph's declared sizes exceed what the case needs ("" when they do not)."""
+    limit = extent_limit(module, args, kwargs)
+    for i in artifact.inputs:
+        for size in i.shape:
+            if isinstance(size, int) and size > limit:
+                return (
+                    f"input {i.name} declares size {size}, more than {limit} ({SIZE_FACTOR}x the "
+                    "largest extent the case's calls and fresh sizes need)"
+                )
+    for name, (lo, hi) in artifact.symbols.items():
+        bound = hi if hi is not None else lo
+        if bound > limit:
+            return (
+                f"size {name} is bounded at {bound}, more than {limit} ({SIZE_FACTOR}x the "
+                "largest extent the case's calls and fresh sizes need)"
+            )
+    return ""
+
+
+class _Largest:
+    """Records the element count of the largest tensor the code run inside it makes."""
+
+    def __init__(self) -> None:
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        owner = self
+        self.numel = 0
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(
+                self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+            ) -> Any:
+                out = func(*args, **(kwargs or {}))
+                for t in _tensors(out):
+                    owner.numel = max(owner.numel, t.numel())
+                return out
+
+        self.mode: Any = Mode()  # type: ignore[no-untyped-call]
+
+    def __enter__(self) -> _Largest:
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.mode.__exit__(*exc)
+
+
+def fake_oversized(
+    program: GraphProgram,
+    module: torch.nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    stock_largest: int,
+) -> str:
+    """Runs the graph on fake tensors (shapes only: nothing allocated) for this call; why it
+    must not run for real ("" when every tensor it makes is within ``SIZE_FACTOR`` times the
+    stock code's largest on the call, or its largest input). A graph the fake run cannot follow
+    is left to the child's limits."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from hfadapt.graphs import values
+
+    bound = program.bind(module, args, kwargs)
+    if isinstance(bound, str):
+        return ""  # the real run says why the call does not fit
+    art = program.artifact
+    largest_in = max([t.numel() for t in bound.tensors] + [1])
+    limit = SIZE_FACTOR * max(stock_largest, largest_in)
+    try:
+        mode = FakeTensorMode()
+        given = iter(bound.tensors)
+        env: list[Any] = [
+            mode.from_tensor(art.constants[i.name] if i.kind == "constant" else next(given))
+            for i in art.inputs
+        ]
+
+        def sub(v: Any) -> Any:
+            if isinstance(v, values.Ref):
+                return env[v.index]
+            if isinstance(v, values.Symbol):
+                return v.resolve(bound.dtype, bound.device)
+            if isinstance(v, list):
+                return [sub(x) for x in v]
+            if isinstance(v, tuple):
+                return tuple(sub(x) for x in v)
+            if isinstance(v, dict):
+                return {k: sub(x) for k, x in v.items()}
+            return v
+
+        with mode:
+            for i, (node, fn) in enumerate(zip(art.nodes, program.fns, strict=True)):
+                out = fn(*sub(node.args), **sub(node.kwargs))
+                for t in _tensors(out):
+                    if t.numel() > limit:
+                        return (
+                            f"node {i} ({node.op}) makes a tensor of shape {list(t.shape)} "
+                            f"({t.numel()} elements), more than {limit} ({SIZE_FACTOR}x the largest "
+                            "the stock code makes on this call): refused before it ran"
+                        )
+                env.append(out)
+    except Exception:
+        return ""
+    return ""
 
 
 # -- equivalence ----------------------------------------------------------------------------------
@@ -286,6 +450,14 @@ def step_equivalence(proof: Proof, case: FailureCase) -> StepReport:
     example = trusted_example(case)
     stock = stock_callable(case.target or "")
     run = graph_call(proof.program)
+    module0, args0, kwargs0 = example(0)
+    module0 = module0.double().eval()
+    args0, kwargs0 = _f64(tuple(args0)), _f64(dict(kwargs0))
+    with torch.no_grad(), _Largest() as largest:
+        stock(copy.deepcopy(module0), *args0, **kwargs0)
+    too_big = fake_oversized(proof.program, module0, args0, kwargs0, largest.numel)
+    if too_big:
+        return StepReport("equivalence", "fail", too_big, {"size_factor": SIZE_FACTOR})
     result = prove_equivalent(run, original=stock, example=example, seeds=PROOF_SEEDS)
     output: dict[str, Any] = result.to_dict()
     output["cases"] = [c for c in output["cases"] if not c["ok"]][:6]
@@ -298,12 +470,17 @@ def step_equivalence(proof: Proof, case: FailureCase) -> StepReport:
     for label, module, args, kwargs in calls:
         with torch.no_grad():
             try:
-                ref = stock(copy.deepcopy(module), *args, **kwargs)
+                with _Largest() as largest:
+                    ref = stock(copy.deepcopy(module), *args, **kwargs)
             except Exception as exc:  # the stock code does not take this size: nothing to prove
                 rows.append(
                     {"input": label, "skipped": f"the stock code raises: {type(exc).__name__}"}
                 )
                 continue
+            too_big = fake_oversized(proof.program, module, args, kwargs, largest.numel)
+            if too_big:
+                output["fresh"] = rows
+                return StepReport("equivalence", "fail", f"{label}: {too_big}", output)
             try:
                 out = run(copy.deepcopy(module), *args, **kwargs)
             except GraphError as exc:
@@ -394,11 +571,13 @@ def module_on_device(proof: Proof, case: FailureCase) -> dict[str, Any]:
     return {"ok": ok, "min_cosine": worst_cos, "relative_error": worst_rel}
 
 
-def _registry(case: FailureCase, adapter: Adapter | None) -> Any:
+def _registry(case: FailureCase, adapter: Adapter | None, proving: str = "") -> Any:
+    """The case's registry (its baseline: the adapters it left out stay out, and so does the
+    adapter being proven, which a re-proof finds among the accepted ones), with ``adapter``."""
     from hfadapt.adapters.registry import Registry, discover
 
     base = discover() if case.registry == "default" else Registry()
-    left_out = set(case.without_adapters)
+    left_out = set(case.without_adapters) | ({proving} if proving else set())
     adapters = [a for a in base.adapters if a.name not in left_out]
     if adapter is not None:
         # the graph takes the place of any adapter that patches the same code
@@ -406,7 +585,9 @@ def _registry(case: FailureCase, adapter: Adapter | None) -> Any:
     return Registry(adapters=adapters)
 
 
-def _device_run(case: FailureCase, adapter: Adapter | None) -> tuple[Any, list[str], str]:
+def _device_run(
+    case: FailureCase, adapter: Adapter | None, proving: str = ""
+) -> tuple[Any, list[str], str]:
     """(the run, the modules the graph applied to, how the outputs were had). In compiled mode a
     model that still fails on other fingerprints does not lower at all: its report is the
     compiled one, and its outputs come from an eager audit run (every op judged, none refused),
@@ -417,7 +598,7 @@ def _device_run(case: FailureCase, adapter: Adapter | None) -> tuple[Any, list[s
 
     def one(execution: str) -> tuple[Any, list[str]]:
         cm = case_model(case.model)
-        handle = _registry(case, adapter).apply(cm.model)
+        handle = _registry(case, adapter, proving).apply(cm.model)
         applied = handle.applied.get(adapter.name, []) if adapter is not None else []
         dtype = getattr(torch, case.run_dtype)
         inputs = {k: _rounded(v, dtype) for k, v in cm.inputs.items()}
@@ -458,8 +639,8 @@ def step_device(proof: Proof, case: FailureCase) -> StepReport:
     if not case.model:
         return StepReport("device", "skip", "this case names no model to run on the device", output)
     fp = case.fingerprint
-    before, _, _ = _device_run(case, None)
-    after, applied, outputs_from = _device_run(case, proof.adapter)
+    before, _, _ = _device_run(case, None, proof.adapter.name)
+    after, applied, outputs_from = _device_run(case, proof.adapter, proof.adapter.name)
     proof.device_outputs = after.outputs
     base_fps = set(before.report.fingerprints())
     remaining = [v for v in after.report.violations if case.is_this(v)]
@@ -586,11 +767,236 @@ def step_end_to_end(proof: Proof, case: FailureCase) -> StepReport:
 
 
 PARENT_STEPS = ("graph", "equivalence", "device", "end_to_end")
+RUNNERS: dict[str, Callable[[Proof, FailureCase], StepReport]] = {
+    "equivalence": step_equivalence,
+    "device": step_device,
+    "end_to_end": step_end_to_end,
+}
+
+
+# -- bounded: the steps after ``graph`` in a child process ----------------------------------------
+
+
+def _one_line(exc: BaseException) -> str:
+    from hfadapt.errors import HfadaptError
+
+    if isinstance(exc, HfadaptError):
+        return exc.one_line()
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:600]}"
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return isinstance(exc, MemoryError) or (
+        isinstance(exc, RuntimeError)
+        and ("can't allocate memory" in text or "out of memory" in text or "bad_alloc" in text)
+    )
+
+
+def run_steps(
+    proof: Proof,
+    case: FailureCase,
+    steps: tuple[str, ...],
+    *,
+    skip_ok: bool = False,
+    limits: ProofLimits | None = None,
+    on_report: Callable[[StepReport], None] | None = None,
+) -> list[StepReport]:
+    """``steps`` in order, in this process, each timed; stops after the first that does not pass
+    (a skip goes on when ``skip_ok``). A failure to allocate is the graph's: the step fails
+    with the limit."""
+    reports: list[StepReport] = []
+    for step in steps:
+        start = time.monotonic()
+        try:
+            report = RUNNERS[step](proof, case)
+        except Exception as exc:  # a graph that breaks a proof is the graph's failure
+            if limits is not None and _out_of_memory(exc):
+                why = f"the proof exceeded {limits.memory_mb} MB ({_one_line(exc)[:200]})"
+                report = StepReport(step, "fail", why, {"limit": "memory"})
+            else:
+                report = StepReport(step, "fail", _one_line(exc))
+        report.seconds = round(time.monotonic() - start, 3)
+        reports.append(report)
+        if on_report is not None:
+            on_report(report)
+        if not (report.status == "pass" or (skip_ok and report.status == "skip")):
+            break
+    return reports
+
+
+def _vm_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _limit_self(limits: ProofLimits) -> None:
+    """The child's limits, set once hfadapt and torch are imported (their mappings are the
+    baseline): ``memory_mb`` more address space, ``cpu_seconds`` more CPU time."""
+    base = _vm_bytes()
+    if base:
+        cap = base + limits.memory_mb * 1024 * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+    used = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = int(used.ru_utime + used.ru_stime) + limits.cpu_seconds
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))
+
+
+def child_main(fd: int) -> None:
+    """The child process (``python -c``, not a fork: nothing of the parent's state but its
+    environment): receives the job on the socket ``fd``, proves, sends each report."""
+    import sys
+    from multiprocessing.connection import Connection
+
+    conn = Connection(fd)
+    job = conn.recv()
+    sys.path[:] = [p for p in job["sys_path"] if isinstance(p, str)]
+    _child(conn, job)
+
+
+def _child(conn: Any, job: dict[str, Any]) -> None:
+    """The graph step again (deterministic, it rebuilds the proof), then the steps asked for;
+    each report is sent as it is made."""
+    limits = ProofLimits(**job["limits"])
+    case = FailureCase.from_dict(job["case"])
+    _limit_self(limits)
+    try:
+        if "folder" in job:
+            adapter = load_graph_adapter(Path(job["folder"]), proven=False)
+            program = adapter.fn.program  # type: ignore[attr-defined]
+            proof = Proof(program=program, adapter=adapter)
+            proof.host_share = program.host_share()
+        else:
+            report, proof = step_graph(job["files"], case, job["name"], job["rule"], job["reads"])
+            if report.status != "pass":
+                conn.send(("report", asdict(report)))
+                return
+
+        def send(report: StepReport) -> None:
+            conn.send(("report", asdict(report)))
+
+        def started(step: str) -> None:
+            conn.send(("start", step))
+
+        for step in job["steps"]:
+            started(step)
+            (done,) = run_steps(proof, case, (step,), limits=limits, on_report=send)
+            if not (done.status == "pass" or (job["skip_ok"] and done.status == "skip")):
+                break
+    except BaseException as exc:  # said to the parent, then the child ends
+        why = f"the proof exceeded {limits.memory_mb} MB" if _out_of_memory(exc) else _one_line(exc)
+        conn.send(("error", why))
+    finally:
+        conn.close()
+
+
+def _death(code: int | None, limits: ProofLimits) -> str:
+    if code in (-signal.SIGXCPU, -signal.SIGKILL):
+        return f"the proof exceeded {limits.cpu_seconds} s of CPU time"
+    if code is not None and code < 0:
+        sig = signal.Signals(-code).name if -code in signal.valid_signals() else str(-code)
+        return (
+            f"the proof's process was ended by {sig} (limits {limits.memory_mb} MB, "
+            f"{limits.cpu_seconds} s CPU): most likely the proof exceeded {limits.memory_mb} MB"
+        )
+    return f"the proof's process ended with exit code {code} before reporting"
+
+
+def prove_bounded(
+    job: dict[str, Any],
+    steps: tuple[str, ...],
+    limits: ProofLimits,
+    *,
+    skip_ok: bool = False,
+) -> list[StepReport]:
+    """``steps`` for one graph in a spawned child under ``limits``. ``job``: ``files``,
+    ``case``, ``name``, ``rule`` and ``reads`` (a draft's graph: the graph step runs again in
+    the child), or ``folder`` and ``case`` (a graph adapter folder). A child that hits a limit,
+    is killed at the wall-clock timeout or dies fails the step it was in, with the reason."""
+    import socket
+    import subprocess
+    import sys
+    from multiprocessing.connection import Connection
+
+    full = {**job, "steps": list(steps), "skip_ok": skip_ok, "limits": asdict(limits)}
+    full["sys_path"] = list(sys.path)
+    ours, theirs = socket.socketpair()
+    start = time.monotonic()
+    code = (
+        "import sys\nfrom hfadapt.agent.graph_proof import child_main\nchild_main(int(sys.argv[1]))"
+    )
+    try:
+        child = subprocess.Popen(
+            [sys.executable, "-c", code, str(theirs.fileno())],
+            pass_fds=(theirs.fileno(),),
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    finally:
+        theirs.close()
+    receive = Connection(ours.detach())
+    receive.send(full)
+    reports: list[StepReport] = []
+    current = steps[0] if steps else "proof"
+    current_start = time.monotonic()
+    why = ""
+    try:
+        while True:
+            left = limits.wall_seconds - (time.monotonic() - start)
+            if left <= 0:
+                why = f"the proof exceeded {limits.wall_seconds:g} s (wall clock); it was stopped"
+                break
+            if not receive.poll(min(left, 0.5)):
+                if child.poll() is not None and not receive.poll(0):
+                    why = why or _death(child.returncode, limits)
+                    break
+                continue
+            try:
+                kind, body = receive.recv()
+            except (EOFError, OSError):
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    child.wait(5)
+                if child.returncode != 0:
+                    why = why or _death(child.returncode, limits)
+                break
+            if kind == "start":
+                current, current_start = body, time.monotonic()
+            elif kind == "report":
+                reports.append(StepReport(**body))
+            elif kind == "error":
+                why = body
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)  # its own session: the child and anything it ran
+        child.wait()
+        receive.close()
+    if why and not (reports and reports[-1].step == current):
+        reports.append(
+            StepReport(
+                current,
+                "fail",
+                why,
+                {"limits": asdict(limits)},
+                round(time.monotonic() - current_start, 3),
+            )
+        )
+    return reports
+
 
 __all__ = [
+    "DEFAULT_LIMITS",
     "PARENT_STEPS",
+    "SIZE_FACTOR",
     "Proof",
+    "ProofLimits",
+    "fake_oversized",
     "graph_call",
+    "oversized",
+    "prove_bounded",
+    "run_steps",
     "step_device",
     "step_end_to_end",
     "step_equivalence",

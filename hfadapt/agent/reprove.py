@@ -2,7 +2,13 @@
 parent ran at acceptance, on the graph as stored, from the case stored in its manifest. Nothing
 drafted runs, so no sandbox is needed. The case's example inputs are rebuilt by trusted code:
 hfadapt's builder, or calls captured again from the case's model (which must be available:
-bundled, in the HF cache, or a local folder)."""
+bundled, in the HF cache, or a local folder).
+
+The proofs run in a child process under :data:`hfadapt.agent.graph_proof.DEFAULT_LIMITS`, on the
+folder as stored, against the baseline it was accepted on (the adapters its case left out stay
+out, and the adapter itself is not part of the baseline). A folder that passes is recorded as
+proven on this machine (:mod:`hfadapt.graphs.proven`): what lets the registry apply a graph
+folder that was copied, shared or edited."""
 
 from __future__ import annotations
 
@@ -74,12 +80,26 @@ def _case(a: Adapter) -> FailureCase:
     return case
 
 
-def verify_graph_adapter(a: Adapter, work: Path | None = None) -> GraphVerify:
-    """Every parent proof again on ``a``'s graph (equivalence, device, end to end)."""
-    from hfadapt.agent.models import case_model
+REPROVE_STEPS = ("equivalence", "device", "end_to_end")
 
+
+def verify_graph_adapter(
+    a: Adapter,
+    work: Path | None = None,
+    *,
+    limits: graph_proof.ProofLimits | None = None,
+    record: bool = True,
+) -> GraphVerify:
+    """Every parent proof again on ``a``'s graph (equivalence, device, end to end); when all
+    pass and ``record``, the folder (exactly as proven) is recorded as proven here."""
+    from hfadapt.agent.models import case_model
+    from hfadapt.graphs.proven import content_digest, record_proven
+
+    limits = limits or graph_proof.DEFAULT_LIMITS
     result = GraphVerify(a.name, a.rule)
     try:
+        folder = Path(a.path)
+        before = content_digest(folder)
         case = _case(a)
         with tempfile.TemporaryDirectory(prefix="hfadapt-verify-") as tmp:
             if not case.example:
@@ -93,18 +113,26 @@ def verify_graph_adapter(a: Adapter, work: Path | None = None) -> GraphVerify:
                 if not capture_calls(cm.model, [odd, inputs], case.target or "", path=path):
                     raise AdapterError(f"{a.name}: the case's model never calls {case.target}")
                 case.example_file = str(path)
-            proof = graph_proof.Proof(program=a.fn.program, adapter=a)  # type: ignore[attr-defined]
-            proof.host_share = proof.program.host_share() if proof.program else {}
-            for step in (
-                graph_proof.step_equivalence,
-                graph_proof.step_device,
-                graph_proof.step_end_to_end,
-            ):
-                report = step(proof, case)
-                result.steps.append(report)
-                if report.status not in ("pass", "skip"):
-                    result.failure = f"{report.step}: {report.summary}"
-                    break
+            if limits.in_child:
+                job = {"folder": str(folder), "case": case.to_dict()}
+                reports = graph_proof.prove_bounded(job, REPROVE_STEPS, limits, skip_ok=True)
+            else:
+                program = a.fn.program  # type: ignore[attr-defined]
+                proof = graph_proof.Proof(program=program, adapter=a)
+                proof.host_share = program.host_share()
+                reports = graph_proof.run_steps(
+                    proof, case, REPROVE_STEPS, skip_ok=True, limits=limits
+                )
+        result.steps.extend(reports)
+        bad = next((r for r in reports if r.status not in ("pass", "skip")), None)
+        if bad is not None:
+            result.failure = f"{bad.step}: {bad.summary}"
+        elif len(reports) != len(REPROVE_STEPS):
+            result.failure = "not every proof reported"
+        elif record:
+            if content_digest(folder) != before:
+                raise AdapterError(f"{a.name}: the folder changed while it was proven")
+            record_proven(folder, a.name, "verified")
     except HfadaptError as exc:
         result.failure = exc.one_line()
     return result

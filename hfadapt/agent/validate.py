@@ -98,30 +98,32 @@ def _policy(
     return report, dict(policy.adapter)
 
 
-def _parent_steps(result: Validation, case: FailureCase, reads: Any) -> None:
+def _parent_steps(
+    result: Validation,
+    case: FailureCase,
+    reads: Any,
+    proof_limits: graph_proof.ProofLimits | None = None,
+) -> None:
     name = str(result.adapter.get("name") or case.name)
     rule = str(result.adapter.get("rule") or case.rule_id)
-    try:
-        report, proof = graph_proof.step_graph(result.files, case, name, rule, reads)
+    limits = proof_limits or graph_proof.DEFAULT_LIMITS
+    try:  # the graph is not built here when the steps that run it run in the child
+        report, proof = graph_proof.step_graph(
+            result.files, case, name, rule, reads, build=not limits.in_child
+        )
     except Exception as exc:  # the graph's failure, said in one line
         report, proof = StepReport("graph", "fail", _one_line(exc)), graph_proof.Proof()
     result.steps.append(report)
     result.proof = proof
-    runners = {
-        "equivalence": graph_proof.step_equivalence,
-        "device": graph_proof.step_device,
-        "end_to_end": graph_proof.step_end_to_end,
-    }
-    for step in PARENT_STEPS[1:]:
-        if result.failed() is not None:
-            break
-        start = time.monotonic()
-        try:
-            report = runners[step](proof, case)
-        except Exception as exc:  # a graph that breaks a proof is the graph's failure
-            report = StepReport(step, "fail", _one_line(exc))
-        report.seconds = round(time.monotonic() - start, 3)
-        result.steps.append(report)
+    if result.failed() is not None:
+        return
+    if not limits.in_child:
+        result.steps.extend(graph_proof.run_steps(proof, case, PARENT_STEPS[1:], limits=limits))
+        return
+    # The proofs run the graph: in a child process, bounded in memory, CPU and wall time.
+    job = {"files": result.files, "case": case.to_dict(), "name": name, "rule": rule}
+    job["reads"] = reads
+    result.steps.extend(graph_proof.prove_bounded(job, PARENT_STEPS[1:], limits))
 
 
 def _one_line(exc: BaseException) -> str:
@@ -138,6 +140,7 @@ def validate(
     secrets: list[str] | None = None,
     taken_names: dict[str, str] | None = None,
     unsafe_no_isolation: bool = False,
+    proof_limits: graph_proof.ProofLimits | None = None,
 ) -> Validation:
     """Run every step on one draft; stop at the first that fails. A draft is accepted only when
     every step ran and passed (a case without a model to run on cannot be accepted)."""
@@ -170,7 +173,7 @@ def validate(
     if result.failed() is None:
         result.files = run.files
         capture = next(s for s in run.steps if s.step == "capture")
-        _parent_steps(result, case, capture.output.get("reads"))
+        _parent_steps(result, case, capture.output.get("reads"), proof_limits)
     done = {s.step for s in result.steps}
     result.accepted = all(s.status == "pass" for s in result.steps) and set(STEPS) <= done
     result.seconds = time.monotonic() - start

@@ -271,13 +271,19 @@ def verify(
 ) -> None:
     """Re-prove adapters: float64 equivalence with the code they replace, then that their
     rule no longer fires on the simulated device (graph adapters: every acceptance proof
-    again, on the stored graph)."""
+    again, on the stored graph, against the baseline it was accepted on). A graph adapter
+    folder this machine has not proven (copied, shared, edited) is proven when named, and
+    once it passes the registry applies it."""
     from hfadapt.adapters.proofs import verify_adapter
     from hfadapt.adapters.registry import default_registry
     from hfadapt.agent.reprove import verify_graph_adapter
 
     reg = default_registry()
-    targets = [_named(reg, name)] if name else reg.adapters
+    if name:
+        unproven = None if any(a.name == name for a in reg.adapters) else _unproven_graph(name)
+        targets = [unproven] if unproven is not None else [_named(reg, name)]
+    else:
+        targets = reg.adapters
     results: list[Any] = [
         verify_graph_adapter(a)
         if a.form == "graph"
@@ -285,6 +291,8 @@ def verify(
         for a in targets
     ]
     failed = [r for r in results if not r.ok]
+    if any(a.form == "graph" for a in targets) and len(failed) < len(results):
+        default_registry(reload=True)  # what was proven now applies
     plan_exit(1 if failed else 0)
     if as_json:
         typer.echo(
@@ -315,6 +323,27 @@ def verify(
         )
     if failed:
         raise typer.Exit(1)
+
+
+def _unproven_graph(name: str) -> Any:
+    """The graph adapter folder named ``name`` in the user folders that the registry refused
+    as not proven on this machine (loaded without that check, graph not parsed), or None."""
+    from hfadapt.adapters.graph_adapter import is_graph_folder, load_graph_adapter, read_manifest
+    from hfadapt.adapters.registry import user_dirs
+    from hfadapt.errors import HfadaptError
+
+    for folder in user_dirs():
+        if not folder.is_dir():
+            continue
+        for path in sorted(folder.iterdir()):
+            if path.name.startswith(("_", ".")) or not is_graph_folder(path):
+                continue
+            try:
+                if read_manifest(path).get("name") == name:
+                    return load_graph_adapter(path, "user", proven=False, lazy=True)
+            except HfadaptError:
+                continue
+    return None
 
 
 def why_ok(r: Any) -> str:

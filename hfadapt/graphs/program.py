@@ -77,13 +77,16 @@ _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 class GraphProgram:
     """A validated artifact, ready to run (thread-safe; one fx module per dtype and device)."""
 
-    def __init__(self, artifact: GraphArtifact) -> None:
+    def __init__(self, artifact: GraphArtifact, *, prebuild: bool = True) -> None:
+        """``prebuild=False``: the static facts only (placements, host share, op counts); the fx
+        modules are built on first run (what a process that never runs the graph wants)."""
         self.artifact = artifact
         self.fns = [ops.resolve(n.op) for n in artifact.nodes]
         self.placement = self._placements()
         self._modules: dict[tuple[torch.dtype, str], torch.fx.GraphModule] = {}
         self._lock = threading.Lock()
-        self._prebuild()
+        if prebuild:
+            self._prebuild()
 
     def _prebuild(self) -> None:
         """Build the fx module for every floating dtype on the CPU and on the accelerator
