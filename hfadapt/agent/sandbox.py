@@ -82,8 +82,10 @@ def clean_env(secrets: list[str] | None = None, workdir: Path | None = None) -> 
     values = {s for s in (secrets or []) if s}
     tmp = str(workdir) if workdir is not None else "/tmp"
     package_root = str(Path(__file__).resolve().parents[2])
+    # isolated: only the folders the sandbox may show (never the working or home folder)
+    path = isolation.python_path() if workdir is None else [package_root, *settings.python_path()]
     extra = {
-        "PYTHONPATH": os.pathsep.join([package_root, *settings.python_path()]),
+        "PYTHONPATH": os.pathsep.join(path),
         settings.HFADAPT_SANDBOX.name: "1",
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
@@ -108,9 +110,9 @@ def hub_cache() -> str:
 
 
 def readable_paths(job: dict[str, Any]) -> list[Path]:
-    """What the worker reads besides the interpreter and system: the package, the hub cache,
-    and the case's captured calls."""
-    paths = [Path(__file__).resolve().parents[2], Path(hub_cache())]
+    """What the worker reads besides the interpreter, hfadapt's package and the system
+    (:func:`hfadapt.isolation.mounts`): the hub cache and the case's captured calls."""
+    paths = [Path(hub_cache())]
     case = job.get("case") or {}
     if case.get("example_file"):
         paths.append(Path(case["example_file"]))

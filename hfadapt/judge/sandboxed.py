@@ -55,8 +55,10 @@ def _env(isolated: bool, scratch: Path) -> dict[str, str]:
     """The worker's whole environment: the allowlist of :func:`isolation.sandbox_env`, offline
     Hub settings, and scratch places for the model's copied code and compile caches."""
     tmp = "/tmp" if isolated else str(scratch)
+    # isolated: only the folders the sandbox may show (never the working or home folder)
+    path = isolation.python_path() if isolated else [str(_package_root()), *settings.python_path()]
     extra = {
-        "PYTHONPATH": os.pathsep.join([str(_package_root()), *settings.python_path()]),
+        "PYTHONPATH": os.pathsep.join(path),
         settings.HFADAPT_SANDBOX.name: "1",
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
@@ -92,14 +94,14 @@ def _env(isolated: bool, scratch: Path) -> dict[str, str]:
 
 
 def worker_readable_paths(env: dict[str, str]) -> list[Path]:
-    """What the sandboxed judge reads besides the interpreter and the system: the hub cache,
-    hfadapt's adapter folders, the package, and the compiled DL16 kernels."""
+    """What the sandboxed judge reads besides the interpreter, hfadapt's package, the shown
+    ``$PYTHONPATH`` folders and the system (:func:`hfadapt.isolation.mounts`): the hub cache,
+    hfadapt's adapter folders and the compiled DL16 kernels."""
     from hfadapt.adapters.registry import user_adapters_dir
     from hfadapt.spyre.dl16_native import cache_dir
 
     paths = [Path(env["HF_HUB_CACHE"])] if env.get("HF_HUB_CACHE") else []
     paths += [Path(p) for p in env.get("HFADAPT_ADAPTERS_PATH", "").split(os.pathsep) if p]
-    paths += [Path(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     paths += [user_adapters_dir(), cache_dir()]
     return paths
 
