@@ -222,10 +222,11 @@ def _gelu_draft(args: str = "self, input") -> str:
 
 
 @needs_bwrap
+@pytest.mark.parametrize("entry", ["python -m hfadapt", "console script"])
 def test_a_drafted_annotation_probing_from_a_home_folder_finds_nothing_to_send(
-    openai_server: ScriptedOpenAI, exposed: list[Path], tmp_path: Path
+    openai_server: ScriptedOpenAI, exposed: list[Path], tmp_path: Path, entry: str
 ) -> None:
-    """`python -m hfadapt draft` run from a home folder holding secrets (the cwd on sys.path,
+    """`python -m hfadapt draft` (and the `hfadapt` console script) run from a home folder holding secrets (the cwd on sys.path,
     the editable install's checkout on PYTHONPATH), against a hostile endpoint whose first
     draft probes in an argument annotation at import and raises what it found into the
     feedback: the probe runs as nobody, writes no sysctl, reads no secret, cannot write / or
@@ -242,8 +243,11 @@ def test_a_drafted_annotation_probing_from_a_home_folder_finds_nothing_to_send(
     args += ["--base-url", openai_server.url, "--model", "scripted-model"]
     args += ["--api-key", "sk-test-reach", "--max-attempts", "2", "--json"]
     args += ["--db", str(tmp_path / "runs.db")]
+    command = [sys.executable, "-m", "hfadapt"]
+    if entry == "console script":  # what pip installed beside the interpreter
+        command = [str(Path(sys.executable).parent / "hfadapt")]
     done = subprocess.run(
-        [sys.executable, "-m", "hfadapt", *args],
+        [*command, *args],
         cwd=home,
         env={**os.environ, "PYTHONPATH": os.environ["PYTHONPATH"]},
         capture_output=True,
