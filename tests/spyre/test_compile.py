@@ -236,6 +236,7 @@ def test_bf16_models_run_and_return_bf16() -> None:
     assert err < 2e-3, f"max |bf16 device - fp32| = {err}"
 
 
+@pytest.mark.native
 def test_native_rounding_kernel_matches_the_torch_path_bit_for_bit() -> None:
     if not available():
         pytest.skip("no C compiler: the torch path is the only one")

@@ -34,6 +34,7 @@ def _bits_differ(a: torch.Tensor, b: torch.Tensor) -> int:
         ((12, 29, 32), (12, 32, 29)),
     ],
 )
+@pytest.mark.native
 def test_groups_of_pieces_give_the_bits_of_all_pieces_at_once(
     monkeypatch: pytest.MonkeyPatch, a_shape: tuple[int, ...], b_shape: tuple[int, ...]
 ) -> None:
@@ -75,6 +76,7 @@ def test_groups_of_pieces_give_the_bits_of_all_pieces_at_once(
         ((7, 33, 200), (7, 200, 20), 1),  # one batch item a group
     ],
 )
+@pytest.mark.native
 def test_a_batched_product_made_a_group_at_a_time_gives_the_whole_products_bits(
     monkeypatch: pytest.MonkeyPatch,
     a_shape: tuple[int, ...],
@@ -127,6 +129,7 @@ def _softmax_inputs() -> list[tuple[torch.Tensor, float]]:
     return [(scores, 0.0), (scores, 2.0**-20), (odd, 0.0), (odd, 1e-3), (wide, 0.0), (short, 1e-5)]
 
 
+@pytest.mark.native
 @pytest.mark.parametrize("case", range(6))
 def test_the_softmax_kernel_agrees_with_the_torch_ops(case: int) -> None:
     """The C softmax (a block of rows at a time) against the torch ops it replaces: within 12 fp32
@@ -171,6 +174,7 @@ def test_the_softmax_kernel_agrees_with_the_torch_ops(case: int) -> None:
     assert torch.equal(rounded[0].isnan(), out.isnan())
 
 
+@pytest.mark.native
 def test_the_softmax_kernel_leaves_the_callers_float_mode_alone() -> None:
     """The kernel's flush-to-zero is its own: afterwards a subnormal result is still one, in
     this thread and in torch's worker threads."""
@@ -340,6 +344,7 @@ def _layer_norm_cases() -> list[tuple[torch.Tensor, list[int], bool, bool, float
     ]
 
 
+@pytest.mark.native
 @pytest.mark.parametrize("case", range(4))
 def test_the_layer_norm_kernel_gives_the_torch_ops_bits(
     monkeypatch: pytest.MonkeyPatch, case: int
