@@ -35,7 +35,7 @@ from hfadapt.adapters.api import Adapter, Provenance
 from hfadapt.errors import AdapterError, GraphError, UntrustedDataError
 from hfadapt.graphs import GraphArtifact, GraphProgram
 from hfadapt.graphs.artifact import CONSTANTS_FILE, GRAPH_FILE, read_plain_file
-from hfadapt.graphs.reads import read_value
+from hfadapt.graphs.reads import is_plain, plain, read_value
 from hfadapt.untrusted import bounded, clean_text, parse_json
 
 log = logging.getLogger(__name__)
@@ -183,18 +183,57 @@ class GraphMethod:
                 )
 
 
+# A module's place in its model (``layer_idx``), not how it computes: not recorded.
+_POSITION_NAMES = ("_idx", "_index", "_id", "layer_number")
+
+
+def module_attributes(module: torch.nn.Module) -> dict[str, Any]:
+    """The module's own plain attributes (an ``eps``, a hidden size, an ``approximate`` flag,
+    a head count: what its constructor and config set), not ``training``: recorded with the
+    reads when a graph is proven, so that it applies only where they all hold."""
+    return {
+        name: plain(value)
+        for name, value in vars(module).items()
+        if not name.startswith("_")
+        and name != "training"
+        and not name.endswith(_POSITION_NAMES)
+        and READ_PATH.match(name)
+        and is_plain(value)
+    }
+
+
+def attribute_mismatch(module: torch.nn.Module, reads: dict[str, Any]) -> str:
+    """Why a graph proven where ``reads`` held does not apply to ``module`` ("" when it does):
+    a recorded read that differs, or a plain attribute of the module the proof never recorded
+    (a folder from before attributes were recorded applies only to modules without any)."""
+    for path, value in reads.items():
+        now = read_value(module, path)
+        if now != value:
+            return f"{path} is {now!r} here, {value!r} where the graph was proven"
+    for name, value in module_attributes(module).items():
+        if name not in reads:
+            return f"attribute {name}={value!r} was not recorded where the graph was proven"
+    return ""
+
+
 def conditions_check(
-    cls: type | Callable[[], type | None], reads: dict[str, Any]
+    cls: type | Callable[[], type | None], reads: dict[str, Any], name: str = ""
 ) -> Callable[[Any, Any], bool]:
     """The ``applies`` predicate: exactly the target class (or the class a resolver gives,
-    resolved on first use), every recorded read unchanged."""
+    resolved on first use), every recorded read unchanged and every plain attribute of the
+    module recorded (a mismatch is logged once per reason)."""
+    said: set[str] = set()
 
     def applies(module: Any, config: Any) -> bool:
         m: torch.nn.Module = module
         want = cls if isinstance(cls, type) else cls()
         if want is None or type(m) is not want:
             return False
-        return all(read_value(m, path) == value for path, value in reads.items())
+        why = attribute_mismatch(m, reads)
+        if why and why not in said:
+            said.add(why)
+            log.warning("graph adapter %s does not apply to %s: %s", name, type(m).__name__, why)
+        return not why
 
     return applies
 
@@ -229,7 +268,7 @@ def graph_adapter(
         cls = a.target_class()
         if cls is None or not issubclass(cls, torch.nn.Module):
             raise AdapterError(f"{name}: target {target} is not a torch module class")
-        a.applies = conditions_check(cls, reads)
+        a.applies = conditions_check(cls, reads, name)
     else:  # discovery: the target's module is imported only when a model could match
 
         def resolve() -> type | None:
@@ -238,7 +277,7 @@ def graph_adapter(
                 raise AdapterError(f"{name}: target {target} is not a torch module class")
             return cls
 
-        a.applies = conditions_check(resolve, reads)
+        a.applies = conditions_check(resolve, reads, name)
     return a
 
 
@@ -345,12 +384,14 @@ __all__ = [
     "SOURCE_FILE",
     "GraphMethod",
     "NotProvenError",
+    "attribute_mismatch",
     "conditions_check",
     "draft_source",
     "graph_adapter",
     "graph_digest",
     "is_graph_folder",
     "load_graph_adapter",
+    "module_attributes",
     "not_proven_reason",
     "read_manifest",
 ]

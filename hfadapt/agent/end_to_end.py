@@ -1,9 +1,12 @@
 """End-to-end measures of an adapted model against the stock one: the minimum per-token cosine
 over real (non-pad) tokens, and the relative error of the token vectors' values (so that a
-result off by a scale, which a cosine cannot see, fails)."""
+result off by a scale, which a cosine cannot see, fails). On the device a draft is judged
+against the same model without it (:func:`judge_device`): a model another defect already
+corrupts must not refuse a right draft, and a draft must make nothing worse."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -14,6 +17,10 @@ DEVICE_COSINE_MIN = 0.99
 # Relative error of the device's token vectors against the CPU reference: fp16/DL16 rounding
 # through a whole model stays near 1e-2; a result scaled by 2 % or more does not pass.
 DEVICE_REL_ERR_MAX = 0.05
+# When the model without the draft already misses those on the device (another defect corrupts
+# it), the draft is judged against that run instead: it may add no more error than a clean
+# model may have in all (1 - DEVICE_COSINE_MIN of cosine, DEVICE_REL_ERR_MAX of relative error
+# in quadrature): the same budget it would have on a model with nothing else wrong.
 
 
 def run_forward(model: Any, inputs: Any) -> Any:
@@ -70,10 +77,98 @@ def relative_error(ref: Any, cand: Any, mask: torch.Tensor | None) -> float:
     return float((b - a).norm()) / denom if denom > 0 else float((b - a).norm())
 
 
+@dataclass(frozen=True)
+class DeviceVerdict:
+    """The model on the device with the draft and without it (the same run), each against the
+    CPU reference: min per-token cosine and relative error."""
+
+    cosine: float
+    rel_err: float
+    baseline_cosine: float
+    baseline_rel_err: float
+
+    @property
+    def baseline_ok(self) -> bool:
+        return (
+            self.baseline_cosine >= DEVICE_COSINE_MIN
+            and self.baseline_rel_err <= DEVICE_REL_ERR_MAX
+        )
+
+    @property
+    def meets_thresholds(self) -> bool:
+        return self.cosine >= DEVICE_COSINE_MIN and self.rel_err <= DEVICE_REL_ERR_MAX
+
+    @property
+    def no_worse(self) -> bool:
+        """The draft adds no more error than a clean model may have in all: errors from
+        different causes add in quadrature (relative error) and 1 - cosine adds."""
+        return (
+            1.0 - self.cosine <= (1.0 - self.baseline_cosine) + (1.0 - DEVICE_COSINE_MIN) + 1e-9
+            and self.rel_err**2 <= self.baseline_rel_err**2 + DEVICE_REL_ERR_MAX**2
+        )
+
+    @property
+    def ok(self) -> bool:
+        """Within the thresholds; or, when the model without the draft already misses them,
+        no worse than it."""
+        return self.meets_thresholds or (not self.baseline_ok and self.no_worse)
+
+    def text(self) -> str:
+        numbers = (
+            f"device vs CPU reference with the draft: min per-token cosine {self.cosine:.6f}, "
+            f"relative error {self.rel_err:.4f}; without it (the same model on the device): "
+            f"{self.baseline_cosine:.6f}, {self.baseline_rel_err:.4f}"
+        )
+        if self.meets_thresholds:
+            return f"{numbers}; within >= {DEVICE_COSINE_MIN}, <= {DEVICE_REL_ERR_MAX}"
+        if self.baseline_ok:
+            return (
+                f"{numbers}: the model passes (>= {DEVICE_COSINE_MIN}, <= {DEVICE_REL_ERR_MAX}) "
+                "without the draft and fails with it"
+            )
+        if self.no_worse:
+            return (
+                f"{numbers}: the model already fails end to end without the draft (another "
+                f"defect); the draft adds no more error than a clean model may have "
+                f"({1.0 - DEVICE_COSINE_MIN:.2g} of cosine, {DEVICE_REL_ERR_MAX} of relative error)"
+            )
+        return (
+            f"{numbers}: the model already fails end to end without the draft (another defect, "
+            "not the draft's to fix), and the draft makes it worse: it adds more error than a clean "
+            f"model may have in all ({1.0 - DEVICE_COSINE_MIN:.2g} of cosine, "
+            f"{DEVICE_REL_ERR_MAX} of relative error in quadrature)"
+        )
+
+    def output(self) -> dict[str, Any]:
+        return {
+            "device_vs_cpu_min_token_cosine": self.cosine,
+            "device_relative_error": self.rel_err,
+            "baseline_device_vs_cpu_min_token_cosine": self.baseline_cosine,
+            "baseline_device_relative_error": self.baseline_rel_err,
+            "device_threshold": DEVICE_COSINE_MIN,
+            "device_relative_error_max": DEVICE_REL_ERR_MAX,
+            "baseline_ok": self.baseline_ok,
+        }
+
+
+def judge_device(
+    stock: Any, with_draft: Any, without_draft: Any, mask: torch.Tensor | None
+) -> DeviceVerdict:
+    """The device outputs with and without the draft, each against the stock CPU outputs."""
+    return DeviceVerdict(
+        cosine=token_cosine(stock, with_draft, mask),
+        rel_err=relative_error(stock, with_draft, mask),
+        baseline_cosine=token_cosine(stock, without_draft, mask),
+        baseline_rel_err=relative_error(stock, without_draft, mask),
+    )
+
+
 __all__ = [
     "CPU_COSINE_MIN",
     "DEVICE_COSINE_MIN",
     "DEVICE_REL_ERR_MAX",
+    "DeviceVerdict",
+    "judge_device",
     "main_tensor",
     "relative_error",
     "run_forward",

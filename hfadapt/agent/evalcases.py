@@ -286,3 +286,39 @@ def padding_mask_model(seed: int) -> tuple[nn.Module, dict[str, Any]]:
     mask = torch.ones(2, 64, dtype=torch.long)
     mask[1, 50:] = 0
     return Wrap(PaddingMaskAdd()), {"x": _x(seed, 2, 64, 64), "extra": mask}
+
+
+class _ExpWide(nn.Module):
+    """exp over a last dimension of 96 (more than one stick, not a whole number of sticks): in
+    fp16 on the device the card's silent ``exp_unaligned_stick`` defect, a failure that has
+    nothing to do with the softsign after it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.Linear(64, 96)
+        self.down = nn.Linear(96, 64)
+
+    def forward(self, x: Tensor) -> Tensor:
+        out: Tensor = self.down(torch.exp(self.up(x) * 0.5))
+        return out
+
+
+class CorruptedSoftsign(nn.Module):
+    """Softsign (the failure to draft for) after a part the device gets wrong anyway."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.other = _ExpWide()
+        self.inner = Softsign()
+        self.proj_out = nn.Linear(64, 64)
+
+    def forward(self, x: Tensor) -> Tensor:
+        out: Tensor = self.proj_out(self.inner(self.other(x)))
+        return out
+
+
+def corrupted_softsign_model(seed: int) -> tuple[nn.Module, dict[str, Any]]:
+    """The softsign failure in a model whose device run is already wrong without any draft (a
+    baseline that fails end to end for another reason)."""
+    _seeded(seed)
+    return CorruptedSoftsign(), {"x": _x(seed, 2, 64, 64)}

@@ -68,6 +68,7 @@ class DraftOutcome:
         return {
             "case": self.case.name,
             "fingerprint": self.case.fingerprint,
+            "execution": self.case.execution,
             "outcome": self.outcome,
             "reason": self.reason,
             "attempts": len(self.attempts),

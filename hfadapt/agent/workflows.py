@@ -166,16 +166,19 @@ def plan_drafts(
     fingerprint: str | None = None,
     top: int | None = None,
     mode: Mode | None = None,
+    execution: Execution | None = None,
 ) -> list[DraftTarget]:
     """What to draft for, from exactly one of ``model`` (diagnosed when drafting, as
     ``judge`` says), ``fingerprint`` (a recorded one, on its most downloaded model) or ``top``
     (the K fingerprints blocking the most downloads, each on its first model). A recorded
     fingerprint is looked for in the mode and execution its model's latest run had (so that it
-    occurs again), or in ``mode`` when one is given."""
+    occurs again), or in ``mode`` and ``execution`` when they are given (a model diagnosed
+    now: ``judge``'s, compiled by default as ``diagnose`` judges)."""
     if sum(x is not None for x in (model, fingerprint, top)) != 1:
         raise UsageError("give exactly one of model, fingerprint or top")
     if model is not None:
-        return [DraftTarget(model, None, judge.but(mode=mode or judge.mode))]
+        how = judge.but(mode=mode or judge.mode, execution=execution or judge.execution)
+        return [DraftTarget(model, None, how)]
     if top is not None:
         if top < 1:
             raise UsageError(f"top must be at least 1 (got {top})")
@@ -187,13 +190,17 @@ def plan_drafts(
     targets = []
     for ref, fingerprints in wanted.items():
         recorded = recorded_run(engine, ref)
-        how = judge.but(mode=Mode.FULL, execution=Execution.EAGER)
+        how = judge.but(mode=Mode.FULL)
         if recorded is not None:
             mode_then, execution_then, left_out_then = recorded
             how = judge.but(mode=mode_then, execution=execution_then)
             if not judge.without_adapters:  # what the recorded run left out, left out again
                 how = how.but(without_adapters=left_out_then)
-        targets.append(DraftTarget(ref, fingerprints, how.but(mode=mode) if mode else how))
+        if mode:
+            how = how.but(mode=mode)
+        if execution:
+            how = how.but(execution=execution)
+        targets.append(DraftTarget(ref, fingerprints, how))
     return targets
 
 

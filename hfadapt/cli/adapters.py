@@ -16,13 +16,21 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from hfadapt.cli._app import JsonOption, ProfileOption, app, console, count_option, err_console
+from hfadapt.cli._app import (
+    DbOption,
+    JsonOption,
+    ProfileOption,
+    app,
+    console,
+    count_option,
+    err_console,
+)
 from hfadapt.cli._console import plan_exit
-from hfadapt.errors import NotFoundError
+from hfadapt.errors import NotFoundError, UsageError
 from hfadapt.report.charts import plural
 
 adapters_app = typer.Typer(
-    help="The adapter registry: list, show, re-prove and export adapters.",
+    help="The adapter registry: list, show, re-prove, export and remove adapters.",
     no_args_is_help=True,
     rich_markup_mode=None,
 )
@@ -48,6 +56,51 @@ def markdown_table(adapters: list[Any]) -> str:
     return "\n".join(lines)
 
 
+SessionOption = Annotated[
+    list[int] | None,
+    typer.Option(
+        "--session",
+        metavar="ID",
+        help="A draft session (its id in `hfadapt draft`'s output or `hfadapt attempts`); "
+        "repeatable.",
+        show_default=False,
+    ),
+]
+
+
+def _sessions(ids: list[int], db: str | None) -> list[Any]:
+    """The recorded draft sessions ``ids``, in that order; NotFoundError for a missing one."""
+    from hfadapt.cli._app import existing_engine
+    from hfadapt.db.engine import session
+    from hfadapt.db.tables import DraftSession
+
+    engine = existing_engine(db, hint="`hfadapt draft`")
+    with session(engine, write=False) as s:
+        rows = [s.get(DraftSession, i) for i in ids]
+    missing = [str(i) for i, r in zip(ids, rows, strict=True) if r is None]
+    if missing:
+        raise NotFoundError(f"no draft session {', '.join(missing)}; see hfadapt attempts")
+    return rows
+
+
+def _session_rows(ids: list[int], db: str | None) -> list[dict[str, Any]]:
+    """What each session added: its adapter (name, folder, whether the folder is still there)."""
+    out = []
+    for row in _sessions(ids, db):
+        path = Path(row.adapter_path) if row.adapter_path else None
+        out.append(
+            {
+                "session": row.id,
+                "fingerprint": row.fingerprint,
+                "outcome": row.outcome,
+                "adapter": row.adapter_name,
+                "path": str(path) if path else None,
+                "present": bool(path and (path / "adapter.json").is_file()),
+            }
+        )
+    return out
+
+
 @adapters_app.command("list")
 def list_adapters(
     as_json: JsonOption = False,
@@ -57,10 +110,25 @@ def list_adapters(
             "--markdown", help="Print the table as Markdown (the README's adapter table)."
         ),
     ] = False,
+    sessions: SessionOption = None,
+    db: DbOption = None,
 ) -> None:
-    """Every adapter found (bundled, user folders, entry points), and files that failed to load."""
+    """Every adapter found (bundled, user folders, entry points), and files that failed to load;
+    with --session, what those draft sessions added."""
     from hfadapt.adapters.registry import default_registry
 
+    if sessions:
+        added = _session_rows(sessions, db)
+        if as_json:
+            typer.echo(json.dumps(added, indent=2))
+            return
+        table = Table("session", "fingerprint", "outcome", "adapter", "folder")
+        for r in added:
+            where = (r["path"] or "") + ("" if r["present"] or not r["path"] else " (removed)")
+            row = (r["session"], r["fingerprint"], r["outcome"], r["adapter"] or "-", where)
+            table.add_row(*(escape(str(c)) for c in row))
+        console.print(table)
+        return
     reg = default_registry()
     if markdown:
         typer.echo(markdown_table(reg.adapters))
@@ -87,6 +155,59 @@ def list_adapters(
         console.print(
             f"[red]broken[/red] {escape(f'{e.path}: {e.error}')}", highlight=False, soft_wrap=True
         )
+
+
+def _remove_folder(path: Path) -> None:
+    """Delete an accepted draft's folder from the named home and forget its proof."""
+    import shutil
+
+    from hfadapt.adapters.registry import user_adapters_dir
+    from hfadapt.graphs.proven import forget_proven
+
+    home = user_adapters_dir().resolve()
+    if path.resolve().parent != home:
+        raise UsageError(
+            f"{path} is not in the adapters folder of $HFADAPT_HOME ({home}): hfadapt removes "
+            "only the drafts it accepted there"
+        )
+    forget_proven(path)
+    shutil.rmtree(path)
+
+
+@adapters_app.command("remove")
+def remove_adapters(
+    names: Annotated[
+        list[str] | None,
+        typer.Argument(metavar="[NAME]...", help="Accepted drafts to remove, by name."),
+    ] = None,
+    sessions: SessionOption = None,
+    db: DbOption = None,
+) -> None:
+    """Remove accepted drafts from $HFADAPT_HOME/adapters (by name, or what draft sessions
+    added), with their proof records: they no longer apply to any model."""
+    from hfadapt.adapters.registry import default_registry, user_adapters_dir
+
+    if not names and not sessions:
+        raise UsageError("give NAME(s) or --session ID to remove")
+    home = user_adapters_dir()
+    paths: list[Path] = []
+    for name in names or []:
+        path = home / name
+        if not (path / "adapter.json").is_file():
+            raise NotFoundError(
+                f"no accepted draft named {name!r} in {home}; see hfadapt adapters list"
+            )
+        paths.append(path)
+    for r in _session_rows(sessions or [], db):
+        if r["path"] and r["present"]:
+            paths.append(Path(r["path"]))
+        else:
+            reason = "was removed already" if r["adapter"] else f"added nothing ({r['outcome']})"
+            err_console.print(escape(f"session {r['session']} {reason}"), highlight=False)
+    for path in dict.fromkeys(paths):
+        _remove_folder(path)
+        console.print(escape(f"removed {path.name} from {path.parent}"), highlight=False)
+    default_registry(reload=True)
 
 
 def _named(reg: Any, name: str) -> Any:

@@ -126,6 +126,17 @@ def draft(
             show_default=False,
         ),
     ] = None,
+    compile_: Annotated[
+        bool | None,
+        typer.Option(
+            "--compile/--eager",
+            help="Diagnose and prove on the device compiled (torch.compile with the spyre "
+            "backend, as `diagnose` does by default) or as eager ops (default: --compile for "
+            "MODEL; for --top/--fingerprint, the execution each model's fingerprints were "
+            "recorded in).",
+            show_default=False,
+        ),
+    ] = None,
     no_adapters: Annotated[
         bool,
         typer.Option(
@@ -138,7 +149,8 @@ def draft(
     as_json: JsonOption = False,
     unsafe_no_isolation: UnsafeOption = False,
 ) -> None:
-    """Have a coding agent draft adapters for failures; accept only proven ones."""
+    """Have a coding agent draft adapters for failures; accept only proven ones (written to
+    $HFADAPT_HOME/adapters). Exits 1 unless every failure drafted for was fixed."""
     from hfadapt.agent import workflows
 
     if sum(x is not None for x in (model_ref, fingerprint, top)) != 1:
@@ -158,22 +170,36 @@ def draft(
     from hfadapt.agent.options import DraftOptions
     from hfadapt.judge.options import JudgeOptions
 
+    execution = None if compile_ is None else Execution.COMPILE if compile_ else Execution.EAGER
     judging = JudgeOptions(
         Mode.FULL,
-        Execution.EAGER,
+        Execution.COMPILE,
         profile=profile,
         adapters=not no_adapters,
         without_adapters=without,
         localize=False,
     )
     targets = workflows.plan_drafts(
-        engine, judging, model=model_ref, fingerprint=fingerprint, top=top, mode=mode
+        engine,
+        judging,
+        model=model_ref,
+        fingerprint=fingerprint,
+        top=top,
+        mode=mode,
+        execution=execution,
     )
     from hfadapt.agent.client import AgentClient
     from hfadapt.agent.records import Recorder
 
     client = AgentClient(settings)
     client.check()  # one cheap request: a dead endpoint stops the run before any model work
+    from hfadapt.adapters.registry import user_adapters_dir
+
+    home = user_adapters_dir()
+    _note(
+        f"accepted drafts are written to {home} ($HFADAPT_HOME/adapters) and apply to every "
+        "later model there"
+    )
     outcomes = workflows.draft_targets(
         targets,
         client,
@@ -186,8 +212,24 @@ def draft(
         typer.echo(json.dumps([o.to_dict() for o in outcomes], indent=2, default=str))
     elif outcomes:
         console.print(_outcome_table(outcomes))
-    if outcomes and not any(o.accepted for o in outcomes):
+    if outcomes:
+        _note(_closing(outcomes, home))
+    if not all(o.accepted for o in outcomes):  # exit 1 unless every failure drafted for was fixed
         raise typer.Exit(1)
+
+
+def _closing(outcomes: list[Any], home: Path) -> str:
+    """How many failures were fixed, where the accepted drafts are, and how to undo them."""
+    fixed = [o for o in outcomes if o.accepted]
+    text = f"{len(fixed)} of {plural(len(outcomes), 'failure')} fixed"
+    if fixed:
+        names = ", ".join(o.adapter_path.name for o in fixed if o.adapter_path)
+        ids = " ".join(f"--session {o.session_id}" for o in fixed if o.session_id is not None)
+        text += (
+            f"; accepted drafts written to {home}: {names} (list: hfadapt adapters list {ids}; "
+            f"undo: hfadapt adapters remove {ids})"
+        )
+    return text
 
 
 def _note(text: str) -> None:
@@ -208,7 +250,9 @@ def _print_top(entries: list[Any], as_json: bool) -> None:
     for e in entries:
         v = e.violation or {}
         loc = v.get("location") or {}
-        where = f"{loc.get('file', '')}:{loc.get('function', '')}" if loc else ""
+        where = (
+            f"{loc.get('file', '')}:{loc.get('qualname') or loc.get('function', '')}" if loc else ""
+        )
         table.add_row(
             escape(e.fingerprint),
             f"{e.downloads:,}",

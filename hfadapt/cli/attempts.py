@@ -96,11 +96,13 @@ def _show(attempt: Any, sess: Any) -> None:
     # A failed request's tries are in its error ("gave up after 5 tries"), so the retries
     # column (recorded for answered and failed requests alike) is shown for an answer only.
     retries = "" if attempt.error else f"; retried {attempt.retries} time(s) before the answer"
+    case = sess.case if sess is not None and isinstance(sess.case, dict) else {}
+    judged = f"; judged {case['execution']}" if case.get("execution") else ""
     console.print(
         escape(
             f"attempt {attempt.id} (#{attempt.number} of session {attempt.session_id}, {sess.outcome if sess else '?'}) "
             f"for {attempt.fingerprint}: {b['result']}\nendpoint {attempt.endpoint} model {attempt.endpoint_model}; "
-            f"tokens {attempt.tokens_in} in / {attempt.tokens_out} out; latency {attempt.latency_s:.2f} s{retries}"
+            f"tokens {attempt.tokens_in} in / {attempt.tokens_out} out; latency {attempt.latency_s:.2f} s{retries}{judged}"
         ),
         highlight=False,
     )

@@ -152,6 +152,27 @@ def proven_digest(folder: Path) -> str | None:
     return digest if signature(digest, key) in data else None
 
 
+def forget_proven(folder: Path) -> int:
+    """Drop every record of ``folder`` (by its path) from this machine's proven records, so
+    that a folder put back at that path is not trusted without a new proof; returns how many."""
+    where = str(folder.resolve())
+    if not (_home() / RECORD_FILE).exists():
+        return 0
+    with _locked() as path:
+        data = _read_record(path)
+        kept = {
+            k: v for k, v in data.items() if not (isinstance(v, dict) and v.get("folder") == where)
+        }
+        if len(kept) == len(data):
+            return 0
+        tmp = path.with_name(f".{RECORD_FILE}.{os.getpid()}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(kept, fh, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    return len(data) - len(kept)
+
+
 def is_proven(folder: Path) -> bool:
     """Whether this machine proved ``folder`` with exactly its present content."""
     return proven_digest(folder) is not None
@@ -159,6 +180,7 @@ def is_proven(folder: Path) -> bool:
 
 __all__ = [
     "content_digest",
+    "forget_proven",
     "is_proven",
     "machine_key",
     "proven_digest",

@@ -3,6 +3,8 @@ profile it was judged by. Diagnose, sweeps and the agent consume it (also as JSO
 
 from __future__ import annotations
 
+import ast
+import functools
 import hashlib
 import json
 from collections import Counter
@@ -18,6 +20,14 @@ class SourceLocation:
     line: int
     function: str
     code: str = ""
+    # the function's qualified name (``BertSelfAttention.forward``) when known: it tells apart
+    # methods of two classes in one file that share a name; "" in what was recorded before it
+    qualname: str = ""
+
+    @property
+    def site(self) -> str:
+        """``file:qualname`` (``file:function`` when the qualified name is not known)."""
+        return f"{self.short_file}:{self.qualname or self.function}"
 
     @property
     def short_file(self) -> str:
@@ -30,6 +40,42 @@ class SourceLocation:
 
     def __str__(self) -> str:
         return f"{self.short_file}:{self.line} in {self.function}"
+
+
+@functools.lru_cache(maxsize=256)
+def _definitions(file: str) -> tuple[tuple[int, int, str], ...]:
+    """(first line, last line, qualified name) of every function in a source file, the
+    qualified name as Python's ``co_qualname`` spells it (``Class.method``, ``f.<locals>.g``)."""
+    try:
+        with open(file, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        return ()
+    found: list[tuple[int, int, str]] = []
+
+    def walk(body: list[ast.stmt], prefix: str) -> None:
+        for node in body:
+            if isinstance(node, ast.ClassDef):
+                walk(node.body, f"{prefix}{node.name}.")
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+                name = f"{prefix}{node.name}"
+                found.append((start, node.end_lineno or node.lineno, name))
+                walk(node.body, f"{name}.<locals>.")
+
+    walk(tree.body, "")
+    return tuple(found)
+
+
+def qualname_at(file: str, line: int, function: str) -> str:
+    """The qualified name of ``function`` around ``line`` of ``file`` (the innermost definition
+    of that name holding the line), or "" when the source cannot say."""
+    best = ""
+    best_start = -1
+    for start, end, name in _definitions(file):
+        if start <= line <= end and name.rsplit(".", 1)[-1] == function and start > best_start:
+            best, best_start = name, start
+    return best
 
 
 @dataclass(frozen=True)
@@ -51,8 +97,10 @@ class Violation:
 
     def fingerprint(self) -> str:
         """Stable id of (rule, op, dtype, call site): shared by every model that meets the same
-        code. The call site is file and function, not line, so it survives small edits."""
-        site = f"{self.location.short_file}:{self.location.function}" if self.location else ""
+        code. The call site is file and qualified function (class and method), not line, so
+        it survives small edits; a location recorded without a qualified name keeps the id it
+        had (file and function)."""
+        site = self.location.site if self.location else ""
         key = "|".join((self.rule_id, self.op, self.dtype, site))
         return hashlib.sha1(key.encode()).hexdigest()[:12]
 

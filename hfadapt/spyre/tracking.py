@@ -140,7 +140,11 @@ def model_location(depth: int = 1) -> SourceLocation | None:
         if not _skipped(filename):
             code = linecache.getline(filename, frame.f_lineno).strip()
             return SourceLocation(
-                file=filename, line=frame.f_lineno, function=frame.f_code.co_name, code=code
+                file=filename,
+                line=frame.f_lineno,
+                function=frame.f_code.co_name,
+                code=code,
+                qualname=frame.f_code.co_qualname,
             )
         frame = frame.f_back  # type: ignore[assignment]
     return None

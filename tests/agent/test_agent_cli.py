@@ -270,3 +270,84 @@ def test_fingerprint_prefix_finds_its_models_or_says_why(tmp_path: Path) -> None
         models_for_fingerprint(engine, "abc")
     with pytest.raises(UsageError, match="no recorded run has fingerprint 'fff'"):
         models_for_fingerprint(engine, "fff")
+
+
+@pytest.mark.slow
+def test_draft_judges_as_asked_says_where_drafts_go_and_adapters_undoes_a_session(
+    openai_server: ScriptedOpenAI,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    """`draft MODEL` diagnoses and proves compiled, as `diagnose` does; `--eager` judges eager
+    ops. The execution is on the outcome and the attempt; a failure left unfixed exits 1;
+    every run says where accepted drafts go, and `hfadapt adapters` lists and removes what a
+    session added (its proof record too)."""
+    from sqlmodel import select
+
+    from hfadapt.agent.suite import get
+
+    folder = tmp_path / "gelu-bert"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(GELU_BERT))
+    monkeypatch.setenv("HFADAPT_HOME", str(tmp_path / "home"))
+    db = str(tmp_path / "runs.db")
+    solution = get("gelu-new-cube").solution.replace("eval-gelu-new-cube", "gelu-new-agent")
+    openai_server.script = [f"```python\n{solution}```\n", "no code, sorry"]
+    base = [
+        *("draft", str(folder), "--mode", "structural", "--without-adapter", "gelu-new-cube"),
+        *("--base-url", openai_server.url, "--model", "scripted-model", "--api-key", "sk-cli"),
+        *("--max-attempts", "1", "--db", db, "--json"),
+    ]
+    try:
+        code, out, err = run(base, monkeypatch, capsys)
+        assert code == 0, (code, out[-3000:], err)
+        home = tmp_path / "home" / "adapters"
+        assert f"accepted drafts written to {home}: gelu-new-agent" in err, err[-2000:]
+        (compiled,) = json.loads(out)
+        assert (compiled["outcome"], compiled["execution"]) == ("accepted", "compile"), compiled
+        # the accepted adapter now fixes the failure: leave it out too, so it occurs again
+        code, out, err = run(
+            [*base, "--without-adapter", "gelu-new-agent", "--eager"], monkeypatch, capsys
+        )
+        assert code == 1, (code, out[-3000:], err)  # not every failure was fixed
+        (eager,) = json.loads(out)
+        assert eager["outcome"] != "accepted" and eager["execution"] == "eager", eager
+        assert f"accepted drafts are written to {home}" in err, err[-2000:]
+        assert "0 of 1 failure fixed" in err, err[-2000:]
+        # what the first session added: listed, then removed with its proof record
+        sid = str(compiled["session_id"])
+        code, out, err = run(
+            ["adapters", "list", "--session", sid, "--db", db, "--json"], monkeypatch, capsys
+        )
+        assert code == 0, err
+        (added,) = json.loads(out)
+        assert (added["adapter"], added["present"]) == ("gelu-new-agent", True), added
+        assert added["path"] == str(home / "gelu-new-agent"), added
+        proven = tmp_path / "home" / "proven.json"
+        assert str(home / "gelu-new-agent") in proven.read_text()
+        code, out, err = run(
+            ["adapters", "remove", "--session", sid, "--db", db], monkeypatch, capsys
+        )
+        assert code == 0 and f"removed gelu-new-agent from {home}" in out, (code, out, err)
+        assert not (home / "gelu-new-agent").exists()
+        assert str(home / "gelu-new-agent") not in proven.read_text(), proven.read_text()
+        code, out, err = run(
+            ["adapters", "list", "--session", sid, "--db", db, "--json"], monkeypatch, capsys
+        )
+        assert json.loads(out)[0]["present"] is False, out
+        code, out, err = run(["adapters", "remove", "gelu-new-agent"], monkeypatch, capsys)
+        assert code == 2 and "no accepted draft named 'gelu-new-agent'" in err, (code, err)
+    finally:  # other tests must not see this user folder in the process-wide registry
+        from hfadapt.adapters.registry import default_registry
+
+        monkeypatch.delenv("HFADAPT_HOME")
+        default_registry(reload=True)
+    with session(get_engine(db), write=False) as s:
+        executions = [r.execution for r in s.exec(select(Run).order_by(Run.id))]  # type: ignore[arg-type]
+    assert executions == ["compile", "eager"], executions
+    code, out, err = run(["attempts", "--db", db, "--json"], monkeypatch, capsys)
+    assert code == 0, err
+    newest = json.loads(out)[0]["id"]
+    code, out, err = run(["attempts", str(newest), "--db", db], monkeypatch, capsys)
+    assert code == 0 and "judged eager" in out, out[:600]

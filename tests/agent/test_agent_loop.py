@@ -6,7 +6,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from support.drafting import GOOD, WRONG, client_for, draft, rows, run, softsign_case
+from support.drafting import (
+    GOOD,
+    WORSE_ON_DEVICE,
+    WRONG,
+    client_for,
+    corrupted_softsign_case,
+    draft,
+    rows,
+    run,
+    softsign_case,
+)
 from support.openai_server import (
     ScriptedOpenAI,
     busy,
@@ -91,6 +101,48 @@ def test_wrong_draft_is_rejected_at_equivalence_and_the_feedback_reaches_the_nex
     assert second.accepted
     _, attempts = rows(engine)
     assert [a.failed_step for a in attempts] == ["equivalence", None]
+
+
+def test_a_baseline_already_wrong_on_the_device_judges_the_draft_against_it(
+    openai_server: ScriptedOpenAI, tmp_path: Path
+) -> None:
+    """Another defect makes the model wrong on the device without any draft (exp over 96
+    channels): a right softsign is accepted (no worse than that baseline), one that adds error
+    of its own on the device is refused, and the feedback gives both runs' numbers."""
+    openai_server.script = [WORSE_ON_DEVICE, GOOD]
+    outcome, engine = run(openai_server.url, tmp_path, case=corrupted_softsign_case())
+    assert outcome.outcome == ACCEPTED, outcome.reason
+    worse, right = outcome.attempts
+    assert worse.failed_step == "end_to_end", (worse.failed_step, worse.feedback[:800])
+    e2e = next(s for s in worse.validation.steps if s.step == "end_to_end")  # type: ignore[union-attr]
+    out = e2e.output
+    assert out["baseline_device_vs_cpu_min_token_cosine"] < 0.99, out  # the baseline fails too
+    assert (
+        out["device_relative_error"] ** 2 > out["baseline_device_relative_error"] ** 2 + 0.05**2
+    ), out
+    numbers = [
+        f"{out['device_vs_cpu_min_token_cosine']:.6f}",
+        f"{out['device_relative_error']:.4f}",
+        f"{out['baseline_device_vs_cpu_min_token_cosine']:.6f}",
+        f"{out['baseline_device_relative_error']:.4f}",
+    ]
+    repair = openai_server.user_messages(1)[-1]
+    for n in numbers:
+        assert n in worse.feedback and n in repair, (n, worse.feedback[:800])
+    assert "already fails end to end without the draft" in repair, repair[:800]
+    assert "makes it worse" in repair, repair[:800]
+    e2e = next(s for s in right.validation.steps if s.step == "end_to_end")  # type: ignore[union-attr]
+    out = e2e.output
+    assert out["device_vs_cpu_min_token_cosine"] < 0.99, out  # refused before this harness
+    assert out["baseline_ok"] is False and e2e.status == "pass", (e2e.status, e2e.summary)
+    for n in (
+        f"{out['device_vs_cpu_min_token_cosine']:.6f}",
+        f"{out['baseline_device_vs_cpu_min_token_cosine']:.6f}",
+    ):
+        assert n in e2e.summary, (n, e2e.summary)
+    _, attempts = rows(engine)
+    assert [a.failed_step for a in attempts] == ["end_to_end", None]
+    assert attempts[0].feedback is not None and numbers[3] in attempts[0].feedback
 
 
 def test_repeated_identical_draft_stops_the_loop(

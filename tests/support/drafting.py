@@ -36,6 +36,17 @@ def draft(body: str, name: str = "softsign-agent", head: str = HEAD, kind: str =
 
 GOOD = draft("    return x * torch.reciprocal(1.0 + x.abs())")
 WRONG = draft("    return x * torch.reciprocal(1.0 + x * x)")  # x / (1 + x^2): not softsign
+# Softsign exactly (float64, fp16 and bf16 on the CPU alike), plus 0.3 times a term that is 0
+# everywhere but on the device: an exp over 65 channels (the card's exp_unaligned_stick defect
+# reads channel 64 as channel 0) sums to one more there, and channel 0 of every row moves by
+# 0.3. At the module that stays within the device step's bounds; end to end it makes the model
+# worse than it is without the draft.
+WORSE_ON_DEVICE = draft(
+    "    s = x * torch.reciprocal(1.0 + x.abs())\n"
+    "    y = torch.cat([x * 0.0, x[..., :1] * 0.0 + 40.0], dim=-1)\n"
+    "    d = torch.exp(-y).sum(-1, keepdim=True) - torch.exp(x * 0.0).sum(-1, keepdim=True)\n"
+    "    return s + torch.cat([0.3 * d, x[..., :-1] * 0.0], dim=-1)"
+)
 
 
 def softsign_case() -> FailureCase:
@@ -99,3 +110,12 @@ def rows(engine: Any) -> tuple[list[DraftSession], list[AgentAttempt]]:
         return list(s.exec(select(DraftSession))), list(
             s.exec(select(AgentAttempt).order_by(AgentAttempt.id))  # type: ignore[arg-type]
         )
+
+
+def corrupted_softsign_case() -> FailureCase:
+    """The softsign case on a model whose device run is wrong without any draft (a silent
+    ``exp_unaligned_stick`` defect elsewhere): its baseline fails end to end."""
+    case = softsign_case()
+    case.name = "softsign-on-a-corrupted-baseline"
+    case.model = {"builder": "hfadapt.agent.evalcases:corrupted_softsign_model"}
+    return case

@@ -6,13 +6,18 @@ from __future__ import annotations
 
 import operator
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 from torch import fx
 
-from hfadapt.spyre.lowering_report import LoweringReport, SourceLocation, Violation
+from hfadapt.spyre.lowering_report import (
+    LoweringReport,
+    SourceLocation,
+    Violation,
+    qualname_at,
+)
 from hfadapt.spyre.native_ops import ALIASES
 from hfadapt.spyre.op_rules import judge
 from hfadapt.spyre.profile import FALLBACK, NATIVE, UNSUPPORTED, Profile
@@ -70,8 +75,8 @@ def source_location(node: fx.Node) -> SourceLocation | None:
     is not torch or hfadapt's own machinery."""
     frames = parse_stack_trace(node.meta.get("stack_trace"))
     for frame in reversed(frames):
-        if not _is_machinery(frame.file):
-            return frame
+        if not _is_machinery(frame.file):  # with its qualified name, as an eager run has it
+            return replace(frame, qualname=qualname_at(frame.file, frame.line, frame.function))
     return frames[-1] if frames else None
 
 
