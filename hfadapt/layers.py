@@ -43,6 +43,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("hfadapt.sweep", "hfadapt.agent", "hfadapt.api"),
     # what sweeps found: failure census, coverage, diff, HTML
     ("hfadapt.report",),
+    # hfadapt as a service: a cycle (crawl, sweep, compare with the last cycle, report)
+    ("hfadapt.service",),
     # the command line
     ("hfadapt.cli",),
     # the package itself: ``hfadapt.load`` / ``hfadapt.adapt`` forward to hfadapt.api lazily;

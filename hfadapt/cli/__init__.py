@@ -1,8 +1,8 @@
 """Command-line entry point. Commands live in small modules beside this one; each
 parses, checks its inputs before any work, calls one library function and renders. Every
 error becomes one line on stderr and an exit code (``EXIT_CODES`` in hfadapt.cli._app: 1 the
-model failed, 2 bad input, 3 something this machine lacks, 130 interrupted); an unexpected one
-too, with ``--verbose`` for its traceback. A reader that closes the pipe early ends the command
+model failed, 2 bad input, 3 something this machine lacks, 4 regressions found (cycle), 130
+interrupted); an unexpected one too, with ``--verbose`` for its traceback. A reader that closes the pipe early ends the command
 quietly with the exit code it had decided on."""
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from hfadapt.cli import adapters as _adapters  # noqa: F401
 from hfadapt.cli import agent as _agent  # noqa: F401
 from hfadapt.cli import attempts as _attempts  # noqa: F401
 from hfadapt.cli import cache as _cache  # noqa: F401
+from hfadapt.cli import cycle as _cycle  # noqa: F401
 from hfadapt.cli import diagnose as _diagnose  # noqa: F401
 from hfadapt.cli import hub as _hub  # noqa: F401
 from hfadapt.cli import report as _report  # noqa: F401

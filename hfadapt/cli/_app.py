@@ -19,14 +19,16 @@ from hfadapt.errors import UsageError
 from hfadapt.options import DType
 from hfadapt.version import __version__
 
-__all__ = ["EXIT_CODES", "app", "console", "err_console"]
+__all__ = ["EXIT_CODES", "REGRESSIONS_FOUND", "app", "console", "err_console"]
 
 EXIT_CODES = (
     "Exit codes: 0 ok; 1 the model failed (diagnose, draft, adapters verify) or hfadapt did; "
     "2 bad input (an option, a model id, a path, a database that cannot be used, a name that "
     "matches nothing); 3 something this machine lacks (Ray for --executor ray, bubblewrap, the "
-    "Hub when it was asked for); 130 interrupted (Ctrl-C)."
+    "Hub when it was asked for); 4 regressions found (cycle: a model that passed in the last "
+    "cycle fails now); 130 interrupted (Ctrl-C)."
 )
+REGRESSIONS_FOUND = 4  # hfadapt cycle: models that passed in the last completed cycle fail now
 
 ENVIRONMENT = (
     "Environment: "

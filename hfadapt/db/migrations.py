@@ -280,3 +280,12 @@ def m007_big_counts(conn: Connection) -> None:
         ("crawl_entry", "downloads"),
     ):
         conn.exec_driver_sql(f"ALTER TABLE {table} ALTER COLUMN {column} TYPE BIGINT")
+
+
+@migration
+def m008_cycles(conn: Connection) -> None:
+    """``hfadapt cycle``: one row per cycle (its crawl, sweep, baseline, comparison, and the
+    host and pid that hold it while it runs)."""
+    from hfadapt.db.tables import Cycle
+
+    create_tables(conn, Cycle)

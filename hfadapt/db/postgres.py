@@ -32,6 +32,7 @@ DRIVER = "postgresql+psycopg"
 # Advisory lock keys are (namespace, key) pairs of int4: hfadapt's namespaces.
 MIGRATIONS_LOCK = 0x68666D67  # "hfmg": migrating the schema
 SWEEP_LOCK = 0x68667377  # "hfsw": driving sweep <key>
+CYCLE_LOCK = 0x68666379  # "hfcy": running a cycle (key 0: one at a time per database)
 CONNECT_TIMEOUT_S = 10
 # Server settings for every session: UTC, and a dead client noticed after 60 + 6 * 10 s.
 _SESSION_OPTIONS = (
@@ -40,6 +41,7 @@ _SESSION_OPTIONS = (
 )
 
 __all__ = [
+    "CYCLE_LOCK",
     "DRIVER",
     "MIGRATIONS_LOCK",
     "SWEEP_LOCK",

@@ -164,6 +164,36 @@ class Sweep(SQLModel, table=True):
     finished_at: datetime | None = None
 
 
+# ---- cycles (m008) ----
+
+
+class Cycle(SQLModel, table=True):
+    """One ``hfadapt cycle``: crawl, sweep, the comparison with the last completed cycle's
+    sweep, the report. A running row with its driver's host and pid (and a heartbeat, its
+    lease) is the lock that keeps two cycles from running at once on one database."""
+
+    __tablename__ = "cycle"
+
+    id: int | None = Field(default=None, primary_key=True)
+    key: str = Field(index=True)  # the options that define it: a resumed cycle must match
+    status: str = Field(default=RUNNING, index=True)  # running | done | failed | interrupted
+    crawl_id: int | None = Field(default=None, foreign_key="crawl.id")
+    sweep_id: int | None = Field(default=None, foreign_key="sweep.id")
+    baseline_cycle_id: int | None = None
+    baseline_sweep_id: int | None = None
+    regressions: int = 0
+    options: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
+    summary: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))  # the comparison
+    host: str | None = None
+    driver_pid: int | None = None
+    heartbeat_at: datetime | None = None
+    resumes: int = 0
+    seconds: float = 0.0
+    error: str | None = Field(default=None, sa_column=Column(Text))
+    started_at: datetime = Field(default_factory=utcnow)
+    finished_at: datetime | None = None
+
+
 # ---- the adapter-drafting agent (m002) ----
 
 

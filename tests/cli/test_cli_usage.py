@@ -21,7 +21,10 @@ def _one_line_exit_2(code: int, out: str, err: str) -> None:
     ("args", "expected"),
     [
         ([], "error: hfadapt needs a command: adapters, agent-eval, attempts, cache, census, "),
-        (["adapters"], "error: hfadapt adapters needs a command: export, list, remove, show, verify "),
+        (
+            ["adapters"],
+            "error: hfadapt adapters needs a command: export, list, remove, show, verify ",
+        ),
         (["models", "--bogus"], "error: No such option: --bogus (see hfadapt models --help)"),
         (["report", "--output"], "error: Option '--output' requires an argument."),
         (["diagnose"], "error: Missing argument 'MODEL'."),

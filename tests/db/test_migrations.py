@@ -181,3 +181,26 @@ def test_someone_elses_database_is_refused(tmp_path: Path) -> None:
         get_engine(str(path))
     assert "holds tables hfadapt did not write (customers)" in str(exc.value), str(exc.value)
     assert _digest(path) == before
+
+
+def test_m008_adds_the_cycle_table_keeping_the_sweeps(tmp_path: Path) -> None:
+    """A database at m007 (no ``cycle`` table, a sweep recorded) gains the cycle table, with
+    every column of the SQLModel table, and keeps its sweep."""
+    path = tmp_path / "runs.db"
+    get_engine(str(path)).dispose()
+    with sqlite3.connect(path) as conn:  # as m007 left it: no cycle table, m008 not recorded
+        conn.execute("DROP TABLE cycle")
+        conn.execute(f"DELETE FROM {MIGRATIONS_TABLE} WHERE name = 'm008_cycles'")
+        conn.execute("INSERT INTO sweep (key, status, mode, execution, dtype, dedupe, executor, "
+                     "workers, models, units, judged, resumes, seconds, started_at) VALUES "
+                     "('k', 'done', 'structural', 'eager', 'fp16', 1, 'local', 1, 3, 1, 1, 0, "
+                     "1.5, '2026-12-01 00:00:00')")  # fmt: skip
+    engine = get_engine(str(path))
+    assert _applied(path)[-1] == "m008_cycles", _applied(path)
+    with engine.connect() as conn:
+        have = {c["name"] for c in inspect(conn).get_columns("cycle")}
+    want = {c.name for c in SQLModel.metadata.tables["cycle"].columns}
+    assert have == want, f"cycle columns differing: {sorted(have ^ want)}"
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT key, models FROM sweep").fetchall() == [("k", 3)]
+    engine.dispose()

@@ -1,0 +1,194 @@
+"""``hfadapt cycle``: one pass of the whole job for a scheduler (crawl, sweep, compare with the
+last completed cycle, report); exit 4 when models that passed then fail now. Thin: parse,
+call ``hfadapt.service.cycle.run_cycle``, render."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+
+from hfadapt.cli._app import (
+    REGRESSIONS_FOUND,
+    DbOption,
+    JsonOption,
+    ProfileOption,
+    WithoutAdapterOption,
+    app,
+    count_option,
+    err_console,
+    finite_seconds,
+    left_out,
+    writing_engine,
+)
+from hfadapt.cli._console import clean, on_interrupt, plan_exit
+from hfadapt.cli._files import check_output, write_output
+from hfadapt.errors import HubUnreachableError, UsageError
+from hfadapt.options import Executor, Mode
+from hfadapt.report.charts import plural
+
+REASON_CHARS = 200  # of a regression's reason on stdout (--json holds it whole)
+
+
+@app.command()
+def cycle(
+    top: Annotated[
+        int | None,
+        count_option("--top", "Sweep only the N best-ranked models (default: every crawled one).",
+                     show_default=False),
+    ] = None,
+    offline: Annotated[
+        bool,
+        typer.Option("--offline/--online",
+                     help="--offline: rank the bundled snapshot. --online (default): the Hub, or fail (exit 3)."),
+    ] = False,
+    endpoint: Annotated[
+        str | None,
+        typer.Option("--endpoint", metavar="URL", help="Hub API URL (a mirror).", show_default=False),
+    ] = None,
+    limit: Annotated[int, count_option("--limit", "How many models the crawl ranks.")] = 10_000,
+    mode: Annotated[Mode, typer.Option("--mode", help="structural or full (as hfadapt sweep).")] = Mode.STRUCTURAL,
+    workers: Annotated[
+        int | None, count_option("--workers", "Parallel worker processes (as hfadapt sweep).", show_default=False)
+    ] = None,
+    timeout: Annotated[
+        float,
+        typer.Option("--timeout", metavar="SECONDS", callback=finite_seconds("--timeout"),
+                     help="Seconds per unit of work before worker_timeout."),
+    ] = 600.0,
+    executor: Annotated[
+        Executor, typer.Option("--executor", help="local (spawned processes) or ray (needs hfadapt[ray]).")
+    ] = Executor.LOCAL,
+    address: Annotated[
+        str | None,
+        typer.Option("--address", metavar="HOST:PORT", help="Ray cluster address.", show_default=False),
+    ] = None,
+    without_adapter: WithoutAdapterOption = None,
+    profile: ProfileOption = None,
+    fresh: Annotated[
+        bool, typer.Option("--fresh", help="Start a new cycle instead of resuming an unfinished one.")
+    ] = False,
+    allow_env_change: Annotated[
+        bool, typer.Option("--allow-env-change", help="Resume a sweep recorded in another environment.")
+    ] = False,
+    html: Annotated[
+        Path | None,
+        typer.Option("--html", metavar="PATH", help="Write the HTML report (against the last cycle) here.",
+                     show_default=False),
+    ] = None,
+    db: DbOption = None,
+    as_json: JsonOption = False,
+) -> None:  # fmt: skip
+    """One pass of the whole job, for a scheduler: crawl, sweep, compare with the last completed
+    cycle, report. Exit 4 when a model that passed then fails now (the regressions are printed);
+    an interrupted cycle resumes; a second cycle on the same database is refused (exit 2)."""
+    from hfadapt.judge.options import JudgeOptions
+    from hfadapt.service.cycle import CycleOptions, run_cycle
+    from hfadapt.sweep.options import SweepOptions
+
+    if offline and endpoint:
+        raise UsageError(
+            "--offline ranks the bundled snapshot; it cannot be combined with --endpoint"
+        )
+    check_output(html, "--html")
+    judging = JudgeOptions(mode=mode, profile=profile, without_adapters=left_out(False, without_adapter),
+                           localize=False)  # fmt: skip
+    sweep = SweepOptions(judge=judging, top=top, workers=workers, timeout=timeout, executor=executor,
+                         address=address, resume=not fresh, allow_env_change=allow_env_change)  # fmt: skip
+    from hfadapt.cli.sweep import _check_before_work, _Display, _resume_command
+
+    _check_before_work(sweep)
+    engine = writing_engine(db)
+    display = _Display(live=not as_json and err_console.is_terminal, quiet=as_json)
+    hint: list[str] = []
+
+    def claimed(cycle_id: int, resumed: bool) -> None:
+        hint.append(
+            f"cycle {cycle_id} is recorded as interrupted; resume it with: {_resume_command()}"
+        )
+        on_interrupt(hint[0])
+        if resumed and not as_json:
+            err_console.print(f"resuming cycle {cycle_id}", highlight=False)
+
+    def progress(p: Any) -> None:
+        display.update(p)
+        on_interrupt(hint[0])  # the cycle's command resumes the sweep too
+
+    options = CycleOptions(sweep=sweep, offline=offline, endpoint=endpoint, limit=limit)
+    try:
+        with display:
+            result = run_cycle(engine, options, progress=progress, started_cycle=claimed)
+    except HubUnreachableError as exc:  # the library names no flag; the CLI names its own
+        raise HubUnreachableError(f"{exc.one_line(flags=True)} with --offline") from exc
+    on_interrupt("")
+    _report(engine, result, html)
+    code = REGRESSIONS_FOUND if result.regressions else 0
+    plan_exit(code)
+    if as_json:
+        typer.echo(json.dumps(_json(result, engine), indent=2, default=str))
+    else:
+        _print(result)
+    if code:
+        raise typer.Exit(code)
+
+
+def _report(engine: Any, result: Any, html: Path | None) -> None:
+    if html is None:
+        return
+    from hfadapt.report.coverage import build_report
+    from hfadapt.report.html import render_html
+
+    against = result.comparison.baseline_sweep if result.comparison else None
+    rep = build_report(engine, sweep_id=result.sweep.sweep_id, against=against)
+    write_output(html, render_html(rep), "--html")
+    err_console.print(f"wrote {escape(str(html))}", highlight=False, soft_wrap=True)
+
+
+def _json(result: Any, engine: Any) -> dict[str, Any]:
+    from hfadapt.db.engine import describe
+
+    comp = result.comparison
+    return {
+        "cycle": result.cycle_id, "resumed": result.resumed, "crawl": result.crawl_id,
+        "crawled": result.crawled, "sweep": result.sweep.sweep_id,
+        "baseline_cycle": result.baseline_cycle, "regressions_found": result.regressions,
+        "counts": result.sweep.counts, "comparison": comp.to_dict() if comp else None,
+        "seconds": {"total": round(result.seconds, 3), "crawl": round(result.crawl_seconds, 3),
+                    "sweep": round(result.sweep_seconds, 3), "compare": round(result.compare_seconds, 3)},
+        "db": describe(engine),
+    }  # fmt: skip
+
+
+def _print(result: Any) -> None:
+    """The regressions on stdout, one a line; the rest of the comparison on stderr."""
+    comp = result.comparison
+    swept = result.sweep
+    err_console.print(
+        f"cycle {result.cycle_id}{' (resumed)' if result.resumed else ''}: sweep {swept.sweep_id}, "
+        f"{plural(swept.models, 'model')} in {result.seconds:.0f} s "
+        f"(crawl {result.crawl_seconds:.1f} s, sweep {result.sweep_seconds:.0f} s, "
+        f"compare {result.compare_seconds:.2f} s)", highlight=False, soft_wrap=True)  # fmt: skip
+    if comp is None:
+        err_console.print(
+            "  first cycle on this database: nothing to compare with", highlight=False
+        )
+        return
+    for r in comp.regressions:  # plain lines (rich would turn the tabs into spaces)
+        reason = " ".join(r.reason.split())
+        if len(reason) > REASON_CHARS:
+            reason = reason[: REASON_CHARS - 3] + "..."
+        typer.echo(clean(f"{r.model_id}\t{r.before} -> {r.after}\t{reason}"))
+    counts = ", ".join(f"{k} {v:,}" for k, v in comp.counts.items())
+    lines = [
+        f"  against cycle {result.baseline_cycle} (sweep {comp.baseline_sweep}): {counts}",
+        f"  regressions {len(comp.regressions)}, new passes {len(comp.new_passes)}, new to the "
+        f"ranking {len(comp.new_models)} (failing {len(comp.new_failures)}), out of the ranking "
+        f"{comp.dropped}, new failure fingerprints {len(comp.new_fingerprints)}",
+    ]
+    if comp.environment_line:
+        lines.append(f"  {comp.environment_line}")
+    for line in lines:
+        err_console.print(escape(line), highlight=False, soft_wrap=True)

@@ -1,0 +1,3 @@
+"""hfadapt as a service: ``hfadapt cycle``, one pass of the whole job for a scheduler (crawl,
+sweep, the comparison with the last completed cycle, the report), recorded in the ``cycle``
+table, one at a time per database."""
