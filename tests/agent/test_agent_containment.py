@@ -343,10 +343,11 @@ def test_payloads_the_allowlist_never_saw_run_only_inside_the_sandbox(
         "--json",
     ]
     code, out, err = run_cli(args, monkeypatch, capsys)
-    assert code == 0, (out, err)
     outcomes = json.loads(out)
     # the mask helpers the tiny BERT also fails on are module-level functions: not drafted
     assert {o["outcome"] for o in outcomes if not o["attempts"]} == {"no_target"}, outcomes
+    # so not every failure was fixed: draft says so with exit 1 (0 only when all were)
+    assert code == 1, (code, out[-2000:], err[-2000:])
     (outcome,) = [o for o in outcomes if o["attempts"]]
     steps = outcome["steps"]
     assert outcome["outcome"] == ACCEPTED, outcome

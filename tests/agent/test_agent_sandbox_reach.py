@@ -255,7 +255,11 @@ def test_a_drafted_annotation_probing_from_a_home_folder_finds_nothing_to_send(
         timeout=600,
         check=False,
     )
-    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
+    outcomes = json.loads(done.stdout)
+    fixed = all(o["outcome"] == "accepted" for o in outcomes)
+    # exit 0 only when every failure was fixed (the tiny BERT's mask helpers are not drafted)
+    assert done.returncode == (0 if fixed else 1), (done.stdout[-2000:], done.stderr[-3000:])
+    assert any(o["outcome"] == "accepted" for o in outcomes), outcomes
     assert SYSCTL.read_text() == before, "a host sysctl changed"
     sent = json.dumps([r["json"] for r in openai_server.requests])
     assert SECRET not in sent and SECRET.encode().hex() not in sent
