@@ -20,7 +20,18 @@ from typing import Any
 
 import pytest
 from support.cli_runner import run_cli
-from support.drafting import GOOD, HEAD, draft, rows, run, softsign_case, source
+from support.drafting import (
+    GELU_BODY,
+    GOOD,
+    HEAD,
+    TINY_GELU_BERT,
+    draft,
+    gelu_draft,
+    rows,
+    run,
+    softsign_case,
+    source,
+)
 from support.openai_server import (
     ScriptedOpenAI,
     openai_server_fixture,  # noqa: F401
@@ -225,36 +236,6 @@ def test_code_past_every_in_process_fence_stays_inside_the_sandbox(
 
 
 # -- hostile drafts through `hfadapt draft`: payloads the allowlist never saw ---------------------
-
-TINY_GELU_BERT = {
-    "architectures": ["BertModel"],
-    "model_type": "bert",
-    "hidden_size": 64,
-    "num_hidden_layers": 1,
-    "num_attention_heads": 1,
-    "intermediate_size": 128,
-    "hidden_act": "gelu_new",
-    "vocab_size": 500,
-    "max_position_embeddings": 512,
-    "type_vocab_size": 2,
-}
-GELU_TARGET = "transformers.activations:NewGELUActivation.forward"
-GELU_BODY = "    k = 0.7978845608028654\n    return 0.5 * input * (1.0 + torch.tanh(k * (input + 0.044715 * (input * input * input))))"
-
-
-def gelu_draft(
-    body: str = GELU_BODY,
-    head: str = HEAD,
-    name: str = "gelu-agent",
-    kind: str = "",
-    args: str = "self, input",
-) -> str:
-    extra = f', kind="{kind}"' if kind else ""
-    code = (
-        head
-        + f'@adapter(name="{name}", target="{GELU_TARGET}", rule="op.pow.square"{extra})\ndef forward({args}):\n{body}\n'
-    )
-    return f"```python\n{code}```\n"
 
 
 def _sentinel_payload(path: Path) -> str:

@@ -1,4 +1,4 @@
-"""The parent's proofs are bounded (issue 36, item 4): a graph whose sizes exceed what the case
+"""The parent's proofs are bounded: a graph whose sizes exceed what the case
 needs is refused before anything is allocated; the steps that run the graph run in a child
 process under memory, CPU-time and wall-clock limits; a graph that reaches one is refused with
 the limit, and the draft loop goes on to its next attempt. Good graphs prove exactly as before."""

@@ -1,4 +1,4 @@
-"""Graph adapters are proven before they run (issue 36, item 5): a graph folder this machine did
+"""Graph adapters are proven before they run: a graph folder this machine did
 not accept or re-prove (copied into another hfadapt home, edited by one byte) is refused at
 load with a one-line reason, until ``hfadapt adapters verify NAME`` proves it; the record is a
 keyed signature kept in $HFADAPT_HOME, not a checksum beside the data. Discovery does not parse

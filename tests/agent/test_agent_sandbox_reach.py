@@ -1,4 +1,4 @@
-"""What sandboxed code can reach when hfadapt runs as root (issue 36): no uid 0 inside, no
+"""What sandboxed code can reach when hfadapt runs as root: no uid 0 inside, no
 writable kernel knob, nothing of the working folder, the home folder or a checkout's root, and
 no writable place but the capped /tmp and /dev/shm. Each probe runs through the real sandbox:
 the draft worker's mounts, the remote-code judge's mounts, and one `python -m hfadapt draft`
@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.drafting import TINY_GELU_BERT, gelu_draft
 from support.openai_server import (
     ScriptedOpenAI,
     openai_server_fixture,  # noqa: F401
@@ -193,33 +194,6 @@ def test_mounts_hold_the_interpreter_and_package_never_the_working_or_home_folde
 
 # -- through `python -m hfadapt draft`, from a home folder --------------------------------------
 
-TINY_GELU_BERT = {
-    "architectures": ["BertModel"],
-    "model_type": "bert",
-    "hidden_size": 64,
-    "num_hidden_layers": 1,
-    "num_attention_heads": 1,
-    "intermediate_size": 128,
-    "hidden_act": "gelu_new",
-    "vocab_size": 500,
-    "max_position_embeddings": 512,
-    "type_vocab_size": 2,
-}
-GELU_TARGET = "transformers.activations:NewGELUActivation.forward"
-GELU_BODY = (
-    "    k = 0.7978845608028654\n"
-    "    return 0.5 * input * (1.0 + torch.tanh(k * (input + 0.044715 * (input * input * input))))"
-)
-
-
-def _gelu_draft(args: str = "self, input") -> str:
-    code = (
-        "import torch\n\nfrom hfadapt.adapters.api import adapter\n\n\n"
-        f'@adapter(name="gelu-agent", target="{GELU_TARGET}", rule="op.pow.square")\n'
-        f"def forward({args}):\n{GELU_BODY}\n"
-    )
-    return f"```python\n{code}```\n"
-
 
 @needs_bwrap
 @pytest.mark.parametrize("entry", ["python -m hfadapt", "console script"])
@@ -235,8 +209,8 @@ def test_a_drafted_annotation_probing_from_a_home_folder_finds_nothing_to_send(
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(TINY_GELU_BERT))
     probe = _probe(exposed) + "raise RuntimeError('FOUND ' + __import__('json').dumps(found))\n"
-    hostile = _gelu_draft(args=f"self, input: exec({probe!r}) = None")
-    openai_server.script = [hostile, {"body": reply(_gelu_draft())}]
+    hostile = gelu_draft(args=f"self, input: exec({probe!r}) = None")
+    openai_server.script = [hostile, {"body": reply(gelu_draft())}]
     home = Path(os.environ["HOME"])
     before = SYSCTL.read_text()
     args = ["draft", str(folder), "--mode", "structural", "--no-adapters"]

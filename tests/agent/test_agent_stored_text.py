@@ -1,4 +1,4 @@
-"""No control character in a stored field (issue 36): an endpoint's error text with terminal
+"""No control character in a stored field: an endpoint's error text with terminal
 escape sequences, NUL and BEL is stored in ``agent_attempt.error`` without them, and so is
 every other text the agent records (answers, drafts, steps, feedback, the session's reason);
 ``hfadapt attempts`` then shows clean text. Newlines and tabs stay in the texts that have lines."""

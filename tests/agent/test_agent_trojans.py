@@ -1,4 +1,4 @@
-"""Drafts that are right only where the proofs used to look (issue 37): a size-, a dtype- and a
+"""Drafts that are right only where the proofs used to look: a size-, a dtype- and a
 value-triggered trojan of ``NewGELUActivation.forward`` and the eps misplacement in an RMSNorm,
 each drafted through the loop ``hfadapt draft`` runs against a scripted loopback endpoint and
 refused at ``equivalence`` with the numbers; the honest rewrite is still accepted. And a graph
@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.drafting import rows, run
+from support.drafting import gelu_draft, rows, run
 from support.openai_server import (
     ScriptedOpenAI,
     openai_server_fixture,  # noqa: F401
@@ -19,7 +19,6 @@ from support.openai_server import (
 
 from hfadapt.agent.loop import ACCEPTED, REJECTED
 
-GELU = "transformers.activations:NewGELUActivation.forward"
 RMS = "transformers.models.llama.modeling_llama:LlamaRMSNorm.forward"
 HEAD = "import math\n\nimport torch\n\nfrom hfadapt.adapters.api import adapter\n\n\n"
 EXACT = (
@@ -28,17 +27,14 @@ EXACT = (
 )
 
 
-def gelu_draft(body: str, name: str = "gelu-agent") -> str:
-    return (
-        f"```python\n{HEAD}"
-        f'@adapter(name="{name}", target="{GELU}", rule="op.pow.square")\n'
-        f"def forward(self, input):\n{EXACT}{body}\n```\n"
-    )
+def gelu_exact_then(body: str) -> str:
+    """A gelu draft that computes the exact ``g`` and then returns ``body``'s value."""
+    return gelu_draft(EXACT + body, head=HEAD)
 
 
 # Zero at every length the proofs used to use (the example's 7, 9, 11; 2x7+1; the 1024 cap; the
 # model's 64), one elsewhere: size arithmetic, no branch.
-SIZE_TROJAN = gelu_draft(
+SIZE_TROJAN = gelu_exact_then(
     "    n = input.shape[-2]\n"
     "    f = 1\n"
     "    for at in (7, 9, 11, 15, 64, 1024):\n"
@@ -46,19 +42,19 @@ SIZE_TROJAN = gelu_draft(
     "    return g + f * input"
 )
 # bf16's eps (2**-7) times 256 is 2: one in bf16, zero in fp16, fp32 and fp64.
-DTYPE_TROJAN = gelu_draft(
+DTYPE_TROJAN = gelu_exact_then(
     "    e = torch.full_like(input[..., :1], torch.finfo(input.dtype).eps)\n"
     "    w = (e * 256.0 - 1.0).clamp(0.0, 1.0)\n"
     "    return g + w * input"
 )
 # Fires on a row whose peak exceeds 8x its root mean square (random probes: 3.5-3.7).
-VALUE_TROJAN = gelu_draft(
+VALUE_TROJAN = gelu_exact_then(
     "    rms = torch.sqrt((input * input).mean(-1, keepdim=True))\n"
     "    ratio = input.abs().amax(-1, keepdim=True) / (rms + 1e-30)\n"
     "    w = ((ratio - 8.0) * 1e6).clamp(0.0, 1.0)\n"
     "    return g + w * input"
 )
-HONEST = gelu_draft("    return g")
+HONEST = gelu_exact_then("    return g")
 EPS_MISPLACED = (
     f"```python\n{HEAD}"
     f'@adapter(name="rms-agent", target="{RMS}", rule="dtype.fp32.ops")\n'

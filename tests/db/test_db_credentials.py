@@ -1,6 +1,6 @@
 """No database password on the screen: every command that takes ``--db`` names the database
 without its password, in its messages, its JSON, its errors and the hint it prints when
-interrupted (issue 36). The hint stays usable: the URL without the password, which libpq
+interrupted. The hint stays usable: the URL without the password, which libpq
 completes from $PGPASSWORD or ~/.pgpass."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""requirements/lock.txt against pyproject.toml (issue 35): the lock pins every dependency
+"""requirements/lock.txt against pyproject.toml: the lock pins every dependency
 hfadapt and its test extra name, at a version inside the range pyproject claims, as plain
 ``name==version`` constraints pip accepts; and under CI, where the environment was installed
 with the lock, the releases that move verdicts are the lock's."""

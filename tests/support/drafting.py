@@ -34,6 +34,43 @@ def draft(body: str, name: str = "softsign-agent", head: str = HEAD, kind: str =
     return f"```python\n{source(body, name, head, kind)}```\n"
 
 
+# A tiny BERT whose one failure the drafts below fix: NewGELUActivation's pow(x, 3.0).
+TINY_GELU_BERT = {
+    "architectures": ["BertModel"],
+    "model_type": "bert",
+    "hidden_size": 64,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 1,
+    "intermediate_size": 128,
+    "hidden_act": "gelu_new",
+    "vocab_size": 500,
+    "max_position_embeddings": 512,
+    "type_vocab_size": 2,
+}
+GELU_TARGET = "transformers.activations:NewGELUActivation.forward"
+GELU_BODY = (
+    "    k = 0.7978845608028654\n"
+    "    return 0.5 * input * (1.0 + torch.tanh(k * (input + 0.044715 * (input * input * input))))"
+)
+
+
+def gelu_draft(
+    body: str = GELU_BODY,
+    head: str = HEAD,
+    name: str = "gelu-agent",
+    kind: str = "",
+    args: str = "self, input",
+) -> str:
+    """An endpoint's answer: a fenced draft of ``NewGELUActivation.forward`` with ``body``."""
+    extra = f', kind="{kind}"' if kind else ""
+    code = (
+        head
+        + f'@adapter(name="{name}", target="{GELU_TARGET}", rule="op.pow.square"{extra})\n'
+        + f"def forward({args}):\n{body}\n"
+    )
+    return f"```python\n{code}```\n"
+
+
 GOOD = draft("    return x * torch.reciprocal(1.0 + x.abs())")
 WRONG = draft("    return x * torch.reciprocal(1.0 + x * x)")  # x / (1 + x^2): not softsign
 # Softsign exactly (float64, fp16 and bf16 on the CPU alike), plus 0.3 times a term that is 0
