@@ -113,3 +113,64 @@ def test_hfadapt_importing_torch_first_keeps_torch_importable(tmp_path: Path) ->
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().endswith("DEVICE spyre:0"), (out.stdout, out.stderr[-500:])
+
+
+# A PrivateUse1 backend of another package, registering the way torch's openreg example's
+# entry point does (rename the slot, generate the tensor methods). torch's wheel does not ship
+# openreg (a C++ extension built from torch's source tree), so this stand-in makes the same
+# calls on the slot without its kernels.
+_OTHER_BACKEND = """
+import torch
+
+def _autoload():
+    torch.utils.rename_privateuse1_backend("openreg")
+    torch.utils.generate_methods_for_privateuse1_backend()
+"""
+_OTHER_PROBE = """
+import torch
+from hfadapt.errors import DeviceError
+from hfadapt.spyre.eager import autoload
+import hfadapt.spyre as s
+print("SLOT", torch._C._get_privateuse1_backend_name())
+print("OPENREG", torch.device("openreg:0"), hasattr(torch.Tensor, "is_openreg"))
+print("ASIDE", autoload.stepped_aside())
+try:
+    s.register()
+    print("REGISTERED")
+except DeviceError as exc:
+    print("REFUSED", exc)
+"""
+
+
+def test_autoload_leaves_privateuse1_to_another_backend_in_either_order(tmp_path: Path) -> None:
+    meta = _dist_info(tmp_path / "meta", _declared())
+    other = tmp_path / "other"
+    (other / "openreg_probe").mkdir(parents=True)
+    (other / "openreg_probe" / "__init__.py").write_text(_OTHER_BACKEND)
+    info = other / "openreg_probe-0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: openreg-probe\nVersion: 0\n")
+    (info / "entry_points.txt").write_text("[torch.backends]\nopenreg = openreg_probe:_autoload\n")
+    base = {k: v for k, v in os.environ.items() if k not in (autoload.ENV,)}
+    base.pop("TORCH_DEVICE_BACKEND_AUTOLOAD", None)
+    orders = {
+        "hfadapt first": [str(ROOT), str(meta), str(other)],
+        "other first": [str(ROOT), str(other), str(meta)],
+    }
+    for name, path in orders.items():
+        out = subprocess.run(
+            [sys.executable, "-c", _OTHER_PROBE],
+            env={**base, "PYTHONPATH": os.pathsep.join(path)},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert out.returncode == 0, (name, out.stderr[-2000:])
+        lines = dict(line.split(" ", 1) for line in out.stdout.strip().splitlines())
+        print(name, lines)
+        assert lines["SLOT"] == "openreg", (name, lines)
+        assert lines["OPENREG"] == "openreg:0 True", (name, lines)
+        assert "openreg" in lines["ASIDE"], (name, lines)
+        assert lines["REFUSED"].startswith(
+            "the PrivateUse1 backend is already registered as 'openreg'"
+        ), (name, lines)

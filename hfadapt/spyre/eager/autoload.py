@@ -8,6 +8,11 @@ declares ``hfadapt_spyre = "hfadapt.spyre.eager.autoload:_autoload"`` in the sam
 - when the real ``torch_spyre`` is importable, it does nothing (the card's own entry point
   registers the device; the simulator never takes its place);
 - ``HFADAPT_SPYRE_AUTOLOAD=0`` (or torch's own ``TORCH_DEVICE_BACKEND_AUTOLOAD=0``) opts out;
+- it never takes PrivateUse1 from another backend: torch has one PrivateUse1 slot, and calls the
+  group's entry points in an order no package controls. When the slot is already renamed, or
+  another package declares a ``torch.backends`` entry point (torch's openreg example, Ascend's
+  torch_npu, ...), it steps aside and records why (``stepped_aside()``); hfadapt's own device
+  paths still call ``register()``, which then says which backend holds the slot;
 - otherwise it registers the simulator (``hfadapt.spyre.eager.device.register``), which costs
   a few imports of hfadapt's device modules and no model code.
 
@@ -25,6 +30,11 @@ import sys
 from hfadapt import settings
 
 ENV = settings.HFADAPT_SPYRE_AUTOLOAD.name
+GROUP = "torch.backends"
+#: This entry point's own value in the group (pyproject.toml); every other one is another backend.
+OWN_ENTRY_POINT = "hfadapt.spyre.eager.autoload:_autoload"
+
+_stepped_aside: str | None = None
 
 
 def enabled() -> bool:
@@ -44,15 +54,48 @@ def _device_mid_import() -> bool:
     )
 
 
+def other_backends() -> list[str]:
+    """The other ``torch.backends`` entry points installed in this environment, by name."""
+    from importlib.metadata import entry_points
+
+    return sorted({ep.name for ep in entry_points(group=GROUP) if ep.value != OWN_ENTRY_POINT})
+
+
+def stepped_aside() -> str | None:
+    """Why the entry point left PrivateUse1 alone in this process (None if it did not)."""
+    return _stepped_aside
+
+
+def _claimant() -> str | None:
+    """Why PrivateUse1 is not the simulator's to take at ``import torch``, or None."""
+    import torch
+
+    taken = torch._C._get_privateuse1_backend_name()
+    if taken not in ("privateuseone", "spyre"):
+        return f"PrivateUse1 is already registered as {taken!r}"
+    others = other_backends()
+    if others:
+        return (
+            f"another torch.backends entry point is installed ({', '.join(others)}) and may "
+            "claim PrivateUse1"
+        )
+    return None
+
+
 def _autoload() -> None:
-    """The ``torch.backends`` entry point: register the simulated device unless opted out or
-    the real torch-spyre is installed. Never raises (a failure would break ``import torch``):
-    a device that cannot be registered here is reported by an explicit ``register()``."""
+    """The ``torch.backends`` entry point: register the simulated device unless opted out, the
+    real torch-spyre is installed, or another backend holds or may claim PrivateUse1. Never
+    raises (a failure would break ``import torch``): a device that cannot be registered here is
+    reported by an explicit ``register()``."""
+    global _stepped_aside
     if not enabled() or _device_mid_import():
         return
     from hfadapt.spyre.eager.device import real_torch_spyre, register
 
     if real_torch_spyre() is not None:
+        return
+    _stepped_aside = _claimant()
+    if _stepped_aside is not None:
         return
     try:
         register()
