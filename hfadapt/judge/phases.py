@@ -11,6 +11,7 @@ import copy
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -21,6 +22,7 @@ from hfadapt.errors import (
     HfadaptError,
     ModelNotFoundError,
     SpyreLoweringError,
+    SpyreOpNotImplementedError,
     SpyreUnsupportedModelError,
 )
 from hfadapt.hub.resolve import HubOptions
@@ -43,6 +45,8 @@ __all__ = ["Judging", "Outcome", "Runner", "apply_adapters", "default_runner", "
 
 Runner = Callable[..., Any]
 Outcome = tuple[str, str, BaseException | None]  # verdict, reason, the error that decided it
+
+_PACKAGE = Path(__file__).resolve().parents[1]  # the hfadapt package's folder
 
 
 def default_runner() -> Runner:
@@ -308,6 +312,8 @@ def device(j: Judging) -> tuple[Outcome | None, Any]:
             adapters_took_effect(j)
             return (verdicts.LOWERING_FAILED, exc.one_line(), None), None
         except NotImplementedError as exc:  # an eager op the device cannot run (torch-spyre's)
+            if raised_by_hfadapt(exc):  # hfadapt's own limit: a bug to report, not the model's
+                raise
             return (verdicts.LOWERING_FAILED, " ".join(str(exc).split())[:300], None), None
         finally:
             j.device_model = None
@@ -319,6 +325,20 @@ def device(j: Judging) -> tuple[Outcome | None, Any]:
     if run.report is not None and not run.report.ok:
         return (verdicts.LOWERING_FAILED, run.report.summary(), None), run
     return None, run
+
+
+def raised_by_hfadapt(exc: BaseException) -> bool:
+    """Whether a plain ``NotImplementedError`` was raised by hfadapt's own code (its innermost
+    frame in the hfadapt package) rather than by torch, a model or the device's kernel table
+    (``SpyreOpNotImplementedError``, the device's own verdict on an op)."""
+    if isinstance(exc, SpyreOpNotImplementedError):
+        return False
+    tb = exc.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return Path(tb.tb_frame.f_code.co_filename).resolve().is_relative_to(_PACKAGE)
 
 
 def adapters_took_effect(j: Judging) -> None:

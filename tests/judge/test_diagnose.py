@@ -482,3 +482,30 @@ def test_real_device_fault_is_localized(tiny_model_dirs: dict[str, Path]) -> Non
     print(f"\n{diag.verdict}: {diag.reason}\n  {d.summary() if d else diag.evidence}")
     assert diag.verdict == verdicts.VERIFICATION_FAILED, diag.reason
     assert d is not None and d.module == module and not d.inputs_drifted, d
+
+
+def test_hfadapts_own_not_implemented_is_raised_not_the_models_verdict(
+    tiny_model_dirs: dict[str, Path],
+) -> None:
+    """A NotImplementedError raised by hfadapt's own code is hfadapt's limit, not the model's
+    `lowering_failed`: it propagates and no run is recorded; one raised by torch or the model
+    (outside the hfadapt package) stays the model's verdict."""
+    import hfadapt.spyre.compile.graph_exec as own_module
+
+    own = compile(
+        "def runner(*a, **k):\n    raise NotImplementedError('call_module node in an ATen graph')\n",
+        own_module.__file__ or "",
+        "exec",
+    )
+    scope: dict[str, Any] = {}
+    exec(own, scope)
+
+    def foreign(*a: Any, **k: Any) -> None:
+        raise NotImplementedError("Could not run 'aten::foo' with arguments from 'spyre'")
+
+    with pytest.raises(NotImplementedError, match="call_module node"):
+        diagnose(tiny_model_dirs["bert"], runner=scope["runner"])
+    assert rows() == [], [r.verdict for r in rows()]
+    diag = diagnose(tiny_model_dirs["bert"], runner=foreign)
+    print(diag.verdict, diag.reason)
+    assert diag.verdict == verdicts.LOWERING_FAILED and "aten::foo" in diag.reason, diag.reason
