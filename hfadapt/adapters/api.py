@@ -27,9 +27,10 @@ import torch
 
 from hfadapt.adapters.examples import ExpFeatures, bert_at_trained_scale, tiny_model
 from hfadapt.adapters.host import host_constant, host_copy, on_host, to_device, to_host
-from hfadapt.adapters.rebind import globals_read, innermost, rebind, stock_method
+from hfadapt.adapters.rebind import globals_read, innermost, rebind, stock_bound, stock_method
 from hfadapt.errors import AdapterError
 from hfadapt.spyre.frames import inline_only
+from hfadapt.spyre.profile import STICK_ELEMENTS
 
 __all__ = [
     "MASKED",
@@ -64,8 +65,8 @@ ExampleFn = Callable[[int], tuple[Any, tuple[Any, ...], dict[str, Any]]]
 
 # The device's unit of layout: 64 fp16 elements (128 bytes) along the last dimension. Matmul
 # reduction sizes and sequence lengths must be whole sticks (the profile's ``layout`` section;
-# docs/device-profile.md).
-STICK = 64
+# docs/device-profile.md). Defined once, beside the profile's layout section.
+STICK = STICK_ELEMENTS
 
 # The additive value of a masked attention position: fp16's finfo.min / 2 (-32752, hf-adapters'
 # value), for every dtype. exp(MASKED - max) is 0 as with -inf, and the value stays inside DL16's
@@ -169,7 +170,7 @@ class Adapter:
             method = self.method_name
 
             def stock(module: Any, *args: Any, **kwargs: Any) -> Any:
-                return getattr(type(module), method)(module, *args, **kwargs)
+                return stock_bound(module, method)(*args, **kwargs)
 
             return stock
         if self.kind == "attention":
