@@ -12,6 +12,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("hfadapt.errors",),
     # every environment variable hfadapt reads
     ("hfadapt.settings",),
+    # every use of torch's private API, and patches to torch's modules with save and restore
+    ("hfadapt.torch_internals",),
     # reading what untrusted code or servers produced: bounded JSON, clean text, redaction;
     # a bounded folder of cache entries shared by processes
     ("hfadapt.untrusted", "hfadapt.disk_cache"),

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from hfadapt import torch_internals as ti
 from hfadapt.errors import GraphError
 
 # Op packets (ATen names without overload). Everything here reads its inputs and returns new
@@ -238,7 +239,7 @@ ASSERT_OPS = frozenset({"aten::_assert_scalar.default", "aten::_assert_tensor_me
 
 def op_name(target: Any) -> str:
     """The artifact's name for an fx node target; GraphError for anything not nameable."""
-    if isinstance(target, torch._ops.OpOverload):
+    if isinstance(target, ti.OpOverload):
         ns = target.namespace
         packet = target._schema.name.split("::", 1)[-1]
         return f"{ns}::{packet}.{target._overloadname}"
@@ -266,7 +267,7 @@ def check_node(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None
             raise GraphError(f"{name} with dropout {value!r}: a graph must be deterministic")
 
 
-def _checked_overload(name: str, op: torch._ops.OpOverload) -> None:
+def _checked_overload(name: str, op: ti.OpOverload) -> None:
     schema = op._schema
     if schema.is_mutable or any(
         a.alias_info is not None and a.alias_info.is_write for a in schema.arguments
@@ -297,7 +298,7 @@ def resolve(name: str) -> Callable[..., Any]:
         raise GraphError(f"{name} is not in hfadapt's allowlist of graph ops")
     packet_obj = getattr(torch.ops.aten, packet, None)
     op = getattr(packet_obj, overload, None) if packet_obj is not None else None
-    if not isinstance(op, torch._ops.OpOverload):
+    if not isinstance(op, ti.OpOverload):
         raise GraphError(f"{name}: torch has no such ATen overload")
     _checked_overload(name, op)
     return op

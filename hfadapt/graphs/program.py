@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from hfadapt import torch_internals as ti
 from hfadapt.graphs import ops, values
 from hfadapt.graphs.artifact import GraphArtifact, Slot
 from hfadapt.graphs.capture import module_tensors
@@ -94,7 +95,7 @@ class GraphProgram:
         lock, happens while Dynamo traces a model that calls the graph: either would be a graph
         break, and on the card a break after a post-LayerNorm output is the handoff defect."""
         devices = [torch.device("cpu")]
-        accelerator = torch._C._get_privateuse1_backend_name()
+        accelerator = ti.privateuse1_backend_name()
         if accelerator != "privateuseone":
             devices.append(torch.device(accelerator))
         for device in devices:

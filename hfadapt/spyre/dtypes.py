@@ -8,7 +8,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch.utils import _pytree as pytree
+
+from hfadapt import torch_internals as ti
 
 _cache: dict[Any, tuple[torch.dtype, ...]] = {}
 _DL16 = (torch.float16, torch.bfloat16)
@@ -26,7 +27,7 @@ def _sig(x: Any) -> Any:
 
 
 def logical_dtypes(
-    func: torch._ops.OpOverload, args: Sequence[Any], kwargs: dict[str, Any], held_result: Any
+    func: ti.OpOverload, args: Sequence[Any], kwargs: dict[str, Any], held_result: Any
 ) -> tuple[torch.dtype, ...]:
     """Dtypes of the op's tensor outputs, in pytree order. `args` carry the device tensors
     (logical dtypes); `held_result` is what the op returned on held data."""
@@ -46,14 +47,14 @@ def _to_meta(x: Any) -> Any:
 
 
 def _meta_dtypes(
-    func: torch._ops.OpOverload, args: Sequence[Any], kwargs: dict[str, Any], held_result: Any
+    func: ti.OpOverload, args: Sequence[Any], kwargs: dict[str, Any], held_result: Any
 ) -> tuple[torch.dtype, ...]:
-    margs, mkwargs = pytree.tree_map(_to_meta, (list(args), kwargs))
+    margs, mkwargs = ti.pytree.tree_map(_to_meta, (list(args), kwargs))
     try:
         result = func(*margs, **mkwargs)
     except Exception:  # no meta kernel for this op
         return _promoted(args, kwargs, held_result)
-    return tuple(t.dtype for t in pytree.tree_leaves(result) if isinstance(t, torch.Tensor))
+    return tuple(t.dtype for t in ti.pytree.tree_leaves(result) if isinstance(t, torch.Tensor))
 
 
 def _promoted(
@@ -61,11 +62,11 @@ def _promoted(
 ) -> tuple[torch.dtype, ...]:
     """Map the held result's dtypes back by hand: float32 computed from DL16-held inputs alone
     is the DL16 dtype, int32 from int64-held inputs is int64."""
-    leaves = pytree.tree_leaves((list(args), kwargs))
+    leaves = ti.pytree.tree_leaves((list(args), kwargs))
     logical = [t.dtype for t in leaves if isinstance(t, torch.Tensor)]
     dl16 = next((d for d in logical if d in _DL16), None)
     out = []
-    for t in pytree.tree_leaves(held_result):
+    for t in ti.pytree.tree_leaves(held_result):
         if not isinstance(t, torch.Tensor):
             continue
         if t.dtype == torch.float32 and dl16 is not None and torch.float32 not in logical:

@@ -23,6 +23,8 @@ from typing import Any, TypeVar
 
 import torch
 
+from hfadapt import torch_internals as ti
+
 __all__ = ["compile_running", "inline_only"]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -42,11 +44,7 @@ def inline_only(fn: F) -> F:
     code = _code_of(fn)
     if code is None:
         return fn
-    try:
-        from torch._dynamo.eval_frame import skip_code
-    except ImportError:  # a torch without it: the frame is compiled, as before
-        return fn
-    skip_code(code)
+    ti.skip_code(code)  # a torch without it: the frame is compiled, as before
     return fn
 
 
@@ -56,9 +54,4 @@ def compile_running() -> bool:
     inside ``torch.compiler.disable`` and in plain eager code."""
     if torch.compiler.is_compiling():
         return True
-    try:
-        from torch._C._dynamo.eval_frame import get_eval_frame_callback
-    except ImportError:
-        return False
-    callback = get_eval_frame_callback()
-    return callable(callback)
+    return callable(ti.eval_frame_callback())

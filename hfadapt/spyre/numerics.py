@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from hfadapt import torch_internals as ti
+
 __all__ = ["PINNED_PRECISION", "autocast_state", "exact", "graph_state", "pinned", "state"]
 
 PINNED_PRECISION = "highest"  # torch.set_float32_matmul_precision's name for exact fp32
@@ -62,7 +64,7 @@ def autocast_state() -> dict[str, str]:
     """Every device type autocast is on for in this thread, with its dtype (torch's own
     AOTAutogradCache keys a graph by the same)."""
     on = {}
-    for device_type in torch._C._autocast_supported_devices():
+    for device_type in ti.autocast_supported_devices():
         if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):
             on[device_type] = str(torch.get_autocast_dtype(device_type))
     return on

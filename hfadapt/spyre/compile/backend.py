@@ -33,9 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch._inductor.exc import InductorError
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from hfadapt import torch_internals as ti
 from hfadapt.errors import DeviceError, SpyreLoweringError
 from hfadapt.spyre.compile.cache import default_cache
 from hfadapt.spyre.compile.defects import find_defects
@@ -60,7 +59,7 @@ BACKEND_NAME = "spyre"
 _RESUME_PREFIX = "torch_dynamo_resume_in_"
 
 
-class SpyreCompileError(SpyreLoweringError, InductorError):
+class SpyreCompileError(SpyreLoweringError, ti.inductor_error()):  # type: ignore[misc]
     """What the backend raises. Also an ``InductorError`` (what torch-spyre raises), which
     Dynamo passes through unwrapped instead of turning it into BackendCompilerFailed."""
 
@@ -143,18 +142,11 @@ class DeviceGraph:
 def _is_top_frame() -> bool:
     """Whether Dynamo is compiling a frame's start, not the resume function after a graph
     break (private API: when it is unavailable, every graph starts a new report)."""
-    try:
-        from torch._dynamo.symbolic_convert import InstructionTranslator
-
-        tx = InstructionTranslator.current_tx()
-        return tx is None or not tx.f_code.co_name.startswith(_RESUME_PREFIX)
-    except Exception:
-        return True
+    return ti.is_top_frame(_RESUME_PREFIX)
 
 
 def _fw_metadata() -> Any:
-    ctx = torch._guards.TracingContext.try_get()
-    return getattr(ctx, "fw_metadata", None) if ctx is not None else None
+    return ti.fw_metadata()
 
 
 def _static_inputs() -> list[int]:
@@ -165,8 +157,6 @@ def _plain_inference(inputs: int) -> bool:
     """Whether aot_autograd's inference graph is all there is to the compiled call: no input
     mutated, every output a fresh tensor, no hidden state, one graph input per Dynamo input.
     Only such graphs go into the compile cache (a hit skips aot_autograd's runtime wrappers)."""
-    from torch._functorch._aot_autograd.schemas import OutputType
-
     meta = _fw_metadata()
     if meta is None:
         return False
@@ -174,7 +164,7 @@ def _plain_inference(inputs: int) -> bool:
         return (
             len(meta.input_info) == inputs
             and not any(i.mutates_data or i.mutates_metadata for i in meta.input_info)
-            and all(o.output_type == OutputType.non_alias for o in meta.output_info)
+            and all(o.output_type == ti.output_type_non_alias() for o in meta.output_info)
             and meta.num_intermediate_bases == 0
             and not meta.tokens
         )
@@ -194,8 +184,6 @@ class SpyreBackend:
     def __call__(
         self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any
     ) -> Any:
-        from torch._dynamo.backends.common import aot_autograd
-
         if _automatic_dynamic(example_inputs):
             # Dynamo made a recompiled frame's sizes symbolic on its own (a second shape):
             # the card has static shapes and compiles each one, so this does too
@@ -223,7 +211,7 @@ class SpyreBackend:
                 cache.store(key, aten_gm, example_inputs, static)
             return self.compile_graph(aten_gm, top, static)
 
-        return aot_autograd(
+        return ti.aot_autograd(
             fw_compiler=compile_graph,
             bw_compiler=compile_graph,
             inference_compiler=inference,
@@ -278,7 +266,7 @@ def _automatic_dynamic(example_inputs: Sequence[Any]) -> bool:
     asked for with ``dynamic=True`` (which keeps the layout.dynamic_shape refusal)."""
     if not any(_symbolic(v) for v in example_inputs):
         return False
-    config = torch._dynamo.config
+    config = ti.dynamo_config()
     return bool(getattr(config, "assume_static_by_default", True))
 
 
@@ -304,7 +292,7 @@ class _PerShape:
         key = self._key(args)
         fn = self.compiled.get(key)
         if fn is None:
-            with torch._dynamo.config.patch(automatic_dynamic_shapes=False):
+            with ti.dynamo_config().patch(automatic_dynamic_shapes=False):
                 fn = self.compiled[key] = self.backend(self.gm, list(args))
         return fn(*args)
 
@@ -328,7 +316,7 @@ class _HostGraph(DeviceGraph):
 
     def __init__(self, gm: torch.fx.GraphModule, entry: GraphEntry) -> None:
         def run(*args: Any) -> Any:
-            with _Fp32Matmuls():  # type: ignore[no-untyped-call]  # torch's untyped __init__
+            with _Fp32Matmuls():
                 return gm(*args)
 
         super().__init__(run, entry)
@@ -339,7 +327,7 @@ _MATMULS = frozenset(
 )
 
 
-class _Fp32Matmuls(TorchDispatchMode):
+class _Fp32Matmuls(ti.torch_dispatch_mode()):  # type: ignore[misc]
     """Half-precision mm/bmm/addmm/baddbmm computed in fp32, results in their own dtype."""
 
     def __torch_dispatch__(
@@ -377,10 +365,8 @@ def spyre_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwa
 def register() -> None:
     """Make ``torch.compile(..., backend="spyre")`` available (the alias; also what the default
     backend's device graphs are routed to, when the entry point is not installed). Idempotent."""
-    from torch._dynamo.backends.registry import _COMPILER_FNS, register_backend
-
-    if BACKEND_NAME not in _COMPILER_FNS:
-        register_backend(compiler_fn=spyre_backend, name=BACKEND_NAME)
+    if not ti.compiler_backend_registered(BACKEND_NAME):
+        ti.register_compiler_backend(spyre_backend, BACKEND_NAME)
 
 
 # -- auditing a model -----------------------------------------------------------------------------
@@ -416,9 +402,7 @@ class LoweredModel:
 
 
 def _graph_breaks() -> int:
-    from torch._dynamo.utils import counters
-
-    return sum(counters["graph_break"].values())
+    return sum(ti.dynamo_counters()["graph_break"].values())
 
 
 def _takes_use_cache(model: Callable[..., Any], config: Any) -> bool:
@@ -452,25 +436,18 @@ def _no_log_only_work() -> Iterator[None]:
       while that log is off (``TORCH_LOGS=trace_call`` keeps it).
 
     Private API: where either is absent, nothing changes for it."""
-    from torch._dynamo import guards, output_graph, symbolic_convert
-
-    saved: list[tuple[Any, str, Any]] = []
-    probe = getattr(guards, "profile_guard_manager", None)
-    if probe is not None:
-        saved.append((guards, "profile_guard_manager", probe))
-        setattr(guards, "profile_guard_manager", lambda *args, **kwargs: 0.0)  # noqa: B010
-    funcname = getattr(symbolic_convert, "get_funcname", None)
-    if funcname is not None and not (
+    guards, output_graph = ti.dynamo_module("guards"), ti.dynamo_module("output_graph")
+    symbolic_convert = ti.dynamo_module("symbolic_convert")
+    replacements: list[tuple[Any, str, Any]] = [
+        (guards, "profile_guard_manager", lambda *args, **kwargs: 0.0)
+    ]
+    if not (
         _log_enabled(output_graph, "trace_call_log")
         or _log_enabled(symbolic_convert, "trace_call_log")
     ):
-        saved.append((symbolic_convert, "get_funcname", funcname))
-        setattr(symbolic_convert, "get_funcname", lambda filename, lineno: None)  # noqa: B010
-    try:
+        replacements.append((symbolic_convert, "get_funcname", lambda filename, lineno: None))
+    with ti.patched(replacements):
         yield
-    finally:
-        for module, name, value in reversed(saved):
-            setattr(module, name, value)
 
 
 def _call(fn: Callable[..., Any], inputs: Mapping[str, Any] | Sequence[Any]) -> Any:
@@ -511,7 +488,7 @@ def lower(
     # gc.collect(1) after every frame frees accelerator memory early; here it only walks the
     # young objects again (0.3 s of MiniLM's 9 frames under the command's collector settings,
     # hfadapt.cli._process): cycles are left to the collector's own schedule.
-    patch = torch._dynamo.config.patch(
+    patch = ti.dynamo_config().patch(
         recompile_limit=1_000_000,
         accumulated_recompile_limit=1_000_000,
         automatic_dynamic_shapes=False,

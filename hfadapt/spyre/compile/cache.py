@@ -50,6 +50,7 @@ import torch
 from torch import fx
 
 from hfadapt import settings
+from hfadapt import torch_internals as ti
 from hfadapt.disk_cache import BoundedFolder
 from hfadapt.errors import UntrustedDataError
 from hfadapt.spyre import numerics
@@ -280,10 +281,9 @@ class CompileCache:
         """Write the entry (atomically); False when the graph cannot be stored. The compiler
         calls this under aot_autograd's fake tensor mode: the graph's constants are real
         tensors, read with that mode set aside."""
-        from torch._subclasses.fake_tensor import unset_fake_temporarily
 
         try:
-            with unset_fake_temporarily():
+            with ti.unset_fake_temporarily():
                 graph, constants = encode(gm)
         except GraphCodecError as exc:
             log.info("compile cache: not storing a graph (%s)", exc)

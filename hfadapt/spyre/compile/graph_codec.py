@@ -20,6 +20,8 @@ from typing import Any
 import torch
 from torch import fx
 
+from hfadapt import torch_internals as ti
+
 __all__ = ["GraphCodecError", "decode", "encode"]
 
 
@@ -97,7 +99,7 @@ def _bad(x: Any) -> Any:
 def _target_name(target: Any) -> str:
     if target is operator.getitem:
         return "getitem"
-    if isinstance(target, torch._ops.OpOverload):
+    if isinstance(target, ti.OpOverload):
         name: str = target.name()  # "aten::mm" or "aten::add.Tensor"
         if "." not in name.split("::", 1)[1]:
             name += ".default"
@@ -255,9 +257,8 @@ def encode(gm: fx.GraphModule) -> tuple[dict[str, Any], dict[str, torch.Tensor]]
 
 def decode(data: Mapping[str, Any], constants: Mapping[str, torch.Tensor]) -> fx.GraphModule:
     """The graph ``encode`` described, checked (``GraphCodecError`` on anything malformed)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
 
-    mode = FakeTensorMode()
+    mode = ti.fake_tensor_mode()
     graph = fx.Graph()
     root = torch.nn.Module()
     made: dict[str, fx.Node] = {}

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from hfadapt import torch_internals as ti
 from hfadapt.spyre import heap
 from hfadapt.spyre.compile.defects import Corruption, misread_layout
 from hfadapt.spyre.compile.graph_rules import GraphCheck, op_name
@@ -424,10 +425,9 @@ def build_executable(
     graph (hfadapt.spyre.compile.defects.find_defects); their consumers read the misread value.
     ``handoff``: the graph's part of defect.post_ln_handoff (hfadapt.spyre.compile.handoff):
     outputs it marks, inputs it checks for a mark at each call."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     builder = _Builder(gm, check, profile, static_inputs, corruptions, handoff)
     # aot_autograd calls its compilers with its FakeTensorMode active; constants and scalars
     # are converted here for real.
-    with unset_fake_temporarily():
+    with ti.unset_fake_temporarily():
         return builder.build(), builder.rt

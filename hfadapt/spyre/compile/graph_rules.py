@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from hfadapt import torch_internals as ti
 from hfadapt.spyre.lowering_report import (
     LoweringReport,
     SourceLocation,
@@ -29,12 +30,12 @@ _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fun
 
 def op_name(target: Any) -> str:
     """The profile's name for an FX call target: ``aten::addmm``, ``aten::pow.Tensor_Scalar``."""
-    if isinstance(target, torch._ops.OpOverload):
+    if isinstance(target, ti.OpOverload):
         name: str = target.name()
         return ALIASES.get(name, name)
-    if isinstance(target, torch._ops.OpOverloadPacket):
+    if isinstance(target, ti.OpOverloadPacket):
         return target._qualified_op_name
-    if isinstance(target, torch._ops.HigherOrderOperator):
+    if isinstance(target, ti.HigherOrderOperator):
         return f"higher_order::{target.name()}"
     return getattr(target, "__qualname__", str(target))
 

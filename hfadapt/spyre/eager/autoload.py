@@ -48,7 +48,7 @@ def _device_mid_import() -> bool:
     it is half-initialized, and registration waits for the explicit register() hfadapt's
     device paths call. (``__spec__._initializing`` is what the import system sets meanwhile.)"""
     return any(
-        name.startswith("hfadapt.spyre")
+        (name.startswith("hfadapt.spyre") or name == "hfadapt.torch_internals")
         and getattr(getattr(module, "__spec__", None), "_initializing", False)
         for name, module in list(sys.modules.items())
     )
@@ -68,9 +68,9 @@ def stepped_aside() -> str | None:
 
 def _claimant() -> str | None:
     """Why PrivateUse1 is not the simulator's to take at ``import torch``, or None."""
-    import torch
+    from hfadapt import torch_internals as ti
 
-    taken = torch._C._get_privateuse1_backend_name()
+    taken = ti.privateuse1_backend_name()
     if taken not in ("privateuseone", "spyre"):
         return f"PrivateUse1 is already registered as {taken!r}"
     others = other_backends()

@@ -40,12 +40,13 @@ from typing import Any
 
 import torch
 
+from hfadapt import torch_internals as ti
 from hfadapt.errors import DeviceError
 from hfadapt.spyre.eager.selection import DEVICE_TYPE
 from hfadapt.spyre.eager.tensor import when_imported
 from hfadapt.spyre.tracking import active_profile
 
-COMPILE_FX = "torch._inductor.compile_fx"
+COMPILE_FX = ti.COMPILE_FX_MODULE
 BACKEND = "spyre"  # the Dynamo backend that compiles for the simulated device
 _MARK = "_hfadapt_spyre_route"  # set on the wrapper: the module holds it already
 _lock = threading.Lock()
@@ -82,10 +83,9 @@ def uses_device(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> bool
 
 def device_compiler() -> Callable[..., Any]:
     """The backend registered as "spyre" (hfadapt.spyre.compile.backend.spyre_backend)."""
-    from torch._dynamo.backends.registry import lookup_backend
 
     try:
-        return lookup_backend(BACKEND)
+        return ti.lookup_backend(BACKEND)
     except Exception as e:  # InvalidBackend: neither the entry point nor register()
         raise DeviceError(
             "torch.compile on the simulated spyre device needs its compiler: install hfadapt "

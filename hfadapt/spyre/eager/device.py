@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from hfadapt import torch_internals as ti
 from hfadapt.errors import DeviceError
 from hfadapt.spyre.eager.selection import (
     DEVICE_COUNT,
@@ -82,7 +83,7 @@ def register(force: bool = False) -> ModuleType:
     with _lock:
         if _registered:
             return sys.modules[__name__]
-        taken = torch._C._get_privateuse1_backend_name()
+        taken = ti.privateuse1_backend_name()
         if taken != "privateuseone":
             raise DeviceError(
                 f"the PrivateUse1 backend is already registered as {taken!r}; the simulated "
@@ -94,9 +95,7 @@ def register(force: bool = False) -> ModuleType:
                 UserWarning,
                 stacklevel=2,
             )
-        from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
-
-        _setup_privateuseone_for_python_backend(
+        ti.setup_privateuse1_python_backend(
             DEVICE_TYPE,
             backend_module=sys.modules[__name__],
             hook=_Hooks(),
@@ -121,7 +120,7 @@ def _ensure() -> None:
         register()
 
 
-class _Hooks(torch._C._acc.PrivateUse1Hooks):
+class _Hooks(ti.PrivateUse1Hooks):
     def is_available(self) -> bool:
         return True
 
@@ -132,9 +131,9 @@ class _Hooks(torch._C._acc.PrivateUse1Hooks):
         return True
 
 
-class _Guard(torch._C._acc.DeviceGuard):
+class _Guard(ti.DeviceGuard):
     def type_(self) -> Any:
-        return torch._C._autograd.DeviceType.PrivateUse1
+        return ti.privateuse1_device_type()
 
 
 # -- the torch.spyre module ---------------------------------------------------------------

@@ -14,8 +14,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from torch.utils import _pytree as pytree
 
+from hfadapt import torch_internals as ti
 from hfadapt.errors import SpyreOpNotImplementedError
 from hfadapt.spyre import heap, kernels
 from hfadapt.spyre.dl16 import round_dl16_
@@ -81,7 +81,7 @@ class OpEntry:
 _entries: dict[tuple[int, str], tuple[Profile, dict[Any, OpEntry]]] = {}
 
 
-def op_entry(profile: Profile, mode: str, func: torch._ops.OpOverload) -> OpEntry:
+def op_entry(profile: Profile, mode: str, func: ti.OpOverload) -> OpEntry:
     key = (id(profile), mode)
     slot = _entries.get(key)
     if slot is None or slot[0] is not profile:
@@ -92,7 +92,7 @@ def op_entry(profile: Profile, mode: str, func: torch._ops.OpOverload) -> OpEntr
     return entry
 
 
-def _build_entry(profile: Profile, mode: str, func: torch._ops.OpOverload) -> OpEntry:
+def _build_entry(profile: Profile, mode: str, func: ti.OpOverload) -> OpEntry:
     name = func.name()
     schema = func._schema
     outcome, _ = profile.outcome(name, mode)
@@ -111,7 +111,7 @@ def _build_entry(profile: Profile, mode: str, func: torch._ops.OpOverload) -> Op
         outcome=outcome,
         decompose=func not in _SPECIAL_DECOMPOSITIONS
         and func not in _KEPT_WHOLE
-        and torch._C._dispatch_has_kernel_for_dispatch_key(name, "CompositeImplicitAutograd"),
+        and ti.dispatch_has_kernel(name, "CompositeImplicitAutograd"),
         mutated=mutated,
         out_names=out_names,
         view=view and func is not aten.view.dtype,
@@ -135,7 +135,7 @@ _CASTS = frozenset({"aten::_to_copy", "aten::to", "aten::copy_", "aten::_copy_fr
 # -- the entry point -------------------------------------------------------------------------
 
 
-def dispatch(func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def dispatch(func: ti.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     if not heap.kept:
         heap.keep_freed_memory()
     collector = current()
@@ -238,7 +238,7 @@ def _unwrap_all(
 def _native(
     collector: Collector,
     entry: OpEntry,
-    func: torch._ops.OpOverload,
+    func: ti.OpOverload,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     judged: bool = False,
@@ -385,7 +385,7 @@ def _written_back(entry: OpEntry, args: Sequence[Any], kwargs: dict[str, Any]) -
 
 def _wrap_result(
     entry: OpEntry,
-    func: torch._ops.OpOverload,
+    func: ti.OpOverload,
     args: Sequence[Any],
     kwargs: dict[str, Any],
     result: Any,
@@ -397,7 +397,7 @@ def _wrap_result(
             return _wrap_view(result, args[0], device)
         dtype = result.dtype if not seen.mapped else logical_dtypes(func, args, kwargs, result)[0]
         return wrap(_stored(entry, args, result, dtype, seen.rounded), device=device, dtype=dtype)
-    leaves, spec = pytree.tree_flatten(result)
+    leaves, spec = ti.pytree.tree_flatten(result)
     tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
     if not tensors:
         return result
@@ -420,7 +420,7 @@ def _wrap_result(
         )
         for x in leaves
     ]
-    return pytree.tree_unflatten(out, spec)
+    return ti.pytree.tree_unflatten(out, spec)
 
 
 def _wrap_view(x: torch.Tensor, base: torch.Tensor, device: torch.device) -> SpyreTensor:
@@ -462,7 +462,7 @@ def _stored(
 
 
 def _tensors(args: Sequence[Any]) -> list[torch.Tensor]:
-    return [t for t in pytree.tree_leaves(list(args)) if isinstance(t, torch.Tensor)]
+    return [t for t in ti.pytree.tree_leaves(list(args)) if isinstance(t, torch.Tensor)]
 
 
 def _default_device() -> torch.device:
@@ -481,7 +481,7 @@ def _to_host_arg(x: Any) -> Any:
 
 
 def _on_host(
-    entry: OpEntry, func: torch._ops.OpOverload, args: Sequence[Any], kwargs: dict[str, Any]
+    entry: OpEntry, func: ti.OpOverload, args: Sequence[Any], kwargs: dict[str, Any]
 ) -> Any:
     """Run the op on the host as torch-spyre's fallback does: copy the inputs to the host
     (in their logical dtype), run the CPU kernel, copy the results back (rounded, downcast)."""
@@ -500,7 +500,7 @@ def _on_host(
                 copy_into(kwargs[n], hkwargs[n], hkwargs[n].dtype, transfer=True)
         return _written_back(entry, args, kwargs)
     device = _first_device(args, kwargs)
-    return pytree.tree_map_only(
+    return ti.pytree.tree_map_only(
         torch.Tensor,
         lambda t: wrap(store(t, t.dtype, fresh=True, transfer=True), t.dtype, device),
         result,
@@ -508,7 +508,7 @@ def _on_host(
 
 
 def _moved_on_held(
-    entry: OpEntry, func: torch._ops.OpOverload, args: Sequence[Any], kwargs: dict[str, Any]
+    entry: OpEntry, func: ti.OpOverload, args: Sequence[Any], kwargs: dict[str, Any]
 ) -> Any:
     uargs, ukwargs, seen = _unwrap_all(entry, args, kwargs)
     result = func(*uargs, **ukwargs)
@@ -521,7 +521,7 @@ def _moved_on_held(
         host = t.to(dtype)
         return wrap(store(host, dtype, fresh=True, transfer=True), dtype, device)
 
-    return pytree.tree_map_only(torch.Tensor, back, result)
+    return ti.pytree.tree_map_only(torch.Tensor, back, result)
 
 
 def _first_device(args: Sequence[Any], kwargs: dict[str, Any]) -> torch.device:
@@ -544,7 +544,7 @@ def _sdpa_math() -> Callable[..., Any]:
 # dropout's C++ kernel returns its input; the Python one clones it (a copy the card never makes:
 # 1.7 ms per BERT layer of a 32 x 256 encode).
 _CPP_COMPOSITES = frozenset({aten.dropout.default})
-_COMPOSITE = torch._C.DispatchKey.CompositeImplicitAutograd
+_COMPOSITE = ti.composite_implicit_key()
 
 # CompositeImplicit ops the card lowers whole in their input dtype (hfadapt.spyre.native_ops):
 # PyTorch's decomposition would upcast to fp32 first.

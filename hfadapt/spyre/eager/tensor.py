@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from hfadapt import torch_internals as ti
 from hfadapt.errors import DeviceError
 from hfadapt.spyre.dl16 import round_dl16_
 from hfadapt.spyre.tracking import SpyreDowncastWarning, current, warn_from_model
@@ -65,7 +66,7 @@ class SpyreTensor(torch.Tensor):
 
     @staticmethod
     def __new__(cls, held: torch.Tensor, dtype: torch.dtype, device: torch.device) -> SpyreTensor:
-        r = torch.Tensor._make_wrapper_subclass(
+        r = ti.make_wrapper_subclass(
             cls,
             held.size(),
             strides=held.stride(),
@@ -84,12 +85,12 @@ class SpyreTensor(torch.Tensor):
         return data
 
     # Only __torch_dispatch__ (ATen level) sees the device; torch functions run as usual.
-    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
+    __torch_function__ = ti.disabled_torch_function_impl
 
     @classmethod
     def __torch_dispatch__(  # type: ignore[override]
         cls,
-        func: torch._ops.OpOverload,
+        func: ti.OpOverload,
         types: Any,
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
@@ -119,14 +120,7 @@ def _not_traced_by_dynamo() -> None:
     once torch._dynamo is imported (``_when_dynamo_loads``), not before: importing Dynamo
     costs ``import torch`` more than a second, and most processes never compile."""
     try:
-        from torch._dynamo import eval_frame
-
-        # private names, not exported: read as attributes
-        strategy_of, action = eval_frame.FrameExecStrategy, eval_frame.FrameAction  # type: ignore[attr-defined]
-        strategy = strategy_of(action.SKIP, action.SKIP)
-        eval_frame.set_code_exec_strategy(  # type: ignore[attr-defined]
-            SpyreTensor.__dict__["__torch_dispatch__"].__func__.__code__, strategy
-        )
+        ti.set_skip_frame(SpyreTensor.__dict__["__torch_dispatch__"].__func__.__code__)
     except Exception:
         original = SpyreTensor.__dict__["__torch_dispatch__"].__func__
         SpyreTensor.__torch_dispatch__ = classmethod(torch.compiler.disable(original))  # type: ignore[assignment,method-assign]
@@ -179,7 +173,7 @@ def when_imported(name: str, then: Callable[[], None]) -> None:
 
 
 def _when_dynamo_loads() -> None:
-    when_imported("torch._dynamo", _not_traced_by_dynamo)
+    when_imported(ti.DYNAMO_MODULE, _not_traced_by_dynamo)
 
 
 _when_dynamo_loads()
@@ -194,7 +188,7 @@ def pending(
 ) -> SpyreTensor:
     """A contiguous device tensor that ``node`` of a row program will make: its data comes
     when something reads it (``_held``)."""
-    r = torch.Tensor._make_wrapper_subclass(SpyreTensor, shape, dtype=dtype, device=device)
+    r = ti.make_wrapper_subclass(SpyreTensor, shape, dtype=dtype, device=device)
     r._data = None
     r._node = node
     return r
