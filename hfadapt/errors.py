@@ -27,6 +27,7 @@ lacks (a package, bubblewrap, the Hub when it was asked for).
     │       └── SpyreOpError            an eager op the device refuses (also a RuntimeError)
     │           └── SpyreOpNotImplementedError  no device kernel (also a NotImplementedError)
     ├── CustomCodeError                 needs the repo's own code, not run unasked (custom_code)
+    ├── StandInTooLargeError            no structural stand-in fits the memory budget (skipped)
     ├── SweepError                      the sweep machinery (workers cannot start, Ray unreachable)
     ├── IsolationUnavailableError       no OS sandbox (bubblewrap) here: exit code 3
     ├── MissingDependencyError          a package this needs is not installed (Ray): exit code 3
@@ -237,6 +238,11 @@ class MissingDependencyError(HfadaptError):
 class CustomCodeError(HfadaptError):
     """The model needs code from its repository (``auto_map``) and running it was not asked for
     (``--trust-remote-code``): judged as the ``custom_code`` verdict, never run unasked."""
+
+
+class StandInTooLargeError(HfadaptError):
+    """A structural stand-in that no sizing fits in the memory budget of a judge
+    (hfadapt.loading.sizing): judged as the ``skipped`` verdict, with the memory it needs."""
 
 
 class SweepError(HfadaptError):

@@ -54,7 +54,8 @@ def failures(
     db: DbOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Failure fingerprints, by the downloads of the models each one blocks (largest first)."""
+    """Failure fingerprints, by the downloads of the models each one blocks (largest first),
+    and every failing model without a fingerprint, grouped by verdict."""
     from hfadapt.db.census import failure_groups
     from hfadapt.report.charts import fmt_count
 
@@ -62,16 +63,23 @@ def failures(
         existing_engine(db, hint="`hfadapt sweep`"), sweep_id=sweep, top=top
     )
     if as_json:
-        # fingerprints first, as before; the blocking verdict groups follow as their own entries
+        # fingerprints first, as before; the verdict groups follow as their own entries
         data = [r.to_dict() for r in rows] + [{"group": b.verdict, **b.to_dict()} for b in blocking]
         typer.echo(json.dumps(data, indent=2, default=str))
         return
     if blocking:
-        groups = Table("blocked before the device", "models", "downloads", "share", "e.g.")
+        groups = Table("failing without a fingerprint", "models", "downloads", "share", "e.g.")
+        groups.columns[4].overflow = "fold"
         for b in blocking:
+            example = f"{b.models[0]}: {b.example_reason}" if b.models else ""
             groups.add_row(escape(b.verdict), f"{b.count:,}", fmt_count(b.downloads), f"{b.share:.1%}",
-                           escape(b.models[0]) if b.models else "")  # fmt: skip
+                           escape(example))  # fmt: skip
         console.print(groups)
+        err_console.print(
+            f"  {sum(b.count for b in blocking):,} failing models without a fingerprint "
+            "(their rows: --json, or hfadapt show MODEL)",
+            highlight=False,
+        )
     if not rows:
         err_console.print(
             "no failure fingerprints recorded (nothing failed to lower)", highlight=False

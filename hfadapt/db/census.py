@@ -32,6 +32,7 @@ __all__ = [
     "list_sweeps",
     "resolve_sweep",
     "scope_runs",
+    "unfingerprinted",
 ]
 
 # Verdicts that block a model before any device rule is reached: listed beside the fingerprints.
@@ -259,10 +260,30 @@ def failures(
     return census(runs, top)
 
 
+def unfingerprinted(runs: list[ModelRun]) -> list[Blocker]:
+    """Every failing run that no fingerprint lists (custom_code, load_failed, worker_crashed,
+    worker_timeout, verification_failed, reference_failed, unsupported_model, skipped, a
+    lowering failure without one), one group per verdict, by downloads."""
+    total = sum(r.downloads for r in runs) or 1
+    groups: dict[str, Blocker] = {}
+    for r in sorted(runs, key=lambda r: (-r.downloads, r.model_id)):
+        if r.passed or r.fingerprints:
+            continue
+        group = groups.setdefault(r.verdict, Blocker(r.verdict))
+        group.downloads += r.downloads
+        group.models.append(r.model_id)
+        if not group.example_reason:
+            group.example_reason = r.reason.removeprefix("[structural] ")[:200]
+    for group in groups.values():
+        group.share = group.downloads / total
+    return sorted(groups.values(), key=lambda b: (-b.downloads, -b.count, b.verdict))
+
+
 def failure_groups(
     engine: Engine, *, sweep_id: int | None = None, top: int | None = None
 ) -> tuple[list[FailureFingerprint], list[Blocker]]:
-    """The fingerprints (as ``failures``) and, beside them, the custom_code and load_failed
-    groups: what ``hfadapt failures`` shows, so the biggest blockers are never hidden."""
+    """The fingerprints (as ``failures``) and, beside them, every failing run no fingerprint
+    lists, grouped by verdict (``unfingerprinted``): what ``hfadapt failures`` shows, so no
+    failing row is hidden."""
     _, runs = scope_runs(engine, sweep_id)
-    return census(runs, top), blockers(runs)
+    return census(runs, top), unfingerprinted(runs)

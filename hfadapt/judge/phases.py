@@ -24,6 +24,7 @@ from hfadapt.errors import (
     SpyreLoweringError,
     SpyreOpNotImplementedError,
     SpyreUnsupportedModelError,
+    StandInTooLargeError,
 )
 from hfadapt.hub.resolve import HubOptions
 from hfadapt.judge.adapter_effect import ineffective_adapters
@@ -33,7 +34,16 @@ from hfadapt.judge.evidence import level_of_source
 from hfadapt.judge.localize import localize
 from hfadapt.judge.metrics import compare, last_hidden, token_mask
 from hfadapt.judge.options import JudgeOptions
+from hfadapt.judge.pipeline_judging import (
+    attach_heads,
+    evidence_of,
+    heads_for,
+    judge_heads,
+    pipeline_inputs,
+    with_heads,
+)
 from hfadapt.judge.reference_cache import ReferenceCache, reference_key
+from hfadapt.loading.heads import BuiltHeads
 from hfadapt.loading.load import LoadedModel
 from hfadapt.loading.loader import load_model
 from hfadapt.loading.probes import build_probes, model_inputs
@@ -92,6 +102,7 @@ class Judging:
     reference_cache: ReferenceCache | None = None  # None: the reference is always computed
     use_caches: bool = True  # False: neither cache is read or written (--no-cache)
     reference_use: str = "off"  # what the reference cache gave: off, unkeyed, hit:/miss:<key>
+    heads: BuiltHeads | None = None  # the modules after the transformer (modules.json), built
 
     @property
     def model(self) -> LoadedModel:
@@ -170,11 +181,16 @@ def load(
             raise
         except CustomCodeError as exc:
             return verdicts.CUSTOM_CODE, exc.one_line(), exc
+        except StandInTooLargeError as exc:  # no stand-in fits the judge's memory budget
+            return verdicts.SKIPPED, exc.one_line(), exc
         except HfadaptError as exc:
             return verdicts.LOAD_FAILED, exc.one_line(), exc
         except Exception as exc:  # transformers raising on a model it cannot build
             return verdicts.LOAD_FAILED, _one_line(exc), exc
     _describe_loaded(j)
+    with j.phases("load"):  # the heads after the transformer: part of loading the model
+        j.heads = heads_for(j.model)
+    j.diag.evidence["pipeline"] = evidence_of(j.heads)
     return None
 
 
@@ -285,7 +301,7 @@ def adapters(j: Judging) -> None:
     """A device copy of the model, with the adapters applied (never a reason to stop)."""
     diag, options = j.diag, j.options
     with j.phases("adapters"):
-        j.device_model = copy.deepcopy(j.model.model)
+        j.device_model = attach_heads(copy.deepcopy(j.model.model), j.heads)
         applied, errors = j.prepare(j.device_model) if options.adapters else ([], [])
     diag.adapters = applied
     if options.without_adapters:
@@ -301,8 +317,9 @@ def device(j: Judging) -> tuple[Outcome | None, Any]:
     with j.phases("device"), device_warnings_recorded(diag):
         try:
             run = run_device(
-                j.device_model, j.inputs, execution=options.execution.value, dtype=j.dtype,
-                profile=options.profile, collect=True,
+                j.device_model, pipeline_inputs(j.inputs, j.heads, j.dtype),
+                execution=options.execution.value, dtype=j.dtype, profile=options.profile,
+                collect=True,
             )  # fmt: skip
         except SpyreUnsupportedModelError as exc:
             diag.evidence["rule_id"] = exc.rule_id
@@ -369,7 +386,10 @@ def numbers(j: Judging, run: Any) -> Outcome:
     assert j.reference is not None, "the reference phase comes first"
     with j.phases("metrics"):
         metrics = compare(j.reference, last_hidden(run.outputs), j.real_tokens, j.model.pooling)
+        metrics.outputs = judge_heads(j.heads, j.model, j.reference, j.inputs, run.outputs)
     diag.metrics = metrics
+    if j.heads is not None:
+        diag.evidence["pipeline"] = evidence_of(j.heads, metrics.outputs)
     # Random weights cannot be trusted to show how much a silent defect costs (a defect that
     # wrecks the real model can leave a random one at cosine 0.99): in a structural run a
     # firing on the model's path fails it, whatever the numbers say.
@@ -391,8 +411,8 @@ def where(j: Judging, run: Any, metrics: Any) -> None:
     with j.phases("localize"), device_warnings_recorded(diag):
         try:
             diag.divergence = localize(
-                j.model.model, j.inputs, runner=j.runner or default_runner(), dtype=j.dtype,
-                profile=j.options.profile, rows=_worst_rows(metrics, j.real_tokens),
+                with_heads(j.model.model, j.heads), pipeline_inputs(j.inputs, j.heads, j.dtype),
+                runner=j.runner or default_runner(), dtype=j.dtype, profile=j.options.profile, rows=_worst_rows(metrics, j.real_tokens),
                 prepare=j.prepare if j.options.adapters else None, execution=replay,
             )  # fmt: skip
             if diag.divergence is not None and run.report is not None:

@@ -15,7 +15,7 @@ from typing import Any
 from hfadapt.errors import ConfigError, ModelNotFoundError
 from hfadapt.hub import resolve as locate
 from hfadapt.loading import load as loading
-from hfadapt.loading import remote
+from hfadapt.loading import remote, sizing
 from hfadapt.loading.load import LoadedModel
 from hfadapt.loading.pooling import PoolingSpec, pooling_from_folder
 from hfadapt.loading.probes import SPECIAL_ID_FIELDS, random_probe_vocab
@@ -293,6 +293,9 @@ def _config(
     if reason and not trust_remote_code:
         translation = remote.translation_of(text, raw, reason, row if where == "defaults" else None)
         raw, reason = translation.config, None
+    tower = remote.text_tower_of(raw, reason) if translation is None else None
+    if tower is not None:  # a multimodal embedder: its text model is what embeds text
+        raw, translation = tower.config, tower
     loading.check_model_type(raw, text, custom=bool(reason))
     return _FoundConfig(raw, where, folder, reason, translation)
 
@@ -360,6 +363,14 @@ def build(
     meta = tokenizer is None and not random_probe_vocab(built)
     if meta:
         notes.append("no probe inputs can be made: modules built without weights (meta tensors)")
+    else:  # estimated before any weight exists; narrowed (or skipped) to fit the budget
+        notes += sizing.fit(
+            built,
+            lambda c: _instantiate(c, text, seed, trust_remote_code, True),
+            truncate_layers,
+            small_member=found.where == "defaults",
+            tokenized=tokenizer is not None,
+        )
     model = _instantiate(built, text, seed, trust_remote_code, meta)
     if not meta:
         # the initializer's weights hide device faults a trained model shows: trained scale

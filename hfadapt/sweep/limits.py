@@ -28,6 +28,12 @@ def max_local_workers(memory_limit_mb: int | None = None) -> tuple[int, str]:
     return cap, f"{cpus} CPUs, {ram:,} MB of RAM at {each:,} MB per worker"
 
 
+# What to do when a worker process died without a word (SIGKILL: the kernel's OOM killer).
+CRASH_HINT = (
+    "; if it ran out of memory, give each worker more (--memory-limit MB, or fewer --workers)"
+)
+
+
 def describe_exit(exitcode: int | None) -> str:
     """``"killed by SIGSEGV"``, ``"exited with code 3"``..."""
     if exitcode is None:

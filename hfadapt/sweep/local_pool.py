@@ -20,7 +20,7 @@ from typing import Any
 
 from hfadapt import verdicts
 from hfadapt.errors import SweepError
-from hfadapt.sweep.limits import describe_exit
+from hfadapt.sweep.limits import CRASH_HINT, describe_exit
 from hfadapt.sweep.worker import DEFAULT_WORKER, Outcome, Task, crashed, serve
 
 # A worker that dies this many times in a row before taking a unit cannot start at all.
@@ -215,7 +215,10 @@ class LocalExecutor:
                 self._replace(index, kill=True)
                 return None
             self._replace(index, kill=True)
-            out = crashed(task, f"the worker process {how} while judging {task.model_id}", exit=how)
+            hint = CRASH_HINT if "SIGKILL" in how else ""
+            out = crashed(
+                task, f"the worker process {how} while judging {task.model_id}{hint}", exit=how
+            )
             return self._stamp(out, now - slot.started, slot.pid)
         if slot.task is not None and slot.deadline is not None and now >= slot.deadline:
             task = slot.task

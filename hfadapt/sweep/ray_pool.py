@@ -18,7 +18,15 @@ from typing import Any
 
 from hfadapt import settings, verdicts
 from hfadapt.errors import SweepError
-from hfadapt.sweep.worker import DEFAULT_WORKER, Outcome, Task, crashed
+from hfadapt.sweep.limits import CRASH_HINT
+from hfadapt.sweep.worker import (
+    DEFAULT_WORKER,
+    Outcome,
+    Task,
+    crashed,
+    is_out_of_memory,
+    out_of_memory,
+)
 
 __all__ = ["RayExecutor", "StartLog", "ray_task"]
 
@@ -75,8 +83,9 @@ def ray_task(
         _prepared = True
     if env:
         settings.export(env)
-    limit = _address_space_mb() + limit_mb if limit_mb else None
-    out = run_task(resolve(worker), task, limit_mb=limit)
+    # the cap counts on top of what the Ray worker maps already (its object store); the limit
+    # itself, as configured, sizes the stand-ins and words an out-of-memory, as a local worker
+    out = run_task(resolve(worker), task, limit_mb=limit_mb, extra_mb=_address_space_mb())
     out.host = platform.node()
     try:
         import ray
@@ -216,9 +225,15 @@ class RayExecutor:
         except Exception as exc:  # WorkerCrashedError, OutOfMemoryError, RayTaskError...
             self.restarts += 1
             text = " ".join(str(exc).split())[:300]
-            out = crashed(
-                task, f"the Ray worker judging {task.model_id} failed: {type(exc).__name__}: {text}"
-            )
+            # Ray's memory monitor (OutOfMemoryError), or an allocation failure
+            if type(exc).__name__ == "OutOfMemoryError" or is_out_of_memory(text):
+                out = out_of_memory(task, self.memory_limit_mb, f"{type(exc).__name__}: {text}")
+            else:
+                out = crashed(
+                    task,
+                    f"the Ray worker judging {task.model_id} failed: {type(exc).__name__}: {text}"
+                    f"{CRASH_HINT}",
+                )
             out.seconds = round(seconds, 3)
             return out
         self.worker_peak_rss_mb = max(self.worker_peak_rss_mb, out.peak_rss_mb or 0.0)

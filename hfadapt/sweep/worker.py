@@ -7,6 +7,7 @@ Ray) call the same function, named by an import path so any process can load it.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 import pkgutil
 import resource
@@ -20,19 +21,24 @@ from typing import Any
 
 from hfadapt import settings, verdicts
 from hfadapt.judge.options import JudgeOptions
+from hfadapt.loading import sizing
 from hfadapt.options import Mode
 
 DEFAULT_WORKER = "hfadapt.sweep.worker:judge_unit"
 # Text of the allocation failures torch, numpy and Python raise under RLIMIT_AS.
 _OOM_MARKERS = ("can't allocate memory", "cannot allocate memory", "std::bad_alloc", "MemoryError")
+# The sweep's per-worker limit of the unit running in this process (judge_unit words with it).
+_limit: contextvars.ContextVar[int | None] = contextvars.ContextVar("worker_limit", default=None)
 
 __all__ = [
     "DEFAULT_WORKER",
     "Outcome",
     "Task",
     "crashed",
+    "is_out_of_memory",
     "judge_unit",
     "memory_limit",
+    "out_of_memory",
     "resolve",
     "run_task",
     "serve",
@@ -114,8 +120,32 @@ def crashed(
     return Outcome(task.key, task.model_id, verdict, reason, row)
 
 
-def _is_oom(text: str) -> bool:
+def is_out_of_memory(text: str) -> bool:
+    """Whether an error's text is an allocation failure (torch's, numpy's, Python's)."""
     return any(marker.lower() in text.lower() for marker in _OOM_MARKERS)
+
+
+def out_of_memory(task: Task, limit_mb: int | None, detail: str, **evidence: Any) -> Outcome:
+    """The worker_crashed Outcome of a unit that ran out of memory, said in words with what to
+    do; the allocator's own text goes to the evidence (``error``), never into the reason. The
+    same for every executor: ``limit_mb`` is the sweep's per-worker limit as configured."""
+    within = f"the worker's {limit_mb} MB limit" if limit_mb else "this machine's memory"
+    sized = (
+        f" (its structural stand-in was sized to {sizing.budget_for_limit(limit_mb)} MB)"
+        if task.judge.structural
+        else ""
+    )
+    reason = (
+        f"out of memory: judging {task.model_id} needed more than {within}{sized}; what to do: "
+        "give each worker more (--memory-limit MB, or fewer --workers), or judge it alone: "
+        f"hfadapt diagnose {task.model_id} --mode {task.judge.mode.value}"
+    )
+    details = " ".join(detail.split())[:300]
+    out = crashed(
+        task, reason, out_of_memory=True, memory_limit_mb=limit_mb, allocator=details, **evidence
+    )
+    out.restart = True  # the allocator may hold what it could get: a fresh process goes on
+    return out
 
 
 @contextlib.contextmanager
@@ -179,9 +209,9 @@ def _fresh_dynamo() -> None:
     every audit's cache entries on shared code (transformers' forward wrappers), which holds
     the old models alive and lets a later call pick up another model's graph boundaries
     (seen with the post-LN handoff clone: a stock BERT ran the adapted copy's two graphs)."""
-    import torch._dynamo
+    from hfadapt import torch_internals as ti
 
-    torch._dynamo.reset()
+    ti.dynamo_reset()
 
 
 def judge_unit(task: Task) -> Outcome:
@@ -206,9 +236,8 @@ def judge_unit(task: Task) -> Outcome:
         evidence["narrowed"] = tried
     row["evidence"] = evidence
     out = Outcome(task.key, task.model_id, verdict, reason, row)
-    if verdict != verdicts.PASS and _is_oom(reason):
-        out = crashed(task, f"out of memory in the worker: {reason}", judged_as=verdict)
-        out.restart = True
+    if verdict != verdicts.PASS and is_out_of_memory(reason):  # the judge caught it: a verdict
+        out = out_of_memory(task, _limit.get(), reason, judged_as=verdict)
     return out
 
 
@@ -218,27 +247,34 @@ def run_task(
     *,
     limit_mb: int | None = None,
     set_limit: bool = True,
+    extra_mb: int = 0,
 ) -> Outcome:
     """Run one task in this process; an exception is a worker_crashed Outcome, not a raise.
-    ``limit_mb`` caps the address space while the task runs (unless the process already is:
-    ``set_limit=False``), and says when the process is too full to take another unit."""
+    ``limit_mb``, the sweep's per-worker limit, caps the address space while the task runs
+    (plus ``extra_mb`` the process maps already: a Ray worker's object store; unless the process
+    is capped already: ``set_limit=False``), sizes the structural stand-ins it builds
+    (hfadapt.loading.sizing.budget_for_limit), and says when the process is too full to take
+    another unit. Running out of memory is the same Outcome whatever the executor."""
     start = time.perf_counter()
+    cap = limit_mb + extra_mb if limit_mb and set_limit else None
+    token = _limit.set(limit_mb)
     try:
-        with memory_limit(limit_mb if set_limit else None):
+        with memory_limit(cap), sizing.budget(sizing.budget_for_limit(limit_mb)):
             out = fn(task)
-    except MemoryError:
-        out = crashed(
-            task, f"out of memory: the unit needs more than the worker's {limit_mb} MB limit"
-        )
-        out.restart = True
+    except MemoryError as exc:
+        out = out_of_memory(task, limit_mb, f"MemoryError: {exc}")
     except Exception as exc:
         text = " ".join(str(exc).split())[:300]
-        out = crashed(
-            task,
-            f"the worker raised {type(exc).__name__}: {text}",
-            traceback="".join(traceback.format_exception(exc)[-6:])[-2000:],
-        )
-        out.restart = _is_oom(text)
+        if is_out_of_memory(text):
+            out = out_of_memory(task, limit_mb, f"{type(exc).__name__}: {text}")
+        else:
+            out = crashed(
+                task,
+                f"the worker raised {type(exc).__name__}: {text}",
+                traceback="".join(traceback.format_exception(exc)[-6:])[-2000:],
+            )
+    finally:
+        _limit.reset(token)
     out.seconds = round(time.perf_counter() - start, 3)
     out.pid = os.getpid()
     out.peak_rss_mb = peak_rss_mb()
