@@ -75,6 +75,8 @@ _LLAMA_STYLE = {
     "qwen2": "transformers.models.qwen2.modeling_qwen2:Qwen2RMSNorm",
     "mistral": "transformers.models.mistral.modeling_mistral:MistralRMSNorm",
     "llama": "transformers.models.llama.modeling_llama:LlamaRMSNorm",
+    # the text tower of Qwen3-VL embedders (hfadapt.loading.translate.text_tower)
+    "qwen3-vl": "transformers.models.qwen3_vl.modeling_qwen3_vl:Qwen3VLTextRMSNorm",
 }
 
 

@@ -35,6 +35,7 @@ class RopeForm(NamedTuple):
     prefix: str
     per_layer_type: bool = False  # the rotary forward takes a layer_type (one rope per kind)
     fp32_rotation: bool = False  # apply_rotary_pos_emb rotates in fp32 and casts back
+    attention: str = "sdpa"  # the attention its proof example runs (gemma2's softcap: eager)
 
 
 # The one RoPE table: adapter family (in the adapter names) -> rope form.
@@ -54,6 +55,15 @@ ROPE_FORMS: dict[str, RopeForm] = {
     "qwen2": RopeForm("qwen2", "transformers.models.qwen2.modeling_qwen2", "Qwen2"),
     "mistral": RopeForm("mistral", "transformers.models.mistral.modeling_mistral", "Mistral"),
     "llama": RopeForm("llama", "transformers.models.llama.modeling_llama", "Llama"),
+    # gemma2 (bge-multilingual-gemma2): one rope for every layer, unlike gemma3's per-kind ones
+    "gemma2": RopeForm(
+        "gemma2", "transformers.models.gemma2.modeling_gemma2", "Gemma2", attention="eager"
+    ),
+    # Qwen3-VL's text model (the text tower of Qwen3-VL-Embedding): multimodal rope whose three
+    # position rows are equal for text, so its stock forward on the host gives the 1-D rope
+    "qwen3-vl": RopeForm(
+        "qwen3_vl_text", "transformers.models.qwen3_vl.modeling_qwen3_vl", "Qwen3VLText"
+    ),
     # native classes that remote-code families are translated to (hfadapt.loading.translate)
     "gte": RopeForm("gte", "transformers.models.gte.modeling_gte", "Gte"),
     "jina-v3": RopeForm(
@@ -155,7 +165,7 @@ def _attention_example(form: RopeForm):
             num_attention_heads=2,
             num_key_value_heads=2,
             head_dim=128,
-            attn_implementation="sdpa",
+            attn_implementation=form.attention,
             attention_dropout=0.0,
         )
         cls = getattr(mod, f"{form.prefix}Attention")

@@ -37,6 +37,9 @@ ROPE_TYPES = frozenset(
         "gte",
         "jina_embeddings_v3",
         "eurobert",
+        "gemma2",
+        "qwen3_vl",  # judged as its text model, qwen3_vl_text (hfadapt.loading.translate)
+        "qwen3_vl_text",
     ]
 )
 

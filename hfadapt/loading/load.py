@@ -34,8 +34,15 @@ from hfadapt.hub.resolve import (
 )
 from hfadapt.hub.resolve import download as _download
 from hfadapt.loading.pooling import PoolingSpec, pooling_from_folder
-from hfadapt.loading.remote import load_translated, refuse_untranslatable, translation_of
+from hfadapt.loading.remote import (
+    load_translated,
+    refuse_untranslatable,
+    text_tower_model,
+    text_tower_of,
+    translation_of,
+)
 from hfadapt.loading.signature import ENCODER_ONLY
+from hfadapt.loading.translate import text_model_class
 
 # Any one of these makes a folder's tokenizer loadable; tokenizer_config.json alone does not
 # (AutoTokenizer then builds an empty tokenizer instead of failing).
@@ -166,7 +173,9 @@ def model_class(config: Any, trust_remote_code: bool = False) -> Any:
     """The class an embedding run instantiates: AutoModel, or the encoder of a T5 family."""
     import transformers
 
-    name = ENCODER_ONLY.get(getattr(config, "model_type", ""))
+    model_type = getattr(config, "model_type", "")
+    # a text tower's own class where AutoModel maps none (CLIP-like text models)
+    name = ENCODER_ONLY.get(model_type) or text_model_class(model_type)
     if name and not trust_remote_code:
         return getattr(transformers, name)
     return transformers.AutoModel
@@ -221,6 +230,7 @@ def load(
     if reason and not trust_remote_code:
         translation = translation_of(where, raw, reason)
         raw, reason = translation.config, None
+    tower = text_tower_of(raw, reason) if translation is None else None
     check_model_type(raw, where, custom=bool(reason))
 
     online = source.kind == "hub" or (
@@ -251,6 +261,9 @@ def load(
             )
         else:
             model, config, notes = _load_stock(name, kwargs, where, trust_remote_code)
+        if tower is not None:  # a multimodal embedder: its text model, with its weights
+            model, config, more = text_tower_model(model, tower, where)
+            notes, raw = notes + more, tower.config
         tokenizer = _tokenizer(name, kwargs, where, trust_remote_code)
 
     model.eval()
@@ -267,7 +280,7 @@ def load(
         path=str(source.folder),
         notes=notes,
         raw_config=raw,
-        translated_from=translation.evidence() if translation is not None else None,
+        translated_from=judged_as.evidence() if (judged_as := translation or tower) else None,
     )
 
 
@@ -336,7 +349,13 @@ def _load_stock(
 
 
 def _fetch_pooling_files(source: ModelSource, hub: HubOptions) -> None:
-    """Best effort: the sentence-transformers files that say how the model pools."""
+    """Best effort: the sentence-transformers files that say how the model pools, and those of
+    the heads after its transformer (hfadapt.loading.heads: their configs and weights)."""
+    from hfadapt.loading.pipeline import head_files
+
     for filename in ("modules.json", "1_Pooling/config.json"):
+        with contextlib.suppress(Exception):
+            _download(source.model_id, filename, hub)
+    for filename in head_files(source.folder):
         with contextlib.suppress(Exception):
             _download(source.model_id, filename, hub)

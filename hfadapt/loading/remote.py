@@ -23,6 +23,8 @@ __all__ = [
     "load_translated",
     "refuse_untranslatable",
     "snapshot_custom_row",
+    "text_tower_model",
+    "text_tower_of",
     "translation_note",
     "translation_of",
 ]
@@ -79,7 +81,32 @@ def translation_of(
     return got
 
 
+def text_tower_of(raw: dict[str, Any], reason: str | None) -> translate.Translation | None:
+    """The text tower judged for a composite (vision + text) config that needs no code of its
+    own (hfadapt.loading.translate.text_tower); None for any other config."""
+    return None if reason else translate.text_tower(raw)
+
+
+def text_tower_model(
+    model: Any, translation: translate.Translation, where: str
+) -> tuple[Any, Any, list[str]]:
+    """(text model, its config, notes) out of a loaded composite model: the module the
+    composite's own forward runs for text, with the composite's weights."""
+    tower = translate.tower_of(translation)
+    text = getattr(model, tower.attribute, None) if tower is not None else None
+    if text is None or not hasattr(text, "config"):
+        raise WeightsError(
+            f"{where} loaded as {type(model).__name__}, which holds no text model to judge"
+        )
+    return text, text.config, [translation_note(translation)]
+
+
 def translation_note(translation: translate.Translation) -> str:
+    if translate.tower_of(translation) is not None:
+        return (
+            f"multimodal: judged as its text model, native {translation.native_type} "
+            f"({translation.source})"
+        )
     return (
         f"remote code not run: judged as native {translation.native_type} "
         f"(translated from {translation.family}, {translation.source})"

@@ -191,6 +191,11 @@ def signature_fields(config: Any) -> dict[str, Any]:
         # (an old BERT config's position_embedding_type under transformers 5).
         if value is not None and (known is None or name in known):
             fields[name] = _jsonable(value)
+    # transformers reads is_causal=False off any decoder config (masking_utils): a decoder made
+    # bidirectional never shares a verdict with its causal twin (recorded only when False, so
+    # every other signature stays as it was)
+    if _get(config, "is_causal") is False:
+        fields["is_causal"] = False
     return fields
 
 

@@ -27,12 +27,17 @@ FAMILIES_FILE = Path(__file__).resolve().parents[1] / "data" / "remote_families.
 __all__ = [
     "Family",
     "Refusal",
+    "TextTower",
     "Translation",
     "families",
     "family_for",
     "family_for_row",
     "not_mapped",
     "rename_checkpoint",
+    "text_model_class",
+    "text_tower",
+    "text_towers",
+    "tower_of",
     "translate",
     "translate_row",
     "translated",
@@ -56,6 +61,12 @@ class Family:
     checkpoint: dict[str, Any]
     variants: tuple[dict[str, Any], ...]
     note: str | None = None
+    # fields the remote config must state itself, with one of the required values (a
+    # bidirectional decoder's own ``is_causal: false``): absent is not the same computation
+    stated: tuple[str, ...] = ()
+    # the auto_map AutoModel classes (``module.Class``) whose code was reviewed for the family
+    auto_models: tuple[str, ...] = ()
+    source: str | None = None  # where the family's mapping was read (code, card, config)
 
 
 @dataclass
@@ -129,6 +140,9 @@ def families() -> tuple[Family, ...]:
                 checkpoint=dict(entry["checkpoint"]),
                 variants=tuple(entry["variants"]),
                 note=entry.get("lora_note"),
+                stated=tuple(entry.get("stated", ())),
+                auto_models=tuple(entry.get("auto_models", ())),
+                source=entry.get("source"),
             )
         )
     return tuple(out)
@@ -179,6 +193,17 @@ def family_for_row(config_class: str | None, model_type: str | None) -> Family |
 
 # Consumed by the family's rope rewrite (``_rope``), not copied.
 _ROPE_FIELDS = frozenset({"rope_theta", "rope_scaling", "rotary_emb_base"})
+# Copied as they are for a family whose native class reads the remote rope fields (rope "native").
+_NATIVE_ROPE_FIELDS = frozenset({"rope_theta", "rope_scaling", "rope_parameters"})
+
+
+def _auto_target(raw: dict[str, Any], auto: str) -> str | None:
+    """``module.Class`` of an auto_map entry, without a ``repo--`` prefix."""
+    auto_map = raw.get("auto_map")
+    target = auto_map.get(auto) if isinstance(auto_map, dict) else None
+    if isinstance(target, list):
+        target = target[0] if target else None
+    return str(target).split("--")[-1] if target else None
 
 
 def _same(value: Any, allowed: Any) -> bool:
@@ -199,6 +224,8 @@ def _rope(fam: Family, raw: dict[str, Any], head_dim: int) -> dict[str, Any] | R
         return {"rope_type": "default", "rope_theta": float(base)}
     if fam.rope == "llama":
         return {"rope_type": "default", "rope_theta": float(raw.get("rope_theta", 10000.0))}
+    if fam.rope == "native":  # the native config reads the remote rope fields as they are
+        return {}
     if fam.rope == "new":
         theta = float(raw.get("rope_theta", 10000.0))
         scaling = raw.get("rope_scaling")
@@ -233,6 +260,19 @@ def translate(raw: dict[str, Any], fam: Family | None = None) -> Translation | R
     foreign = [a for a in archs if a not in fam.architectures]
     if foreign:
         return Refusal("architectures", f"{foreign[0]} is not an architecture of {fam.name}")
+    if fam.auto_models:
+        target = _auto_target(raw, "AutoModel")
+        if target not in fam.auto_models:
+            return Refusal(
+                "auto_map.AutoModel",
+                f"{target} is not the reviewed code of {fam.name} ({', '.join(fam.auto_models)})",
+            )
+    for key in fam.stated:
+        if key not in raw:
+            return Refusal(
+                key,
+                f"not stated: {fam.name} is translated only when its config says {key}={fam.required[key][0]!r}",
+            )
     native: dict[str, Any] = {"model_type": fam.native, **fam.set}
     renamed: dict[str, str] = {}
     ignored: list[str] = []
@@ -248,6 +288,8 @@ def translate(raw: dict[str, Any], fam: Family | None = None) -> Translation | R
                 renamed[key] = fam.renames[key]
         elif key in fam.ignored:
             ignored.append(key)
+        elif fam.rope == "native" and key in _NATIVE_ROPE_FIELDS:
+            native[key] = value
         elif key not in fam.required and key not in _ROPE_FIELDS:
             return Refusal(
                 key,
@@ -258,7 +300,8 @@ def translate(raw: dict[str, Any], fam: Family | None = None) -> Translation | R
     rope = _rope(fam, raw, head_dim)
     if isinstance(rope, Refusal):
         return rope
-    native["rope_parameters"] = rope
+    if rope:
+        native["rope_parameters"] = rope
     notes = [fam.note] if fam.note else []
     return Translation(
         family=fam.name,
@@ -295,6 +338,7 @@ def translate_row(
         head = _classification_head(variant, parameters - expected, architectures)
         if (
             parameters == expected
+            or model_id == variant.get("model_id")  # the published shape of this very model
             or head
             or (approximate and abs(parameters - expected) <= 0.02 * expected)
         ):
@@ -342,6 +386,95 @@ def translated(model_id: str, raw: dict[str, Any] | None) -> Translation | Refus
         model_id, row.config_class, row.model_type, row.parameters,
         approximate=row.parameters_from_name, architectures=row.architectures,
     )  # fmt: skip
+
+
+# ---- text towers of multimodal embedders ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TextTower:
+    """A composite (vision + text) model whose text model transformers ships: an embedder of
+    text is judged as that text model, built from the composite's ``text_config``."""
+
+    composite: str  # the composite model_type
+    text_type: str | None  # the text_config's model_type (None: any, its AutoModel)
+    model_class: str | None  # the transformers class of the text model (None: its AutoModel)
+    attribute: str  # the composite base model's attribute holding the text model
+    source: str  # where transformers makes the text model of the composite
+
+
+_M = "transformers/models/"
+# Each composite's base model (its AutoModel class) holds exactly this text model: built from
+# ``config.text_config`` at ``attribute`` (transformers 5.25, the lines cited).
+_TEXT_TOWERS: dict[str, TextTower] = {
+    t.composite: t
+    for t in (
+        TextTower("qwen3_vl", "qwen3_vl_text", "Qwen3VLTextModel", "language_model",
+                  _M + "qwen3_vl/modeling_qwen3_vl.py, Qwen3VLModel.__init__: "
+                  "self.language_model = AutoModel.from_config(config.text_config)"),
+        TextTower("qwen2_vl", "qwen2_vl_text", "Qwen2VLTextModel", "language_model",
+                  _M + "qwen2_vl/modeling_qwen2_vl.py, Qwen2VLModel.__init__: "
+                  "self.language_model = Qwen2VLTextModel._from_config(config.text_config)"),
+        TextTower("llava_next", None, None, "language_model",
+                  _M + "llava_next/modeling_llava_next.py, LlavaNextModel.__init__: "
+                  "self.language_model = AutoModel.from_config(config.text_config)"),
+        TextTower("metaclip_2", "metaclip_2_text_model", "MetaClip2TextModel", "text_model",
+                  _M + "metaclip_2/modeling_metaclip_2.py, MetaClip2Model.__init__: "
+                  "self.text_model = MetaClip2TextModel._from_config(text_config)"),
+        TextTower("clip", "clip_text_model", "CLIPTextModel", "text_model",
+                  _M + "clip/modeling_clip.py, CLIPModel.__init__: "
+                  "self.text_model = CLIPTextModel._from_config(text_config)"),
+        TextTower("siglip", "siglip_text_model", "SiglipTextModel", "text_model",
+                  _M + "siglip/modeling_siglip.py, SiglipModel.__init__: "
+                  "self.text_model = SiglipTextModel._from_config(text_config)"),
+    )
+}  # fmt: skip
+
+
+def text_towers() -> dict[str, TextTower]:
+    """Every composite model_type whose text model is judged, by model_type."""
+    return dict(_TEXT_TOWERS)
+
+
+_TOWER_FAMILY = "text tower of "
+
+
+def tower_of(translation: Translation) -> TextTower | None:
+    """The text tower a translation judges (None for a remote-code family's translation)."""
+    name = translation.family
+    return _TEXT_TOWERS.get(name[len(_TOWER_FAMILY) :]) if name.startswith(_TOWER_FAMILY) else None
+
+
+def text_tower(raw: dict[str, Any]) -> Translation | None:
+    """The text model of a composite (vision + text) config as a native config of its own, or
+    None when ``raw`` is not a composite hfadapt knows the text model of. Fields the composite
+    leaves out take its ``text_config`` defaults, as transformers builds them."""
+    from hfadapt.loading.signature import config_from_dict
+
+    tower = _TEXT_TOWERS.get(str(raw.get("model_type")))
+    if tower is None:
+        return None
+    text = getattr(config_from_dict(raw), "text_config", None)
+    if text is None or not hasattr(text, "to_dict"):
+        return None
+    config = text.to_dict()
+    return Translation(
+        family=_TOWER_FAMILY + tower.composite,
+        native_type=str(config["model_type"]),
+        remote_class=None,
+        config=config,
+        source=f"text_config of {tower.composite}",
+        notes=[
+            f"judged as the text model of {tower.composite} ({tower.source}): the embedding of "
+            "text; the vision tower is not judged"
+        ],
+    )
+
+
+def text_model_class(model_type: str) -> str | None:
+    """The transformers class of a text tower's model_type (``metaclip_2_text_model`` ->
+    MetaClip2TextModel, which AutoModel does not map); None for any other model_type."""
+    return next((t.model_class for t in _TEXT_TOWERS.values() if t.text_type == model_type), None)
 
 
 # ---- checkpoint keys -----------------------------------------------------------------------
