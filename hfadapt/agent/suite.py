@@ -1,18 +1,22 @@
-"""The fixed agent-eval suite: failure cases with known-good solutions (docs/device-profile.md's rewrites
-and the profile's unsupported ops). ``suite_case`` turns one into a FailureCase the same way a
-real failure becomes one: the model runs on the simulated device and the violation it meets
-gives the fingerprint, the device's text and the source to show the agent."""
+"""The agent-eval suite: failure cases, each with a reference answer (a correct draft, kept as
+data in ``eval_references/<case>.txt``) and the distinctive code of that answer, which the
+prompt must not contain. ``suite_case`` turns a case into a FailureCase the way a real failure
+becomes one: the model runs on the simulated device and the violation it meets gives the
+fingerprint, the device's text and the source to show the agent. Nothing of the case's own
+description or name reaches the prompt."""
 
 from __future__ import annotations
 
 import pkgutil
+import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from hfadapt.agent.cases import FailureCase, from_violation
 from hfadapt.errors import UsageError
 
 _EC = "hfadapt.agent.evalcases"
-_HEAD = "import math\n\nimport torch\nimport torch.nn.functional as F\n\nfrom hfadapt.adapters.api import adapter\n\n"
+REFERENCES = Path(__file__).resolve().parent / "eval_references"
 
 
 @dataclass(frozen=True)
@@ -23,17 +27,210 @@ class SuiteCase:
     op_prefix: str  # the violating ATen op (prefix)
     example: str
     model: str
-    solution: str  # a known-good adapter file
-    description: str
+    description: str  # what the case measures: for --list-cases and people, never the prompt
+    # The reference answer's distinctive code, as regular expressions over the text with its
+    # whitespace removed: a prompt that matches one states the solution.
+    distinctive: tuple[str, ...]
+    kind: str = "method"  # what the target is: method | staticmethod | classmethod | function
+    execution: str = "eager"  # the execution the case is diagnosed and judged in
+    site: str = ""  # the qualified function the violation must be located in ("": any)
+    match: str = "rule_op"  # how the device step knows the failure: rule_op | fingerprint
+    pending: str = ""  # why the case cannot pass yet; agent-eval prints it and scores nothing
+
+    @property
+    def reference(self) -> str:
+        """The reference answer: a complete adapter file, as an agent would answer."""
+        path = REFERENCES / f"{self.name}.txt"
+        try:
+            return path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise UsageError(
+                f"agent-eval case {self.name}: no reference answer {path}: {exc.strerror}"
+            ) from exc
+
+    @property
+    def solution(self) -> str:
+        """The reference answer (the name the drafting tests use)."""
+        return self.reference
 
 
-def _solution(name: str, target: str, rule: str, body: str) -> str:
-    return (
-        _HEAD + f'@adapter(name="{name}", target="{target}", rule="{rule}")\n' + body.strip() + "\n"
+def _ev(
+    name: str, cls: str, rule: str, op: str, fn: str, description: str, *marks: str
+) -> SuiteCase:
+    """A case on one of evalcases' modules: target ``Class.forward``, example ``fn_example``,
+    model ``fn_model``."""
+    return SuiteCase(
+        name,
+        f"{_EC}:{cls}.forward",
+        rule,
+        op,
+        f"{_EC}:{fn}_example",
+        f"{_EC}:{fn}_model",
+        description,
+        marks,
     )
 
 
+_DEBERTA = "transformers.models.deberta_v2.modeling_deberta_v2"
+_ROFORMER = "transformers.models.roformer.modeling_roformer"
+
 SUITE: tuple[SuiteCase, ...] = (
+    _ev(
+        "masked-fill-keep-mask",
+        "MaskedScores",
+        "op.unsupported",
+        "aten::masked_fill",
+        "masked_scores",
+        "masked_fill is not a device op: multiply by a keep-mask",
+        r"\*keep\+\(1(\.0)?-keep\)",
+    ),
+    _ev(
+        "rotate-half-matmul",
+        "RotaryApply",
+        "layout.stick_slice",
+        "aten::slice",
+        "rotary",
+        "rotate_half slices the stick dimension at an offset: write it as a matmul",
+        r"\[idx\+half,idx\]=-1",
+        r"torch\.matmul\(x,r",
+    ),
+    _ev(
+        "causal-mask-host",
+        "CausalSoftmax",
+        "op.unsupported",
+        "aten::masked_fill",
+        "causal",
+        "a causal mask built with tril + masked_fill: build it on the host, finfo.min/2",
+        r"finfo\(scores\.dtype\)\.min/2",
+    ),
+    _ev(
+        "head-dim-padding",
+        "SmallHeadAttention",
+        "layout.matmul_k",
+        "aten::",
+        "small_head",
+        "head_dim 32 is off the stick: zero-pad Q, K, V to 64 (scale kept)",
+        r"F\.pad\(t,\(0,pad\)\)",
+        r"out\[\.\.\.,:d\]",
+    ),
+    _ev(
+        "token-type-one-row",
+        "TokenTypeAdd",
+        "op.unsupported",
+        "aten::index",
+        "token_type",
+        "a one-row token-type table gathered by index: a broadcast add",
+        r"\+self\.table\[0\]",
+    ),
+    _ev(
+        "l2-norm-pow-half",
+        "L2Normalize",
+        "op.pow.square",
+        "aten::pow",
+        "l2",
+        "pow(0.5) for a norm: sqrt",
+        r"torch\.sqrt\(\((\w+)\*\1\)\.sum\(",
+    ),
+    _ev(
+        "softsign-pow-reciprocal",
+        "Softsign",
+        "op.pow.square",
+        "aten::pow",
+        "softsign",
+        "pow(-1): reciprocal",
+        r"reciprocal\(1(\.0)?\+\w+\.abs\(\)\)",
+    ),
+    _ev(
+        "padding-mask-cast-host",
+        "PaddingMaskAdd",
+        "dtype.cast",
+        "aten::",
+        "padding_mask",
+        "an int mask cast to float on the device: cast it on the host",
+        r"attention_mask\.cpu\(\)\.to\(",
+    ),
+    # -- held-out style: what real drafting met and the harness once refused -----------------
+    SuiteCase(
+        "softsign-corrupted-baseline",
+        f"{_EC}:Softsign.forward",
+        "op.pow.square",
+        "aten::pow",
+        f"{_EC}:softsign_example",
+        f"{_EC}:corrupted_softsign_model",
+        "the model is wrong on the device without any draft (a silent exp defect elsewhere): "
+        "a correct draft is judged against that baseline and accepted",
+        (r"/\(1(\.0)?\+\w+\.abs\(\)\)",),
+    ),
+    SuiteCase(
+        "deberta-embeddings-mask",
+        f"{_DEBERTA}:DebertaV2Embeddings.forward",
+        "dtype.cast",
+        "aten::_to_copy",
+        f"{_EC}:deberta_embeddings_example",
+        f"{_EC}:deberta_model",
+        "DeBERTa-v2 casts its int64 mask on the device in two `forward`s of one file "
+        "(embeddings and attention): the draft fixes the one the prompt shows, told apart by class",
+        (r"mask\.cpu\(\)\.to\(embeddings\.dtype\)",),
+        site="DebertaV2Embeddings.forward",
+        match="fingerprint",
+    ),
+    SuiteCase(
+        "erf-gelu-compiled",
+        f"{_EC}:ErfGELU.forward",
+        "op.unsupported",
+        "aten::erf",
+        f"{_EC}:erf_gelu_example",
+        f"{_EC}:erf_gelu_model",
+        "the exact GELU written with erf: its exact rewrite, the native gelu, runs only "
+        "compiled, so the case is judged compiled",
+        (r"F\.gelu\(x\)",),
+        execution="compile",
+    ),
+)
+
+# Written ahead of the drafting loop: each names why it cannot pass yet. agent-eval prints the
+# reason in its row and scores nothing; ``--case NAME`` runs one anyway, to see how far it gets.
+_KINDS_PENDING = (
+    "staticmethod, classmethod and module-level targets are not yet captured with their own "
+    "arguments by the drafting loop (hfadapt/agent/cases.py, steps.py, graphs/capture.py)"
+)
+PENDING: tuple[SuiteCase, ...] = (
+    SuiteCase(
+        "roformer-rotary-staticmethod",
+        f"{_ROFORMER}:RoFormerSelfAttention.apply_rotary_position_embeddings",
+        "layout.stick_slice",
+        "aten::slice",
+        f"{_EC}:roformer_rotary_example",
+        f"{_EC}:roformer_model",
+        "RoFormer's rotary embedding is a staticmethod slicing the stick at odd offsets: "
+        "constant matmuls, captured with the staticmethod's own arguments",
+        (r"r\[2\*j\+1,2\*j\]=-1", r"s\[j,2\*j\]=1"),
+        kind="staticmethod",
+        site="RoFormerSelfAttention.apply_rotary_position_embeddings",
+        match="fingerprint",
+        pending=_KINDS_PENDING,
+    ),
+    SuiteCase(
+        "masking-utility-function",
+        "transformers.masking_utils:create_bidirectional_mask",
+        "dtype.cast",
+        "aten::_to_copy",
+        f"{_EC}:roformer_mask_example",
+        f"{_EC}:roformer_model",
+        "a failure inside transformers' masking utilities (a module-level function, no class): "
+        "the mask built on the host",
+        (r"keep\[:,None,None,:\]",),
+        kind="function",
+        site="_preprocess_mask_arguments",
+        match="fingerprint",
+        pending=_KINDS_PENDING,
+    ),
+)
+
+# Cases the drafting tests use whose solution the system prompt shows: the bundled adapter
+# for their target is one of its examples (context.EXAMPLE_FILES). Run by --case only, and
+# each run reports the snippet of the prompt that states the solution.
+SHOWN: tuple[SuiteCase, ...] = (
     SuiteCase(
         "gelu-new-cube",
         "transformers.activations:NewGELUActivation.forward",
@@ -41,17 +238,8 @@ SUITE: tuple[SuiteCase, ...] = (
         "aten::pow",
         f"{_EC}:gelu_example",
         f"{_EC}:gelu_model",
-        _solution(
-            "eval-gelu-new-cube",
-            "transformers.activations:NewGELUActivation.forward",
-            "op.pow.square",
-            """
-def forward(self, input):
-    k = math.sqrt(2.0 / math.pi)
-    return 0.5 * input * (1.0 + torch.tanh(k * (input + 0.044715 * (input * input * input))))
-""",
-        ),
         "gelu_new's pow(x, 3.0): only pow(x, 2) lowers",
+        (r"0\.044715\*\((\w+)\*\1\*\1\)",),
     ),
     SuiteCase(
         "rms-norm-fp32-pow",
@@ -60,233 +248,80 @@ def forward(self, input):
         "aten::pow",
         f"{_EC}:rms_norm_example",
         f"{_EC}:rms_norm_model",
-        _solution(
-            "eval-rms-norm-square",
-            "transformers.models.llama.modeling_llama:LlamaRMSNorm.forward",
-            "dtype.fp32.ops",
-            """
-def forward(self, hidden_states):
-    scaled = hidden_states * (1.0 / math.sqrt(hidden_states.shape[-1]))
-    var = (scaled * scaled).sum(-1, keepdim=True)
-    inv = torch.where(var > 0, torch.rsqrt(var + self.variance_epsilon), torch.zeros_like(var))
-    return self.weight * (hidden_states * inv)
-""",
-        ),
-        "RMSNorm's pow(2) on fp32: pow is not among the fp32 device ops, and an fp32 mean is "
-        "wrong on the card: the variance as a prescaled sum in the model dtype",
-    ),
-    SuiteCase(
-        "masked-fill-keep-mask",
-        f"{_EC}:MaskedScores.forward",
-        "op.unsupported",
-        "aten::masked_fill",
-        f"{_EC}:masked_scores_example",
-        f"{_EC}:masked_scores_model",
-        _solution(
-            "eval-masked-fill-keep",
-            f"{_EC}:MaskedScores.forward",
-            "op.unsupported",
-            """
-def forward(self, scores, mask):
-    keep = mask.to(scores.dtype)
-    return scores * keep + (1.0 - keep) * self.fill
-""",
-        ),
-        "masked_fill is not a device op: multiply by a keep-mask",
-    ),
-    SuiteCase(
-        "rotate-half-matmul",
-        f"{_EC}:RotaryApply.forward",
-        "layout.stick_slice",
-        "aten::slice",
-        f"{_EC}:rotary_example",
-        f"{_EC}:rotary_model",
-        _solution(
-            "eval-rotate-half-matmul",
-            f"{_EC}:RotaryApply.forward",
-            "layout.stick_slice",
-            """
-def forward(self, x, cos, sin):
-    d = x.shape[-1]
-    half = d // 2
-    # rotate_half(x) == x @ R, R built on the host: no slicing of the stick dimension.
-    r = torch.zeros(d, d, dtype=torch.float64)
-    idx = torch.arange(half)
-    r[idx + half, idx] = -1.0
-    r[idx, idx + half] = 1.0
-    rotated = torch.matmul(x, r.to(x.dtype).to(x.device))
-    return x * cos + rotated * sin
-""",
-        ),
-        "rotate_half slices the stick dimension at an offset: write it as a matmul",
-    ),
-    SuiteCase(
-        "causal-mask-host",
-        f"{_EC}:CausalSoftmax.forward",
-        "op.unsupported",
-        "aten::masked_fill",
-        f"{_EC}:causal_example",
-        f"{_EC}:causal_model",
-        _solution(
-            "eval-causal-mask-host",
-            f"{_EC}:CausalSoftmax.forward",
-            "op.unsupported",
-            """
-def forward(self, scores):
-    n = scores.shape[-1]
-    keep = torch.ones(n, n, dtype=torch.bool).tril()
-    mask = torch.zeros(n, n, dtype=scores.dtype).masked_fill(~keep, torch.finfo(scores.dtype).min / 2)
-    return (scores + mask.to(scores.device)).softmax(dim=-1)
-""",
-        ),
-        "a causal mask built with tril + masked_fill: build it on the host, finfo.min/2",
-    ),
-    SuiteCase(
-        "head-dim-padding",
-        f"{_EC}:SmallHeadAttention.forward",
-        "layout.matmul_k",
-        "aten::",
-        f"{_EC}:small_head_example",
-        f"{_EC}:small_head_model",
-        _solution(
-            "eval-head-dim-pad",
-            f"{_EC}:SmallHeadAttention.forward",
-            "layout.matmul_k",
-            """
-def forward(self, q, k, v):
-    d = q.shape[-1]
-    pad = (-d) % 64
-    qp, kp, vp = (F.pad(t, (0, pad)) for t in (q, k, v))
-    out = F.scaled_dot_product_attention(qp, kp, vp, scale=1.0 / math.sqrt(d))
-    return out[..., :d]
-""",
-        ),
-        "head_dim 32 is off the stick: zero-pad Q, K, V to 64 (scale kept)",
-    ),
-    SuiteCase(
-        "token-type-one-row",
-        f"{_EC}:TokenTypeAdd.forward",
-        "op.unsupported",
-        "aten::index",
-        f"{_EC}:token_type_example",
-        f"{_EC}:token_type_model",
-        _solution(
-            "eval-token-type-broadcast",
-            f"{_EC}:TokenTypeAdd.forward",
-            "op.unsupported",
-            """
-def forward(self, hidden_states, token_type_ids):
-    # A one-row table: every id is 0, so the lookup is a broadcast add of row 0.
-    return hidden_states + self.table[0]
-""",
-        ),
-        "a one-row token-type table gathered by index: a broadcast add",
-    ),
-    SuiteCase(
-        "l2-norm-pow-half",
-        f"{_EC}:L2Normalize.forward",
-        "op.pow.square",
-        "aten::pow",
-        f"{_EC}:l2_example",
-        f"{_EC}:l2_model",
-        _solution(
-            "eval-l2-norm-sqrt",
-            f"{_EC}:L2Normalize.forward",
-            "op.pow.square",
-            """
-def forward(self, x):
-    return x / torch.sqrt((x * x).sum(dim=-1, keepdim=True))
-""",
-        ),
-        "pow(0.5) for a norm: sqrt",
-    ),
-    SuiteCase(
-        "softsign-pow-reciprocal",
-        f"{_EC}:Softsign.forward",
-        "op.pow.square",
-        "aten::pow",
-        f"{_EC}:softsign_example",
-        f"{_EC}:softsign_model",
-        _solution(
-            "eval-softsign-reciprocal",
-            f"{_EC}:Softsign.forward",
-            "op.pow.square",
-            """
-def forward(self, x):
-    return x * torch.reciprocal(1.0 + x.abs())
-""",
-        ),
-        "pow(-1): reciprocal",
-    ),
-    SuiteCase(
-        "padding-mask-cast-host",
-        f"{_EC}:PaddingMaskAdd.forward",
-        "dtype.cast",
-        "aten::",
-        f"{_EC}:padding_mask_example",
-        f"{_EC}:padding_mask_model",
-        _solution(
-            "eval-padding-mask-host",
-            f"{_EC}:PaddingMaskAdd.forward",
-            "dtype.cast",
-            """
-def forward(self, scores, attention_mask):
-    keep = attention_mask.cpu().to(scores.dtype).to(scores.device)
-    return scores + (1.0 - keep[:, None, :]) * -10000.0
-""",
-        ),
-        "an int mask cast to float on the device: cast it on the host",
+        "RMSNorm's pow(2) on fp32: the variance as a prescaled sum in the model dtype",
+        (r"\((\w+)\*\1\)\.sum\(-1,keepdim=True\)",),
     ),
 )
 
 
 def get(name: str) -> SuiteCase:
-    for case in SUITE:
+    for case in SUITE + PENDING + SHOWN:
         if case.name == name:
             return case
-    raise UsageError(f"no agent-eval case {name!r}; cases: {', '.join(c.name for c in SUITE)}")
+    known = ", ".join(c.name for c in SUITE + PENDING + SHOWN)
+    raise UsageError(f"no agent-eval case {name!r}; cases: {known}")
+
+
+def solution_in(spec: SuiteCase, text: str) -> str | None:
+    """The first piece of ``text`` that states the case's reference solution (a match of one
+    of its distinctive patterns, whitespace ignored), with some context; None when none does."""
+    flat = re.sub(r"\s+", "", text)
+    for pattern in spec.distinctive:
+        found = re.search(pattern, flat)
+        if found:
+            return flat[max(0, found.start() - 40) : found.end() + 40]
+    return None
 
 
 def suite_case(
-    spec: SuiteCase, *, profile: str | None = None, execution: str = "eager"
+    spec: SuiteCase, *, profile: str | None = None, execution: str | None = None
 ) -> FailureCase:
     """Run the case's model on the device without adapters and build the FailureCase from the
-    violation it meets (rule and op as the spec says)."""
+    violation it meets (rule, op and, when the case names one, the site as the spec says)."""
     import torch
 
+    from hfadapt.errors import SpyreLoweringError
     from hfadapt.spyre.runner import run_on_device
 
+    run_as = execution or spec.execution
     model, inputs = pkgutil.resolve_name(spec.model)(0)
     # The runner moves inputs as they are: float inputs go in the run's dtype.
     inputs = {k: v.half() if v.is_floating_point() else v for k, v in inputs.items()}
-    run = run_on_device(
-        model.float().eval(),
-        inputs,
-        execution=execution,
-        dtype=torch.float16,
-        profile=profile,
-        collect=True,
-    )
+    try:
+        run = run_on_device(
+            model.float().eval(),
+            inputs,
+            execution=run_as,
+            dtype=torch.float16,
+            profile=profile,
+            collect=True,
+        )
+        violations = run.report.violations
+    except SpyreLoweringError as exc:  # compiled: the graph does not lower; its report says why
+        if exc.report is None:
+            raise
+        violations = exc.report.violations
     found = [
         v
-        for v in run.report.violations
-        if v.rule_id == spec.rule_id and v.op.startswith(spec.op_prefix)
+        for v in violations
+        if v.rule_id == spec.rule_id
+        and v.op.startswith(spec.op_prefix)
+        and (not spec.site or (v.location is not None and v.location.qualname == spec.site))
     ]
     if not found:
-        seen = "; ".join(str(v) for v in run.report.violations[:5]) or "none"
+        seen = "; ".join(str(v) for v in violations[:5]) or "none"
+        where = f" in {spec.site}" if spec.site else ""
         raise UsageError(
-            f"agent-eval case {spec.name}: the device did not report {spec.rule_id} on {spec.op_prefix}* (saw: {seen})"
+            f"agent-eval case {spec.name}: the device did not report {spec.rule_id} on "
+            f"{spec.op_prefix}*{where} (saw: {seen})"
         )
     case = from_violation(
-        found[0],
-        model={"builder": spec.model},
-        execution=execution,
-        profile=profile,
-        evidence={"suite_case": spec.name, "description": spec.description},
+        found[0], model={"builder": spec.model}, execution=run_as, profile=profile
     )
     case.name = spec.name
     case.target = spec.target
+    case.kind = spec.kind
     case.example = spec.example
     case.registry = "none"  # the suite measures the agent, not the bundled adapters
-    case.match = "rule_op"
+    case.match = spec.match
     return case

@@ -285,7 +285,9 @@ def agent_eval(
     reference: Annotated[
         bool,
         typer.Option(
-            "--reference", help="Replay the known-good solutions (no endpoint): a self-check."
+            "--reference",
+            help="Run each case's reference answer through the whole pipeline instead of an "
+            "endpoint: accepted or the step that refused, with the numbers. Exits 1 unless all are.",
         ),
     ] = False,
     output: Annotated[
@@ -298,11 +300,12 @@ def agent_eval(
     db: DbOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Measure an endpoint on the fixed suite of failure cases: acceptance, attempts, tokens, time."""
+    """Measure an endpoint's skill on the suite of failure cases: per case accepted, attempts,
+    tokens and a score; the prompts never state a case's solution."""
     from hfadapt.agent.client import AgentSettings
     from hfadapt.agent.evaluate import run_eval
     from hfadapt.agent.records import Recorder
-    from hfadapt.agent.suite import SUITE
+    from hfadapt.agent.suite import PENDING, SUITE
 
     check_output(output, "--output")  # before any endpoint token is spent
     if list_cases:
@@ -316,6 +319,8 @@ def agent_eval(
                 escape(brief["case"]), escape(brief["rule"]), escape(brief["description"])
             )
         console.print(table)
+        for c in PENDING:
+            _note(f"pending: {c.name}: {c.pending}")
         return
     if reference:
         settings = AgentSettings(model=agent_model or "reference", max_attempts=max_attempts)
@@ -334,26 +339,14 @@ def agent_eval(
         write_output(output, json.dumps(data, indent=2, default=str) + "\n", "--output")
     if as_json:
         typer.echo(json.dumps(data, indent=2, default=str))
-        return
-    table = Table(pad_edge=False)
-    table.add_column("case", overflow="fold", ratio=2, min_width=12)
-    table.add_column("outcome", overflow="fold", min_width=8)
-    table.add_column("attempts", justify="right", no_wrap=True)
-    table.add_column("tokens in/out", justify="right", no_wrap=True)
-    table.add_column("seconds", justify="right", no_wrap=True)
-    table.add_column("last attempt", overflow="fold", ratio=2, min_width=12)
-    for r in report.rows:
-        colour = "green" if r["outcome"] == "accepted" else "red"
-        last = r["steps"][-1] if r["steps"] else {}
-        table.add_row(
-            escape(r["case"]),
-            f"[{colour}]{escape(r['outcome'])}[/{colour}]",
-            str(r["attempts"]),
-            f"{r['tokens_in']}/{r['tokens_out']}",
-            f"{r['seconds']:.1f}",
-            escape(_steps_text(last)),
-        )
-    console.print(table)
+    else:
+        _print_eval(report, data, reference, output)
+    if reference and data["accepted"] < data["total"]:  # a reference that fails is a bug
+        raise typer.Exit(1)
+
+
+def _print_eval(report: Any, data: dict[str, Any], reference: bool, output: Path | None) -> None:
+    console.print(_eval_table(report.rows, reference))
     who = (
         "the reference solutions (self-check, no endpoint)"
         if reference
@@ -361,12 +354,65 @@ def agent_eval(
     )
     console.print(
         f"{escape(who)}: accepted {data['accepted']}/{data['total']} "
-        f"({100 * report.acceptance_rate:.0f}%), {plural(data['attempts'], 'attempt')}, "
+        f"({100 * report.acceptance_rate:.0f}%), score {data['score']:.2f}, "
+        f"{plural(data['attempts'], 'attempt')}, "
         f"{data['tokens_in']} tokens in / {data['tokens_out']} out, {data['seconds']:.1f} s",
         highlight=False,
     )
+    for r in report.rows:
+        if r.get("pending"):
+            _note(f"pending (not scored): {r['case']}: {r['pending']}")
+        if r.get("solution_in_prompt"):
+            _note(f"the prompt of {r['case']} states its solution: ...{r['solution_in_prompt']}...")
     if output is not None:
         err_console.print(f"JSON report: {escape(str(output))}", highlight=False, soft_wrap=True)
+
+
+def _eval_table(rows: list[dict[str, Any]], reference: bool) -> Table:
+    """One row per case: outcome, score, attempts, tokens, and the step that refused or the
+    numbers of the accepted draft (rel error at equivalence, module and end-to-end cosines)."""
+    table = Table(pad_edge=False)
+    table.add_column("case", overflow="fold", ratio=2, min_width=12)
+    table.add_column("outcome", overflow="fold", min_width=8)
+    table.add_column("score", justify="right", no_wrap=True)
+    if not reference:
+        table.add_column("attempts", justify="right", no_wrap=True)
+        table.add_column("tokens in/out", justify="right", no_wrap=True)
+    table.add_column("seconds", justify="right", no_wrap=True)
+    table.add_column("refused at / numbers", overflow="fold", ratio=3, min_width=12)
+    for r in rows:
+        colour = "green" if r["outcome"] == "accepted" else "red"
+        if r.get("pending"):
+            colour = "yellow"
+        cells = [escape(r["case"]), f"[{colour}]{escape(r['outcome'])}[/{colour}]"]
+        cells.append(f"{r['score']:.2f}")
+        if not reference:
+            cells += [str(r["attempts"]), f"{r['tokens_in']}/{r['tokens_out']}"]
+        cells += [f"{r['seconds']:.1f}", escape(_verdict_text(r))]
+        table.add_row(*cells)
+    return table
+
+
+def _verdict_text(row: dict[str, Any]) -> str:
+    """The step that refused (with the reason), or the accepted draft's numbers."""
+    if row["outcome"] != "accepted":
+        where = f"{row['refused_at']}: " if row.get("refused_at") else ""
+        return where + str(row.get("reason") or "")
+    n = row.get("numbers") or {}
+    parts = [
+        f"rel err {n['equivalence_max_rel_err']:.2g}"
+        if n.get("equivalence_max_rel_err") is not None
+        else "",
+        f"module cos {n['module_min_cosine']:.4f}"
+        if n.get("module_min_cosine") is not None
+        else "",
+        f"device cos {n['device_min_token_cosine']:.4f} (without {n['baseline_min_token_cosine']:.4f})"
+        if n.get("device_min_token_cosine") is not None
+        and n.get("baseline_min_token_cosine") is not None
+        else "",
+    ]
+    steps = row["steps"][-1] if row.get("steps") else {}
+    return "; ".join([_steps_text(steps), *(p for p in parts if p)])
 
 
 def _steps_text(steps: dict[str, str]) -> str:

@@ -1,0 +1,95 @@
+"""agent-eval's scores: per case accepted, attempts, tokens and a score for an agent run; for
+``--reference``, each reference answer through the whole pipeline with the step that refused
+and the numbers; pending cases reported with their reason, never scored."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from support.cli_runner import run_cli
+from support.openai_server import (
+    ScriptedOpenAI,
+    openai_server_fixture,  # noqa: F401
+)
+
+from hfadapt.agent.evaluate import EvalReport, score
+from hfadapt.agent.suite import PENDING, get
+
+
+def fenced(code: str) -> str:
+    return f"```python\n{code}```\n"
+
+
+def test_score_counts_attempts() -> None:
+    assert [score("accepted", n, 4) for n in (1, 2, 4)] == [1.0, 0.75, 0.25]
+    assert score("rejected", 1, 4) == 0.0 and score("accepted", 0, 4) == 0.0
+    report = EvalReport("e", "m")
+    report.rows = [
+        {"case": "a", "outcome": "accepted", "score": 0.5, "attempts": 2, "tokens_in": 10,
+         "tokens_out": 4, "pending": None},
+        {"case": "b", "outcome": "pending", "score": 0.0, "attempts": 0, "tokens_in": 0,
+         "tokens_out": 0, "pending": "not yet"},
+    ]  # fmt: skip
+    data = report.to_dict()
+    assert (data["accepted"], data["total"], data["score"], data["pending"]) == (1, 1, 0.5, ["b"])
+
+
+def test_pending_cases_are_listed_with_their_reason(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert PENDING and all(c.pending for c in PENDING)
+    code, _, err = run_cli(["agent-eval", "--list-cases"], monkeypatch, capsys)
+    assert code == 0, err
+    flat = " ".join(err.split())
+    for case in PENDING:
+        assert f"pending: {case.name}: {' '.join(case.pending.split())}" in flat, err
+
+
+@pytest.mark.slow
+def test_an_agent_run_is_scored_per_case(
+    openai_server: ScriptedOpenAI,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    """Accepted at the second of two attempts: score 0.5, both attempts' tokens counted."""
+    softsign = get("softsign-pow-reciprocal")
+    openai_server.script = ["No code from me.", fenced(softsign.reference)]
+    args = ["agent-eval", "--base-url", openai_server.url, "--model", "m", "--api-key", "k"]
+    args += ["--max-attempts", "2", "--case", softsign.name, "--json"]
+    code, out, err = run_cli([*args, "--db", str(tmp_path / "e.db")], monkeypatch, capsys)
+    assert code == 0, err
+    data = json.loads(out)
+    (row,) = data["cases"]
+    got = (row["outcome"], row["attempts"], row["score"], row["tokens_in"], row["tokens_out"])
+    assert got == ("accepted", 2, 0.5, 2 * 1200, 2 * 300), row
+    assert row["solution_in_prompt"] is None and row["refused_at"] is None, row
+    assert data["score"] == 0.5 and data["pending"] == [], data
+    assert row["numbers"]["equivalence_max_rel_err"] <= 1e-6, row["numbers"]
+
+
+@pytest.mark.slow
+def test_reference_answers_of_the_held_out_cases(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The correct draft on a model the device already gets wrong, and the exact rewrite through
+    a compile-only op (judged compiled): accepted, with their numbers."""
+    names = ["softsign-corrupted-baseline", "erf-gelu-compiled"]
+    args = ["agent-eval", "--reference", "--json", "--db", str(tmp_path / "r.db")]
+    code, out, _ = run_cli([*args, *(a for n in names for a in ("--case", n))], monkeypatch, capsys)
+    data = json.loads(out)
+    rows = {r["case"]: r for r in data["cases"]}
+    assert code == 0 and data["accepted"] == data["total"] == 2, {
+        n: (r["outcome"], r["refused_at"], r["reason"]) for n, r in rows.items()
+    }
+    broken = rows["softsign-corrupted-baseline"]["numbers"]
+    # the model without the draft is wrong on the device; the draft adds nothing to that
+    assert broken["baseline_min_token_cosine"] < 0.99, broken
+    assert broken["device_min_token_cosine"] >= broken["baseline_min_token_cosine"] - 0.01, broken
+    compiled = rows["erf-gelu-compiled"]
+    assert compiled["execution"] == "compile" and compiled["score"] == 1.0, compiled
+    for name, row in rows.items():
+        n = row["numbers"]
+        assert n["equivalence_max_rel_err"] <= 1e-6 and n["module_min_cosine"] >= 0.99, (name, n)
