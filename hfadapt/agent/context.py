@@ -15,6 +15,10 @@ from hfadapt.spyre.profile import Profile, load_profile
 
 EXAMPLE_FILES = ("activations.py", "rms_norm.py", "layer_norm.py")
 EXAMPLES_MAX_CHARS = 9000
+HELPERS_MAX_CHARS = 6000
+ATTRIBUTES_MAX_CHARS = 2500
+ATTRIBUTE_REPR_CHARS = 160
+HISTORY_MAX_CHARS = 12000
 
 
 def device_rules(profile: Profile) -> str:
@@ -69,10 +73,128 @@ def adapter_api() -> str:
     )
 
 
-def examples(folder: Path | None = None, names: tuple[str, ...] = EXAMPLE_FILES) -> str:
-    from hfadapt.adapters.registry import bundled_dir
+def host_rule() -> str:
+    """What the device step demands of where a graph's arithmetic runs (graph_proof)."""
+    return (
+        "Work on the host (tensors made without `device=`, `.cpu()`, a cast before the upload) "
+        "is allowed and runs between device graphs, but at least one arithmetic op of your "
+        "graph must run on the device: a graph whose every arithmetic op runs on the host is a "
+        "CPU fallback and is refused. Build masks, tables and permutations on the host, send "
+        "them over with `.to(x.device)`, and compute on the call's tensors on the device."
+    )
 
-    root = folder or bundled_dir()
+
+def helpers_source(target: str | None, budget: int = HELPERS_MAX_CHARS) -> str:
+    """The source of the functions and methods the target calls (global names it reads,
+    ``self.name(...)`` calls), bounded by ``budget`` characters, the rest named."""
+    import ast
+    import pkgutil
+    import textwrap
+
+    from hfadapt.adapters.rebind import globals_read
+
+    if not target:
+        return "(no target)"
+    try:
+        fn = pkgutil.resolve_name(target)
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (ImportError, AttributeError, OSError, TypeError, SyntaxError):
+        return "(the target's source is not available)"
+    found: dict[str, object] = {}
+    space = getattr(fn, "__globals__", {})
+    for name in sorted(globals_read(fn)):
+        value = space.get(name)
+        if inspect.isfunction(value) and not value.__module__.startswith("torch"):
+            found[name] = value
+    owner = pkgutil.resolve_name(target.rpartition(".")[0]) if "." in target.split(":")[1] else None
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == "self"
+            and owner is not None
+        ):
+            method = inspect.getattr_static(owner, node.func.attr, None)
+            if inspect.isfunction(method):
+                found[f"self.{node.func.attr}"] = method
+    return _bounded_sources(found, budget)
+
+
+def _bounded_sources(found: dict[str, object], budget: int) -> str:
+    parts: list[str] = []
+    left_out: list[str] = []
+    used = 0
+    for name, obj in found.items():
+        try:
+            text = inspect.getsource(obj).rstrip()  # type: ignore[arg-type]
+        except (OSError, TypeError):
+            continue
+        if used + len(text) > budget:
+            left_out.append(name)
+            continue
+        used += len(text)
+        parts.append(f"`{name}`:\n\n```python\n{text}\n```")
+    if left_out:
+        parts.append(f"(not shown, over {budget} characters: {', '.join(left_out)})")
+    return "\n\n".join(parts) or "(the method calls no helper of its own module)"
+
+
+def attribute_values(case: FailureCase, budget: int = ATTRIBUTES_MAX_CHARS) -> str:
+    """``self.<name>`` reads of the target's source with their values on the case's module
+    (reprs truncated), one line each."""
+    import ast
+    import pkgutil
+    import textwrap
+
+    from hfadapt.agent.cases import captured_example
+
+    source = target_source(case.target)
+    try:
+        tree = ast.parse(textwrap.dedent(source)) if source else None
+        if case.example:
+            module = pkgutil.resolve_name(case.example)(0)[0]
+        elif case.example_file:
+            module = captured_example(case.example_file)(0)[0]
+        else:
+            module = None
+    except Exception as exc:  # the prompt says why rather than failing the session
+        return f"(the module's attributes are not available: {type(exc).__name__})"
+    if tree is None or module is None:
+        return "(the module's attributes are not available)"
+    names = sorted(
+        {
+            n.attr
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Attribute)
+            and isinstance(n.value, ast.Name)
+            and n.value.id == "self"
+        }
+    )
+    lines: list[str] = []
+    for name in names:
+        value = getattr(module, name, None)
+        if inspect.ismethod(value):
+            continue
+        text = " ".join(repr(value).split())
+        lines.append(f"- `self.{name}` = {text[:ATTRIBUTE_REPR_CHARS]}")
+    text = "\n".join(lines) or "(the method reads no attribute of self)"
+    return text if len(text) <= budget else text[: budget - 3] + "..."
+
+
+def taken_names_text(taken: dict[str, str] | None) -> str:
+    names = sorted(taken or {})
+    return ", ".join(f"`{n}`" for n in names) if names else "(none)"
+
+
+def examples(folder: Path | None = None, names: tuple[str, ...] = EXAMPLE_FILES) -> str:
+    """The policy-abiding example drafts of ``prompts/examples.md``; with ``folder``, the
+    named bundled adapter files there."""
+    if folder is None:
+        from hfadapt.agent.prompts import load_template
+
+        return load_template("examples").strip()
+    root = folder
     parts: list[str] = []
     used = 0
     for name in names:
@@ -96,11 +218,16 @@ def system_prompt(profile: str | None = None, prompts: Path | None = None) -> st
         device_rules=device_rules(prof),
         adapter_api=adapter_api(),
         policy=describe_policy(),
+        host_rule=host_rule(),
         examples=examples(),
     )
 
 
-def task_prompt(case: FailureCase, prompts: Path | None = None) -> str:
+def task_prompt(
+    case: FailureCase, prompts: Path | None = None, taken: dict[str, str] | None = None
+) -> str:
+    """The failure, the code to replace, what it calls and reads, how it will be judged
+    (``case.execution``) and the adapter names ``taken``."""
     prof = load_profile(case.profile)
     if case.target:
         instructions = (
@@ -133,7 +260,18 @@ def task_prompt(case: FailureCase, prompts: Path | None = None) -> str:
             case.enclosing_source or case.code_line or "(source not available)"
         ).rstrip(),
         target_source=shown,
+        execution=EXECUTION_TEXT.get(case.execution, case.execution),
+        helpers=helpers_source(case.target),
+        attributes=attribute_values(case),
+        taken_names=taken_names_text(taken),
     )
+
+
+EXECUTION_TEXT = {
+    "compile": "compiled (torch.compile with the spyre backend): compile-only native ops "
+    "lower, and a graph break is a handoff between device graphs",
+    "eager": "eager: every ATen op is judged one by one; compile-only ops are refused",
+}
 
 
 def repair_prompt(
@@ -143,8 +281,12 @@ def repair_prompt(
     previous_draft: str,
     failed_step: str,
     failure: str,
+    history: list[tuple[int, str, str, str]] | None = None,
     prompts: Path | None = None,
+    budget: int = HISTORY_MAX_CHARS,
 ) -> str:
+    """The last draft and its refusal, and every earlier one (``history``: attempt, step,
+    failure, draft, oldest first) within ``budget`` characters, the oldest elided first."""
     return render(
         "repair",
         prompts,
@@ -153,4 +295,29 @@ def repair_prompt(
         previous_draft=previous_draft.rstrip() or "(the answer held no code)",
         failed_step=failed_step,
         failure=failure,
+        history=repair_history(history or [], budget),
     )
+
+
+def repair_history(history: list[tuple[int, str, str, str]], budget: int) -> str:
+    blocks = [
+        f"Attempt {n} failed at `{step}`:\n\n```\n{why}\n```\n\n```python\n"
+        f"{(draft.rstrip() or '(the answer held no code)')}\n```"
+        for n, step, why, draft in history
+    ]
+    kept: list[str] = []
+    used = 0
+    for block in reversed(blocks):
+        if used + len(block) > budget:
+            break
+        kept.insert(0, block)
+        used += len(block)
+    if not blocks:
+        return "(this was the first attempt)"
+    elided = len(blocks) - len(kept)
+    note = (
+        [f"({elided} older attempt(s) elided: over {budget} characters of history)"]
+        if elided
+        else []
+    )
+    return "\n\n".join(note + kept)

@@ -53,13 +53,14 @@ from hfadapt.adapters.graph_adapter import (
     load_graph_adapter,
     module_attributes,
 )
-from hfadapt.agent.cases import FailureCase, captured_example
+from hfadapt.agent.cases import FailureCase, captured_example, stock_call
 from hfadapt.agent.end_to_end import (
     CPU_COSINE_MIN,
     judge_device,
     run_forward,
     token_cosine,
 )
+from hfadapt.agent.graph_rules import static_rule
 from hfadapt.agent.sandbox import StepReport
 from hfadapt.errors import GraphError
 from hfadapt.graphs import GraphArtifact, GraphProgram
@@ -130,8 +131,9 @@ def trusted_example(case: FailureCase) -> Callable[[int], Any]:
 
 
 def stock_callable(target: str) -> Callable[..., Any]:
-    """The stock code at ``module:Class.method`` (trusted library code, imported here)."""
-    return pkgutil.resolve_name(target)  # type: ignore[no-any-return]
+    """The stock code at ``module:Class.method`` or ``module:function`` as ``call(module,
+    *args, **kwargs)`` (trusted library code, imported here; :func:`cases.stock_call`)."""
+    return stock_call(target)
 
 
 def graph_call(program: GraphProgram) -> Callable[..., Any]:
@@ -157,9 +159,12 @@ def step_graph(
     draft_reads: Any,
     *,
     build: bool = True,
+    static: bool = True,
 ) -> tuple[StepReport, Proof]:
     """``build=False``: the graph's fx modules are not built (the parent, which never runs the
-    graph: the steps that do run in the child)."""
+    graph: the steps that do run in the child). ``static``: the static rules against the stock
+    code's graph (:mod:`hfadapt.agent.graph_rules`; the child, which the parent has already
+    checked, skips them)."""
     proof = Proof()
     if "graph.json" not in files:
         return StepReport("graph", "fail", "the sandbox handed back no graph"), proof
@@ -194,10 +199,22 @@ def step_graph(
                 reads[path] = value
     for path, value in module_attributes(module).items():
         reads.setdefault(path, value)
+    static_output: dict[str, Any] = {}
+    if static:
+        key = f"{case.target}|{case.example}|{case.example_file}"
+        stock = stock_callable(case.target or "")
+        why, static_output = static_rule(artifact, key, stock, module, tuple(args), dict(kwargs))
+        if why:
+            return StepReport("graph", "fail", why, static_output), proof
     proof.program, proof.reads = program, dict(sorted(reads.items()))
     proof.host_share = program.host_share()
     proof.adapter = graph_adapter(
-        program, name=name, target=case.target or "", rule=rule, reads=proof.reads
+        program,
+        name=name,
+        target=case.target or "",
+        rule=rule,
+        reads=proof.reads,
+        call_site=case.call_site,
     )
     counts = program.op_counts()
     output = {
@@ -206,6 +223,7 @@ def step_graph(
         "host_share": proof.host_share,
         "conditions": proof.reads,
         "symbols": {k: list(v) for k, v in artifact.symbols.items()},
+        **static_output,
     }
     summary = (
         f"{len(artifact.nodes)} ATen nodes, every op in the allowlist; applies where "
@@ -431,8 +449,9 @@ def _fresh_calls(
     module, args, kwargs = example(0)
     module = module.double().eval()
     args, kwargs = _f64(tuple(args)), _f64(dict(kwargs))
-    first = next((a for a in args if isinstance(a, torch.Tensor) and a.dim() >= 2), None)
-    pairs, bound = fresh_sizes(module, args)
+    given = (*args, *kwargs.values())  # a module-level function's call passes them by name
+    first = next((a for a in given if isinstance(a, torch.Tensor) and a.dim() >= 2), None)
+    pairs, bound = fresh_sizes(module, given)
     calls = []
     g = torch.Generator().manual_seed(20_000)
     for b, s in pairs:
@@ -740,6 +759,9 @@ def module_on_device(proof: Proof, case: FailureCase) -> dict[str, Any]:
     ref_module = copy.deepcopy(low).double()
     with torch.no_grad():
         ref = stock_callable(case.target or "")(ref_module, *_f64(args), **_f64(kwargs))
+        # the stock code in the run dtype too: a value at the dtype's limit (a mask's
+        # finfo.min) is compared with the same limit, not float64's
+        ref_low = stock_callable(case.target or "")(copy.deepcopy(low), *args, **kwargs)
     spyre_device.register()
     dev = torch.device("spyre")
     with tracking(case.profile, mode="eager", collect=True), torch.no_grad():
@@ -752,12 +774,27 @@ def module_on_device(proof: Proof, case: FailureCase) -> dict[str, Any]:
             "ok": False,
             "why": f"{len(outs)} outputs on the device, {len(refs)} from the stock code",
         }
+    limit = float(torch.finfo(dtype).max) / 2  # past it, a value is a sentinel (a mask's)
+    cos64, rel64 = _module_error(refs, outs, limit)
+    cos_low, rel_low = _module_error(_tensors(ref_low), outs, limit)
+    worst_cos, worst_rel = (cos64, rel64) if rel64 <= rel_low else (cos_low, rel_low)
+    ok = worst_cos >= MODULE_COSINE_MIN and worst_rel <= MODULE_REL_ERR_MAX
+    return {"ok": ok, "min_cosine": worst_cos, "relative_error": worst_rel}
+
+
+def _module_error(
+    refs: list[torch.Tensor], outs: list[torch.Tensor], limit: float
+) -> tuple[float, float]:
+    """(min row cosine, worst relative error) of the device's outputs against ``refs``, both
+    saturated at ``limit`` (a masked position's finfo.min, -inf on the card, counts as equal)."""
+    if len(refs) != len(outs):
+        return 0.0, math.inf
     worst_cos, worst_rel = 1.0, 0.0
     for r, o in zip(refs, outs, strict=True):
         if not r.is_floating_point():
             continue
-        a = r.double().reshape(-1, r.shape[-1] if r.dim() else 1)
-        b = o.double().reshape(-1, o.shape[-1] if o.dim() else 1)
+        a = r.double().reshape(-1, r.shape[-1] if r.dim() else 1).clamp(-limit, limit)
+        b = o.double().reshape(-1, o.shape[-1] if o.dim() else 1).clamp(-limit, limit)
         na, nb = a.norm(dim=-1), b.norm(dim=-1)
         cos = (a * b).sum(-1) / (na * nb).clamp(min=1e-300)
         cos = torch.where((na < 1e-12) & (nb < 1e-12), torch.ones_like(cos), cos)
@@ -765,8 +802,7 @@ def module_on_device(proof: Proof, case: FailureCase) -> dict[str, Any]:
         denom = float(a.norm())
         rel = float((b - a).norm()) / denom if denom > 0 else float((b - a).norm())
         worst_rel = max(worst_rel, rel if math.isfinite(rel) else math.inf)
-    ok = worst_cos >= MODULE_COSINE_MIN and worst_rel <= MODULE_REL_ERR_MAX
-    return {"ok": ok, "min_cosine": worst_cos, "relative_error": worst_rel}
+    return worst_cos, worst_rel
 
 
 def _registry(case: FailureCase, adapter: Adapter | None, proving: str = "") -> Any:
@@ -1050,7 +1086,9 @@ def _child(conn: Any, job: dict[str, Any]) -> None:
             proof = Proof(program=program, adapter=adapter)
             proof.host_share = program.host_share()
         else:
-            report, proof = step_graph(job["files"], case, job["name"], job["rule"], job["reads"])
+            report, proof = step_graph(
+                job["files"], case, job["name"], job["rule"], job["reads"], static=False
+            )
             if report.status != "pass":
                 conn.send(("report", asdict(report)))
                 return

@@ -37,6 +37,7 @@ def test_the_template_files_and_their_placeholders() -> None:
         "device_rules",
         "adapter_api",
         "policy",
+        "host_rule",
         "examples",
     }
     assert {"fingerprint", "device_error", "enclosing_source", "evidence"} <= set(names["task"])
@@ -46,6 +47,7 @@ def test_the_template_files_and_their_placeholders() -> None:
         "previous_draft",
         "failed_step",
         "failure",
+        "history",
     }
     with pytest.raises(PromptError, match="cannot be read"):
         render("nonexistent", folder)
@@ -94,3 +96,75 @@ def test_extract_code() -> None:
         extract_code("I would use x*x*x.")
     with pytest.raises(DraftError, match="2 different code blocks"):
         extract_code(block + "\n" + block.replace("return x", "return -x"))
+
+
+def test_the_task_prompt_tells_the_execution_helpers_attributes_and_taken_names() -> None:
+    """For real cases: RoPE's apply calls a module-level helper (its source is shown), an
+    RMSNorm reads ``self.variance_epsilon`` and ``self.weight`` (their values are shown)."""
+    import dataclasses
+
+    base = softsign_case()
+    rotary = dataclasses.replace(
+        base,
+        target="hfadapt.agent.evalcases:RotaryApply.forward",
+        example="hfadapt.agent.evalcases:rotary_example",
+        execution="compile",
+    )
+    text = task_prompt(rotary, taken={"gelu-new-cube": "bundled", "rms-norm-square-llama": "b"})
+    assert "judged, compiled (torch.compile" in text, text[:400]
+    assert "`rotate_half`:" in text and "torch.cat((-x[..., half:]" in text, text[-2500:]
+    assert "Adapter names already taken (choose another)\n\n`gelu-new-cube`, `rms-norm" in text
+    rms = dataclasses.replace(
+        base,
+        target="transformers.models.llama.modeling_llama:LlamaRMSNorm.forward",
+        example="hfadapt.agent.evalcases:rms_norm_example",
+        execution="eager",
+    )
+    text = task_prompt(rms)
+    assert "judged, eager" in text and "`self.variance_epsilon` = 1e-06" in text, text[-1500:]
+    assert "`self.weight` = Parameter containing: tensor([" in text, text[-1500:]
+    assert "(none)" in text  # no taken names given
+
+
+def test_the_system_prompt_states_the_host_rule_and_its_examples_obey_the_policy() -> None:
+    import re
+
+    from hfadapt.agent.policy import check_policy
+
+    text = system_prompt()
+    assert "at least one arithmetic op of your graph must run on the device" in text
+    blocks = []
+    for path in sorted(prompts_dir().glob("*.md")):
+        found = re.findall(r"```python\n(.*?)```", path.read_text(), re.S)
+        blocks += [b for b in found if "{{" not in b]  # a template's slot for a draft
+    assert len(blocks) >= 3, len(blocks)
+    for block in blocks:
+        assert block.strip() in text, block[:200]
+        result = check_policy(block)
+        assert result.ok, (block[:300], result.problems)
+
+
+def test_the_repair_prompt_carries_the_whole_history_within_a_budget() -> None:
+    history = [(n, "equivalence", f"refusal number {n}", f"draft_{n} = {n}") for n in (1, 2, 3)]
+    rep = repair_prompt(
+        attempt=4,
+        max_attempts=5,
+        previous_draft="draft_4 = 4",
+        failed_step="graph",
+        failure="static rule: ...",
+        history=history,
+    )
+    for n in (1, 2, 3):
+        assert f"Attempt {n} failed at `equivalence`" in rep and f"draft_{n} = {n}" in rep, rep
+    assert "elided" not in rep and "draft_4 = 4" in rep
+    short = repair_prompt(
+        attempt=4,
+        max_attempts=5,
+        previous_draft="draft_4 = 4",
+        failed_step="graph",
+        failure="x",
+        history=history,
+        budget=120,
+    )
+    assert "(2 older attempt(s) elided: over 120 characters of history)" in short, short
+    assert "draft_3 = 3" in short and "draft_1 = 1" not in short, short

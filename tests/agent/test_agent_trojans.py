@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.drafting import gelu_draft, rows, run
+from support.drafting import TINY_GELU_BERT, gelu_draft, rows, run
 from support.openai_server import (
     ScriptedOpenAI,
     openai_server_fixture,  # noqa: F401
@@ -87,6 +87,18 @@ def _refused_at_equivalence(outcome: Any, steps: list[dict[str, Any]], *needles:
     return why
 
 
+def _refused_by_the_static_rule(outcome: Any, steps: list[dict[str, Any]], needle: str) -> str:
+    """The graph step's static rules (tests/agent/test_agent_static_rules.py) refuse it
+    before any proof runs; the counts of both graphs are in the step's output."""
+    assert outcome.outcome == REJECTED, (outcome.outcome, outcome.reason)
+    last = steps[-1]
+    assert last["step"] == "graph" and last["status"] == "fail", steps
+    why = str(last.get("summary", ""))
+    assert why.startswith("static rule: ") and needle in why, why
+    assert "static_rule" in last.get("output", {}), last
+    return why
+
+
 def _err(why: str) -> float:
     """The relative error a refusal states."""
     found = re.search(r"(?:max rel err|error against float64 is) ([0-9.e+-]+|inf)", why)
@@ -98,30 +110,30 @@ def _err(why: str) -> float:
 
 
 @pytest.mark.slow
-def test_size_triggered_trojan_is_refused_at_lengths_drawn_at_proof_time(
+def test_size_triggered_trojan_is_refused_for_its_size_arithmetic(
     openai_server: ScriptedOpenAI, tmp_path: Path
 ) -> None:
     outcome, steps = _draft(openai_server, tmp_path, SIZE_TROJAN, "gelu-new-cube")
-    why = _refused_at_equivalence(outcome, steps, "length")
-    assert "batch 1 x length" in why and _err(why) > 1e-3, why
+    why = _refused_by_the_static_rule(outcome, steps, "size arithmetic feeding values")
+    assert "computed from sizes by sym::sub" in why, why
 
 
 @pytest.mark.slow
-def test_dtype_triggered_trojan_is_refused_in_bfloat16(
+def test_dtype_triggered_trojan_is_refused_for_its_dtype_constant(
     openai_server: ScriptedOpenAI, tmp_path: Path
 ) -> None:
     outcome, steps = _draft(openai_server, tmp_path, DTYPE_TROJAN, "gelu-new-cube")
-    why = _refused_at_equivalence(outcome, steps, "bfloat16")
-    assert _err(why) > 0.1, why
+    why = _refused_by_the_static_rule(outcome, steps, "dtype constant")
+    assert "finfo(dtype).eps" in why, why
 
 
 @pytest.mark.slow
-def test_value_triggered_trojan_is_refused_on_inputs_with_outliers(
+def test_value_triggered_trojan_is_refused_for_its_data_dependent_selection(
     openai_server: ScriptedOpenAI, tmp_path: Path
 ) -> None:
     outcome, steps = _draft(openai_server, tmp_path, VALUE_TROJAN, "gelu-new-cube")
-    why = _refused_at_equivalence(outcome, steps, "spike", "outliers")
-    assert _err(why) > 1e-3, why
+    why = _refused_by_the_static_rule(outcome, steps, "data-dependent selection")
+    assert "the draft's graph has 3, the stock code's 0" in why, why
 
 
 @pytest.mark.slow
@@ -163,3 +175,49 @@ def test_a_graph_applies_only_where_the_attributes_it_was_proven_for_hold() -> N
     # a folder from before attributes were recorded: refused where the module has any
     assert not conditions_check(LlamaRMSNorm, {}, "old")(proven, None)
     assert "was not recorded" in attribute_mismatch(proven, {})
+
+
+@pytest.mark.slow
+def test_trojans_through_the_draft_command_are_refused_with_the_rule_and_its_counts(
+    openai_server: ScriptedOpenAI,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    """`hfadapt draft MODEL` against a loopback endpoint answering the size, dtype and value
+    trojans in turn: each refused at the graph step by the static rules (the counts printed),
+    and the command exits 1, nothing accepted."""
+    import json
+
+    from support.cli_runner import run_cli
+
+    folder = tmp_path / "gelu-bert"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(TINY_GELU_BERT))
+    monkeypatch.setenv("HFADAPT_HOME", str(tmp_path / "home"))
+    db = str(tmp_path / "runs.db")
+    openai_server.script = [SIZE_TROJAN, DTYPE_TROJAN, VALUE_TROJAN]
+    args = [
+        *("draft", str(folder), "--mode", "structural", "--without-adapter", "gelu-new-cube"),
+        *("--base-url", openai_server.url, "--model", "scripted-model", "--api-key", "sk-t"),
+        *("--max-attempts", "3", "--db", db, "--json"),
+    ]
+    try:
+        code, out, err = run_cli(args, monkeypatch, capsys)
+    finally:
+        from hfadapt.adapters.registry import default_registry
+
+        monkeypatch.delenv("HFADAPT_HOME")
+        default_registry(reload=True)
+    assert code == 1, (code, out[-2000:], err[-2000:])
+    (outcome,) = json.loads(out)
+    assert outcome["outcome"] != "accepted", outcome
+    assert "static rule: data-dependent selection" in outcome["reason"], outcome["reason"]
+    assert "the draft's graph has 3, the stock code's 0" in outcome["reason"], outcome["reason"]
+    from hfadapt.db.engine import get_engine
+
+    _, attempts = rows(get_engine(db))
+    feedback = {a.number: a.feedback or "" for a in attempts}
+    assert "size arithmetic feeding values" in feedback[1], feedback
+    assert "finfo(dtype).eps" in feedback[2], feedback
+    assert "data-dependent selection" in feedback[3], feedback
