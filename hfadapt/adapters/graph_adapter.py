@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from hfadapt.adapters.api import Adapter, Provenance
+from hfadapt.adapters.rebind import stock_bound
 from hfadapt.errors import AdapterError, GraphError, UntrustedDataError
 from hfadapt.graphs import GraphArtifact, GraphProgram
 from hfadapt.graphs.artifact import CONSTANTS_FILE, GRAPH_FILE, read_plain_file
@@ -49,6 +50,9 @@ NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,79}$")
 TARGET = re.compile(
     r"^[A-Za-z_][A-Za-z0-9_.]{0,200}:[A-Za-z_][A-Za-z0-9_]{0,100}\.[A-Za-z_][A-Za-z0-9_]{0,100}$"
 )
+# A module-level function (transformers.masking_utils:create_bidirectional_mask): applied where
+# a method of the model (its ``call_site``, a TARGET) reads it.
+FUNCTION_TARGET = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]{0,200}:[A-Za-z_][A-Za-z0-9_]{0,100}$")
 RULE = re.compile(r"^[a-z0-9_.]{1,80}$")
 READ_PATH = re.compile(r"^[A-Za-z0-9_.]{1,200}$")
 # Packages whose classes a graph adapter may target (importing the target's module is the one
@@ -94,9 +98,21 @@ def read_manifest(folder: Path, raw: bytes | None = None) -> dict[str, Any]:
         raise AdapterError(
             f"{folder.name}: adapter name {str(name)[:40]!r} is not letters, digits, '-' or '_'"
         )
-    if not isinstance(target, str) or not TARGET.match(target):
+    site = data.get("call_site")
+    if isinstance(target, str) and FUNCTION_TARGET.match(target):
+        if (
+            not isinstance(site, str)
+            or not TARGET.match(site)
+            or not site.startswith(TARGET_PACKAGES)
+        ):
+            raise AdapterError(
+                f"{folder.name}: a function target needs a call_site 'module:Class.method' "
+                "in the packages a graph may replace code in"
+            )
+    elif not isinstance(target, str) or not TARGET.match(target):
         raise AdapterError(
-            f"{folder.name}: target {str(target)[:80]!r} is not 'module:Class.method'"
+            f"{folder.name}: target {str(target)[:80]!r} is not 'module:Class.method' or "
+            "'module:function'"
         )
     if not target.startswith(TARGET_PACKAGES):
         raise AdapterError(
@@ -165,7 +181,7 @@ class GraphMethod:
         bound = program.bind(module, args, kwargs)
         if isinstance(bound, str):
             self._fell_back(bound)
-            return getattr(type(module), self.method)(module, *args, **kwargs)
+            return stock_bound(module, self.method)(*args, **kwargs)
         if not torch.compiler.is_compiling():
             self.runs += 1
         return program.run(bound)
@@ -181,6 +197,150 @@ class GraphMethod:
                     self.name,
                     why,
                 )
+
+
+class GraphFunction(GraphMethod):
+    """The replacement for a module-level function (``function``, "module:name") where the
+    model reads it: patched onto the call-site method, it runs that method's stock code with
+    the function's name rebound (:func:`hfadapt.adapters.rebind.rebind`) to a runner that runs
+    the graph when the call fits and the held objects' recorded attributes (``reads``: the
+    config values read where the graph was proven, the attention implementation) hold, and
+    the stock function otherwise."""
+
+    def __init__(
+        self,
+        program: GraphProgram | Callable[[], GraphProgram],
+        method: str,
+        name: str,
+        function: str,
+        reads: dict[str, Any],
+    ) -> None:
+        import inspect
+
+        from hfadapt.graphs.capture import FunctionSite
+
+        super().__init__(program, method, name)
+        self.function = function
+        self.function_name = function.rsplit(":", 1)[1]
+        self.reads = dict(reads)
+        self._stock: Any = None
+        self._site = FunctionSite()  # owns no tensors: what bind reads the module's from
+        self._params: list[str] = []
+        self._var_keyword = False
+        self._inspect = inspect
+        self.runner = self._run_function
+        self.runner.__func__.__name__ = self.function_name  # type: ignore[attr-defined]
+
+    def stock_function(self) -> Any:
+        if self._stock is None:
+            import pkgutil
+
+            fn = pkgutil.resolve_name(self.function)
+            sig = self._inspect.signature(fn)
+            kinds = self._inspect.Parameter
+            self._params = [
+                p.name
+                for p in sig.parameters.values()
+                if p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)
+            ]
+            self._var_keyword = any(p.kind == kinds.VAR_KEYWORD for p in sig.parameters.values())
+            self._stock = fn
+        return self._stock
+
+    def prepare(self) -> None:
+        super().prepare()
+        self.stock_function()
+
+    def _split(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """(graph keywords, held objects) of a call, or why it does not fit."""
+        if len(args) > len(self._params):
+            return "more positional arguments than the function names"
+        named = dict(zip(self._params, args, strict=False))
+        for k, v in kwargs.items():
+            if k in named:
+                return f"argument {k} given twice"
+            named[k] = v
+        graph, held = {}, {}
+        for k, v in named.items():
+            if v is None or isinstance(v, (torch.Tensor, bool, int, float, str)):
+                graph[k] = v
+            else:
+                held[k] = v
+        return graph, held
+
+    def _held_mismatch(self, held: dict[str, Any]) -> str:
+        for path, value in self.reads.items():
+            if path == "attn_implementation":
+                now: Any = getattr(held.get("config"), "_attn_implementation", None)
+            else:
+                head, _, rest = path.partition(".")
+                now = held.get(head, _MISSING)
+                for part in rest.split(".") if rest else []:
+                    now = getattr(now, part, _MISSING)
+                now = plain(now) if is_plain(now) else _MISSING
+            if now != value:
+                return f"{path} is {now!r} here, {value!r} where the graph was proven"
+        return ""
+
+    def _run_function(self, *args: Any, **kwargs: Any) -> Any:
+        stock = self.stock_function()
+        split = self._split(args, kwargs)
+        why = split if isinstance(split, str) else self._held_mismatch(split[1])
+        if not why:
+            program = self._program if self._program is not None else self.program
+            bound = program.bind(self._site, (), split[0])
+            if not isinstance(bound, str):
+                if not torch.compiler.is_compiling():
+                    self.runs += 1
+                return program.run(bound)
+            why = bound
+        self._fell_back(why)
+        return stock(*args, **kwargs)
+
+    def __call__(self, module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        method = _with_function(type(module), self.method, self.function_name, self.runner)
+        return method(module, *args, **kwargs)
+
+
+@torch.compiler.disable
+def _with_function(cls: type, method: str, name: str, runner: Any) -> Any:
+    """The class's stock ``method`` with the global ``name`` rebound to ``runner`` (resolved
+    outside compiled graphs, as the bundled mask adapters do: the first call fills a cache)."""
+    from hfadapt.adapters.rebind import rebind, stock_method
+
+    return rebind(stock_method(cls, method), **{name: runner})
+
+
+class _Unset:
+    def __eq__(self, other: object) -> bool:
+        return False
+
+    def __hash__(self) -> int:
+        return 0
+
+    def __repr__(self) -> str:
+        return "<missing>"
+
+
+_MISSING = _Unset()
+
+
+def reads_function(cls: type, method: str, name: str, function: str) -> bool:
+    """Whether ``cls.method`` (as the class defines it) reads the stock ``function`` as
+    ``name`` from its module's globals: where a function graph can be applied."""
+    import pkgutil
+
+    from hfadapt.adapters.rebind import globals_read, innermost, stock_method
+
+    fn = getattr(cls, method, None)
+    if fn is None:
+        return False
+    stock = stock_method(cls, method)
+    try:
+        home = innermost(stock).__globals__
+        return name in globals_read(stock) and home.get(name) is pkgutil.resolve_name(function)
+    except (AdapterError, ImportError, AttributeError, ValueError):
+        return False
 
 
 # A module's place in its model (``layer_idx``), not how it computes: not recorded.
@@ -249,8 +409,15 @@ def graph_adapter(
     provenance: Provenance | None = None,
     path: str = "",
     source: str = "inline",
+    call_site: str | None = None,
 ) -> Adapter:
-    """An Adapter that runs ``program`` in place of ``target`` where ``reads`` hold."""
+    """An Adapter that runs ``program`` in place of ``target`` where ``reads`` hold. A
+    module-level function target ("module:function") is applied on ``call_site`` (the
+    "module:Class.method" that calls it), with the function's name rebound there."""
+    if FUNCTION_TARGET.match(target):
+        return _function_adapter(
+            program, name, target, rule, reads, description, provenance, path, source, call_site
+        )
     method = target.rsplit(".", 1)[1]
     a = Adapter(
         name=name,
@@ -278,6 +445,59 @@ def graph_adapter(
             return cls
 
         a.applies = conditions_check(resolve, reads, name)
+    return a
+
+
+def _function_adapter(
+    program: GraphProgram | Callable[[], GraphProgram],
+    name: str,
+    target: str,
+    rule: str,
+    reads: dict[str, Any],
+    description: str,
+    provenance: Provenance | None,
+    path: str,
+    source: str,
+    call_site: str | None,
+) -> Adapter:
+    if not call_site or not TARGET.match(call_site):
+        raise AdapterError(
+            f"{name}: function target {target} needs the method that calls it "
+            "('module:Class.method'), where it is rebound"
+        )
+    method = call_site.rsplit(".", 1)[1]
+    fn = GraphFunction(program, method, name, target, reads)
+    a = Adapter(
+        name=name,
+        kind="method",
+        target=call_site,
+        fn=fn,
+        rule=rule,
+        description=description or f"{target} as a graph, where {call_site} calls it",
+        provenance=provenance or Provenance(origin="agent", author="agent"),
+        path=path,
+        source=source,
+        form="graph",
+    )
+    said: set[str] = set()
+
+    def applies(module: Any, config: Any) -> bool:
+        cls = a.target_class()
+        if cls is None or not isinstance(module, cls):
+            return False
+        ok = reads_function(type(module), method, fn.function_name, target)
+        if not ok and type(module).__name__ not in said:
+            said.add(type(module).__name__)
+            log.warning(
+                "graph adapter %s does not apply to %s: its %s does not call %s",
+                name,
+                type(module).__name__,
+                method,
+                target,
+            )
+        return ok
+
+    a.applies = applies
     return a
 
 
@@ -363,6 +583,7 @@ def load_graph_adapter(
         name=data["name"],
         target=data["target"],
         rule=data["rule"],
+        call_site=data.get("call_site"),
         reads=dict(data["conditions"]["reads"]),
         description=clean_text(data.get("description", ""), 500),
         provenance=provenance,
@@ -382,6 +603,7 @@ def draft_source(folder: Path) -> str:
 __all__ = [
     "MANIFEST",
     "SOURCE_FILE",
+    "GraphFunction",
     "GraphMethod",
     "NotProvenError",
     "attribute_mismatch",

@@ -175,4 +175,14 @@ def stock_method(cls: type, name: str) -> Callable[..., Any]:
     return own
 
 
-__all__ = ["globals_read", "innermost", "rebind", "stock_method"]
+def stock_bound(module: Any, name: str) -> Callable[..., Any]:
+    """The class's own ``name`` bound to ``module`` as Python binds it (an instance method gets
+    ``module``, a classmethod its class, a staticmethod nothing), past any patch on the instance."""
+    import inspect
+
+    raw = inspect.getattr_static(type(module), name)
+    bound: Callable[..., Any] = raw.__get__(module, type(module))
+    return bound
+
+
+__all__ = ["globals_read", "innermost", "rebind", "stock_bound", "stock_method"]

@@ -18,6 +18,7 @@ or traced by torch.compile), so an eager CPU run of an adapted model is bit-iden
 from __future__ import annotations
 
 import hashlib
+import inspect
 import logging
 import sys
 import threading
@@ -325,11 +326,13 @@ def runs_for_device(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     return first is not None and first.device.type == "spyre"
 
 
-def _method_dispatch(method: str) -> Any:
+def _method_dispatch(method: str, unbound: bool = False) -> Any:
     def dispatch(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         stack: list[Adapter] = self._hfadapt_stack[method]  # type: ignore[index,assignment]
         if stack and (self._hfadapt_state.enabled or runs_for_device(args, kwargs)):  # type: ignore[union-attr]
             return stack[-1].fn(self, *args, **kwargs)
+        if unbound:  # a staticmethod or classmethod: the class binds what it takes
+            return getattr(type(self), method)(*args, **kwargs)
         return getattr(type(self), method)(self, *args, **kwargs)
 
     dispatch.__name__ = f"hfadapt_{method}"
@@ -371,7 +374,9 @@ class AppliedAdapters:
         module.__dict__["_hfadapt_state"] = self.state
         if method not in stacks:
             stacks[method] = []
-            module.__dict__[method] = types.MethodType(_method_dispatch(method), module)
+            raw = inspect.getattr_static(type(module), method, None)
+            unbound = isinstance(raw, (staticmethod, classmethod))
+            module.__dict__[method] = types.MethodType(_method_dispatch(method, unbound), module)
         stacks[method].append(a)
 
         def undo() -> None:

@@ -134,6 +134,7 @@ def accept_draft(
                 validation.adapter.get("description") or f"drafted for {case.fingerprint}", 500
             ),
             "conditions": {"reads": proof.reads},
+            **({"call_site": case.call_site} if case.kind == "function" else {}),
             "provenance": prov,
             "endpoint": clean_text(endpoint, 200),
             "case": bounded(case.to_dict(), max_depth=6, max_string=4000),

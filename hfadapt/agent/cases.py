@@ -9,6 +9,7 @@ import ast
 import inspect
 import pkgutil
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -23,8 +24,14 @@ class FailureCase:
     rule_id: str
     op: str
     message: str  # the device's own error text
-    target: str | None = None  # "module:Class.method" the adapter should replace, if known
+    # What the adapter replaces, if known: "module:Class.method" (kind "method", a forward or
+    # a helper method; "staticmethod"; "classmethod") or "module:function" (kind "function",
+    # a module-level function such as transformers.masking_utils:create_bidirectional_mask).
+    target: str | None = None
     kind: str = "method"
+    # kind "function": the method that calls it, "module:Class.method", where an accepted graph
+    # is applied (the function's name rebound in that method's globals for the model).
+    call_site: str | None = None
     location: str = ""  # "file:line in function"
     code_line: str = ""
     dtype: str = ""
@@ -92,25 +99,48 @@ def _enclosing(tree: ast.Module, line: int) -> list[ast.stmt]:
             return chain
 
 
-def locate(location: SourceLocation) -> tuple[str | None, str]:
-    """(target "module:Class.method" or None, source of the enclosing function)."""
+KINDS = ("method", "staticmethod", "classmethod", "function")
+
+
+def _method_kind(func: ast.stmt) -> str:
+    decorators = {
+        getattr(d, "id", getattr(d, "attr", "")) for d in getattr(func, "decorator_list", [])
+    }
+    for kind in ("staticmethod", "classmethod"):
+        if kind in decorators:
+            return kind
+    return "method"
+
+
+def locate_target(location: SourceLocation) -> tuple[str | None, str, str]:
+    """(target or None, its kind, source of the enclosing function). A method of a class
+    (forward, a helper, a staticmethod or classmethod) is ``module:Class.method``; code in a
+    module-level function (or a closure inside one) is ``module:function``, the top-level
+    function, which :func:`function_entry` turns into the function the model's code calls."""
     try:
         text = Path(location.file).read_text(encoding="utf-8")
         chain = _enclosing(ast.parse(text), location.line)
     except (OSError, SyntaxError, ValueError):
-        return None, location.code
+        return None, "method", location.code
     if not chain:
-        return None, location.code
+        return None, "method", location.code
     func = chain[-1]
     lines = text.splitlines()
     start = min([func.lineno, *(d.lineno for d in getattr(func, "decorator_list", []))])
     source = "\n".join(lines[start - 1 : func.end_lineno])
     module = module_name_for(location.file)
     names = [getattr(n, "name", "") for n in chain]
-    # A method of a class is patchable; a module-level helper (rotate_half) is not by itself.
     if module and len(chain) >= 2 and isinstance(chain[-2], ast.ClassDef):
-        return f"{module}:{names[-2]}.{names[-1]}", source
-    return None, source
+        return f"{module}:{names[-2]}.{names[-1]}", _method_kind(func), source
+    if module and isinstance(chain[0], (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return f"{module}:{names[0]}", "function", source
+    return None, "method", source
+
+
+def locate(location: SourceLocation) -> tuple[str | None, str]:
+    """(target "module:Class.method" or None, source of the enclosing function)."""
+    target, kind, source = locate_target(location)
+    return (target if kind != "function" else None), source
 
 
 def from_violation(
@@ -123,9 +153,9 @@ def from_violation(
     example_file: str | None = None,
 ) -> FailureCase:
     """A case for one violation met on the device."""
-    target, source = (None, "")
+    target, kind, source = (None, "method", "")
     if violation.location is not None:
-        target, source = locate(violation.location)
+        target, kind, source = locate_target(violation.location)
     return FailureCase(
         name=violation.fingerprint(),
         fingerprint=violation.fingerprint(),
@@ -133,6 +163,7 @@ def from_violation(
         op=violation.op,
         message=violation.message,
         target=target,
+        kind=kind,
         location=str(violation.location or ""),
         code_line=violation.location.code if violation.location else "",
         dtype=violation.dtype,
@@ -160,44 +191,277 @@ def target_source(target: str | None) -> str:
         return ""
 
 
-def capture_calls(model: Any, runs: list[Any], target: str, *, per_run: int = 1, path: Path) -> int:
-    """Run ``model`` on CPU on each input set of ``runs`` and save the first ``per_run`` calls of
-    the target class's instances (module, args, kwargs) to ``path``, for the equivalence proof.
-    Returns how many calls were captured."""
-    import copy
+def split_target(target: str) -> tuple[str, str, str]:
+    """(module, class or "", method or function name) of ``module:Class.method`` or
+    ``module:function``."""
+    module_name, _, qual = target.partition(":")
+    cls, _, name = qual.rpartition(".")
+    return module_name, cls, name
 
+
+def target_kind(target: str) -> str:
+    """The kind of code a target names, read from the class: method, staticmethod,
+    classmethod, or function (a module-level function)."""
+    module_name, cls_name, name = split_target(target)
+    if not cls_name:
+        return "function"
+    raw = inspect.getattr_static(pkgutil.resolve_name(f"{module_name}:{cls_name}"), name)
+    if isinstance(raw, staticmethod):
+        return "staticmethod"
+    if isinstance(raw, classmethod):
+        return "classmethod"
+    return "method"
+
+
+def stock_call(target: str) -> Callable[..., Any]:
+    """The stock code at ``target`` as ``call(module, *args, **kwargs)``: a method (forward, a
+    helper, a staticmethod or classmethod) as the module's class defines it, bound as Python
+    binds it (a staticmethod gets no ``self``); a module-level function with the objects its
+    :class:`~hfadapt.graphs.capture.FunctionSite` holds (the model's ``config``)."""
+    _, cls_name, name = split_target(target)
+    if not cls_name:
+        fn = pkgutil.resolve_name(target)
+
+        def call_function(site: Any, *args: Any, **kwargs: Any) -> Any:
+            return fn(*args, **site.context(), **kwargs)
+
+        return call_function
+
+    def call_method(module: Any, *args: Any, **kwargs: Any) -> Any:
+        raw = inspect.getattr_static(type(module), name)
+        return raw.__get__(module, type(module))(*args, **kwargs)
+
+    return call_method
+
+
+def draft_call(fn: Callable[..., Any], kind: str) -> Callable[..., Any]:
+    """A draft as ``call(module, *args, **kwargs)``, the form graphs are captured in: a method
+    takes ``self``, a staticmethod its own arguments only, a classmethod the class, a
+    module-level function its own arguments and the objects the site holds."""
+    if kind == "staticmethod":
+        return lambda module, *args, **kwargs: fn(*args, **kwargs)
+    if kind == "classmethod":
+        return lambda module, *args, **kwargs: fn(type(module), *args, **kwargs)
+    if kind == "function":
+        return lambda site, *args, **kwargs: fn(*args, **site.context(), **kwargs)
+    return fn
+
+
+def _homes(model: Any, name: str, fn: Any) -> list[Any]:
+    """The Python modules of the model's classes whose globals hold ``fn`` as ``name``: where
+    the model's code reads it."""
+    found: dict[str, Any] = {}
+    for m in model.modules():
+        for klass in type(m).__mro__:
+            mod = sys.modules.get(klass.__module__)
+            if mod is not None and vars(mod).get(name) is fn:
+                found[mod.__name__] = mod
+    return list(found.values())
+
+
+def function_entry(model: Any, inputs: Any, file: str, function: str) -> tuple[str, str] | None:
+    """(target "module:function", call site "module:Class.method") for code in a module-level
+    function that the model runs: the function of that module the model's own code called
+    (``create_bidirectional_mask`` for a failure in ``_preprocess_mask_arguments``), and the
+    method that called it. Found by running the model once on the CPU, watching calls. None
+    when the code did not run or no method of a class called into it."""
     import torch
 
-    module_name, _, qual = target.partition(":")
-    cls = pkgutil.resolve_name(f"{module_name}:{qual.split('.')[0]}")
+    wanted = str(Path(file).resolve())
+    found: list[tuple[str, str]] = []
+
+    def entry_of(frame: Any) -> tuple[str, str] | None:
+        home = frame.f_globals
+        f = frame
+        while f.f_back is not None and f.f_back.f_globals is home:
+            f = f.f_back
+        caller = f.f_back
+        # decorators of transformers' (deprecate_kwarg ...) route the call: look past them
+        while caller is not None and str(caller.f_globals.get("__name__", "")).startswith(
+            "transformers.utils."
+        ):
+            caller = caller.f_back
+        if caller is None or "." not in caller.f_code.co_qualname:
+            return None
+        module_name = str(home.get("__name__", ""))
+        target = f"{module_name}:{f.f_code.co_name}"
+        try:
+            resolved = pkgutil.resolve_name(target)
+        except (ImportError, AttributeError, ValueError):
+            return None
+        if not callable(resolved) or "<locals>" in caller.f_code.co_qualname:
+            return None
+        site = f"{caller.f_globals.get('__name__', '')}:{caller.f_code.co_qualname}"
+        return target, site
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if found or event != "call" or frame.f_code.co_name != function:
+            return
+        if str(Path(frame.f_code.co_filename).resolve()) == wanted:
+            hit = entry_of(frame)
+            if hit is not None:
+                found.append(hit)
+
+    previous = sys.getprofile()
+    sys.setprofile(profile)
+    try:
+        with torch.no_grad():
+            model(**inputs) if isinstance(inputs, dict) else model(*inputs)
+    finally:
+        sys.setprofile(previous)
+    return found[0] if found else None
+
+
+def capture_calls(model: Any, runs: list[Any], target: str, *, per_run: int = 1, path: Path) -> int:
+    """Run ``model`` on CPU on each input set of ``runs`` and save the first ``per_run`` calls of
+    the target (module, args, kwargs) to ``path``, for the equivalence proof: a forward's
+    through a pre-hook on the target class's instances; a helper method's, staticmethod's or
+    classmethod's with its own arguments (the class attribute wrapped for the run; a static or
+    class method's module is the first instance of the class in the model); a module-level
+    function's where the model's modules read it, its held objects on a FunctionSite.
+    Returns how many calls were captured."""
+    import torch
+
+    module_name, cls_name, name = split_target(target)
     captured: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
     budget = [0]
-
-    def hook(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if budget[0] > 0:
-            budget[0] -= 1
-            clone = copy.deepcopy(module)
-            for sub in clone.modules():  # the copy must not carry this (unpicklable) hook
-                sub._forward_pre_hooks.clear()
-                sub._forward_pre_hooks_with_kwargs.clear()
-            captured.append((clone, copy.deepcopy(args), copy.deepcopy(kwargs)))
-
-    handles = [
-        m.register_forward_pre_hook(hook, with_kwargs=True)
-        for m in model.modules()
-        if isinstance(m, cls)
-    ]
+    if not cls_name:
+        install = _record_function(model, target, captured, budget)
+    elif name == "forward":
+        install = _record_forward(model, f"{module_name}:{cls_name}", captured, budget)
+    else:
+        install = _record_method(model, f"{module_name}:{cls_name}", name, captured, budget)
+    undo = install()
     try:
         with torch.no_grad():
             for inputs in runs:
                 budget[0] = per_run
                 model(**inputs) if isinstance(inputs, dict) else model(*inputs)
     finally:
-        for h in handles:
-            h.remove()
+        undo()
     if captured:
         torch.save(captured, path)
     return len(captured)
+
+
+def _clean_copy(module: Any) -> Any:
+    import copy
+
+    clone = copy.deepcopy(module)
+    for sub in clone.modules():  # the copy must not carry capture hooks (unpicklable)
+        sub._forward_pre_hooks.clear()
+        sub._forward_pre_hooks_with_kwargs.clear()
+        for key in [k for k in vars(sub) if k.startswith("_hfadapt_")]:
+            vars(sub).pop(key)
+    return clone
+
+
+def _take(
+    captured: list[Any], budget: list[int], module: Any, args: Any, kwargs: dict[str, Any]
+) -> None:
+    import copy
+
+    if budget[0] > 0:
+        budget[0] -= 1
+        captured.append((_clean_copy(module), copy.deepcopy(args), copy.deepcopy(kwargs)))
+
+
+def _record_forward(
+    model: Any, cls_path: str, captured: list[Any], budget: list[int]
+) -> Callable[[], Callable[[], None]]:
+    cls = pkgutil.resolve_name(cls_path)
+
+    def install() -> Callable[[], None]:
+        def hook(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            _take(captured, budget, module, args, kwargs)
+
+        handles = [
+            m.register_forward_pre_hook(hook, with_kwargs=True)
+            for m in model.modules()
+            if isinstance(m, cls)
+        ]
+
+        def undo() -> None:
+            for h in handles:
+                h.remove()
+
+        return undo
+
+    return install
+
+
+def _record_method(
+    model: Any, cls_path: str, name: str, captured: list[Any], budget: list[int]
+) -> Callable[[], Callable[[], None]]:
+    cls = pkgutil.resolve_name(cls_path)
+    owner = next(k for k in cls.__mro__ if name in vars(k))
+    raw = vars(owner)[name]
+    instance = next((m for m in model.modules() if isinstance(m, cls)), None)
+    if instance is None:
+        raise RuntimeError(f"the model has no {cls.__name__} to call {name} on")
+
+    def install() -> Callable[[], None]:
+        if isinstance(raw, staticmethod):
+            fn = raw.__func__
+
+            def static(*args: Any, **kwargs: Any) -> Any:
+                _take(captured, budget, instance, args, kwargs)
+                return fn(*args, **kwargs)
+
+            wrapped: Any = staticmethod(static)
+        elif isinstance(raw, classmethod):
+            cfn = raw.__func__
+
+            def klass(c: Any, *args: Any, **kwargs: Any) -> Any:
+                _take(captured, budget, instance, args, kwargs)
+                return cfn(c, *args, **kwargs)
+
+            wrapped = classmethod(klass)
+        else:
+
+            def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+                if isinstance(self, cls):
+                    _take(captured, budget, self, args, kwargs)
+                return raw(self, *args, **kwargs)
+
+            wrapped = method
+        setattr(owner, name, wrapped)
+        return lambda: setattr(owner, name, raw)
+
+    return install
+
+
+def _record_function(
+    model: Any, target: str, captured: list[Any], budget: list[int]
+) -> Callable[[], Callable[[], None]]:
+    from hfadapt.graphs.capture import FunctionSite, split_function_call
+
+    _, _, name = split_target(target)
+    fn = pkgutil.resolve_name(target)
+    homes = _homes(model, name, fn)
+    if not homes:
+        raise RuntimeError(f"no module of the model's classes reads {target}")
+
+    def recorder(*args: Any, **kwargs: Any) -> Any:
+        if budget[0] > 0:
+            import copy
+
+            graph, held = split_function_call(fn, args, kwargs)
+            site = FunctionSite(copy.deepcopy(held))
+            _take(captured, budget, site, (), graph)
+        return fn(*args, **kwargs)
+
+    def install() -> Callable[[], None]:
+        for mod in homes:
+            setattr(mod, name, recorder)
+
+        def undo() -> None:
+            for mod in homes:
+                setattr(mod, name, fn)
+
+        return undo
+
+    return install
 
 
 def captured_example(path: str) -> Any:

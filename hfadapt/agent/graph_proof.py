@@ -45,6 +45,7 @@ from typing import Any
 
 import torch
 
+from hfadapt import torch_internals as ti
 from hfadapt.adapters.api import Adapter
 from hfadapt.adapters.equivalence import ATOL, RTOL, compare_outputs, prove_equivalent
 from hfadapt.adapters.graph_adapter import (
@@ -268,12 +269,10 @@ class _Largest:
     """Records the element count of the largest tensor the code run inside it makes."""
 
     def __init__(self) -> None:
-        from torch.utils._python_dispatch import TorchDispatchMode
-
         owner = self
         self.numel = 0
 
-        class Mode(TorchDispatchMode):
+        class Mode(ti.torch_dispatch_mode()):  # type: ignore[misc]
             def __torch_dispatch__(
                 self, func: Any, types: Any, args: Any = (), kwargs: Any = None
             ) -> Any:
@@ -282,7 +281,7 @@ class _Largest:
                     owner.numel = max(owner.numel, t.numel())
                 return out
 
-        self.mode: Any = Mode()  # type: ignore[no-untyped-call]
+        self.mode: Any = Mode()
 
     def __enter__(self) -> _Largest:
         self.mode.__enter__()
@@ -303,8 +302,6 @@ def fake_oversized(
     must not run for real ("" when every tensor it makes is within ``SIZE_FACTOR`` times the
     stock code's largest on the call, or its largest input). A graph the fake run cannot follow
     is left to the child's limits."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
     from hfadapt.graphs import values
 
     bound = program.bind(module, args, kwargs)
@@ -314,7 +311,7 @@ def fake_oversized(
     largest_in = max([t.numel() for t in bound.tensors] + [1])
     limit = SIZE_FACTOR * max(stock_largest, largest_in)
     try:
-        mode = FakeTensorMode()
+        mode = ti.fake_tensor_mode()
         given = iter(bound.tensors)
         env: list[Any] = [
             mode.from_tensor(art.constants[i.name] if i.kind == "constant" else next(given))

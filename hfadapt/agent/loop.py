@@ -150,12 +150,13 @@ class _Session:
         )
         recorder.save_session(self.row)
         self.result = DraftOutcome(case, REJECTED, "", session_id=self.row.id)
-        self.system, self.task = system_prompt(case.profile), task_prompt(case)
+        self.system, self.task = system_prompt(case.profile), task_prompt(case, taken=taken)
         self.messages = [
             {"role": "system", "content": self.system},
             {"role": "user", "content": self.task},
         ]
         self.seen: dict[str, int] = {}  # normalized draft -> the attempt that made it
+        self.history: list[tuple[int, str, str, str]] = []  # every refused draft, in order
 
     def nothing_to_ask(self) -> DraftOutcome:
         """The case decides what a draft replaces; without a method there is nothing a graph
@@ -283,6 +284,15 @@ class _Session:
             previous_draft=attempt.code or "",
             failed_step=attempt.failed_step or "validation",
             failure=attempt.feedback or "not accepted",
+            history=list(self.history),
+        )
+        self.history.append(
+            (
+                attempt.number,
+                attempt.failed_step or "validation",
+                attempt.feedback or "not accepted",
+                attempt.code or "",
+            )
         )
         self.messages = [
             {"role": "system", "content": self.system},

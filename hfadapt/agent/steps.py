@@ -17,7 +17,7 @@ import torch
 
 from hfadapt.adapters import api as adapter_api
 from hfadapt.adapters.api import Adapter
-from hfadapt.agent.cases import FailureCase, captured_example
+from hfadapt.agent.cases import KINDS, FailureCase, captured_example, draft_call
 
 StepResult = tuple[str, str, dict[str, Any]]
 GRAPH_FILES = ("graph.json", "constants.safetensors")
@@ -66,9 +66,14 @@ def step_load(ctx: Context) -> StepResult:
         )
     if a.target != ctx.case.target:
         return "fail", f"target {a.target!r} is not the failing code {ctx.case.target!r}", info
-    a.target_class()  # imports the target module: a wrong target fails here, with its reason
+    kind = ctx.case.kind if ctx.case.kind in KINDS else "method"
+    if kind == "function":
+        pkgutil.resolve_name(a.target)  # imports the target module: a wrong target fails here
+    else:
+        a.target_class()  # imports the target module: a wrong target fails here, with its reason
     ctx.adapter = a
-    return "pass", f"loaded {a.name}: a method rewrite of {a.target} (rule {a.rule})", info
+    what = "a method rewrite" if kind == "method" else f"a rewrite of the {kind}"
+    return "pass", f"loaded {a.name}: {what} {a.target} (rule {a.rule})", info
 
 
 def example_inputs(case: FailureCase) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
@@ -89,7 +94,8 @@ def step_capture(ctx: Context) -> StepResult:
     module = module.float().eval() if isinstance(module, torch.nn.Module) else module
     start = time.monotonic()
     with torch.no_grad(), record_reads(module) as reads:
-        artifact = capture_method(module, ctx.draft.fn, tuple(args), dict(kwargs))
+        fn = draft_call(ctx.draft.fn, ctx.case.kind)
+        artifact = capture_method(module, fn, tuple(args), dict(kwargs))
     folder = Path(ctx.job.get("scratch", "/tmp")) / "graph"
     artifact.write(folder)
     for name in GRAPH_FILES:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.engine import Engine
 from sqlmodel import select
 
-from hfadapt.agent.cases import FailureCase, capture_calls, from_violation
+from hfadapt.agent.cases import FailureCase, capture_calls, from_violation, function_entry
 from hfadapt.agent.options import DraftOptions
 from hfadapt.agent.records import Recorder
 from hfadapt.db.census import FailureFingerprint
@@ -96,6 +96,10 @@ def cases_for_model(
         )
         case.registry = "default" if adapters else "none"
         case.without_adapters = list(judge.without_adapters)
+        if case.kind == "function" and case.target and v.location is not None:
+            entry = function_entry(stock.model, inputs, v.location.file, v.location.function)
+            case.evidence["failing_function"] = case.target
+            case.target, case.call_site = entry if entry else (None, None)
         if case.target:
             path = workdir / f"{fp}.pt"
             try:

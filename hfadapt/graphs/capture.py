@@ -21,6 +21,7 @@ import torch
 from torch.export import Dim
 
 from hfadapt import settings
+from hfadapt import torch_internals as ti
 from hfadapt.errors import GraphError
 from hfadapt.graphs import ops, values
 from hfadapt.graphs.artifact import GraphArtifact, Node, Slot, TensorInput
@@ -93,13 +94,68 @@ class _Call(torch.nn.Module):
         self.fn, self.args_t, self.kwargs_t = fn, args_t, kwargs_t
 
     def forward(self, state: dict[str, torch.Tensor], tensors: list[torch.Tensor]) -> Any:
-        from torch.nn.utils.stateless import _reparametrize_module
-
         args = fill_template(self.args_t, tensors)
         kwargs = fill_template(self.kwargs_t, tensors)
         inner: torch.nn.Module = self.__dict__["inner"]
-        with _reparametrize_module(inner, state):
+        with ti.reparametrize_module(inner, state):
             return self.fn(inner, *args, **kwargs)
+
+
+class FunctionSite(torch.nn.Module):
+    """The stand-in module a module-level function's call is captured and proven on: the call's
+    objects that are neither tensors nor plain values (a model's ``config``) are held here by
+    parameter name, so a graph's call keeps tensors and plain values only. It owns no tensors.
+    Where a config is held, its attention implementation is kept as a plain attribute: the
+    attributes a graph was proven with are the conditions it applies under, and a mask for
+    ``sdpa`` is not a mask for ``eager``."""
+
+    def __init__(self, context: dict[str, Any] | None = None) -> None:
+        super().__init__()
+        self._context_names: tuple[str, ...] = tuple(sorted(context or {}))
+        for name, value in (context or {}).items():
+            object.__setattr__(self, name, value)  # kept out of the module tree
+        config = (context or {}).get("config")
+        impl = getattr(config, "_attn_implementation", None) if config is not None else None
+        if isinstance(impl, str):
+            self.attn_implementation = impl
+
+    def context(self) -> dict[str, Any]:
+        """The held objects, by the parameter name they are passed as."""
+        return {name: self.__dict__[name] for name in self._context_names}
+
+
+def split_function_call(
+    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A call of a module-level function as (graph keywords: tensors and plain values, held
+    objects: everything else, by parameter name); every argument is passed by name. Raises
+    GraphError when the call cannot be split (a ``*args`` parameter)."""
+    import inspect
+
+    sig = inspect.signature(fn)
+    try:
+        bound = sig.bind(*args, **kwargs)
+    except TypeError as exc:
+        raise GraphError(f"the call does not fit {getattr(fn, '__name__', fn)}: {exc}") from exc
+    named: dict[str, Any] = {}
+    for name, value in bound.arguments.items():
+        kind = sig.parameters[name].kind
+        if kind is inspect.Parameter.VAR_POSITIONAL:
+            if value:
+                raise GraphError(f"the call passes *{name}; a graph's call names every argument")
+        elif kind is inspect.Parameter.VAR_KEYWORD:
+            named.update(value)
+        else:
+            named[name] = value
+    graph: dict[str, Any] = {}
+    held: dict[str, Any] = {}
+    for name, value in named.items():
+        try:
+            call_template((value,), {})
+            graph[name] = value
+        except GraphError:
+            held[name] = value
+    return graph, held
 
 
 def _to(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -430,11 +486,10 @@ def _bound(value: Any) -> Any:
 
 
 def _output(na: Any, nb: Any, index: dict[Any, int], program: Any) -> Any:
-    import torch.utils._pytree as pytree
 
     flat = [values.Ref(index[x]) if isinstance(x, torch.fx.Node) else x for x in na.args[0]]
     spec = program.call_spec.out_spec
-    tree = pytree.tree_unflatten(flat, spec) if spec is not None else tuple(flat)
+    tree = ti.pytree.tree_unflatten(flat, spec) if spec is not None else tuple(flat)
 
     def check(v: Any) -> Any:
         if isinstance(v, values.Ref) or v is None or isinstance(v, (bool, int, float)):
@@ -490,4 +545,12 @@ def _pair(
     return x
 
 
-__all__ = ["EXPORT_DTYPES", "call_template", "capture_method", "fill_template", "module_tensors"]
+__all__ = [
+    "EXPORT_DTYPES",
+    "FunctionSite",
+    "call_template",
+    "capture_method",
+    "fill_template",
+    "module_tensors",
+    "split_function_call",
+]
