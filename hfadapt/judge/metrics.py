@@ -7,7 +7,7 @@ direction: it is judged by its absolute error, never by cosine."""
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -67,10 +67,13 @@ class Metrics:
     zero_rows: int = 0
     zero_row_error: float | None = None  # the largest error norm / median reference row norm
     zero_row_threshold: float = ZERO_ROW_ERROR_MAX
+    # the pipeline's outputs (sentence, sparse, multi-vector), each judged in its metric
+    # (hfadapt.judge.output_metrics.OutputMetrics); empty when only token states were judged
+    outputs: list[Any] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
-        return (
+        return all(o.passed for o in self.outputs) and (
             not self.has_nan
             and not self.has_inf
             and (self.min_token_cosine is not None or self.zero_rows > 0)
@@ -101,7 +104,8 @@ class Metrics:
                 f"{self.zero_rows} real token(s) whose reference row is zero come out non-zero: "
                 f"error {self.zero_row_error:.4f} of a typical row's norm > {self.zero_row_threshold}"
             )
-        return "passed"
+        bad = next((o for o in self.outputs if not o.passed), None)
+        return bad.failure() if bad is not None else "passed"
 
     def summary(self) -> str:
         def f(x: float | None) -> str:
@@ -112,12 +116,13 @@ class Metrics:
             f"min token cos {f(self.min_token_cosine)}, mean {f(self.mean_token_cosine)}, "
             f"max norm error {f(self.max_norm_error)}, "
             f"pooled {f(self.pooled_cosine)}, max |diff| {f(self.max_abs_diff)}{zero}"
-        )
+        ) + "".join(f"; {o.summary()}" for o in self.outputs)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["worst_token"] = list(self.worst_token) if self.worst_token else None
         data["worst_norm_token"] = list(self.worst_norm_token) if self.worst_norm_token else None
+        data["outputs"] = [o.to_dict() for o in self.outputs]
         data["passed"] = self.passed
         return data
 

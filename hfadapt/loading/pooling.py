@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["POOLING_MODES", "PoolingSpec", "pool", "pooling_from_folder"]
+__all__ = ["POOLING_MODES", "PoolingSpec", "pool", "pooling_from_folder", "pooling_mode"]
 
 POOLING_MODES = ("mean", "cls", "lasttoken", "max", "mean_sqrt_len")
 
@@ -35,7 +35,8 @@ def _read_json(path: Path) -> Any:
         return None
 
 
-def _mode_from_pooling_config(cfg: dict[str, Any]) -> str | None:
+def pooling_mode(cfg: dict[str, Any]) -> str | None:
+    """The pooling mode a Pooling module's config.json names (None: none hfadapt knows)."""
     # sentence-transformers >= 5 writes "pooling_mode": "cls"; older files one flag per mode.
     mode = cfg.get("pooling_mode")
     if isinstance(mode, str):
@@ -73,7 +74,7 @@ def pooling_from_folder(folder: str | Path | None) -> PoolingSpec:
             normalize = normalize or kind.lower().endswith("normalize")
         source = "modules.json"
     cfg = _read_json(pooling_dir / "config.json")
-    mode = _mode_from_pooling_config(cfg) if isinstance(cfg, dict) else None
+    mode = pooling_mode(cfg) if isinstance(cfg, dict) else None
     if mode is None:
         return PoolingSpec(normalize=normalize, source=source)
     return PoolingSpec(mode=mode, normalize=normalize, source=f"{pooling_dir.name}/config.json")
@@ -88,7 +89,7 @@ def pool(hidden: torch.Tensor, mask: torch.Tensor, spec: PoolingSpec) -> torch.T
     elif spec.mode == "lasttoken":
         # The last real token of each row, whichever side the tokenizer padded.
         positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
-        last = torch.where(mask.bool(), positions, torch.full_like(positions, -1)).amax(dim=1)
+        last = torch.where(mask > 0, positions, torch.full_like(positions, -1)).amax(dim=1)
         out = hidden[torch.arange(hidden.shape[0]), last.clamp(min=0)]
     elif spec.mode == "max":
         out = hidden.masked_fill(m == 0, float("-inf")).amax(dim=1)
