@@ -15,6 +15,57 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
+OUTLIER_ROW_RATIO = 2.5  # a down-projection row this many times the median row's norm: an outlier
+
+
+def _down_projections(model: nn.Module) -> list[nn.Linear]:
+    """The FFN down projections (Linear layers narrowing into the hidden width), in order."""
+    return [
+        m
+        for name, m in model.named_modules()
+        if isinstance(m, nn.Linear) and "pooler" not in name and m.in_features > m.out_features
+    ]
+
+
+def outlier_statistics(model: nn.Module) -> tuple[float, float, float, float]:
+    """(share of outlier channels, their down-projection row gain, their norm scale ratio,
+    their norm bias magnitude) of a trained model: the outlier channels are those whose row of
+    some down projection has more than OUTLIER_ROW_RATIO times the median row norm; the gain
+    is the median over down projections of the largest row ratio; the norm figures are the
+    largest over the model's norms of the hidden width (the hardest layer: a stand-in should be
+    at least as hard as the model), of the mean over the outlier channels."""
+    downs = _down_projections(model)
+    if not downs:
+        return 0.0, 1.0, 1.0, 0.0
+    hidden = downs[0].out_features
+    channels: set[int] = set()
+    tops = []
+    with torch.no_grad():
+        for lin in downs:
+            rows = lin.weight.norm(dim=1)
+            ratio = rows / rows.median()
+            channels |= set(int(i) for i in (ratio > OUTLIER_ROW_RATIO).nonzero().flatten())
+            tops.append(float(ratio.max()))
+        if not channels:
+            return 0.0, statistics.median(tops), 1.0, 0.0
+        index = torch.tensor(sorted(channels))
+        ratios, biases = [], []
+        for module in model.modules():
+            scale = _norm_weight(module)
+            if scale is None or scale.numel() != hidden:
+                continue
+            w = scale.abs()
+            ratios.append(float(w[index].mean() / w.median()))
+            bias = getattr(module, "bias", None)
+            if isinstance(bias, torch.Tensor):
+                biases.append(float(bias[index].abs().mean()))
+    return (
+        len(channels) / hidden,
+        statistics.median(tops),
+        max(ratios, default=1.0),
+        max(biases, default=0.0),
+    )
+
 
 @dataclass(frozen=True)
 class TrainedScale:
@@ -27,13 +78,33 @@ class TrainedScale:
     norm_bias_std: float  # std of a LayerNorm bias
     vocab_embedding_std: float  # std of the token embedding table
     embedding_std: float  # std of other tables (positions, token types, relative buckets)
+    # Outlier channels: a few hidden channels shared by every layer that the FFN's down
+    # projection writes at several times the other rows' norm and the norms scale and shift
+    # far past the rest (Kovaleva et al. 2021, "BERT Busters: outlier dimensions that disrupt
+    # transformers", the same LayerNorm dimensions across layers; Dettmers et al. 2022,
+    # LLM.int8(), outlier features in a few fixed hidden dimensions; Sun et al. 2024, "Massive
+    # activations in large language models"). They give the residual stream its dominant
+    # channel: the real all-MiniLM-L6-v2's hidden states peak at 12-20x their rms.
+    outlier_share: float = 0.0  # share of hidden channels that are outliers
+    outlier_row_gain: float = 1.0  # their down-projection row norm over the median row's
+    outlier_norm_ratio: float = 1.0  # their norm scale over the median scale
+    outlier_norm_bias: float = 0.0  # their norm bias magnitude
 
     def describe(self) -> str:
         return ", ".join(f"{k} {v:.3g}" for k, v in asdict(self).items())
 
 
+# all-MiniLM-L6-v2's outliers (``outlier_statistics``): 4 of 384 channels (223, 99, 127, 319),
+# written at 3.8x the median row norm, scaled up to 2.28x by its attention-output LayerNorms
+# and shifted by up to 0.49 there (its other biases: std 0.06)
+OUTLIER_SHARE_MINILM = 4 / 384
+OUTLIER_ROW_GAIN_MINILM = 3.801
+OUTLIER_NORM_RATIO_MINILM = 2.276
+OUTLIER_NORM_BIAS_MINILM = 0.4948
+
 # Measured on all-MiniLM-L6-v2 (6 layers; the pooler left out: it is not on the judged path):
-# medians over its 36 Linear layers and 13 LayerNorms. tests/loading/test_structural.py measures again.
+# medians over its 36 Linear layers and 13 LayerNorms; the outliers as ``minilm_statistics``
+# defines them. tests/judge/test_structural_verdicts.py measures again.
 MINILM = TrainedScale(
     linear_gain=1.431,
     bias_std=0.0534,
@@ -42,6 +113,10 @@ MINILM = TrainedScale(
     norm_bias_std=0.0582,
     vocab_embedding_std=0.0556,
     embedding_std=0.0247,
+    outlier_share=OUTLIER_SHARE_MINILM,
+    outlier_row_gain=OUTLIER_ROW_GAIN_MINILM,
+    outlier_norm_ratio=OUTLIER_NORM_RATIO_MINILM,
+    outlier_norm_bias=OUTLIER_NORM_BIAS_MINILM,
 )
 
 
@@ -65,7 +140,12 @@ def minilm_statistics(model: nn.Module) -> TrainedScale:
         word = float(embeddings.word_embeddings.weight.std()) if embeddings is not None else 0.0
         position = getattr(embeddings, "position_embeddings", None)
         other = float(position.weight.std()) if position is not None else 0.0
+    share, row_gain, norm_ratio, norm_bias = outlier_statistics(model)
     return TrainedScale(
+        outlier_share=share,
+        outlier_row_gain=row_gain,
+        outlier_norm_ratio=norm_ratio,
+        outlier_norm_bias=norm_bias,
         linear_gain=statistics.median(gains),
         bias_std=statistics.median(biases),
         norm_gain_mean=statistics.median(means),
@@ -87,6 +167,12 @@ def _is_norm(module: nn.Module) -> bool:
     )
 
 
+def _norm_weight(module: nn.Module) -> torch.Tensor | None:
+    """A norm layer's per-channel scale; None for any other module."""
+    weight = module._parameters.get("weight")
+    return weight if weight is not None and _is_norm(module) else None
+
+
 def _normal_(param: nn.Parameter, std: float, gen: torch.Generator, mean: float = 0.0) -> None:
     values = torch.randn(param.shape, generator=gen, dtype=torch.float32) * std + mean
     param.copy_(values.to(param.dtype))
@@ -99,10 +185,12 @@ def draw_trained_scale(
     (and GPT-2 style Conv1D) weights N(0, gain^2 / fan_in), biases N(0, bias_std^2); norm
     scales around norm_gain_mean (a zero-centred norm such as Gemma's, whose initial weight is
     0 and whose scale is 1 + weight, around norm_gain_mean - 1); embedding tables N(0, std^2),
-    the token table (``vocab_size`` rows) at vocab_embedding_std. Other parameters keep their
-    initializer values. Returns how many parameters were redrawn."""
+    the token table (``vocab_size`` rows) at vocab_embedding_std; then the outlier channels
+    (``_draw_outliers``). Other parameters keep their initializer values. Returns how many
+    parameters were redrawn."""
     gen = torch.Generator().manual_seed(seed)
     redrawn = 0
+    centred_norms: set[nn.Module] = set()
     with torch.no_grad():
         for module in model.modules():
             weight = module._parameters.get("weight")
@@ -126,10 +214,54 @@ def draw_trained_scale(
                     redrawn += 1
             elif _is_norm(module):
                 centred = bool((weight == 0).all())  # scale is 1 + weight
+                if centred:
+                    centred_norms.add(module)
                 offset = -1.0 if centred else 0.0
                 _normal_(weight, scale.norm_gain_std, gen, scale.norm_gain_mean + offset)
                 redrawn += 1
                 if bias is not None:
                     _normal_(bias, scale.norm_bias_std, gen)
                     redrawn += 1
+        _draw_outliers(model, scale, gen, centred_norms)
     return redrawn
+
+
+def _hidden_width(model: nn.Module) -> int | None:
+    """The width most of the model's norms have: its hidden size."""
+    weights = [_norm_weight(m) for m in model.modules()]
+    widths = [w.numel() for w in weights if w is not None and not w.is_meta]
+    return statistics.mode(widths) if widths else None
+
+
+def outlier_channels(hidden: int, share: float, gen: torch.Generator) -> torch.Tensor:
+    """Which of ``hidden`` channels are outliers: ``share`` of them (at least one), seeded."""
+    count = max(1, round(share * hidden))
+    return torch.randperm(hidden, generator=gen)[:count].sort().values
+
+
+def _draw_outliers(
+    model: nn.Module, scale: TrainedScale, gen: torch.Generator, centred: set[nn.Module]
+) -> None:
+    """The same few channels, in every layer: the down projections' rows for them at
+    ``outlier_row_gain`` times the others' norm, the norms' scale at ``outlier_norm_ratio``
+    times their mean and their bias at +-``outlier_norm_bias``."""
+    hidden = _hidden_width(model)
+    if scale.outlier_share <= 0 or hidden is None:
+        return
+    index = outlier_channels(hidden, scale.outlier_share, gen)
+    for module in model.modules():
+        weight = module._parameters.get("weight")
+        if weight is None or weight.is_meta:
+            continue
+        if isinstance(module, nn.Linear) and module.out_features == hidden < module.in_features:
+            weight[index] *= scale.outlier_row_gain
+        elif type(module).__name__ == "Conv1D" and weight.shape[1] == hidden < weight.shape[0]:
+            weight[:, index] *= scale.outlier_row_gain
+        elif _is_norm(module) and weight.numel() == hidden:
+            offset = 1.0 if module in centred else 0.0  # a zero-centred norm's scale is 1 + w
+            target = scale.norm_gain_mean * scale.outlier_norm_ratio - offset
+            weight[index] = target
+            bias = module._parameters.get("bias")
+            if bias is not None and scale.outlier_norm_bias > 0:
+                signs = torch.randint(0, 2, (len(index),), generator=gen) * 2 - 1
+                bias[index] = signs.to(bias.dtype) * scale.outlier_norm_bias

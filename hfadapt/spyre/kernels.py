@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from hfadapt.spyre import amx
+from hfadapt.spyre.add_kernel import add_zero_code_inplace, add_zero_code_kernel
 from hfadapt.spyre.dl16 import (
     DL16Format,
     native_rounding_args,
@@ -149,6 +150,13 @@ class Accumulator:
 
     mantissa_bits: int = 11
     lanes: int = 3
+    # the quotient sum / n truncated to this many mantissa bits (None: not): the published
+    # RMSNorm errors' intercept (hf-adapters' line sits at +0.49%, not through zero)
+    result_mantissa_bits: int | None = None
+    # torch-spyre#2400: a mean below ``small_below`` comes back ``small_ratio`` times the fp32
+    # mean (1.0: not modelled)
+    small_below: float = 0.0
+    small_ratio: float = 1.0
 
     def __post_init__(self) -> None:
         bits = self.mantissa_bits
@@ -159,6 +167,34 @@ class Accumulator:
             )
         if isinstance(self.lanes, bool) or not isinstance(self.lanes, int) or self.lanes < 1:
             raise ValueError(f"Accumulator: lanes = {self.lanes!r}, must be a positive integer")
+        result = self.result_mantissa_bits
+        if result is not None and (
+            isinstance(result, bool) or not isinstance(result, int) or not 0 <= result <= 23
+        ):
+            raise ValueError(
+                f"Accumulator: result_mantissa_bits = {result!r}, must be None or an integer "
+                "from 0 to 23"
+            )
+        if not (self.small_below >= 0 and self.small_ratio > 0):
+            raise ValueError(
+                f"Accumulator: small_below = {self.small_below!r} and small_ratio = "
+                f"{self.small_ratio!r}: must be >= 0 and > 0"
+            )
+
+    def mean_last(self, x: torch.Tensor) -> torch.Tensor:
+        """The mean over the last dimension of a float32 tensor: the accumulated sum divided by
+        the count, the quotient truncated to ``result_mantissa_bits``; a mean whose fp32 value
+        lies below ``small_below`` in magnitude is ``small_ratio`` times that value instead."""
+        n = max(1, x.shape[-1])
+        out = self.sum_last(x) / n
+        if self.result_mantissa_bits is not None:
+            out.view(torch.int32).bitwise_and_(-(1 << (23 - self.result_mantissa_bits)))
+        if self.small_ratio != 1.0 and self.small_below > 0:
+            exact = x.mean(-1)
+            small = exact.abs() < self.small_below
+            if bool(small.any()):
+                out = torch.where(small, exact * self.small_ratio, out)
+        return out
 
     def sum_last(self, x: torch.Tensor) -> torch.Tensor:
         """The sum over the last dimension of a float32 tensor, accumulated as described."""
@@ -187,7 +223,15 @@ def accumulator(profile: Profile | None) -> Accumulator | None:
     spec = profile.numerics.get("reduced_precision_mean", {})
     if not spec.get("enabled", False):
         return None
-    return Accumulator(int(spec["mantissa_bits"]), int(spec["lanes"]))
+    result = spec.get("result_mantissa_bits")
+    small = spec.get("small_mean", {})
+    return Accumulator(
+        int(spec["mantissa_bits"]),
+        int(spec["lanes"]),
+        int(result) if result is not None else None,
+        float(small.get("below", 0.0)) if small.get("enabled", False) else 0.0,
+        float(small.get("ratio", 1.0)) if small.get("enabled", False) else 1.0,
+    )
 
 
 def _rms_norm_dl16(
@@ -203,8 +247,7 @@ def _rms_norm_dl16(
     dims = tuple(range(x.dim() - len(normalized_shape), x.dim()))
     flat = x.flatten(dims[0]) if len(dims) > 1 else x
     squares = round_dl16_(flat * flat, fmt)
-    n = squares.shape[-1]
-    var = round_dl16_(acc.sum_last(squares) / n, fmt)
+    var = round_dl16_(acc.mean_last(squares), fmt)
     eps_value = torch.finfo(torch.float16).eps if eps is None else eps
     rstd = round_dl16_(torch.rsqrt(round_dl16_(var + eps_value, fmt)), fmt)
     shape = rstd.shape + (1,) * len(dims)
@@ -251,7 +294,7 @@ def mean_kernel(acc: Accumulator) -> Kernel:
         )
         kept = [d for d in range(x.dim()) if d not in dims]
         moved = x.permute(*kept, *dims).reshape(*[x.shape[d] for d in kept], -1)
-        out = acc.sum_last(moved) / max(1, moved.shape[-1])
+        out = acc.mean_last(moved)
         if keepdim:
             out = out.reshape([1 if d in dims else x.shape[d] for d in range(x.dim())])
         return round_dl16_(out, fmt)
@@ -329,13 +372,21 @@ def sdpa_softmax(
     code: float,
     misread: bool,
     fmt: DL16Format | None = None,
+    key_stick: int = 0,
 ) -> tuple[torch.Tensor, bool]:
     """The softmax inside the card's SDPA: the leak of ``_softmax_floor``, and (``misread``)
     the abs-max that reads a row's -inf code (0xEFFF, ``-code``) as ``+code`` (hf-adapters
     ``hf_common.py``): a row holding nothing but the code has exp(x - code) = 0 everywhere and
     becomes 0/0 = NaN (a padded query row of a left-padded batch), which the next attention's
-    P @ V carries into every row. Returns (probabilities, rounded to ``fmt`` when given;
-    whether a row was misread)."""
+    P @ V carries into every row. ``key_stick`` (torch-spyre#3113, profile
+    ``numerics.sdpa_unaligned_keys``): a key length off a whole number of sticks is padded to
+    one with keys of score 0 that stay in the softmax unmasked (inferred). Returns
+    (probabilities, rounded to ``fmt`` when given; whether a row was misread)."""
+    length = x.shape[dim]
+    if key_stick and length % key_stick and dim in (-1, x.dim() - 1):
+        padded = torch.nn.functional.pad(x, (0, (-length) % key_stick))
+        out, misread_rows = sdpa_softmax(padded, -1, floor, code, misread, fmt)
+        return out[..., :length].contiguous(), misread_rows
     fast = _softmax_rows(x, dim, floor, code, fmt)
     if fast is not None:
         out, top = fast
@@ -365,40 +416,53 @@ _IN_SDPA = threading.local()
 def inside_sdpa(on_misread: Callable[[], None] | None) -> Iterator[None]:
     """Softmaxes computed inside this block are SDPA's (``on_misread``: the amax misread is
     modelled and reported there; None: not modelled)."""
-    previous = getattr(_IN_SDPA, "hook", None)
-    _IN_SDPA.hook = on_misread
+    previous = getattr(_IN_SDPA, "hook", None), getattr(_IN_SDPA, "inside", False)
+    _IN_SDPA.hook, _IN_SDPA.inside = on_misread, True
     try:
         yield
     finally:
-        _IN_SDPA.hook = previous
+        _IN_SDPA.hook, _IN_SDPA.inside = previous
 
 
 def _softmax_here(
-    x: torch.Tensor, dim: int, floor: float, fmt: DL16Format, rounded: bool
+    x: torch.Tensor, dim: int, floor: float, fmt: DL16Format, rounded: bool, key_stick: int = 0
 ) -> torch.Tensor:
-    """The softmax kernels' softmax, rounded to ``fmt`` when ``rounded`` (a DL16 result)."""
+    """The softmax kernels' softmax, rounded to ``fmt`` when ``rounded`` (a DL16 result);
+    ``key_stick`` applies inside an SDPA only."""
     hook = getattr(_IN_SDPA, "hook", None)
+    stick = key_stick if getattr(_IN_SDPA, "inside", False) else 0
     out, misread = sdpa_softmax(
-        x, dim, floor, fmt.host_inf, hook is not None, fmt if rounded else None
+        x, dim, floor, fmt.host_inf, hook is not None, fmt if rounded else None, stick
     )
     if misread and hook is not None:
         hook()
     return out
 
 
-def softmax_kernel(floor: float) -> tuple[Kernel, Kernel]:
+@lru_cache(maxsize=8)
+def softmax_kernel(floor: float, key_stick: int = 0) -> tuple[Kernel, Kernel]:
     """Kernels for aten::_softmax(self, dim, half_to_float) and aten::softmax.int(self, dim,
-    dtype) with the exp floor; the result is rounded to DL16 unless it is fp32."""
+    dtype) with the exp floor (and, inside an SDPA, ``key_stick``'s unmasked padding keys);
+    the result is rounded to DL16 unless it is fp32."""
 
     def _softmax(args: Sequence[Any], kwargs: dict[str, Any], fmt: DL16Format) -> Any:
         rounded = not _arg(args, kwargs, 2, "half_to_float", False)
-        return _softmax_here(args[0], int(_arg(args, kwargs, 1, "dim", -1)), floor, fmt, rounded)
+        dim = int(_arg(args, kwargs, 1, "dim", -1))
+        return _softmax_here(args[0], dim, floor, fmt, rounded, key_stick)
 
     def softmax(args: Sequence[Any], kwargs: dict[str, Any], fmt: DL16Format) -> Any:
         rounded = _dl16_result(_arg(args, kwargs, 2, "dtype", None))
-        return _softmax_here(args[0], int(_arg(args, kwargs, 1, "dim", -1)), floor, fmt, rounded)
+        dim = int(_arg(args, kwargs, 1, "dim", -1))
+        return _softmax_here(args[0], dim, floor, fmt, rounded, key_stick)
 
     return _softmax, softmax
+
+
+def sdpa_key_stick(profile: Profile | None) -> int:
+    """The stick a key length must fill for SDPA's softmax to be right (profile
+    ``numerics.sdpa_unaligned_keys``, torch-spyre#3113); 0 when not modelled."""
+    spec = profile.numerics.get("sdpa_unaligned_keys", {}) if profile is not None else {}
+    return int(spec.get("stick", STICK_ELEMENTS)) if spec.get("enabled", False) else 0
 
 
 # -- matmul: chunked accumulation, each chunk's partial product truncated --------------------
@@ -788,7 +852,13 @@ def native_kernel(op_name: str, profile: Profile | None = None) -> Kernel | None
         spec = profile.numerics.get("softmax_exp_floor", {}) if profile is not None else {}
         if not spec.get("enabled", False):
             return None
-        return softmax_kernel(float(spec["exp_floor"]))[_SOFTMAX_OPS[name]]
+        return softmax_kernel(float(spec["exp_floor"]), sdpa_key_stick(profile))[_SOFTMAX_OPS[name]]
+    if name in ("aten::add.Tensor", "aten::add_.Tensor"):
+        spec = profile.numerics.get("add_zero_code", {}) if profile is not None else {}
+        if not spec.get("enabled", False):
+            return None
+        made = add_zero_code_kernel if name == "aten::add.Tensor" else add_zero_code_inplace
+        return made(float(spec["value"]))
     if name in _ACCUMULATING:
         acc = accumulator(profile)
         return _accumulating_kernel(name, acc) if acc is not None else None

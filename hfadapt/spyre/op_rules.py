@@ -174,6 +174,35 @@ def _stick_slice_offset(
     return None
 
 
+def _interleaved_stick_split(
+    p: Profile, op: str, args: Sequence[Any], kwargs: dict[str, Any], mode: str = "compile"
+) -> Violation | None:
+    """torch-spyre#3138: compiled, a reshape that splits the stick (last) dimension into
+    ``[.., 2, n / 2]`` with ``n / 2`` below one stick (hf-adapters' RoPE layout [B, L, H, 2,
+    D/2] at D/2 = 32) gives the layout pass a stick expression ``32*d3 + d4``, a scaled
+    variable it rejects. Eager views run no layout pass."""
+    spec = p.layout.get("interleaved_stick_split")
+    if spec is None or mode != "compile" or op.split(".", 1)[0] not in _RESHAPES or not args:
+        return None
+    x, size = args[0], _arg(args, kwargs, 1, "size", None)
+    if not hasattr(x, "shape") or not isinstance(size, (list, tuple)) or len(size) < 2:
+        return None
+    shape, new = _shape(x), [int(s) if isinstance(s, int) else -1 for s in size]
+    if not shape or -1 in shape[-1:] or new[-2] != spec.get("value", 2):
+        return None
+    stick = stick_elements(p, x.dtype)
+    half = new[-1]
+    if half < 1 or half >= stick or new[-2] * half != shape[-1] or len(new) <= len(shape):
+        return None
+    rank = len(new)
+    text = spec["text"].format(expr=f"{half}*d{rank - 2} + d{rank - 1}", stick=stick)
+    return _violation(spec["rule"], op, p.message("compile_unsupported", what=text), "layout",
+                      [x], None)  # fmt: skip
+
+
+_RESHAPES = frozenset({"aten::view", "aten::_unsafe_view", "aten::reshape"})
+
+
 def stick_elements(p: Profile, dtype: torch.dtype) -> int:
     """Elements of ``dtype`` in one stick (128 bytes: 64 fp16, 32 fp32)."""
     size = torch.empty((), dtype=dtype).element_size() if dtype.is_floating_point else 2
@@ -254,7 +283,7 @@ def _cast_allowed(
 
 
 # checks whose answer depends on the execution (eager casts, per profile version)
-_MODE_CHECKS = frozenset({"cast_allowed"})
+_MODE_CHECKS = frozenset({"cast_allowed", "interleaved_stick_split"})
 
 CHECKS: dict[str, CheckFn] = {
     "fp32_stick_reduction": _fp32_stick_reduction,
@@ -264,6 +293,7 @@ CHECKS: dict[str, CheckFn] = {
     "basic_slicing": _basic_slicing,
     "stick_slice_offset": _stick_slice_offset,
     "cast_allowed": _cast_allowed,
+    "interleaved_stick_split": _interleaved_stick_split,
 }
 
 

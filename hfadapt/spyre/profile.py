@@ -375,8 +375,19 @@ _NUMERICS_FIELDS: dict[str, frozenset[str]] = {
     ),
     "compute": frozenset(),
     "reduced_precision_mean": frozenset(
-        {"enabled", "mantissa_bits", "lanes", "published_mean_rel_error", "published_fp16_control"}
+        {
+            "enabled",
+            "mantissa_bits",
+            "lanes",
+            "result_mantissa_bits",
+            "small_mean",
+            "published_mean_rel_error",
+            "published_fp16_control",
+            "published_line",
+        }
     ),
+    "add_zero_code": frozenset({"enabled", "value", "published"}),
+    "sdpa_unaligned_keys": frozenset({"enabled", "stick", "published"}),
     "softmax_exp_floor": frozenset({"enabled", "exp_floor", "published", "masked_by"}),
     "layer_norm_stats": frozenset({"enabled"}),
     "matmul_chunks": frozenset({"enabled", "chunk_elements", "partial_mantissa_bits"}),
@@ -491,9 +502,29 @@ def _validate(layout: dict[str, Any], numerics: dict[str, Any], where: str) -> N
             )
         if "lanes" in spec:
             check.integer(spec, field, "lanes", 1, None, " (partial sums)")
-        for key in ("published_mean_rel_error", "published_fp16_control"):
+        if spec.get("result_mantissa_bits") is not None:
+            check.integer(spec, field, "result_mantissa_bits", 0, 23, " (or null: not truncated)")
+        small = spec.get("small_mean")
+        if small is not None:
+            if not isinstance(small, dict):
+                check.refuse(f"{field}.small_mean", small, "an object of fields")
+            if small.get("enabled", False):
+                check.required(small, f"{field}.small_mean", "below", "ratio")
+                check.number(small, f"{field}.small_mean", "below", 0.0, 1.0)
+                check.number(small, f"{field}.small_mean", "ratio", 1e-3, 1e3)
+        for key in ("published_mean_rel_error", "published_fp16_control", "published_line"):
             if key in spec:
                 check.shares(spec, field, key)
+    spec = check.section(numerics, "sdpa_unaligned_keys")
+    if spec is not None and "stick" in spec:
+        check.integer(spec, "numerics.sdpa_unaligned_keys", "stick", 1, None)
+    spec = check.section(numerics, "add_zero_code")
+    field = "numerics.add_zero_code"
+    if spec is not None:
+        if spec.get("enabled", False):
+            check.required(spec, field, "value")
+        if "value" in spec:
+            check.number(spec, field, "value", 0.0, 1.0, " (the code 0 + 0 reads back as)")
     spec = check.section(numerics, "softmax_exp_floor")
     field = "numerics.softmax_exp_floor"
     if spec is not None:

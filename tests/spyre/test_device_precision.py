@@ -73,16 +73,18 @@ def test_reduced_precision_is_the_same_compiled(spyre_backend: object) -> None:
 
 def test_fp16_sum_is_right_where_mean_is_reduced(spyre: object) -> None:
     """torch-spyre#2400's data (x = N(0, 1) * 0.001, D = 4096): the card's fp16 sum of x*x is
-    1.003x the fp32 one; here within one DL16 rounding (0.1%). The same values' mean carries
-    the reduced-precision accumulation (below the fp32 mean: truncated adds)."""
+    1.003x the fp32 one; here within one DL16 rounding (0.1%). The same values' mean lies
+    below fp16's smallest normal, where the card's comes back 18.3x (profile small_mean)."""
     x = (torch.randn(4096, generator=torch.Generator().manual_seed(42)) * 0.001).half()
     exact = float((x.float() * x.float()).sum())
     xs = x.to("spyre")
     summed = float((xs * xs).sum().cpu())
     mean = float((xs * xs).mean().cpu())
-    print(f"sum {summed / exact:.4f}x (published 1.003x), mean {mean * 4096 / exact:.4f}x")
+    print(
+        f"sum {summed / exact:.4f}x (published 1.003x), mean {mean * 4096 / exact:.4f}x (18.265x)"
+    )
     assert abs(summed / exact - 1) <= 2**-10, summed / exact
-    assert mean * 4096 / exact < 1 - 2**-9, mean * 4096 / exact
+    assert mean * 4096 / exact > 10, mean * 4096 / exact
 
 
 def test_fp16_multiply_differs_from_cpu_fp16_as_published(spyre: object) -> None:

@@ -62,7 +62,7 @@ from hfadapt.spyre.compile.layout_defects import (
     slice_from_start,
     view_transpose_64,
 )
-from hfadapt.spyre.kernels import sdpa_softmax
+from hfadapt.spyre.kernels import sdpa_key_stick, sdpa_softmax
 from hfadapt.spyre.lowering_report import DefectFiring
 from hfadapt.spyre.op_defects import TRIGGERS as OP_TRIGGERS
 from hfadapt.spyre.op_defects import exp_first_stick_reread, memory_order, misread_layout
@@ -122,11 +122,12 @@ def _sdpa_softmax(
     spec = profile.numerics.get("softmax_exp_floor", {})
     floor = float(spec.get("exp_floor", 0.0)) if spec.get("enabled", False) else 0.0
     code = profile.dl16.host_inf
+    key_stick = sdpa_key_stick(profile)  # torch-spyre#3113
     value = node_value(node)
     fmt = profile.dl16 if value is not None and is_dl16_dtype(value.dtype) else None
 
     def softmax(x: torch.Tensor, dim: int, half_to_float: bool = False) -> torch.Tensor:
-        out, misread = sdpa_softmax(x, dim, floor, code, True, fmt)
+        out, misread = sdpa_softmax(x, dim, floor, code, True, fmt, key_stick)
         if misread and fired is not None and firing is not None:
             fired.append(firing)
         return out
