@@ -26,6 +26,7 @@ from hfadapt.cli import cycle as _cycle  # noqa: F401
 from hfadapt.cli import diagnose as _diagnose  # noqa: F401
 from hfadapt.cli import hub as _hub  # noqa: F401
 from hfadapt.cli import report as _report  # noqa: F401
+from hfadapt.cli import serve as _serve  # noqa: F401
 from hfadapt.cli import show as _show  # noqa: F401
 from hfadapt.cli import sweep as _sweep  # noqa: F401
 from hfadapt.cli._app import app, close_engines, err_console

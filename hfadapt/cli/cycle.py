@@ -79,6 +79,13 @@ def cycle(
         typer.Option("--html", metavar="PATH", help="Write the HTML report (against the last cycle) here.",
                      show_default=False),
     ] = None,
+    webhook: Annotated[
+        str | None,
+        typer.Option("--webhook", metavar="URL",
+                     help="When something regressed, POST a JSON summary here (a chat or alerting "
+                     "webhook); a failure to deliver is a warning. Only its host is ever printed.",
+                     show_default=False),
+    ] = None,
     db: DbOption = None,
     as_json: JsonOption = False,
 ) -> None:  # fmt: skip
@@ -94,6 +101,10 @@ def cycle(
             "--offline ranks the bundled snapshot; it cannot be combined with --endpoint"
         )
     check_output(html, "--html")
+    if webhook is not None:
+        from hfadapt.service.webhook import check_webhook
+
+        check_webhook(webhook)
     judging = JudgeOptions(mode=mode, profile=profile, without_adapters=left_out(False, without_adapter),
                            localize=False)  # fmt: skip
     sweep = SweepOptions(judge=judging, top=top, workers=workers, timeout=timeout, executor=executor,
@@ -127,12 +138,24 @@ def cycle(
     _report(engine, result, html)
     code = REGRESSIONS_FOUND if result.regressions else 0
     plan_exit(code)
+    if code and webhook is not None:
+        _notify(webhook, result, engine)
     if as_json:
         typer.echo(json.dumps(_json(result, engine), indent=2, default=str))
     else:
         _print(result)
     if code:
         raise typer.Exit(code)
+
+
+def _notify(webhook: str, result: Any, engine: Any) -> None:
+    """The regressions to the webhook; a failure is one line on stderr, nothing more."""
+    from hfadapt.db.engine import describe
+    from hfadapt.service.webhook import post_summary, regression_summary
+
+    warning = post_summary(webhook, regression_summary(result, describe(engine)))
+    if warning is not None:
+        err_console.print(escape(warning), highlight=False, soft_wrap=True)
 
 
 def _report(engine: Any, result: Any, html: Path | None) -> None:
