@@ -60,6 +60,7 @@ if TYPE_CHECKING:  # the lazy names below, typed for checkers and editors
     from hfadapt.api import adapt, applied, load, register_device
     from hfadapt.judge.diagnose import diagnose
     from hfadapt.judge.diagnosis import Diagnosis
+    from hfadapt.noise import held_message_counts
     from hfadapt.spyre.tracking import warning_counts as device_warning_counts
 
 __all__ = [
@@ -111,6 +112,7 @@ __all__ = [
     "applied",
     "device_warning_counts",
     "diagnose",
+    "held_message_counts",
     "load",
     "register_device",
 ]
@@ -118,7 +120,7 @@ __all__ = [
 # The names that need torch, imported on first use.
 _LAZY = frozenset(
     {"AppliedAdapters", "Diagnosis", "Registry", "adapt", "applied", "diagnose", "load"}
-    | {"device_warning_counts", "register_device"}
+    | {"device_warning_counts", "held_message_counts", "register_device"}
 )
 
 
@@ -137,10 +139,15 @@ def __getattr__(name: str) -> Any:
         from hfadapt.spyre.tracking import warning_counts
 
         value = warning_counts
-    elif name == "diagnose":
+    elif name == "diagnose":  # library messages held while it runs, as the command line holds them
         from hfadapt.judge.diagnose import diagnose
+        from hfadapt.noise import held
 
-        value = diagnose
+        value = held(diagnose)
+    elif name == "held_message_counts":
+        from hfadapt.noise import held_message_counts
+
+        value = held_message_counts
     else:
         from hfadapt import api
 

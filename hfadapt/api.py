@@ -28,7 +28,8 @@ from hfadapt.adapters.registry import (
     default_registry,
     runs_for_device,
 )
-from hfadapt.errors import DeviceError, UsageError
+from hfadapt.errors import DeviceError, UsageError, did_you_mean
+from hfadapt.noise import holding
 from hfadapt.options import DType
 
 if TYPE_CHECKING:
@@ -208,7 +209,8 @@ def _check_known(names: Sequence[str], registry: Registry | None) -> None:
     known = {a.name for a in (registry or default_registry()).adapters}
     unknown = [n for n in names if n not in known]
     if unknown:
-        raise UsageError(f"no adapter named {unknown[0]!r}; see 'hfadapt adapters list'")
+        hint = did_you_mean(unknown[0], known)
+        raise UsageError(f"no adapter named {unknown[0]!r}{hint}; see 'hfadapt adapters list'")
 
 
 def load(
@@ -226,6 +228,7 @@ def load(
     cache_dir: str | os.PathLike[str] | None = None,
     local_files_only: bool = False,
     run_remote_code_in_process: bool = False,
+    verbose: bool | None = None,
 ) -> Any:
     """Load a Hub model (HF cache or download) or a local folder, apply the registry's adapters,
     convert to ``dtype`` and move it to ``device`` ("spyre" registers the simulated device
@@ -239,7 +242,11 @@ def load(
     ``trust_remote_code=True`` returns a model whose repository code runs in THIS process, so
     it is refused (UsageError) unless ``run_remote_code_in_process=True`` says so explicitly;
     to judge such a model safely use ``diagnose(..., trust_remote_code=True)``, which runs it
-    only in the OS sandbox (docs/remote-code.md)."""
+    only in the OS sandbox (docs/remote-code.md).
+
+    What other libraries print meanwhile (the device's warnings, transformers' "Loading
+    weights" bars and log records) is held back and counted in ``held_message_counts()``, as
+    the command line holds it; ``verbose=True`` (None: ``HFADAPT_VERBOSE``) lets it through."""
     if trust_remote_code and not run_remote_code_in_process:
         raise UsageError(
             "trust_remote_code: hfadapt.load would run the model repository's code in your own "
@@ -256,20 +263,23 @@ def load(
         revision=revision, token=token, cache_dir=cache, local_files_only=local_files_only
     )
     torch_dtype = _dtype(dtype)
-    model = _host_model(os.fspath(model_id_or_path), hub, trust_remote_code, sentence_transformers)
-    model.eval()
-    if adapters:
-        on_spyre = device is not None and device.split(":")[0] == "spyre"
-        adapt(
-            model,
-            device="spyre" if on_spyre else None,
-            registry=registry,
-            exclude=tuple(without_adapters),
+    with holding(verbose):
+        model = _host_model(
+            os.fspath(model_id_or_path), hub, trust_remote_code, sentence_transformers
         )
-    model.to(torch_dtype)
-    if device is not None:
-        if device.split(":")[0] == "spyre":
-            with contextlib.suppress(DeviceError):  # the real torch-spyre: its own device
-                register_device()
-        model.to(device)
+        model.eval()
+        if adapters:
+            on_spyre = device is not None and device.split(":")[0] == "spyre"
+            adapt(
+                model,
+                device="spyre" if on_spyre else None,
+                registry=registry,
+                exclude=tuple(without_adapters),
+            )
+        model.to(torch_dtype)
+        if device is not None:
+            if device.split(":")[0] == "spyre":
+                with contextlib.suppress(DeviceError):  # the real torch-spyre: its own device
+                    register_device()
+            model.to(device)
     return model

@@ -43,7 +43,9 @@ lacks (a package, bubblewrap, the Hub when it was asked for).
 
 from __future__ import annotations
 
+import difflib
 import re
+from collections.abc import Iterable
 from typing import Any
 
 # A parameter named in a message: ``{option:db}``. The library shows the parameter's name
@@ -54,6 +56,20 @@ _OPTION = re.compile(r"\{option:([a-z_]+)\}")
 def option(name: str) -> str:
     """The marker for parameter ``name`` inside an error message."""
     return "{option:" + name + "}"
+
+
+def did_you_mean(word: str, known: Iterable[str]) -> str:
+    """ "; did you mean 'x'?" naming the entry of ``known`` closest to ``word`` (difflib, case
+    ignored), or "" when none is close or ``word`` is one of them: the tail of a "no such
+    name" message."""
+    by_key: dict[str, str] = {}
+    for name in known:
+        by_key.setdefault(name.lower(), name)
+    key = word.strip().lower()
+    if not key or key in by_key:
+        return ""
+    close = difflib.get_close_matches(key, list(by_key), n=1, cutoff=0.75)
+    return f"; did you mean {by_key[close[0]]!r}?" if close else ""
 
 
 def as_flag(name: str) -> str:

@@ -17,6 +17,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # reading what untrusted code or servers produced: bounded JSON, clean text, redaction;
     # a bounded folder of cache entries shared by processes
     ("hfadapt.untrusted", "hfadapt.disk_cache"),
+    # what other libraries print (warnings, log records, progress bars): held and counted
+    ("hfadapt.noise",),
     # the sandbox's seccomp filter (libseccomp through ctypes)
     ("hfadapt.seccomp",),
     # OS isolation for untrusted code (bubblewrap): usable by every layer above

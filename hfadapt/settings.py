@@ -46,6 +46,7 @@ __all__ = [
     "spyre_devices",
     "terminal_columns",
     "threads",
+    "verbose",
 ]
 
 
@@ -141,6 +142,13 @@ HFADAPT_SPYRE_DEVICES = Variable(
     "HFADAPT_SPYRE_DEVICES",
     "1",
     "how many simulated spyre cards this process has (torch.spyre.device_count())",
+)
+HFADAPT_VERBOSE = Variable(
+    "HFADAPT_VERBOSE",
+    "0",
+    "1: hfadapt.load and hfadapt.diagnose let other libraries' warnings, log records and "
+    "progress bars through (by default they are held back and counted: "
+    "hfadapt.held_message_counts())",
 )
 HFADAPT_AGENT_MODEL = Variable(
     "HFADAPT_AGENT_MODEL", "(none)", "the model name hfadapt draft asks the endpoint for"
@@ -261,6 +269,7 @@ VARIABLES: tuple[Variable, ...] = (
     HFADAPT_REFERENCE_CACHE_MB,
     HFADAPT_SPYRE_AUTOLOAD,
     HFADAPT_SPYRE_DEVICES,
+    HFADAPT_VERBOSE,
     HFADAPT_AGENT_MODEL,
     OPENAI_BASE_URL,
     OPENAI_API_KEY,
@@ -391,6 +400,11 @@ def spyre_devices() -> int:
             f"{HFADAPT_SPYRE_DEVICES.name} must be a whole number of cards, not {raw!r}"
         ) from None
     return max(1, count)
+
+
+def verbose() -> bool:
+    """Whether library calls let other libraries' messages through (``HFADAPT_VERBOSE``)."""
+    return (HFADAPT_VERBOSE.value() or "").lower() in _TRUE
 
 
 def agent_model() -> str | None:

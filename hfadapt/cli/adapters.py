@@ -26,7 +26,7 @@ from hfadapt.cli._app import (
     err_console,
 )
 from hfadapt.cli._console import plan_exit
-from hfadapt.errors import NotFoundError, UsageError
+from hfadapt.errors import NotFoundError, UsageError, did_you_mean
 from hfadapt.report.charts import plural
 
 adapters_app = typer.Typer(
@@ -194,8 +194,10 @@ def remove_adapters(
     for name in names or []:
         path = home / name
         if not (path / "adapter.json").is_file():
+            drafts = (d.name for d in home.iterdir()) if home.is_dir() else ()
             raise NotFoundError(
-                f"no accepted draft named {name!r} in {home}; see hfadapt adapters list"
+                f"no accepted draft named {name!r} in {home}{did_you_mean(name, drafts)}; "
+                "see hfadapt adapters list"
             )
         paths.append(path)
     for r in _session_rows(sessions or [], db):
@@ -215,7 +217,8 @@ def _named(reg: Any, name: str) -> Any:
     for a in reg.adapters:
         if a.name == name:
             return a
-    raise NotFoundError(f"no adapter named {name!r}; see hfadapt adapters list")
+    hint = did_you_mean(name, (a.name for a in reg.adapters))
+    raise NotFoundError(f"no adapter named {name!r}{hint}; see hfadapt adapters list")
 
 
 def _source(obj: Any) -> str | None:

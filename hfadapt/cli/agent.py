@@ -165,7 +165,8 @@ def draft(
     from hfadapt.isolation import require_isolation
 
     require_isolation(unsafe=unsafe_no_isolation)  # one line, exit 3, before any work
-    settings = _settings(base_url, agent_model, api_key, max_attempts)  # no endpoint: exit 2
+    # a missing MODEL and a missing endpoint: exit 2, both in one line
+    settings = _ready(model_ref, base_url, agent_model, api_key, max_attempts)
     engine = writing_engine(db)
     from hfadapt.agent.options import DraftOptions
     from hfadapt.judge.options import JudgeOptions
@@ -216,6 +217,44 @@ def draft(
         _note(_closing(outcomes, home))
     if not all(o.accepted for o in outcomes):  # exit 1 unless every failure drafted for was fixed
         raise typer.Exit(1)
+
+
+def _ready(
+    model_ref: str | None,
+    base_url: str | None,
+    agent_model: str | None,
+    api_key: str | None,
+    attempts: int,
+) -> Any:
+    """The agent settings, once MODEL and the endpoint are both known to be there; what is
+    wrong with either is said in one message, before any work (the endpoint is asked only
+    when the model is missing too: otherwise ``draft`` asks it next, before any model work)."""
+    from hfadapt.cli.diagnose import check_model_ref
+    from hfadapt.errors import AgentError, HfadaptError, InputError
+
+    problems: list[HfadaptError] = []
+    if model_ref is not None:
+        try:
+            check_model_ref(model_ref)
+        except InputError as exc:
+            problems.append(exc)
+    settings = None
+    try:
+        settings = _settings(base_url, agent_model, api_key, attempts)
+    except UsageError as exc:
+        problems.append(exc)
+    if problems and settings is not None:
+        from hfadapt.agent.client import AgentClient
+
+        try:
+            AgentClient(settings).check()
+        except AgentError as exc:
+            problems.append(exc)
+    if len(problems) == 1:
+        raise problems[0]
+    if problems:  # the raw texts keep their parameter markers: the flags are named
+        raise UsageError("; ".join(str(p.args[0]) for p in problems))
+    return settings
 
 
 def _closing(outcomes: list[Any], home: Path) -> str:

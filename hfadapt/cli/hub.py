@@ -138,7 +138,14 @@ def models(
         ),
     ] = None,
     include_excluded: Annotated[
-        bool, typer.Option("--all", help="Include models the prefilter excluded, with the reason.")
+        bool,
+        typer.Option(
+            "--all",
+            help="Also list the models the crawl ranked but its prefilter excluded from sweeps "
+            "(rerankers, ONNX/GGUF/MLX-only repos, adapter-only repos, mixture of experts, over 60B "
+            "parameters, not a text embedding model), each flagged "
+            "'excluded: REASON'; without it only the models a sweep would judge are listed.",
+        ),
     ] = False,
     db: DbOption = None,
     as_json: JsonOption = False,

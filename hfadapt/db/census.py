@@ -59,6 +59,8 @@ class ModelRun:
     translated_from: str | None = None  # the family of a remote-code model judged natively
     # applied adapters whose own rule still fired in the code they rewrite (they did nothing)
     ineffective: list[str] = field(default_factory=list)
+    next_step: str = ""  # what the run said to do next ("" when it recorded nothing)
+    no_adapters: bool = False  # judged without the registry's adapters (--no-adapters)
 
     @property
     def passed(self) -> bool:
@@ -151,6 +153,12 @@ def _family(evidence: Any) -> str | None:
     return family if isinstance(family, str) else None
 
 
+def _recorded(evidence: Any, key: str, default: Any) -> Any:
+    """One value of a run's evidence, of the default's type, or the default."""
+    value = evidence.get(key) if isinstance(evidence, dict) else None
+    return value if isinstance(value, type(default)) else default
+
+
 def _ineffective(evidence: Any) -> list[str]:
     found = evidence.get("adapters_ineffective") if isinstance(evidence, dict) else None
     names = [d.get("adapter") for d in _list(found) if isinstance(d, dict)]
@@ -187,6 +195,8 @@ def scope_runs(engine: Engine, sweep_id: int | None = None) -> tuple[Sweep | Non
                 run_id=r[12],
                 translated_from=_family(r[13]),
                 ineffective=_ineffective(r[13]),
+                next_step=_recorded(r[13], "next_step", ""),
+                no_adapters=_recorded(r[13], "no_adapters", False) is True,
             )
     return sweep, list(latest.values())
 

@@ -2,8 +2,8 @@
 database a team shares, written by sweeps from several drivers. SQLite (runs.db) stays the
 default; docs/database.md says when to move.
 
-The driver is psycopg 3 (the optional extra ``hfadapt[postgres]``): ``postgresql://`` and
-``postgres://`` URLs use it; a URL naming another driver (``postgresql+pg8000://``) is taken as
+The driver is psycopg 3 (the optional extra ``postgres``: ``pip install '.[postgres]'``):
+``postgresql://`` and ``postgres://`` URLs use it; a URL naming another driver (``postgresql+pg8000://``) is taken as
 written. Every session runs in UTC (the time zone hfadapt's timestamps are written in) and asks
 the server to probe an idle client with TCP keepalives, so the locks of a driver whose machine
 died are released within about two minutes.
@@ -76,7 +76,7 @@ def postgres_engine(url: URL) -> Engine:
         except ImportError as exc:
             raise DatabaseUnavailableError(
                 f"database {shown} is PostgreSQL, whose driver is not installed: "
-                "pip install 'hfadapt[postgres]'"
+                "pip install '.[postgres]' in the hfadapt checkout (the driver: psycopg[binary] 3)"
             ) from exc
     connect_args: dict[str, Any] = {}
     if url.get_driver_name() == "psycopg":

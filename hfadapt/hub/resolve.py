@@ -12,7 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from hfadapt import settings
-from hfadapt.errors import ConfigError, CustomCodeError, HubError, ModelNotFoundError, option
+from hfadapt.errors import (
+    ConfigError,
+    CustomCodeError,
+    HubError,
+    ModelNotFoundError,
+    did_you_mean,
+    option,
+)
 from hfadapt.hub.client import default_endpoint as hub_endpoint
 from hfadapt.hub.client import env_offline, probe
 
@@ -139,16 +146,25 @@ def resolve(ref: str | os.PathLike[str], hub: HubOptions | None = None) -> Model
     if hub.local_files_only:
         raise ModelNotFoundError(
             f"{text}{at} is not in the HF cache ({hub.cache()}) and local_files_only is set: "
-            "download it first or pass a local folder"
+            f"download it first or pass a local folder{_snapshot_hint(text)}"
         )
     online, why = hub_status()
     if not online:
         raise ModelNotFoundError(
             f"{text}{at} is not in the HF cache ({hub.cache()}) and {why}: download it first, "
-            "pass a local folder, or judge it in structural mode (its config only)"
+            f"pass a local folder, or judge it in structural mode (its config only)"
+            f"{_snapshot_hint(text)}"
         )
     downloaded = download(text, "config.json", hub)
     return ModelSource(text, text, "hub", downloaded.parent, downloaded.parent.name)
+
+
+def _snapshot_hint(repo_id: str) -> str:
+    """ "; did you mean 'x'?" for a Hub id the bundled snapshot (the top 10,000 embedding
+    models) does not hold but holds one close to."""
+    from hfadapt.hub.snapshot import read_snapshot
+
+    return did_you_mean(repo_id, (m.model_id for m in read_snapshot()))
 
 
 def cached_file(repo_id: str, filename: str, hub: HubOptions | None = None) -> Path | None:
@@ -207,7 +223,9 @@ def download(repo_id: str, filename: str, hub: HubOptions | None = None) -> Path
             f"{repo_id} is gated: accept its terms on the Hub and pass a token (HF_TOKEN)"
         ) from exc
     except RepositoryNotFoundError as exc:
-        raise ModelNotFoundError(f"{repo_id} is not a model on {hub_endpoint()}") from exc
+        raise ModelNotFoundError(
+            f"{repo_id} is not a model on {hub_endpoint()}{_snapshot_hint(repo_id)}"
+        ) from exc
     except RevisionNotFoundError as exc:
         raise ModelNotFoundError(
             f"{repo_id} has no revision {hub.revision!r} on {hub_endpoint()}"

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from hfadapt import verdicts
-from hfadapt.errors import InputError, UsageError
+from hfadapt.errors import InputError, UsageError, did_you_mean
 from hfadapt.hub.resolve import HubOptions
 from hfadapt.judge import phases as judging
 from hfadapt.judge.diagnosis import Diagnosis, Phases, next_step, versions_of, write_run
@@ -51,8 +51,10 @@ def check_adapter_names(names: Sequence[str], registry: Registry | None = None) 
     known = {a.name for a in (registry if registry is not None else default_registry()).adapters}
     unknown = [n for n in wanted if n not in known]
     if unknown:
+        hint = did_you_mean(unknown[0], known)
         raise UsageError(
-            f"no adapter named {unknown[0]!r} (--without-adapter); see 'hfadapt adapters list'"
+            f"no adapter named {unknown[0]!r} (--without-adapter){hint}; "
+            "see 'hfadapt adapters list'"
         )
     return wanted
 
@@ -240,6 +242,8 @@ def _diagnose(
         diag.exit_code = 2 if isinstance(error, InputError) else 1
     else:
         diag.exit_code = 0 if verdict == verdicts.PASS else 1
+    if not options.adapters:  # the next step says to run with them first
+        diag.evidence["no_adapters"] = True
     diag.next_step = next_step(diag)
     diag.finished()
     if engine is not None:

@@ -16,6 +16,8 @@ from typing import Any
 from hfadapt import verdicts
 from hfadapt.db.tables import Run, utcnow
 from hfadapt.judge.adapter_effect import sentence as ineffective_sentence
+from hfadapt.judge.evidence import ADAPTABLE, without_adapters_step
+from hfadapt.judge.evidence_types import Evidence
 from hfadapt.judge.localize import Divergence
 from hfadapt.judge.metrics import Metrics
 from hfadapt.spyre.lowering_report import LoweringReport
@@ -63,7 +65,7 @@ class Diagnosis:
     evidence_level: str | None = None
     error: str | None = None  # the error class that decided a load_failed / custom_code verdict
     exit_code: int = 1  # 0 pass, 1 the model fails, 2 bad input
-    evidence: dict[str, Any] = field(default_factory=dict)
+    evidence: Evidence = field(default_factory=lambda: Evidence())
     run_id: int | None = None
     started_at: datetime = field(default_factory=utcnow)
     finished_at: datetime | None = None
@@ -143,6 +145,8 @@ def next_step(diag: Diagnosis) -> str:
     broken = diag.evidence.get("adapters_ineffective")
     if broken and v != verdicts.PASS:
         return ineffective_sentence(broken)
+    if diag.evidence.get("no_adapters") and v in ADAPTABLE:
+        return without_adapters_step(model)
     if v == verdicts.PASS:
         if diag.evidence_level == "architecture":
             return (
@@ -200,33 +204,39 @@ def next_step(diag: Diagnosis) -> str:
 def run_row(diag: Diagnosis) -> Run:
     """The diagnosis as one unsaved ``Run`` row: every column, the evidence in full."""
     m, report, d = diag.metrics, diag.report, diag.divergence
-    evidence = dict(diag.evidence)
+    evidence = diag.evidence.copy()
     if m is not None:
         evidence.update(
-            tokens=m.tokens,
-            nonfinite_tokens=m.nonfinite_tokens,
-            worst_token=m.worst_token,
-            pooling=m.pooling,
-            threshold=m.threshold,
-            max_norm_error=m.max_norm_error,
-            worst_norm_token=m.worst_norm_token,
-            norm_threshold=m.norm_threshold,
-            zero_rows=m.zero_rows,
-            zero_row_error=m.zero_row_error,
+            {
+                "tokens": m.tokens,
+                "nonfinite_tokens": m.nonfinite_tokens,
+                "worst_token": m.worst_token,
+                "pooling": m.pooling,
+                "threshold": m.threshold,
+                "max_norm_error": m.max_norm_error,
+                "worst_norm_token": m.worst_norm_token,
+                "norm_threshold": m.norm_threshold,
+                "zero_rows": m.zero_rows,
+                "zero_row_error": m.zero_row_error,
+            }
         )
     if report is not None:
         evidence.update(
-            report_summary=report.summary(),
-            downcasts=report.downcasts,
-            graph_count=report.graph_count,
-            ops_seen=len(report.ops_seen),
+            {
+                "report_summary": report.summary(),
+                "downcasts": report.downcasts,
+                "graph_count": report.graph_count,
+                "ops_seen": len(report.ops_seen),
+            }
         )
     evidence.update(
-        next_step=diag.next_step,
-        error=diag.error,
-        exit_code=diag.exit_code,
-        signature_fields=diag.signature_fields,
-        config_source=diag.config_source,
+        {
+            "next_step": diag.next_step,
+            "error": diag.error,
+            "exit_code": diag.exit_code,
+            "signature_fields": diag.signature_fields,
+            "config_source": diag.config_source,
+        }
     )
     return Run(
         model_id=diag.model_id,

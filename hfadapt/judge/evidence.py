@@ -19,6 +19,7 @@ from typing import Any
 from hfadapt.options import EvidenceLevel
 
 __all__ = [
+    "ADAPTABLE",
     "LEVELS",
     "UNKNOWN",
     "describe_caches",
@@ -26,6 +27,7 @@ __all__ = [
     "level_label",
     "level_of_source",
     "pass_note",
+    "without_adapters_step",
 ]
 
 # Strongest first: the order reports list them in.
@@ -72,6 +74,18 @@ def describe_source(source: str | None) -> str:
 def level_label(level: str | None) -> str:
     """The level as shown in tables: its value, or ``unknown`` for None / an old row."""
     return level if level in LEVELS else UNKNOWN
+
+
+# Failures an adapter can fix: a run judged without the registry's adapters tries them first.
+ADAPTABLE = ("lowering_failed", "verification_failed")
+
+
+def without_adapters_step(model_id: str) -> str:
+    """The next step of a failure judged without the registry's adapters (--no-adapters)."""
+    return (
+        "this run left the registry's adapters out (--no-adapters): run it without that flag "
+        f"first, as the adapters may already fix it: hfadapt diagnose {model_id}"
+    )
 
 
 def pass_note(level: str | None) -> str:

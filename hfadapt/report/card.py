@@ -11,33 +11,14 @@ from sqlalchemy.engine import Engine
 
 from hfadapt import verdicts
 from hfadapt.db.engine import describe
-from hfadapt.errors import NotFoundError, UsageError
+from hfadapt.errors import NotFoundError, UsageError, did_you_mean
 from hfadapt.judge.evidence import describe_source, level_label, pass_note
-from hfadapt.report.models import hub_url, latest_run
+from hfadapt.report.models import hub_url, judged_model_ids, latest_run
+from hfadapt.report.next_steps import plain_next_step
 
 __all__ = ["model_card"]
 
 _METRICS = ("min_token_cosine", "mean_token_cosine", "pooled_cosine", "max_abs_diff")
-
-
-def _next_step(model_id: str, verdict: str, level: str | None, recorded: str | None) -> str:
-    """The run's own next step when it recorded one; else one for its verdict and level."""
-    if recorded:
-        return recorded
-    if verdict == verdicts.PASS and level == "architecture":
-        return (
-            "architecture passes; this model's shapes were not checked: put its config.json in "
-            f"the HF cache (or crawl --online) and sweep again, or: hfadapt diagnose {model_id} --mode full"
-        )
-    if verdict == verdicts.PASS:
-        return f"confirm with real weights: hfadapt diagnose {model_id} --mode full"
-    if verdict == verdicts.CUSTOM_CODE:
-        return (
-            f"review the repository's code, then: hfadapt diagnose {model_id} --trust-remote-code"
-        )
-    if verdict == verdicts.SKIPPED:
-        return "none: the prefilter excluded it (not a text embedding model hfadapt judges)"
-    return f"see the full evidence: hfadapt diagnose {model_id} --mode structural"
 
 
 # Stored rows are read as they are: a value of the wrong type (an old row, a hand-edited or
@@ -90,8 +71,9 @@ def model_card(engine: Engine, model_id: str) -> dict[str, Any]:
         raise UsageError("model_id must name a model, e.g. sentence-transformers/all-MiniLM-L6-v2")
     run, hub = latest_run(engine, model_id.strip())
     if run is None:
+        hint = did_you_mean(model_id.strip(), judged_model_ids(engine))
         raise NotFoundError(
-            f"no run of {model_id} in {describe(engine)}: run `hfadapt sweep` or "
+            f"no run of {model_id} in {describe(engine)}{hint}: run `hfadapt sweep` or "
             f"`hfadapt diagnose {model_id}` first"
         )
     evidence = _dict(run.evidence)
@@ -127,7 +109,14 @@ def model_card(engine: Engine, model_id: str) -> dict[str, Any]:
         "violations": [_violation(v) for v in _dicts(run.violations)],
         "fallbacks": {str(op): n for op, n in _dict(run.fallbacks).items() if isinstance(n, int)},
         "metrics": {k: getattr(run, k) for k in _METRICS if getattr(run, k) is not None},
-        "next_step": _next_step(run.model_id, run.verdict, level, _text(evidence.get("next_step"))),
+        "next_step": plain_next_step(
+            run.model_id,
+            run.verdict,
+            level,
+            recorded=_text(evidence.get("next_step")) or "",
+            fingerprints=_texts(run.fingerprints),
+            no_adapters=evidence.get("no_adapters") is True,
+        ),
         # what the run rested on (hfadapt.judge.environment.KEYS); {} for a row that recorded none
         "versions": {str(k): str(v) for k, v in _dict(run.versions).items()},
         "finished_at": run.finished_at.isoformat() if run.finished_at else None,

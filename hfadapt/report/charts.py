@@ -1,15 +1,26 @@
 """Small inline-SVG charts for the HTML report: no JavaScript library, no CDN, nothing fetched.
-Each function returns one ``<svg>`` element as text; every label is escaped."""
+Each function returns a chart's geometry as data (positions, lengths, colours, the texts); the
+report's template (``templates/charts.html.j2``) draws it, and autoescaping makes every label
+text."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from html import escape
+from dataclasses import dataclass
 
-__all__ = ["bars", "cumulative_chart", "fmt_count", "plural", "shorten"]
+__all__ = [
+    "Bar",
+    "BarChart",
+    "CumulativeChart",
+    "Series",
+    "bars",
+    "cumulative_chart",
+    "fmt_count",
+    "plural",
+    "shorten",
+]
 
-FONT = 'font-family="system-ui, sans-serif" font-size="12"'
 PALETTE = ("#2e7d32", "#c62828", "#ef6c00", "#6a1b9a", "#1565c0", "#00838f", "#8d6e63", "#546e7a")
 
 
@@ -39,13 +50,41 @@ def fmt_count(value: float) -> str:
     return f"{value:.0f}"
 
 
+@dataclass(frozen=True)
+class Series:
+    """One line of the cumulative chart: its polyline and the area under it, as SVG points."""
+
+    name: str
+    colour: str
+    line: str
+    area: str
+    key_y: int  # where its key square sits
+
+
+@dataclass(frozen=True)
+class CumulativeChart:
+    """Share of downloads covered against rank (log scale), laid out in SVG units."""
+
+    title: str
+    width: int
+    height: int
+    left: int
+    top: int
+    plot_width: int
+    plot_height: int
+    grid: list[tuple[float, str]]  # y, share label
+    decades: list[tuple[float, str]]  # x, rank label
+    series: list[Series]
+    last: tuple[float, float, str] | None  # x, y, the passing share at the last rank
+
+
 def cumulative_chart(
     points: Sequence[tuple[int, float, float]],
     *,
     width: int = 900,
     height: int = 340,
     title: str = "",
-) -> str:
+) -> CumulativeChart:
     """Share of downloads covered against rank (log scale): every model, and passing ones."""
     left, right, top, bottom = 56, 36, 28, 44
     w, h = width - left - right, height - top - bottom
@@ -58,52 +97,54 @@ def cumulative_chart(
     def y(share: float) -> float:
         return top + h * (1 - share)
 
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" role="img" viewBox="0 0 {width} {height}" '
-        f'width="{width}" height="{height}" data-chart="cumulative"><title>{escape(title)}</title>',
-        f'<rect x="{left}" y="{top}" width="{w}" height="{h}" fill="#fafafa" stroke="#ccc"/>',
-    ]
-    for share in (0.25, 0.5, 0.75, 1.0):
-        parts.append(
-            f'<line x1="{left}" x2="{left + w}" y1="{y(share):.1f}" y2="{y(share):.1f}" stroke="#e0e0e0"/>'
-        )
-        parts.append(
-            f'<text x="{left - 6}" y="{y(share) + 4:.1f}" text-anchor="end" {FONT}>{share:.0%}</text>'
-        )
+    decades = []
     decade = 1
     while decade <= n:
-        parts.append(
-            f'<line x1="{x(decade):.1f}" x2="{x(decade):.1f}" y1="{top}" y2="{top + h}" stroke="#e0e0e0"/>'
-        )
-        parts.append(
-            f'<text x="{x(decade):.1f}" y="{top + h + 16}" text-anchor="middle" {FONT}>{decade:,}</text>'
-        )
+        decades.append((x(decade), f"{decade:,}"))
         decade *= 10
-    parts.append(
-        f'<text x="{left + w / 2}" y="{height - 6}" text-anchor="middle" {FONT}>rank (log scale)</text>'
-    )
+    series = []
     for index, (name, colour) in enumerate((("every model", "#90a4ae"), ("passing", PALETTE[0]))):
         line = " ".join(f"{x(p[0]):.1f},{y(p[1 + index]):.1f}" for p in points)
-        if points:
-            area = f"{x(points[0][0]):.1f},{y(0):.1f} {line} {x(points[-1][0]):.1f},{y(0):.1f}"
-            parts.append(f'<polygon points="{area}" fill="{colour}" fill-opacity="0.15"/>')
-            parts.append(
-                f'<polyline points="{line}" fill="none" stroke="{colour}" stroke-width="2" data-series="{name}"/>'
-            )
-        parts.append(
-            f'<rect x="{left + 12}" y="{top + 10 + 18 * index}" width="12" height="12" fill="{colour}"/>'
+        area = (
+            f"{x(points[0][0]):.1f},{y(0):.1f} {line} {x(points[-1][0]):.1f},{y(0):.1f}"
+            if points
+            else ""
         )
-        parts.append(
-            f'<text x="{left + 30}" y="{top + 20 + 18 * index}" {FONT}>{escape(name)}</text>'
-        )
-    if points:
-        last = points[-1]
-        parts.append(
-            f'<text x="{left + w - 4}" y="{y(last[2]) - 6:.1f}" text-anchor="end" {FONT} fill="{PALETTE[0]}">'
-            f"{last[2]:.1%} of downloads pass</text>"
-        )
-    parts.append("</svg>")
-    return "".join(parts)
+        series.append(Series(name, colour, line, area, top + 10 + 18 * index))
+    last = points[-1] if points else None
+    return CumulativeChart(
+        title=title, width=width, height=height, left=left, top=top, plot_width=w,
+        plot_height=h, grid=[(y(s), f"{s:.0%}") for s in (0.25, 0.5, 0.75, 1.0)],
+        decades=decades, series=series,
+        last=(left + w - 4, y(last[2]) - 6, f"{last[2]:.1%} of downloads pass") if last else None,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Bar:
+    """One row of a bar chart: the full label (a tooltip), the label shown, the bar's length,
+    the part drawn beside it, and the note after it."""
+
+    label: str
+    shown: str
+    y: int
+    length: float
+    beside: float
+    colour: str
+    note: str
+
+
+@dataclass(frozen=True)
+class BarChart:
+    """Horizontal bars, laid out in SVG units."""
+
+    name: str
+    title: str
+    width: int
+    height: int
+    label_width: int
+    beside_colour: str
+    rows: list[Bar]
 
 
 def bars(
@@ -117,40 +158,27 @@ def bars(
     title: str = "",
     beside: Sequence[float] | None = None,
     beside_colour: str = "#f9a825",
-) -> str:
+) -> BarChart:
     """Horizontal bars: (label, value, text shown after the bar); ``scale`` is the full length
     (default: the largest value). ``beside``: a second value per row, drawn right after the
     first in ``beside_colour`` (a part to be read apart from the first, never added to it)."""
     row_h, gap, top = 20, 6, 6
-    height = top * 2 + len(rows) * (row_h + gap)
     extra = list(beside) if beside is not None else [0.0] * len(rows)
     full = scale or max((r[1] + e for r, e in zip(rows, extra, strict=True)), default=1) or 1
     room = width - label_width - 330  # leaves room for the note after the longest bar
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" role="img" viewBox="0 0 {width} {height}" '
-        f'width="{width}" height="{height}" data-chart="{escape(name)}"><title>{escape(title)}</title>'
+    # about 7 px a character at 12 px: a longer label would run past the label column
+    limit = max(8, (label_width - 16) // 7)
+    drawn = [
+        Bar(
+            label=text,
+            shown=shorten(text, limit),
+            y=top + i * (row_h + gap),
+            length=max(0.0, room * value / full),
+            beside=max(0.0, room * more / full),
+            colour=(colours or PALETTE)[i % len(colours or PALETTE)] if colours else PALETTE[4],
+            note=note,
+        )
+        for i, ((text, value, note), more) in enumerate(zip(rows, extra, strict=True))
     ]
-    for i, ((text, value, note), more) in enumerate(zip(rows, extra, strict=True)):
-        y0 = top + i * (row_h + gap)
-        length = max(0.0, room * value / full)
-        second = max(0.0, room * more / full)
-        colour = (colours or PALETTE)[i % len(colours or PALETTE)] if colours else PALETTE[4]
-        # about 7 px a character at 12 px: a longer label would run past the label column
-        limit = max(8, (label_width - 16) // 7)
-        shown = shorten(text, limit)
-        parts.append(
-            f'<text x="{label_width - 8}" y="{y0 + 14}" text-anchor="end" {FONT}><title>{escape(text)}</title>{escape(shown)}</text>'
-        )
-        parts.append(
-            f'<rect x="{label_width}" y="{y0}" width="{length:.1f}" height="{row_h}" fill="{colour}" rx="2"/>'
-        )
-        if second:
-            parts.append(
-                f'<rect x="{label_width + length:.1f}" y="{y0}" width="{second:.1f}" height="{row_h}" '
-                f'fill="{beside_colour}" rx="2" data-part="beside"/>'
-            )
-        parts.append(
-            f'<text x="{label_width + length + second + 6:.1f}" y="{y0 + 14}" {FONT}>{escape(note)}</text>'
-        )
-    parts.append("</svg>")
-    return "".join(parts)
+    height = top * 2 + len(rows) * (row_h + gap)
+    return BarChart(name, title, width, height, label_width, beside_colour, drawn)

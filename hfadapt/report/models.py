@@ -20,6 +20,7 @@ from hfadapt.db.engine import session
 from hfadapt.db.tables import HubModel, Run
 from hfadapt.judge.evidence import LEVELS, UNKNOWN, level_label, pass_note
 from hfadapt.report.charts import shorten
+from hfadapt.report.next_steps import plain_next_step
 
 __all__ = [
     "HUB_URL",
@@ -27,6 +28,7 @@ __all__ = [
     "ModelRow",
     "by_evidence",
     "hub_url",
+    "judged_model_ids",
     "latest_run",
     "latest_verdicts",
     "model_rows",
@@ -68,7 +70,7 @@ class ModelRow:
     verdict: str
     evidence_level: str
     downloads: int
-    note: str  # what a pass means at this level, or the start of the failure's reason
+    note: str  # what a pass means at this level, or what to do about the failure
     hub_url: str
     run_id: int | None
 
@@ -86,6 +88,15 @@ def by_evidence(runs: list[ModelRun]) -> list[LevelRow]:
     return [row for row in rows.values() if row.level in LEVELS or row.models]
 
 
+def _what_to_do(r: ModelRun) -> str:
+    """A failing run's next step, in plain words (``hfadapt show`` prints the same)."""
+    step = plain_next_step(
+        r.model_id, r.verdict, r.evidence_level, recorded=r.next_step,
+        fingerprints=r.fingerprints, no_adapters=r.no_adapters,
+    )  # fmt: skip
+    return shorten(step, 240)
+
+
 def model_rows(runs: list[ModelRun]) -> list[ModelRow]:
     """Every model of the scope, best rank first (unranked last, by downloads)."""
     ordered = sorted(runs, key=lambda r: (r.rank is None, r.rank or 0, -r.downloads, r.model_id))
@@ -97,9 +108,7 @@ def model_rows(runs: list[ModelRun]) -> list[ModelRow]:
             verdict=r.verdict,
             evidence_level=level_label(r.evidence_level),
             downloads=r.downloads,
-            note=pass_note(r.evidence_level)
-            if r.passed
-            else shorten(r.reason.removeprefix("[structural] "), 160),
+            note=pass_note(r.evidence_level) if r.passed else _what_to_do(r),
             hub_url=hub_url(r.model_id),
             run_id=r.run_id,
         )
@@ -133,6 +142,12 @@ def latest_run(engine: Engine, model_id: str) -> tuple[Run | None, HubModel | No
             if obj is not None:
                 sess.expunge(obj)
         return run, hub
+
+
+def judged_model_ids(engine: Engine) -> list[str]:
+    """Every model id the database holds a run of: what ``hfadapt show`` can show."""
+    with session(engine, write=False) as sess:
+        return list(sess.execute(select(col(Run.model_id)).distinct()).scalars())
 
 
 def latest_verdicts(engine: Engine, model_ids: list[str]) -> dict[str, tuple[str, str]]:

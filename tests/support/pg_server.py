@@ -183,7 +183,7 @@ def postgres_server() -> Iterator[PostgresServer]:
     try:
         import psycopg  # noqa: F401
     except ImportError:
-        _unavailable("no PostgreSQL driver: pip install 'hfadapt[postgres]'")
+        _unavailable("no PostgreSQL driver: pip install '.[postgres]'")
     server = PostgresServer()
     try:
         yield server.start()
