@@ -215,7 +215,8 @@ def test_cli_failures_and_report(
     assert out.index("custom_code") < out.index("F2"), out
     code, out, err = run(["failures", "--db", db, "--json", "--sweep", "1"])
     got = [(f.get("fingerprint") or f["group"], f["downloads"]) for f in json.loads(out)]
-    assert got == [("F1", 800), ("F2", 330), ("custom_code", 10)], got
+    # every failing row: fingerprints, then the rows without one grouped by verdict
+    assert got == [("F1", 800), ("F2", 330), ("verification_failed", 60), ("custom_code", 10)], got
     html, js, table = tmp_path / "r.html", tmp_path / "r.json", tmp_path / "r.csv"
     code, out, err = run(
         ["report", "--db", db, "--against", "1", "--html", str(html), "--output", str(js),
