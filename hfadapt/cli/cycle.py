@@ -1,6 +1,7 @@
 """``hfadapt cycle``: one pass of the whole job for a scheduler (crawl, sweep, compare with the
-last completed cycle, report); exit 4 when models that passed then fail now. Thin: parse,
-call ``hfadapt.service.cycle.run_cycle``, render."""
+last completed cycle, draft for new failure fingerprints with ``--draft``, report); exit 4 when
+models that passed then fail now. Thin: parse, call ``hfadapt.service.cycle.run_cycle``,
+render."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from hfadapt.cli._app import (
 )
 from hfadapt.cli._console import clean, on_interrupt, plan_exit
 from hfadapt.cli._files import check_output, write_output
+from hfadapt.cli.agent import AgentModelOption, ApiKeyOption, BaseUrlOption, UnsafeOption
 from hfadapt.errors import HubUnreachableError, UsageError
 from hfadapt.options import Executor, Mode
 from hfadapt.report.charts import plural
@@ -60,7 +62,7 @@ def cycle(
                      help="Seconds per unit of work before worker_timeout."),
     ] = 600.0,
     executor: Annotated[
-        Executor, typer.Option("--executor", help="local (spawned processes) or ray (needs hfadapt[ray]).")
+        Executor, typer.Option("--executor", help="local (spawned processes) or ray (needs the ray extra: pip install '.[ray]').")
     ] = Executor.LOCAL,
     address: Annotated[
         str | None,
@@ -86,12 +88,34 @@ def cycle(
                      "webhook); a failure to deliver is a warning. Only its host is ever printed.",
                      show_default=False),
     ] = None,
+    draft: Annotated[
+        bool,
+        typer.Option("--draft", help="Draft adapters for the failure fingerprints new since the "
+                     "last completed cycle, within the budget (needs an endpoint, as hfadapt draft)."),
+    ] = False,
+    draft_attempts: Annotated[
+        int | None,
+        typer.Option("--draft-attempts", metavar="N", show_default=False,
+                     help="With --draft: drafts asked of the endpoint in the whole cycle, 1-1000 "
+                     "(default 8; at most 4 per fingerprint)."),
+    ] = None,
+    draft_tokens: Annotated[
+        int | None,
+        typer.Option("--draft-tokens", metavar="N", show_default=False,
+                     help="With --draft: prompt + completion tokens in the whole cycle, "
+                     "1,000-100,000,000 (default 200,000)."),
+    ] = None,
+    base_url: BaseUrlOption = None,
+    agent_model: AgentModelOption = None,
+    api_key: ApiKeyOption = None,
+    unsafe_no_isolation: UnsafeOption = False,
     db: DbOption = None,
     as_json: JsonOption = False,
 ) -> None:  # fmt: skip
     """One pass of the whole job, for a scheduler: crawl, sweep, compare with the last completed
-    cycle, report. Exit 4 when a model that passed then fails now (the regressions are printed);
-    an interrupted cycle resumes; a second cycle on the same database is refused (exit 2)."""
+    cycle, draft for new failure fingerprints (--draft), report. Exit 4 when a model that passed
+    then fails now (the regressions are printed); an interrupted cycle resumes; a second cycle on
+    the same database is refused (exit 2)."""
     from hfadapt.judge.options import JudgeOptions
     from hfadapt.service.cycle import CycleOptions, run_cycle
     from hfadapt.sweep.options import SweepOptions
@@ -101,6 +125,8 @@ def cycle(
             "--offline ranks the bundled snapshot; it cannot be combined with --endpoint"
         )
     check_output(html, "--html")
+    drafting = _drafting(draft, draft_attempts, draft_tokens, base_url, agent_model, api_key,
+                         unsafe_no_isolation)  # fmt: skip
     if webhook is not None:
         from hfadapt.service.webhook import check_webhook
 
@@ -128,10 +154,14 @@ def cycle(
         display.update(p)
         on_interrupt(hint[0])  # the cycle's command resumes the sweep too
 
-    options = CycleOptions(sweep=sweep, offline=offline, endpoint=endpoint, limit=limit)
+    options = CycleOptions(sweep=sweep, offline=offline, endpoint=endpoint, limit=limit,
+                           drafting=drafting)  # fmt: skip
+    if drafting is not None and not as_json:
+        _note(f"accepted drafts are written to {drafting.home()} and apply to every later model")
     try:
         with display:
-            result = run_cycle(engine, options, progress=progress, started_cycle=claimed)
+            result = run_cycle(engine, options, progress=progress, started_cycle=claimed,
+                               note=(lambda _: None) if as_json else _note)  # fmt: skip
     except HubUnreachableError as exc:  # the library names no flag; the CLI names its own
         raise HubUnreachableError(f"{exc.one_line(flags=True)} with --offline") from exc
     on_interrupt("")
@@ -146,6 +176,47 @@ def cycle(
         _print(result)
     if code:
         raise typer.Exit(code)
+
+
+def _drafting(
+    draft: bool,
+    attempts: int | None,
+    tokens: int | None,
+    base_url: str | None,
+    agent_model: str | None,
+    api_key: str | None,
+    unsafe: bool,
+) -> Any:
+    """The cycle's drafting (hfadapt.service.drafting.CycleDrafting), or None without --draft;
+    every value checked here, before any work: the budgets' bounds, bubblewrap (exit 3 unless
+    --unsafe-no-isolation), the endpoint's settings as ``hfadapt draft`` takes them (flags,
+    then $OPENAI_BASE_URL, $OPENAI_API_KEY, $HFADAPT_AGENT_MODEL; never a default endpoint)."""
+    given = {"--draft-attempts": attempts is not None, "--draft-tokens": tokens is not None,
+             "--base-url": base_url is not None, "--model": agent_model is not None,
+             "--api-key": api_key is not None, "--unsafe-no-isolation": unsafe}  # fmt: skip
+    if not draft:
+        stray = [flag for flag, set_ in given.items() if set_]
+        if stray:
+            raise UsageError(f"{', '.join(stray)} only go with --draft (drafting in the cycle)")
+        return None
+    from hfadapt.agent.client import AgentSettings
+    from hfadapt.isolation import require_isolation
+    from hfadapt.service.drafting import (
+        DEFAULT_ATTEMPTS,
+        DEFAULT_TOKENS,
+        CycleDrafting,
+        DraftBudget,
+    )
+
+    budget = DraftBudget(DEFAULT_ATTEMPTS if attempts is None else attempts,
+                         DEFAULT_TOKENS if tokens is None else tokens)  # fmt: skip
+    require_isolation(unsafe=unsafe)
+    settings = AgentSettings.from_env(model=agent_model, base_url=base_url, api_key=api_key)
+    return CycleDrafting(settings=settings, budget=budget, unsafe_no_isolation=unsafe)
+
+
+def _note(text: str) -> None:
+    err_console.print(escape(text), highlight=False, soft_wrap=True)
 
 
 def _notify(webhook: str, result: Any, engine: Any) -> None:
@@ -179,8 +250,10 @@ def _json(result: Any, engine: Any) -> dict[str, Any]:
         "crawled": result.crawled, "sweep": result.sweep.sweep_id,
         "baseline_cycle": result.baseline_cycle, "regressions_found": result.regressions,
         "counts": result.sweep.counts, "comparison": comp.to_dict() if comp else None,
+        "drafting": result.drafting.to_dict() if result.drafting else None,
         "seconds": {"total": round(result.seconds, 3), "crawl": round(result.crawl_seconds, 3),
-                    "sweep": round(result.sweep_seconds, 3), "compare": round(result.compare_seconds, 3)},
+                    "sweep": round(result.sweep_seconds, 3), "compare": round(result.compare_seconds, 3),
+                    "draft": round(result.draft_seconds, 3)},
         "db": describe(engine),
     }  # fmt: skip
 
@@ -198,6 +271,7 @@ def _print(result: Any) -> None:
         err_console.print(
             "  first cycle on this database: nothing to compare with", highlight=False
         )
+        _print_drafting(result.drafting)
         return
     for r in comp.regressions:  # plain lines (rich would turn the tabs into spaces)
         reason = " ".join(r.reason.split())
@@ -215,3 +289,26 @@ def _print(result: Any) -> None:
         lines.append(f"  {comp.environment_line}")
     for line in lines:
         err_console.print(escape(line), highlight=False, soft_wrap=True)
+    _print_drafting(result.drafting)
+
+
+def _print_drafting(drafted: Any) -> None:
+    """The drafting's totals on stderr, and where each accepted draft went."""
+    if drafted is None:
+        return
+    if not drafted.rows:
+        _note(f"  drafting: {drafted.note or 'no new failure fingerprint'}")
+        return
+    n, budget = drafted.summary(), drafted.budget
+    _note(
+        f"  drafting: {plural(n['new_fingerprints'], 'new fingerprint')}: drafted {n['drafted']} "
+        f"(accepted {n['accepted']}, refused {n['refused']}), not reproduced "
+        f"{n['not_reproduced']}, errors {n['errors']}, skipped for budget {n['skipped_budget']}"
+        f"{', skipped (endpoint) ' + str(n['skipped_endpoint']) if n['skipped_endpoint'] else ''}; "
+        f"{n['attempts']} of {budget.attempts} attempts, {n['tokens']:,} of {budget.tokens:,} tokens"
+    )
+    for row in drafted.rows:
+        if row.outcome == "accepted":
+            _note(f"  accepted: {row.fingerprint} ({row.model_id}) -> {row.adapter_path}")
+    if drafted.note:
+        _note(f"  {drafted.note}")

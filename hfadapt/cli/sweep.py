@@ -166,7 +166,10 @@ def sweep(
     ] = None,
     executor: Annotated[
         Executor,
-        typer.Option("--executor", help="local (spawned processes) or ray (needs hfadapt[ray])."),
+        typer.Option(
+            "--executor",
+            help="local (spawned processes) or ray (needs the ray extra: pip install '.[ray]').",
+        ),
     ] = Executor.LOCAL,
     address: Annotated[
         str | None,
@@ -280,7 +283,7 @@ def _check_before_work(options: Any) -> None:
 
     if options.executor == Executor.RAY and importlib.util.find_spec("ray") is None:
         raise MissingDependencyError(
-            "--executor ray needs Ray, which is not installed: pip install 'hfadapt[ray]'"
+            "--executor ray needs Ray, which is not installed: pip install '.[ray]'"
         )
     if options.executor == Executor.LOCAL and options.workers is not None:
         cap, why = max_local_workers(options.memory_limit)

@@ -1,5 +1,5 @@
 """``--executor ray``: the sweep's worker function as Ray tasks, on a local Ray instance or a
-remote cluster (``--address``). Needs the optional extra ``hfadapt[ray]``. Each task runs
+remote cluster (``--address``). Needs the optional extra ``ray`` (``pip install '.[ray]'`` in a checkout). Each task runs
 under a memory limit (RLIMIT_AS, counted on top of the Ray worker's own address space, which
 maps the object store); a task past its time limit is force-cancelled (``worker_timeout``),
 a Ray worker that dies is ``worker_crashed``. A task's time limit counts from when it starts
@@ -117,7 +117,7 @@ class RayExecutor:
         try:
             import ray  # noqa: F401
         except ImportError as exc:
-            raise SweepError("the ray executor needs Ray: pip install 'hfadapt[ray]'") from exc
+            raise SweepError("the ray executor needs Ray: pip install '.[ray]'") from exc
         self.workers = workers
         self.max_workers = max_workers
         self.timeout = timeout

@@ -179,7 +179,7 @@ def test_help_agrees_with_behaviour(
     assert "<bool>" not in flat and "{model}" not in flat, flat
     code, out, _ = run_cli(["sweep", "--help"], monkeypatch, capsys)
     flat = " ".join(out.split())
-    assert "needs hfadapt[ray]" in flat and "--executor <local|ray>" in flat, flat
+    assert "needs the ray extra" in flat and "--executor <local|ray>" in flat, flat
     code, out, _ = run_cli(["attempts", "--help"], monkeypatch, capsys)
     assert "[[ID]]" not in out and "[ID]" in out, out
     code, out, _ = run_cli(["report", "--help"], monkeypatch, capsys)

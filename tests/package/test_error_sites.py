@@ -95,9 +95,7 @@ def test_ray_missing_is_a_sweep_error_whose_install_hint_survives_the_cli(
     from hfadapt.sweep.ray_pool import RayExecutor
 
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
-    with pytest.raises(
-        SweepError, match=r"^the ray executor needs Ray: pip install 'hfadapt\[ray\]'$"
-    ):
+    with pytest.raises(SweepError, match=r"^the ray executor needs Ray: pip install '\.\[ray\]'$"):
         RayExecutor(1)
     db = tmp_path / "runs.db"
     code, out, err = run_cli(
@@ -108,13 +106,13 @@ def test_ray_missing_is_a_sweep_error_whose_install_hint_survives_the_cli(
     # Rich markup must not eat "[ray]"; refused before anything (exit 3: the machine lacks Ray)
     assert (code, err) == (
         3,
-        "error: --executor ray needs Ray, which is not installed: pip install 'hfadapt[ray]'\n",
+        "error: --executor ray needs Ray, which is not installed: pip install '.[ray]'\n",
     ), (code, out, err)
     assert not db.exists(), "the database was created before Ray was found missing"
 
 
 def test_ray_that_cannot_start_is_a_sweep_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'hfadapt[ray]'")
+    ray = pytest.importorskip("ray", reason="Ray is not installed: pip install '.[ray]'")
     from hfadapt.sweep.ray_pool import RayExecutor
 
     def refuse(**kwargs: Any) -> None:

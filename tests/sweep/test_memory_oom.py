@@ -65,7 +65,7 @@ def test_an_allocation_past_the_limit_is_out_of_memory_in_words(fake_worker: str
 @pytest.fixture(scope="module")
 def local_ray() -> Iterator[Any]:
     """A local Ray instance (1 CPU, no dashboard) whose workers import tests/support."""
-    ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'hfadapt[ray]'")
+    ray = pytest.importorskip("ray", reason="Ray is not installed: pip install '.[ray]'")
     saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "HOME")}
     home = tempfile.mkdtemp(prefix="hfray-")  # short: Ray's socket paths must fit 107 bytes
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), saved["PYTHONPATH"]) if p)

@@ -21,7 +21,7 @@ from support.sweeps import store_crawl, sweep_records
 from hfadapt.db.engine import get_engine
 from hfadapt.sweep.store import done_rows
 
-pytest.importorskip("ray", reason="Ray is not installed: pip install 'hfadapt[ray]'")
+pytest.importorskip("ray", reason="Ray is not installed: pip install '.[ray]'")
 
 TESTS = Path(__file__).resolve().parents[1]
 TOP = 8  # 8 models: 3 units of work (5 BERTs, bert-relu, minilm), one custom_code, no task

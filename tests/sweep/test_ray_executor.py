@@ -1,6 +1,6 @@
 """``--executor ray``: the same worker function as Ray tasks on a local Ray instance gives the
 same verdicts as the local pool; a crash and a hang in a Ray task are recorded and the sweep
-goes on; the driver alone writes runs.db. Skipped when Ray is not installed (hfadapt[ray])."""
+goes on; the driver alone writes runs.db. Skipped when Ray is not installed (pip install ".[ray]")."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from hfadapt.sweep.options import SweepOptions
 from hfadapt.sweep.run import run_sweep
 from hfadapt.sweep.store import done_rows
 
-ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'hfadapt[ray]'")
+ray = pytest.importorskip("ray", reason="Ray is not installed: pip install '.[ray]'")
 
 TESTS = Path(__file__).resolve().parents[1]
 
