@@ -17,9 +17,16 @@ bundled families, docs/device-profile-rules.md):
   each output to the next layer's graph, and MPNet's encoder
   (the host position bias) hands its last LayerNorm output to the pooler's graph.
 
-This adapter returns an eager clone of those modules' outputs: the clone runs between the graphs
-(where the graph breaks anyway), and the value is the same. Modules whose output stays inside
-one graph (BERT's layers) are left alone: a clone there would add a graph break for nothing.
+- the sentence-transformers heads hfadapt attaches after a transformer
+  (``hfadapt.loading.heads.Heads``): the transformer's frame breaks (the host masks above), so
+  its last LayerNorm output reaches the heads in a graph of their own, whose first op is often
+  a matmul on it (a ColBERT / PyLate projection, SPLADE's MLM head, BGE-M3's linears).
+
+This adapter returns an eager clone of those modules' outputs, and for the heads an eager clone
+of the token states they are handed (their input: the heads' own output ends in no LayerNorm):
+the clone runs between the graphs (where the graph breaks anyway), and the value is the same.
+Modules whose output stays inside one graph (BERT's layers) are left alone: a clone there would
+add a graph break for nothing.
 """
 
 from __future__ import annotations
@@ -54,11 +61,21 @@ OWN_FRAME_HANDOFFS = {
 }
 
 
+# Modules handed a LayerNorm output from another graph, whose input is cloned: (module, class).
+INPUT_HANDOFFS = {
+    ("hfadapt.loading.heads", "Heads"): "the heads after a transformer, in a graph of their own",
+}
+
+
+def _takes_a_handoff(module: torch.nn.Module) -> bool:
+    return (type(module).__module__, type(module).__name__) in INPUT_HANDOFFS
+
+
 def _hands_off_a_layer_norm_output(module: torch.nn.Module, config: Any) -> bool:
-    """A model's embeddings module (class ``*Embeddings``) with a LayerNorm of its own, or one
-    of ``OWN_FRAME_HANDOFFS``."""
+    """A model's embeddings module (class ``*Embeddings``) with a LayerNorm of its own, one of
+    ``OWN_FRAME_HANDOFFS``, or one of ``INPUT_HANDOFFS`` (its input is what is handed off)."""
     name = type(module).__name__
-    if name in OWN_FRAME_HANDOFFS:
+    if name in OWN_FRAME_HANDOFFS or _takes_a_handoff(module):
         return True
     return name.endswith("Embeddings") and any(
         isinstance(child, torch.nn.LayerNorm) for child in module.children()
@@ -74,5 +91,8 @@ def _hands_off_a_layer_norm_output(module: torch.nn.Module, config: Any) -> bool
     proof="model",
 )
 def clone_the_handoff(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-    """The stock module, its output cloned in eager Python before the next graph reads it."""
+    """The stock module, its output cloned in eager Python before the next graph reads it (for
+    a module of ``INPUT_HANDOFFS``, its input, before it reads it)."""
+    if _takes_a_handoff(self):
+        return type(self).forward(self, *eager_clone(args), **kwargs)
     return eager_clone(type(self).forward(self, *args, **kwargs))

@@ -28,6 +28,7 @@ __all__ = [
     "PipelineOutput",
     "attach",
     "build_heads",
+    "splade_pooling",
 ]
 
 HEADS_NAME = "sentence_heads"  # the heads' submodule name on an attached transformer
@@ -96,14 +97,17 @@ class DenseLayer(nn.Module):
         return out
 
 
-def _splade(logits: torch.Tensor, mask: torch.Tensor, cfg: dict[str, Any]) -> torch.Tensor:
-    weights = torch.log1p(torch.relu(logits))
-    if cfg.get("activation_function") == "log1p_relu":
-        weights = torch.log1p(weights)
-    weights = weights * mask.to(weights.dtype).unsqueeze(-1)
-    if cfg.get("pooling_strategy", "max") == "sum":
-        return weights.sum(dim=1)
-    return weights.amax(dim=1)
+def splade_pooling(cfg: dict[str, Any]) -> nn.Module:
+    """sentence-transformers' own SpladePooling with the model's config: the code SparseEncoder
+    users run (``log1p(relu(logits * mask))``, max or sum over the tokens), not a copy of it."""
+    from sentence_transformers.sparse_encoder.modules.splade_pooling import SpladePooling
+
+    module: nn.Module = SpladePooling(
+        pooling_strategy=cfg.get("pooling_strategy", "max"),
+        activation_function=cfg.get("activation_function", "relu"),
+        embedding_dimension=cfg.get("embedding_dimension", cfg.get("word_embedding_dimension")),
+    )
+    return module
 
 
 class Heads(nn.Module):
@@ -129,13 +133,15 @@ class Heads(nn.Module):
             elif kind == "normalize":
                 tokens = nn.functional.normalize(tokens, p=2.0, dim=-1)
             elif kind == "splade_pooling":
-                out["sparse_embedding"] = _splade(self.built["mlm_head"](tokens, mask), mask, cfg)
+                logits = self.built["mlm_head"](tokens, mask)
+                features = {"token_embeddings": logits, "attention_mask": mask}
+                out["sparse_embedding"] = self.built[key](features)["sentence_embedding"]
             elif kind == "m3_sparse":
                 out["token_weights"] = torch.relu(self.built[key](hidden)).squeeze(-1)
             elif kind == "m3_colbert":
-                vectors = self.built[key](hidden[:, 1:]) * mask[:, 1:].to(hidden.dtype).unsqueeze(
-                    -1
-                )
+                # masked, then the first token dropped: slicing the [batch, seq] mask at offset 1
+                # would slice its stick dimension (layout.stick_slice); a token slice is not one
+                vectors = (self.built[key](hidden) * mask.to(hidden.dtype).unsqueeze(-1))[:, 1:]
                 out["token_vectors"] = nn.functional.normalize(vectors, p=2.0, dim=-1)
         if sentence is not None:
             out["sentence_embedding"] = sentence
@@ -322,7 +328,10 @@ def build_heads(loaded: Any, pipeline: Pipeline, seed: int = 0) -> BuiltHeads:
             result.left_out.append({"module": module.label(), "why": str(exc)})
             broken = broken or module.label()
             continue
-        key = "mlm_head" if module.kind == "splade_pooling" else (module.name or module.kind)
+        key = module.name or module.kind
+        if module.kind == "splade_pooling" and built is not None:
+            modules["mlm_head"] = built  # the logits SpladePooling pools
+            built = splade_pooling(module.config)
         if built is not None:
             modules[key] = built
         steps.append((module.kind, key, module.config))

@@ -107,6 +107,7 @@ DTYPE = {("t5", "compile"): "bf16"}
 # where the file has nothing else). A new file fails the coverage test until it is listed here.
 FAST_PROOFS = {
     "activations.py": "gelu-new-cube",
+    "alibi.py": "alibi-bias-host",
     "attention.py": "attention-head-dim-pad",
     "exp.py": "exp-stick-pad",
     "host_inputs.py": "position-ids-host",
@@ -117,7 +118,9 @@ FAST_PROOFS = {
     "rms_norm.py": "rms-norm-square-qwen3",
     "rope.py": "rope-host-qwen3",
     "sentence_pooling.py": "sentence-pooling-host",
+    "sparse_pooling.py": "splade-log1p-by-log",
     "t5.py": "t5-position-bias-host",
+    "text_pooler.py": "text-eos-pool-host-metaclip-2",
     "translated_families.py": "rms-norm-square-eurobert",
 }
 

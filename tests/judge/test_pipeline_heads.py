@@ -87,14 +87,59 @@ def test_a_splade_model_is_judged_on_its_top_k_terms(
     ), broken
 
 
-@pytest.mark.slow  # ~24 s: the compiled audit of a 256-word vocabulary head
+@pytest.mark.slow  # ~45 s: the compiled audit of a 256-word vocabulary head, twice
 def test_the_device_sees_the_splade_head_and_refuses_its_log1p(
     tmp_path: Path, one_thread: None
 ) -> None:
-    diag = diagnose(splade_folder(tmp_path / "splade"), record=False, execution="compile")
-    print(diag.reason)
+    diag = diagnose(
+        splade_folder(tmp_path / "splade"), record=False, execution="compile",
+        without_adapters=["splade-log1p-by-log"], localize_failures=False,
+    )  # fmt: skip
+    print("without splade-log1p-by-log:", diag.reason)
     assert diag.verdict == verdicts.LOWERING_FAILED, diag.reason
-    assert "aten::log1p" in diag.reason and "heads.py" in diag.reason, diag.reason
+    assert "aten::log1p" in diag.reason and "splade_pooling.py" in diag.reason, diag.reason
+
+    # with it, and post-ln-handoff-clone cloning the token states handed into the MLM head's
+    # graph, the whole SparseEncoder passes compiled
+    diag = diagnose(
+        splade_folder(tmp_path / "splade"), record=False, execution="compile",
+        localize_failures=False,
+    )  # fmt: skip
+    sparse = _output(diag, "sparse_embedding")
+    print("with it:", diag.reason)
+    assert diag.verdict == verdicts.PASS, diag.reason
+    assert "defects" not in diag.evidence, diag.evidence["defects"]
+    assert _check(sparse, "min overlap@32") >= 0.9, sparse
+    assert _check(sparse, "max top-k weight error") < 0.015, sparse
+
+
+@pytest.mark.slow  # ~45 s: two compiled runs
+def test_a_colbert_projection_reads_the_handoff_clone_compiled(
+    tmp_path: Path, one_thread: None
+) -> None:
+    # the transformer's frame breaks (host masks), so the projection's matmul is the first op
+    # of the heads' graph, reading the encoder's last LayerNorm output (defect.post_ln_handoff)
+    folder = colbert_folder(tmp_path / "colbert")
+    bad = diagnose(
+        folder, record=False, execution="compile", without_adapters=["post-ln-handoff-clone"],
+        localize_failures=False,
+    )  # fmt: skip
+    fired = [
+        f["module"]
+        for d in bad.evidence.get("defects", [])
+        if d["defect_id"] == "defect.post_ln_handoff"
+        for f in d["firings"]
+    ]
+    print("without post-ln-handoff-clone:", bad.verdict, bad.reason, fired)
+    assert bad.verdict == verdicts.VERIFICATION_FAILED, bad.reason
+    assert "sentence_heads.built.1_Dense.linear" in fired, fired
+
+    good = diagnose(folder, record=False, execution="compile", localize_failures=False)
+    vectors = _output(good, "token_vectors")
+    print("with it:", good.reason)
+    assert good.verdict == verdicts.PASS and "post-ln-handoff-clone" in good.adapters, good.reason
+    assert "defects" not in good.evidence, good.evidence["defects"]
+    assert _check(vectors, "max max-sim error") < 0.01, vectors
 
 
 def test_a_colbert_model_is_judged_on_max_sim(

@@ -114,6 +114,9 @@ def splade_folder(folder: Path) -> Path:
             "word_embedding_dimension": VOCAB,
         },
     )
+    # what SparseEncoder.save writes: without it SparseEncoder loads the folder as a
+    # SentenceTransformer to convert, and appends a SparseAutoEncoder of its own
+    _write(folder, "config_sentence_transformers.json", {"model_type": "SparseEncoder"})
     return folder
 
 
