@@ -224,6 +224,18 @@ def _special_values(config: Any) -> list[int]:
 # ---- the model -----------------------------------------------------------------------------
 
 
+def start_ids(config: Any, tokenizer: Any = None) -> list[int]:
+    """The ids of the start and delimiter tokens ([CLS]/BOS, [SEP]/EOS) the stand-in's inputs
+    carry: the tokenizer's, else the config's (the rows a massive activation sits on)."""
+    found: list[int] = []
+    for name in ("cls_token_id", "bos_token_id", "sep_token_id", "eos_token_id"):
+        for source in (tokenizer, config):
+            value = getattr(source, name, None) if source is not None else None
+            values = value if isinstance(value, list) else [value]
+            found += [v for v in values if isinstance(v, int) and v >= 0 and v not in found]
+    return found
+
+
 def _tokenizer(
     where: str,
     ref: str,
@@ -375,7 +387,13 @@ def build(
     if not meta:
         # the initializer's weights hide device faults a trained model shows: trained scale
         table = getattr(built, "vocab_size", None)
-        draw_trained_scale(model, seed, MINILM, table if isinstance(table, int) else None)
+        draw_trained_scale(
+            model,
+            seed,
+            MINILM,
+            table if isinstance(table, int) else None,
+            start_ids(built, tokenizer),
+        )
         notes.append(
             "weights drawn at trained scale (statistics of all-MiniLM-L6-v2: "
             f"linear gain {MINILM.linear_gain:.2f}/sqrt(fan_in), norm scale "

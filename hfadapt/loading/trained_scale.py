@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import torch
@@ -89,6 +90,14 @@ class TrainedScale:
     outlier_row_gain: float = 1.0  # their down-projection row norm over the median row's
     outlier_norm_ratio: float = 1.0  # their norm scale over the median scale
     outlier_norm_bias: float = 0.0  # their norm bias magnitude
+    # Massive activations (Sun et al. 2024, "Massive activations in large language models"):
+    # one further channel that the start token ([CLS]/BOS) carries at hundreds of times an
+    # ordinary token's rms, written by a few FFN neurons that fire only on it; the start
+    # token's embedding row and the first position's carry it already.
+    massive_embedding: float = (
+        0.0  # the start token's value there at the embeddings (word + position)
+    )
+    massive_value: float = 0.0  # its value entering a norm after an FFN (0: not modelled)
 
     def describe(self) -> str:
         return ", ".join(f"{k} {v:.3g}" for k, v in asdict(self).items())
@@ -101,6 +110,12 @@ OUTLIER_SHARE_MINILM = 4 / 384
 OUTLIER_ROW_GAIN_MINILM = 3.801
 OUTLIER_NORM_RATIO_MINILM = 2.276
 OUTLIER_NORM_BIAS_MINILM = 0.4948
+# all-MiniLM-L6-v2's massive activation (``massive_statistics``): channel 99 of [CLS], 1.05 in
+# its word row + 1.87 in position 0's, and 212 entering layer 0's output LayerNorm (on the probe
+# sentences: 220 there, 121-191 in layers 1-2, 12-76 in layers 3-5, where an ordinary token's
+# rms is 0.69: 318x)
+MASSIVE_EMBEDDING_MINILM = 2.923
+MASSIVE_VALUE_MINILM = 212.3
 
 # Measured on all-MiniLM-L6-v2 (6 layers; the pooler left out: it is not on the judged path):
 # medians over its 36 Linear layers and 13 LayerNorms; the outliers as ``minilm_statistics``
@@ -117,6 +132,8 @@ MINILM = TrainedScale(
     outlier_row_gain=OUTLIER_ROW_GAIN_MINILM,
     outlier_norm_ratio=OUTLIER_NORM_RATIO_MINILM,
     outlier_norm_bias=OUTLIER_NORM_BIAS_MINILM,
+    massive_embedding=MASSIVE_EMBEDDING_MINILM,
+    massive_value=MASSIVE_VALUE_MINILM,
 )
 
 
@@ -141,7 +158,10 @@ def minilm_statistics(model: nn.Module) -> TrainedScale:
         position = getattr(embeddings, "position_embeddings", None)
         other = float(position.weight.std()) if position is not None else 0.0
     share, row_gain, norm_ratio, norm_bias = outlier_statistics(model)
+    massive_embedding, massive_value = massive_statistics(model)
     return TrainedScale(
+        massive_embedding=massive_embedding,
+        massive_value=massive_value,
         outlier_share=share,
         outlier_row_gain=row_gain,
         outlier_norm_ratio=norm_ratio,
@@ -154,6 +174,43 @@ def minilm_statistics(model: nn.Module) -> TrainedScale:
         vocab_embedding_std=word,
         embedding_std=other,
     )
+
+
+# BERT's uncased WordPiece [CLS] (all-MiniLM-L6-v2's vocabulary; its config names no cls id)
+BERT_CLS_ID = 101
+MASSIVE_PROBE_LENGTH = 32
+
+
+def massive_statistics(model: nn.Module, start_id: int = BERT_CLS_ID) -> tuple[float, float]:
+    """(the start token's value in its largest channel at the embeddings, word row + position 0
+    row; the largest value in that channel at position 0 entering any norm of the hidden
+    width past the embeddings) of a BERT-style model, on one seeded row: ``start_id`` then
+    ordinary ids (from 1000 on: past WordPiece's specials and unused rows)."""
+    embeddings = getattr(model, "embeddings", None)
+    words = getattr(embeddings, "word_embeddings", None)
+    positions = getattr(embeddings, "position_embeddings", None)
+    if not isinstance(words, nn.Embedding) or not isinstance(positions, nn.Embedding):
+        return 0.0, 0.0
+    with torch.no_grad():
+        start = words.weight[start_id] + positions.weight[0]
+        channel = int(start.abs().argmax())
+        gen = torch.Generator().manual_seed(0)
+        ids = torch.randint(1000, words.num_embeddings, (1, MASSIVE_PROBE_LENGTH), generator=gen)
+        ids[0, 0] = start_id
+        seen: list[float] = []
+        skip = getattr(embeddings, "LayerNorm", None)
+        norms = [m for m in model.modules() if _is_norm(m) and m is not skip]
+
+        def hook(_m: nn.Module, args: tuple[torch.Tensor, ...], _out: object) -> None:
+            seen.append(float(args[0][0, 0, channel].abs()))
+
+        handles = [m.register_forward_hook(hook) for m in norms]
+        try:
+            model(input_ids=ids)
+        finally:
+            for h in handles:
+                h.remove()
+    return float(start[channel].abs()), max(seen, default=0.0)
 
 
 def _is_norm(module: nn.Module) -> bool:
@@ -179,15 +236,20 @@ def _normal_(param: nn.Parameter, std: float, gen: torch.Generator, mean: float 
 
 
 def draw_trained_scale(
-    model: nn.Module, seed: int, scale: TrainedScale = MINILM, vocab_size: int | None = None
+    model: nn.Module,
+    seed: int,
+    scale: TrainedScale = MINILM,
+    vocab_size: int | None = None,
+    start_ids: Sequence[int] = (),
 ) -> int:
     """Redraw the weights of ``model`` in place at ``scale`` (seeded, deterministic): Linear
     (and GPT-2 style Conv1D) weights N(0, gain^2 / fan_in), biases N(0, bias_std^2); norm
     scales around norm_gain_mean (a zero-centred norm such as Gemma's, whose initial weight is
     0 and whose scale is 1 + weight, around norm_gain_mean - 1); embedding tables N(0, std^2),
     the token table (``vocab_size`` rows) at vocab_embedding_std; then the outlier channels
-    (``_draw_outliers``). Other parameters keep their initializer values. Returns how many
-    parameters were redrawn."""
+    (``_draw_outliers``) and the massive activation of the start token (``_draw_massive``;
+    ``start_ids``: the token table's rows of the start and delimiter tokens). Other parameters
+    keep their initializer values. Returns how many parameters were redrawn."""
     gen = torch.Generator().manual_seed(seed)
     redrawn = 0
     centred_norms: set[nn.Module] = set()
@@ -222,7 +284,8 @@ def draw_trained_scale(
                 if bias is not None:
                     _normal_(bias, scale.norm_bias_std, gen)
                     redrawn += 1
-        _draw_outliers(model, scale, gen, centred_norms)
+        index = _draw_outliers(model, scale, gen, centred_norms)
+        _draw_massive(model, scale, gen, index, vocab_size, start_ids)
     return redrawn
 
 
@@ -241,13 +304,13 @@ def outlier_channels(hidden: int, share: float, gen: torch.Generator) -> torch.T
 
 def _draw_outliers(
     model: nn.Module, scale: TrainedScale, gen: torch.Generator, centred: set[nn.Module]
-) -> None:
+) -> torch.Tensor | None:
     """The same few channels, in every layer: the down projections' rows for them at
     ``outlier_row_gain`` times the others' norm, the norms' scale at ``outlier_norm_ratio``
-    times their mean and their bias at +-``outlier_norm_bias``."""
+    times their mean and their bias at +-``outlier_norm_bias``. Returns the channels."""
     hidden = _hidden_width(model)
     if scale.outlier_share <= 0 or hidden is None:
-        return
+        return None
     index = outlier_channels(hidden, scale.outlier_share, gen)
     for module in model.modules():
         weight = module._parameters.get("weight")
@@ -265,3 +328,99 @@ def _draw_outliers(
             if bias is not None and scale.outlier_norm_bias > 0:
                 signs = torch.randint(0, 2, (len(index),), generator=gen) * 2 - 1
                 bias[index] = signs.to(bias.dtype) * scale.outlier_norm_bias
+    return index
+
+
+# An FFN neuron that writes the massive channel reads it past this many standard deviations of
+# an ordinary token's value there: it fires on the start token only.
+MASSIVE_THRESHOLD = 6.0
+
+
+def _ffn_pairs(model: nn.Module, hidden: int) -> list[tuple[list[nn.Linear], nn.Linear]]:
+    """Each FFN as (its up projections: one, or a gate and an up, widening ``hidden`` to the
+    down projection's width, seen since the previous down projection; its down projection)."""
+    pairs: list[tuple[list[nn.Linear], nn.Linear]] = []
+    ups: list[nn.Linear] = []
+    for name, m in model.named_modules():
+        if not isinstance(m, nn.Linear) or "pooler" in name or m.weight.is_meta:
+            continue
+        if m.in_features == hidden and m.out_features > hidden:
+            ups.append(m)
+        elif m.out_features == hidden and m.in_features > hidden:
+            mine = [u for u in ups if u.out_features == m.in_features]
+            if mine:
+                pairs.append((mine, m))
+            ups = []
+    return pairs
+
+
+def _position_table(model: nn.Module, vocab_size: int | None, hidden: int) -> nn.Embedding | None:
+    """The learned absolute position table (the non-token table with the most rows, past a
+    token-type table's few), if the model has one."""
+    tables = [
+        m
+        for name, m in model.named_modules()
+        if isinstance(m, nn.Embedding)
+        and m.num_embeddings != vocab_size
+        and m.num_embeddings > 16
+        and m.embedding_dim == hidden
+        and "position" in name
+    ]
+    return max(tables, key=lambda t: t.num_embeddings, default=None)
+
+
+def _draw_massive(
+    model: nn.Module,
+    scale: TrainedScale,
+    gen: torch.Generator,
+    outliers: torch.Tensor | None,
+    vocab_size: int | None,
+    start_ids: Sequence[int],
+) -> None:
+    """The start token's massive activation (Sun et al. 2024), as all-MiniLM-L6-v2 has it: one
+    channel (not an outlier channel) that the start and delimiter tokens' rows of the token
+    table and position 0's row carry at ``massive_embedding`` (split between the two tables),
+    and that one neuron of every FFN, reading that channel past MASSIVE_THRESHOLD ordinary
+    deviations (so it fires on the start token only), writes at about ``massive_value``."""
+    hidden = _hidden_width(model)
+    if scale.massive_value <= 0 or hidden is None:
+        return
+    taken = set() if outliers is None else {int(i) for i in outliers}
+    free = [int(i) for i in torch.randperm(hidden, generator=gen) if int(i) not in taken]
+    if not free:
+        return
+    channel = free[0]
+    token_table = next(
+        (
+            m
+            for m in model.modules()
+            if isinstance(m, nn.Embedding)
+            and m.num_embeddings == vocab_size
+            and m.embedding_dim == hidden
+        ),
+        None,
+    )
+    positions = _position_table(model, vocab_size, hidden)
+    rows = [i for i in start_ids if token_table is not None and 0 <= i < token_table.num_embeddings]
+    parts = int(bool(rows)) + int(positions is not None)
+    if rows and token_table is not None:
+        token_table.weight[rows, channel] = scale.massive_embedding / parts
+    if positions is not None:
+        positions.weight[0, channel] = scale.massive_embedding / parts
+    # entering an FFN, the start token's normalized value there is near sqrt(hidden) (it holds
+    # most of the row's variance): the neuron's activation is about sqrt(hidden) - threshold
+    # (a narrow model's threshold is at most half of that)
+    threshold = min(MASSIVE_THRESHOLD, math.sqrt(hidden) / 2)
+    reach = math.sqrt(hidden) - threshold
+    for ups, down in _ffn_pairs(model, hidden):
+        neuron = int(torch.randint(0, down.in_features, (1,), generator=gen))
+        for k, up in enumerate(ups):
+            # a gated FFN multiplies its two reads: the second reads at 1/sqrt(hidden), so the
+            # product keeps the size of one read
+            gain = 1.0 if k == 0 else 1.0 / math.sqrt(hidden)
+            up.weight[neuron].zero_()
+            up.weight[neuron, channel] = gain / scale.norm_gain_mean
+            if up.bias is not None:
+                up.bias[neuron] = -threshold
+        down.weight[:, neuron].zero_()
+        down.weight[channel, neuron] = scale.massive_value / reach

@@ -66,3 +66,34 @@ def test_a_stand_in_has_a_dominant_channel_like_the_real_model(minilm_path: Path
     for ratio, share in drawn[1:]:
         assert ratio >= max(real_inner) and share >= 0.3, (drawn, real)
     assert max(r for r, _ in without[1:]) < min(real_inner), (without, real)
+
+
+def test_the_massive_activation_is_measured_and_carried(minilm_path: Path) -> None:
+    """all-MiniLM-L6-v2's [CLS] carries one channel at ~2.9 at the embeddings and ~212 entering
+    layer 0's output LayerNorm, where an ordinary token's rms is ~0.7 (Sun et al. 2024); the
+    stand-in's start token carries a channel of the same order there, its ordinary tokens none."""
+    from transformers import AutoModel
+
+    from hfadapt.loading import structural
+    from hfadapt.loading.trained_scale import massive_statistics
+
+    real = massive_statistics(AutoModel.from_pretrained(minilm_path).eval())
+    print(f"measured: embedding {real[0]:.3f}, entering a norm {real[1]:.1f}; bundled "
+          f"{MINILM.massive_embedding}, {MINILM.massive_value}")  # fmt: skip
+    assert real[0] == pytest.approx(MINILM.massive_embedding, rel=0.01)
+    assert real[1] == pytest.approx(MINILM.massive_value, rel=0.01)
+    stand_in = structural.build(minilm_path).model
+    seen: list[torch.Tensor] = []
+    ln = stand_in.encoder.layer[0].output.LayerNorm
+    handle = ln.register_forward_hook(lambda _m, args, _o: seen.append(args[0]))
+    ids = torch.randint(1000, stand_in.config.vocab_size, (1, 32), generator=torch.Generator().manual_seed(1))  # fmt: skip
+    ids[0, 0] = 101  # the tokenizer's [CLS]
+    with torch.no_grad():
+        stand_in(input_ids=ids)
+    handle.remove()
+    x = seen[0][0]
+    start, others = float(x[0].abs().max()), float(x[1:].pow(2).mean(-1).sqrt().median())
+    print(f"stand-in entering layer 0's output LayerNorm: start token peak {start:.1f}, "
+          f"ordinary rms {others:.2f} ({start / others:.0f}x; real 318x)")  # fmt: skip
+    assert start > 50 and start / others > 50, (start, others)
+    assert float(x[1:].abs().max()) < start / 5, float(x[1:].abs().max())
