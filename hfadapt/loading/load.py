@@ -113,8 +113,9 @@ def check_model_type(config: dict[str, Any], where: str, *, custom: bool = False
             f"config.json of {where} has no model_type, so no architecture can be chosen"
         )
     from hfadapt.hub.configs import known_model_types
+    from hfadapt.loading.native import NATIVE_TYPES
 
-    if not custom and model_type not in known_model_types():
+    if not custom and model_type not in known_model_types() and model_type not in NATIVE_TYPES:
         import transformers
 
         raise ConfigError(

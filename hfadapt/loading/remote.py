@@ -52,7 +52,7 @@ def refuse_untranslatable(ref: str | os.PathLike[str], trust_remote_code: bool) 
     row = snapshot_custom_row(ref)
     if trust_remote_code or row is None:
         return
-    if translate.family_for_row(row.config_class, row.model_type) is None:
+    if translate.family_for_row(row.config_class, row.model_type, row.architectures) is None:
         got = translate.translate_row(
             os.fspath(ref), row.config_class, row.model_type, row.parameters,
             architectures=row.architectures,

@@ -19,6 +19,7 @@ import json
 from typing import Any
 
 from hfadapt.errors import ConfigError
+from hfadapt.loading.native import NATIVE_TYPES, register_native_classes
 
 # Bump when signature_fields changes meaning, so old and new hashes never collide.
 # 2: the sizes themselves (hidden, heads, kv heads, intermediate, vocabulary as judged).
@@ -54,6 +55,8 @@ def config_from_dict(raw: dict[str, Any]) -> Any:
     from transformers import AutoConfig
 
     model_type = str(raw.get("model_type"))
+    if model_type in NATIVE_TYPES:  # a class hfadapt ships (hfadapt.loading.native)
+        register_native_classes()
     try:
         config_class = type(AutoConfig.for_model(model_type))
         return config_class.from_dict({k: v for k, v in raw.items() if k != "model_type"})

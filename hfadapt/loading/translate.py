@@ -67,6 +67,12 @@ class Family:
     # the auto_map AutoModel classes (``module.Class``) whose code was reviewed for the family
     auto_models: tuple[str, ...] = ()
     source: str | None = None  # where the family's mapping was read (code, card, config)
+    # the repositories whose auto_map AutoModel code the native class re-implements (a
+    # ``repo--module.Class`` target); empty: any repository
+    auto_repos: tuple[str, ...] = ()
+    # a native model_type the family's configs and snapshot rows carry (jina-bert v2: "bert"):
+    # such a row is the family's only when one of its architectures is
+    shared_model_type: str | None = None
 
 
 @dataclass
@@ -143,6 +149,8 @@ def families() -> tuple[Family, ...]:
                 stated=tuple(entry.get("stated", ())),
                 auto_models=tuple(entry.get("auto_models", ())),
                 source=entry.get("source"),
+                auto_repos=tuple(entry.get("auto_repos", ())),
+                shared_model_type=entry.get("shared_model_type"),
             )
         )
     return tuple(out)
@@ -177,14 +185,23 @@ def family_for(raw: dict[str, Any]) -> Family | None:
     return None
 
 
-def family_for_row(config_class: str | None, model_type: str | None) -> Family | None:
-    """The family of a snapshot row (no config.json): its config_class, else its model_type."""
+def family_for_row(
+    config_class: str | None, model_type: str | None, architectures: tuple[str, ...] = ()
+) -> Family | None:
+    """The family of a snapshot row (no config.json): its config_class, else its model_type (a
+    model_type a family shares with a native one, with one of the family's architectures)."""
     for fam in families():
         if config_class and config_class in fam.remote_classes:
             return fam
     if not config_class:
         for fam in families():
             if model_type and model_type in fam.remote_model_types:
+                return fam
+            if (
+                model_type
+                and model_type == fam.shared_model_type
+                and set(architectures) & set(fam.architectures)
+            ):
                 return fam
     return None
 
@@ -206,6 +223,16 @@ def _auto_target(raw: dict[str, Any], auto: str) -> str | None:
     return str(target).split("--")[-1] if target else None
 
 
+def _auto_code(raw: dict[str, Any], auto: str) -> str | None:
+    """The repository an auto_map entry's ``repo--module.Class`` names (None: no repository,
+    the model's own files)."""
+    auto_map = raw.get("auto_map")
+    target = auto_map.get(auto) if isinstance(auto_map, dict) else None
+    if isinstance(target, list):
+        target = target[0] if target else None
+    return str(target).split("--")[0] if target and "--" in str(target) else None
+
+
 def _same(value: Any, allowed: Any) -> bool:
     """``value`` is ``allowed``: bools and None only match themselves, numbers by value."""
     if isinstance(allowed, bool) or allowed is None or isinstance(value, bool) or value is None:
@@ -224,7 +251,7 @@ def _rope(fam: Family, raw: dict[str, Any], head_dim: int) -> dict[str, Any] | R
         return {"rope_type": "default", "rope_theta": float(base)}
     if fam.rope == "llama":
         return {"rope_type": "default", "rope_theta": float(raw.get("rope_theta", 10000.0))}
-    if fam.rope == "native":  # the native config reads the remote rope fields as they are
+    if fam.rope in ("native", "none"):  # read as they are; or no rope at all (ALiBi)
         return {}
     if fam.rope == "new":
         theta = float(raw.get("rope_theta", 10000.0))
@@ -266,6 +293,14 @@ def translate(raw: dict[str, Any], fam: Family | None = None) -> Translation | R
             return Refusal(
                 "auto_map.AutoModel",
                 f"{target} is not the reviewed code of {fam.name} ({', '.join(fam.auto_models)})",
+            )
+    if fam.auto_repos:
+        code = _auto_code(raw, "AutoModel")
+        if code not in fam.auto_repos:
+            return Refusal(
+                "auto_map.AutoModel",
+                f"code of {code or 'the model repository itself'} is not the code "
+                f"{fam.name} re-implements ({', '.join(fam.auto_repos)})",
             )
     for key in fam.stated:
         if key not in raw:
@@ -322,7 +357,7 @@ def translate_row(
     """Translate a snapshot row with no config.json: the family's published shape whose
     parameter count equals the row's (within 2% when the count was read off the model's name;
     plus a classification head of 1-16 labels when the row names a *Classification class)."""
-    fam = family_for_row(config_class, model_type)
+    fam = family_for_row(config_class, model_type, architectures)
     if fam is None:
         name = config_class or (architectures[0] if architectures else None) or model_type
         return Refusal(

@@ -108,7 +108,7 @@ def test_malformed_snapshot_text_names_the_line() -> None:
 def test_every_indexed_config_is_bundled_and_readable() -> None:
     with (CONFIGS_DIR / "INDEX.csv").open(encoding="utf-8", newline="") as fh:
         index = list(csv.DictReader(fh))
-    assert len(index) == len(bundled_config_ids()) == 31, f"{len(index)} configs indexed"
+    assert len(index) == len(bundled_config_ids()) == 32, f"{len(index)} configs indexed"
     for row in index:
         config = bundled_config(row["model_id"])
         assert config is not None, f"{row['model_id']}: no config.json"

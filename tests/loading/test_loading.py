@@ -235,7 +235,8 @@ def test_snapshot_custom_code_flag_counts(monkeypatch: pytest.MonkeyPatch) -> No
         next(  # a family hfadapt does not translate (tests/loading/test_translate.py has those)
             row
             for row in loading.snapshot_index().values()
-            if row.is_custom_code and family_for_row(row.config_class, row.model_type) is None
+            if row.is_custom_code
+            and family_for_row(row.config_class, row.model_type, row.architectures) is None
         )
     )
     reason = loading.remote_code_reason({"model_type": "bert"}, flagged.model_id)

@@ -128,7 +128,7 @@ def test_snapshot_custom_code_is_refused() -> None:
         for r in snapshot_index().values()
         if r.is_custom_code
         and r.model_type
-        and family_for_row(r.config_class, r.model_type) is None
+        and family_for_row(r.config_class, r.model_type, r.architectures) is None
     )
     with pytest.raises(CustomCodeError, match=r"custom_code.*no native translation"):
         structural.build(row.model_id)

@@ -41,9 +41,11 @@ def remote_engine(tmp_path: Path) -> Any:
         HubRecord(id="org/nomic-remote", downloads=300, config=_nomic(), is_custom_code=True),
         HubRecord(id="org/nomic-moe", downloads=200, is_custom_code=True,
                   config=_nomic(num_experts=8, moe_every_n_layers=2)),
+        # jina-bert v2 code hfadapt did not re-implement (the qk-post-norm variant)
         HubRecord(id="org/alibi", downloads=50, is_custom_code=True, config={
             "model_type": "bert", "architectures": ["JinaBertModel"],
-            "auto_map": {"AutoConfig": "jinaai/jina-bert-implementation--configuration_bert.JinaBertConfig"}}),
+            "auto_map": {"AutoConfig": "jinaai/jina-bert-implementation--configuration_bert.JinaBertConfig",
+                         "AutoModel": "jinaai/jina-bert-v2-qk-post-norm--modeling_bert.JinaBertModel"}}),
     ]  # fmt: skip
     store_crawl(engine, records)
     yield engine
@@ -69,7 +71,9 @@ def test_translated_models_are_judged_tagged_and_counted(
     )
     moe, alibi = runs["org/nomic-moe"], runs["org/alibi"]
     assert moe.verdict == "custom_code" and "no native translation (num_experts:" in moe.reason
-    assert alibi.verdict == "custom_code" and "ALiBi" in alibi.reason, alibi.reason
+    assert alibi.verdict == "custom_code" and "jina-bert-v2-qk-post-norm" in alibi.reason, (
+        alibi.reason
+    )
 
     report = build_report(remote_engine, sweep_id=result.sweep_id)
     passed = sum(
