@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from hfadapt.adapters.api import adapter, host_constant, host_copy, on_host
+from hfadapt.adapters.api import STICK, adapter, host_constant, host_copy, on_host
 from hfadapt.adapters.rebind import rebind, stock_method
 
 
@@ -90,7 +90,7 @@ def _rotation(dim: int, dtype: torch.dtype) -> Tensor:
     return r
 
 
-_STICK_FP16 = 64  # elements of a 128-byte stick in fp16/bf16
+_STICK_FP16 = STICK  # elements of a 128-byte stick in fp16/bf16 (the profile's)
 
 
 def rotate_half_matmul(x: Tensor) -> Tensor:

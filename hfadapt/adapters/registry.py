@@ -174,7 +174,9 @@ class Registry:
                         self.add(a)
                 elif is_graph_folder(path):  # proven here; parsed on first apply
                     self.add(load_graph_adapter(path, source, lazy=True))
-            except BaseException as exc:
+            except KeyboardInterrupt:
+                raise  # Ctrl-C stops discovery: never a broken adapter
+            except BaseException as exc:  # SystemExit too: an adapter file cannot end hfadapt
                 self._report(str(path), exc)
 
     def add_module(self, module: types.ModuleType, source: str = "") -> None:
@@ -214,7 +216,9 @@ class Registry:
                 if not callable(hook):
                     raise AdapterError(f"entry point {ep.name} does not name a callable")
                 hook(self)
-            except BaseException as exc:
+            except KeyboardInterrupt:
+                raise  # Ctrl-C stops discovery: never a broken plugin
+            except BaseException as exc:  # SystemExit too: a plugin cannot end hfadapt
                 self._report(where, exc)
                 continue
             for a in self.adapters[before:]:

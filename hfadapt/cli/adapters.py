@@ -420,9 +420,11 @@ def verify(
     plan_exit(1 if failed else 0)
     if as_json:
         typer.echo(
-            json.dumps([{**r.to_dict(), "why": why_ok(r) if r.ok else r.failure} for r in results],
-                       indent=2)
-        )  # fmt: skip
+            json.dumps(
+                [{**r.to_dict(), "why": why_ok(r) if r.ok else r.failure} for r in results],
+                indent=2,
+            )
+        )
     else:
         table = Table(title="adapter proofs")
         for col in ("adapter", "equivalence (max rel err)", "on the device", "verdict"):

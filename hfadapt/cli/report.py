@@ -72,8 +72,13 @@ def failures(
         groups.columns[4].overflow = "fold"
         for b in blocking:
             example = f"{b.models[0]}: {b.example_reason}" if b.models else ""
-            groups.add_row(escape(b.verdict), f"{b.count:,}", fmt_count(b.downloads), f"{b.share:.1%}",
-                           escape(example))  # fmt: skip
+            groups.add_row(
+                escape(b.verdict),
+                f"{b.count:,}",
+                fmt_count(b.downloads),
+                f"{b.share:.1%}",
+                escape(example),
+            )
         console.print(groups)
         err_console.print(
             f"  {sum(b.count for b in blocking):,} failing models without a fingerprint "
@@ -218,11 +223,23 @@ def _print_report(rep: Any) -> None:
     if rep.passed_unknown:
         beside += f"; passes with no evidence level recorded {rep.passed_unknown:,}"
     console.print(beside, highlight=False, soft_wrap=True)
-    levels = Table("evidence", "models", "pass", "downloads", "pass downloads",
-                   title="by evidence level", title_justify="left")  # fmt: skip
+    levels = Table(
+        "evidence",
+        "models",
+        "pass",
+        "downloads",
+        "pass downloads",
+        title="by evidence level",
+        title_justify="left",
+    )
     for lv in rep.by_evidence:
-        levels.add_row(escape(lv.level), f"{lv.models:,}", f"{lv.passed:,}", fmt_count(lv.downloads),
-                       fmt_count(lv.passed_downloads))  # fmt: skip
+        levels.add_row(
+            escape(lv.level),
+            f"{lv.models:,}",
+            f"{lv.passed:,}",
+            fmt_count(lv.downloads),
+            fmt_count(lv.passed_downloads),
+        )
     console.print(levels)
     table = Table(
         "model_type",

@@ -68,8 +68,18 @@ def _resume_command() -> str:
     return f"{command} (with {PASSWORD_SOURCES})" if left_out else command
 
 
-_ORDER = ("pass", "lowering_failed", "verification_failed", "unsupported_model", "load_failed",
-          "reference_failed", "custom_code", "skipped", "worker_crashed", "worker_timeout")  # fmt: skip
+_ORDER = (
+    "pass",
+    "lowering_failed",
+    "verification_failed",
+    "unsupported_model",
+    "load_failed",
+    "reference_failed",
+    "custom_code",
+    "skipped",
+    "worker_crashed",
+    "worker_timeout",
+)
 _COLOURS = {
     "pass": "green",
     "lowering_failed": "red",
@@ -257,10 +267,18 @@ def sweep(
         unsafe_no_isolation=unsafe_no_isolation,
     )
     options = SweepOptions(
-        judge=judging, top=top, model_type=model_type, workers=workers, timeout=timeout,
-        memory_limit=memory_limit, executor=executor, address=address, narrow=not full_width,
-        resume=not fresh, allow_env_change=allow_env_change,
-    )  # fmt: skip
+        judge=judging,
+        top=top,
+        model_type=model_type,
+        workers=workers,
+        timeout=timeout,
+        memory_limit=memory_limit,
+        executor=executor,
+        address=address,
+        narrow=not full_width,
+        resume=not fresh,
+        allow_env_change=allow_env_change,
+    )
     _check_before_work(options)
     engine = writing_engine(db)
     from hfadapt.sweep.run import run_sweep

@@ -6,14 +6,16 @@ from __future__ import annotations
 from typing import Any
 
 from hfadapt.judge.diagnosis import Diagnosis
+from hfadapt.judge.evidence_types import DefectEntry
+from hfadapt.spyre.lowering_report import LoweringReport
 
 __all__ = ["defect_evidence", "defects_in", "structural_defect"]
 
 
-def defect_evidence(report: Any) -> list[dict[str, Any]]:
+def defect_evidence(report: LoweringReport) -> list[DefectEntry]:
     """The device defects that fired, one entry per defect: its id, source, effect, and the
     modules (with the ATen ops) where it fired."""
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, DefectEntry] = {}
     for f in report.defects:
         entry = out.setdefault(
             f.defect_id,
@@ -34,7 +36,7 @@ def defect_evidence(report: Any) -> list[dict[str, Any]]:
     return list(out.values())
 
 
-def defects_in(report: Any, module: str) -> list[dict[str, Any]]:
+def defects_in(report: LoweringReport, module: str) -> list[dict[str, Any]]:
     """The firings inside ``module`` (or below it; "" is the whole model)."""
     return [
         {"defect_id": f.defect_id, "source": f.source, "module": f.module, "op": f.op}
@@ -43,7 +45,7 @@ def defects_in(report: Any, module: str) -> list[dict[str, Any]]:
     ]
 
 
-def structural_defect(diag: Diagnosis, report: Any) -> str | None:
+def structural_defect(diag: Diagnosis, report: LoweringReport | None) -> str | None:
     """The reason a structural run fails when a device defect fired on the model's path (the
     first firing: defect, source, module), or None (a full run, or nothing fired)."""
     if not diag.structural or report is None or not report.defects:

@@ -72,9 +72,15 @@ KEYS: tuple[str, ...] = (
 )
 # what a one-line summary shows, in this order (the full dict is in --json)
 _SUMMARY = (
-    "profile", "torch", "transformers", "kernels", "sentence-transformers",
-    "numeric.dl16", "numeric.amx", "numeric.cpu",
-)  # fmt: skip
+    "profile",
+    "torch",
+    "transformers",
+    "kernels",
+    "sentence-transformers",
+    "numeric.dl16",
+    "numeric.amx",
+    "numeric.cpu",
+)
 # CPU flags (Linux /proc/cpuinfo) that hfadapt_amx_ready asks CPUID for
 _AMX_FLAGS = frozenset({"amx_bf16", "amx_tile", "avx512f", "avx512bw"})
 
@@ -151,10 +157,15 @@ def _library_decided() -> bool:
     from hfadapt.spyre import dl16_native
 
     loaders = (
-        dl16_native.load, dl16_native.load_sum_truncated, dl16_native.load_sum_truncated_round,
-        dl16_native.load_accumulate_truncated, dl16_native.load_softmax_floor,
-        dl16_native.load_layer_norm, dl16_native.load_aten_sum, dl16_native.load_row_program,
-    )  # fmt: skip
+        dl16_native.load,
+        dl16_native.load_sum_truncated,
+        dl16_native.load_sum_truncated_round,
+        dl16_native.load_accumulate_truncated,
+        dl16_native.load_softmax_floor,
+        dl16_native.load_layer_norm,
+        dl16_native.load_aten_sum,
+        dl16_native.load_row_program,
+    )
     return any(loader.cache_info().currsize for loader in loaders)
 
 

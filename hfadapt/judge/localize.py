@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from hfadapt.judge.device_runner import DeviceResult, Runner
 from hfadapt.judge.metrics import TOKEN_COSINE_MIN
 
 # A module diverges when its output's per-token cosine to the reference falls below this, or it
@@ -22,8 +23,6 @@ MODULE_COSINE_MIN = TOKEN_COSINE_MIN
 _TINY = 1e-20
 # Tensors kept per module call: enough to judge it, bounded memory.
 _MAX_TENSORS = 4
-
-Runner = Callable[..., Any]
 
 __all__ = [
     "MODULE_COSINE_MIN",
@@ -352,7 +351,7 @@ def localize(
             with torch.inference_mode():
                 return m(**sub)
 
-        def device(m: torch.nn.Module, sub: dict[str, torch.Tensor] = sub) -> Any:
+        def device(m: torch.nn.Module, sub: dict[str, torch.Tensor] = sub) -> DeviceResult:
             return runner(m, sub, execution=execution, dtype=dtype, profile=profile, collect=True)
 
         reference = record_modules(ref_model, cpu)

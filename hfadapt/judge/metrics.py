@@ -7,8 +7,9 @@ direction: it is judged by its absolute error, never by cosine."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -43,6 +44,23 @@ def cosine_rows(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return cosine
 
 
+class OutputJudgement(Protocol):
+    """One output of the pipeline judged in its own metric, as ``Metrics`` reads it
+    (``hfadapt.judge.output_metrics.OutputMetrics``, which builds on this module)."""
+
+    output: str  # sentence_embedding, sparse_embedding, token_weights, token_vectors
+    metric: str
+
+    @property
+    def passed(self) -> bool: ...
+
+    def failure(self) -> str: ...
+
+    def summary(self) -> str: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
 @dataclass
 class Metrics:
     """The numbers a verdict rests on. Cosines are over tokens whose device output is finite."""
@@ -69,7 +87,7 @@ class Metrics:
     zero_row_threshold: float = ZERO_ROW_ERROR_MAX
     # the pipeline's outputs (sentence, sparse, multi-vector), each judged in its metric
     # (hfadapt.judge.output_metrics.OutputMetrics); empty when only token states were judged
-    outputs: list[Any] = field(default_factory=list)
+    outputs: Sequence[OutputJudgement] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:

@@ -60,6 +60,17 @@ class Check:
             return False
         return self.value >= self.bound if self.at_least else self.value <= self.bound
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Check:
+        """A check as ``OutputMetrics.to_dict`` writes it (its ``passed`` is recomputed)."""
+        value = data.get("value")
+        return cls(
+            name=str(data["name"]),
+            value=None if value is None else float(value),
+            bound=float(data["bound"]),
+            at_least=bool(data["at_least"]),
+        )
+
     def text(self) -> str:
         shown = "n/a" if self.value is None else f"{self.value:.6f}"
         return f"{self.name} {shown} ({'>=' if self.at_least else '<='} {self.bound:g})"
@@ -87,6 +98,27 @@ class OutputMetrics:
 
     def summary(self) -> str:
         return f"{self.output} ({self.metric}): " + ", ".join(c.text() for c in self.checks)
+
+    @classmethod
+    def from_dict(cls, data: object) -> OutputMetrics:
+        """An output judged in another process (``to_dict``'s form, e.g. the sandboxed judge's
+        result), checked: TypeError or KeyError on a value out of shape."""
+        if not isinstance(data, dict):
+            raise TypeError(f"an output's metrics are {type(data).__name__}, not an object")
+        checks, info = data.get("checks", []), data.get("info") or {}
+        if not isinstance(checks, list) or not all(isinstance(c, dict) for c in checks):
+            raise TypeError(
+                f"the checks of output {data.get('output')!r} are not a list of objects"
+            )
+        if not isinstance(info, dict):
+            raise TypeError(f"the info of output {data.get('output')!r} is not an object")
+        return cls(
+            output=str(data["output"]),
+            metric=str(data["metric"]),
+            checks=[Check.from_dict(c) for c in checks],
+            nonfinite=int(data.get("nonfinite", 0)),
+            info=dict(info),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -171,10 +203,12 @@ def sparse_metrics(reference: torch.Tensor, device: torch.Tensor, output: str) -
 def _maxsim(
     q: torch.Tensor, q_mask: torch.Tensor, docs: torch.Tensor, d_mask: torch.Tensor
 ) -> torch.Tensor:
-    """ColBERT late interaction of one query [Lq, D] against every document [B, Ld, D]."""
-    sims = torch.einsum("qd,bld->bql", q, docs)
-    sims = sims.masked_fill(~d_mask.unsqueeze(1), float("-inf")).amax(dim=-1)  # [B, Lq]
-    return (sims * q_mask.to(sims.dtype)).sum(dim=-1)
+    """ColBERT late interaction of one query [Lq, D] against every document [B, Ld, D], over
+    real tokens only: padded positions are dropped on the host (FlagEmbedding, PyLate), so
+    whatever the device left there (0/0 = NaN where fp16 normalizes a masked zero vector) is
+    selected away, never multiplied by 0."""
+    sims = torch.einsum("qd,bld->bql", q[q_mask], docs)
+    return sims.masked_fill(~d_mask.unsqueeze(1), float("-inf")).amax(dim=-1).sum(dim=-1)
 
 
 def multi_vector_metrics(
@@ -199,7 +233,13 @@ def multi_vector_metrics(
         Check(
             "min token cosine", float(cos.min()) if cos.numel() else None, TOKEN_COSINE_MIN, True
         ),
-        Check("max max-sim error", max(errors) if errors else None, MAXSIM_ERROR_MAX, False),
+        # torch's max, not Python's: a NaN error is the worst, never skipped by its position
+        Check(
+            "max max-sim error",
+            float(torch.tensor(errors).max()) if errors else None,
+            MAXSIM_ERROR_MAX,
+            False,
+        ),
     ]
     result.info = {"pairs": len(rows) ** 2, "top1_agreement": f"{agree}/{len(rows)}"}
     return result

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,10 +29,12 @@ from hfadapt.errors import (
 from hfadapt.hub.resolve import HubOptions
 from hfadapt.judge.adapter_effect import ineffective_adapters
 from hfadapt.judge.defect_evidence import defect_evidence, defects_in, structural_defect
+from hfadapt.judge.device_runner import DeviceResult, Runner, default_runner
 from hfadapt.judge.diagnosis import Diagnosis, Phases, device_warnings_recorded, report_of_error
 from hfadapt.judge.evidence import level_of_source
+from hfadapt.judge.evidence_types import CachesEvidence
 from hfadapt.judge.localize import localize
-from hfadapt.judge.metrics import compare, last_hidden, token_mask
+from hfadapt.judge.metrics import Metrics, compare, last_hidden, token_mask
 from hfadapt.judge.options import JudgeOptions
 from hfadapt.judge.pipeline_judging import (
     attach_heads,
@@ -53,17 +55,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Judging", "Outcome", "Runner", "apply_adapters", "default_runner", "judge"]
 
-Runner = Callable[..., Any]
 Outcome = tuple[str, str, BaseException | None]  # verdict, reason, the error that decided it
 
 _PACKAGE = Path(__file__).resolve().parents[1]  # the hfadapt package's folder
-
-
-def default_runner() -> Runner:
-    """The real device runner, imported on first use (it pulls in the simulated device)."""
-    from hfadapt.spyre.runner import run_on_device
-
-    return run_on_device
 
 
 def apply_adapters(
@@ -140,7 +134,7 @@ def judge(
         try:
             return _phases(j, model_ref, config, config_source)
         finally:
-            caches: dict[str, Any] = {"reference": j.reference_use, "compile": used.to_dict()}
+            caches: CachesEvidence = {"reference": j.reference_use, "compile": used.to_dict()}
             if not j.use_caches:
                 caches["skipped"] = True
             j.diag.evidence["caches"] = caches
@@ -160,6 +154,7 @@ def _phases(
     decided, run = device(j)
     if decided is not None:
         return decided
+    assert run is not None, "a device phase that decided nothing returns its run"
     return numbers(j, run)
 
 
@@ -174,9 +169,13 @@ def load(
     with j.phases("load"):
         try:
             j.loaded = load_model(
-                model_ref, options.mode, trust_remote_code=options.trust_remote_code, hub=j.hub,
-                config=config, config_source=config_source,
-            )  # fmt: skip
+                model_ref,
+                options.mode,
+                trust_remote_code=options.trust_remote_code,
+                hub=j.hub,
+                config=config,
+                config_source=config_source,
+            )
         except ModelNotFoundError:
             raise
         except CustomCodeError as exc:
@@ -207,7 +206,7 @@ def _describe_loaded(j: Judging) -> None:
     diag.evidence_level = level.value if level is not None else None
     j.dtype = _device_dtype(diag, j.options, loaded.model_type)
     diag.evidence.update(
-        source=loaded.source, notes=list(loaded.notes), pooling=loaded.pooling.describe()
+        {"source": loaded.source, "notes": list(loaded.notes), "pooling": loaded.pooling.describe()}
     )
     if loaded.path is not None:  # a config held in memory has no folder
         diag.evidence["path"] = loaded.path
@@ -227,7 +226,14 @@ def _device_dtype(diag: Diagnosis, options: JudgeOptions, model_type: str | None
     family, why = load_profile(options.profile).family_dtype(model_type)
     chosen = family if options.dtype is None else options.dtype.value
     diag.dtype = chosen
-    diag.evidence["dtype_policy"] = {**why, "dtype": chosen, "overridden": chosen != family}
+    diag.evidence["dtype_policy"] = {
+        "rule": why["rule"],
+        "dtype": chosen,
+        "family": why["family"],
+        "source": why["source"],
+        "note": why["note"],
+        "overridden": chosen != family,
+    }  # Profile.family_dtype's reasons, with the dtype chosen
     dtype: torch.dtype = getattr(torch, DType.parse(chosen, "dtype").torch_name)
     return dtype
 
@@ -310,17 +316,21 @@ def adapters(j: Judging) -> None:
         diag.evidence["adapter_errors"] = errors
 
 
-def device(j: Judging) -> tuple[Outcome | None, Any]:
+def device(j: Judging) -> tuple[Outcome | None, DeviceResult | None]:
     """The device copy on the simulated device: (a verdict it decided, or None; the run)."""
     diag, options = j.diag, j.options
     run_device = j.runner = j.runner or default_runner()
+    assert j.device_model is not None, "the adapters phase comes first"
     with j.phases("device"), device_warnings_recorded(diag):
         try:
             run = run_device(
-                j.device_model, pipeline_inputs(j.inputs, j.heads, j.dtype),
-                execution=options.execution.value, dtype=j.dtype, profile=options.profile,
+                j.device_model,
+                pipeline_inputs(j.inputs, j.heads, j.dtype),
+                execution=options.execution.value,
+                dtype=j.dtype,
+                profile=options.profile,
                 collect=True,
-            )  # fmt: skip
+            )
         except SpyreUnsupportedModelError as exc:
             diag.evidence["rule_id"] = exc.rule_id
             return (verdicts.UNSUPPORTED_MODEL, exc.one_line(), None), None
@@ -338,7 +348,7 @@ def device(j: Judging) -> tuple[Outcome | None, Any]:
     adapters_took_effect(j)
     if run.report is not None and run.report.defects:
         diag.evidence["defects"] = defect_evidence(run.report)
-    diag.evidence["device_seconds"] = round(float(getattr(run, "seconds", 0.0) or 0.0), 4)
+    diag.evidence["device_seconds"] = round(float(run.seconds or 0.0), 4)
     if run.report is not None and not run.report.ok:
         return (verdicts.LOWERING_FAILED, run.report.summary(), None), run
     return None, run
@@ -379,7 +389,7 @@ def adapters_took_effect(j: Judging) -> None:
         diag.evidence["adapters_ineffective"] = [f.to_dict() for f in found]
 
 
-def numbers(j: Judging, run: Any) -> Outcome:
+def numbers(j: Judging, run: DeviceResult) -> Outcome:
     """The device's numbers against the reference decide: pass, or a verification failure
     (localized when asked)."""
     diag = j.diag
@@ -401,7 +411,7 @@ def numbers(j: Judging, run: Any) -> Outcome:
     return verdicts.VERIFICATION_FAILED, fired or metrics.failure(), None
 
 
-def where(j: Judging, run: Any, metrics: Any) -> None:
+def where(j: Judging, run: DeviceResult, metrics: Metrics) -> None:
     """Localize a numeric failure to its first divergent module (evidence, never a reason to
     lose the verdict)."""
     diag = j.diag
@@ -411,17 +421,22 @@ def where(j: Judging, run: Any, metrics: Any) -> None:
     with j.phases("localize"), device_warnings_recorded(diag):
         try:
             diag.divergence = localize(
-                with_heads(j.model.model, j.heads), pipeline_inputs(j.inputs, j.heads, j.dtype),
-                runner=j.runner or default_runner(), dtype=j.dtype, profile=j.options.profile, rows=_worst_rows(metrics, j.real_tokens),
-                prepare=j.prepare if j.options.adapters else None, execution=replay,
-            )  # fmt: skip
+                with_heads(j.model.model, j.heads),
+                pipeline_inputs(j.inputs, j.heads, j.dtype),
+                runner=j.runner or default_runner(),
+                dtype=j.dtype,
+                profile=j.options.profile,
+                rows=_worst_rows(metrics, j.real_tokens),
+                prepare=j.prepare if j.options.adapters else None,
+                execution=replay,
+            )
             if diag.divergence is not None and run.report is not None:
                 diag.divergence.defects = defects_in(run.report, diag.divergence.module)
         except Exception as exc:  # localizing is evidence, never a reason to lose the verdict
             diag.evidence["localize_error"] = _one_line(exc)
 
 
-def _worst_rows(metrics: Any, mask: torch.Tensor) -> list[int]:
+def _worst_rows(metrics: Metrics, mask: torch.Tensor) -> list[int]:
     """The probe rows to replay when localizing: the worst sentence, and the most padded one."""
     rows = [int(metrics.worst_token[0])] if metrics.worst_token else []
     rows.append(int(mask.sum(dim=1).argmin()))

@@ -8,10 +8,13 @@ that decided each output, and ``whole``: judged on the whole pipeline)."""
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from hfadapt.judge.evidence_types import PipelineEvidence
+from hfadapt.judge.metrics import OutputJudgement
 from hfadapt.judge.output_metrics import OutputMetrics, judge_outputs
 from hfadapt.loading.heads import HEADS_MASK, BuiltHeads, attach, build_heads
 from hfadapt.loading.load import LoadedModel
@@ -44,7 +47,9 @@ def heads_for(loaded: LoadedModel, seed: int = 0) -> BuiltHeads:
         return BuiltHeads(pipeline, None, left_out=[{"module": "heads", "why": why}])
 
 
-def evidence_of(built: BuiltHeads, outputs: list[OutputMetrics] | None = None) -> dict[str, Any]:
+def evidence_of(
+    built: BuiltHeads, outputs: Sequence[OutputJudgement] | None = None
+) -> PipelineEvidence:
     """What the run judged: ``evidence["pipeline"]``."""
     pipeline = built.pipeline
     left_out = list(built.left_out)

@@ -30,9 +30,11 @@ from hfadapt.errors import SandboxError, UsageError, option
 from hfadapt.hub.resolve import HubOptions
 from hfadapt.judge.diagnosis import Diagnosis, next_step, versions_of, write_run
 from hfadapt.judge.environment import KEYS as ENVIRONMENT_KEYS
+from hfadapt.judge.evidence_types import SandboxEvidence, read_evidence
 from hfadapt.judge.localize import Divergence
 from hfadapt.judge.metrics import Metrics
 from hfadapt.judge.options import JudgeOptions
+from hfadapt.judge.output_metrics import OutputMetrics
 from hfadapt.spyre.lowering_report import LoweringReport
 from hfadapt.untrusted import bounded, clean_text, known_secrets, parse_json, redact
 
@@ -178,10 +180,14 @@ def judge(
         start, started_at = time.monotonic(), utcnow()
         try:
             proc = isolation.spawn(
-                command, inputs=inputs, env=env,
+                command,
+                inputs=inputs,
+                env=env,
                 limits=isolation.Limits(cpu_seconds=int(timeout_s) + 5, tmpfs_mb=TMPFS_MB),
-                isolate=isolated, readable=_readable(env, model, hub.cache_dir), cwd=scratch,
-            )  # fmt: skip
+                isolate=isolated,
+                readable=_readable(env, model, hub.cache_dir),
+                cwd=scratch,
+            )
         except OSError as exc:
             raise SandboxError(f"cannot start the sandboxed judge: {exc}") from exc
         diag = _result(model_ref, options, proc, start, timeout_s, isolated)
@@ -203,7 +209,7 @@ def _result(
     done = isolation.collect(proc, timeout_s, max_stdout=MAX_RESULT_BYTES)
     seconds = round(time.monotonic() - start, 3)
     tail = _scrub(clean_text("\n".join(done.stderr_tail.strip().splitlines()[-15:]), 4000))
-    sandbox = {"isolated": isolated, "exit_code": done.code, "seconds": seconds}
+    sandbox: SandboxEvidence = {"isolated": isolated, "exit_code": done.code, "seconds": seconds}
     raw = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else None
     if raw is None or done.timed_out or done.overflow:
         why = done.overflow or tail
@@ -251,7 +257,7 @@ def _no_result(
     options: JudgeOptions,
     timed_out: bool,
     timeout_s: float,
-    sandbox: dict[str, Any],
+    sandbox: SandboxEvidence,
     why: str,
 ) -> Diagnosis:
     verdict = verdicts.WORKER_TIMEOUT if timed_out else verdicts.WORKER_CRASHED
@@ -342,11 +348,18 @@ def from_data(data: Any) -> Diagnosis:
         diag.signature_fields = bounded(
             _obj(diag.signature_fields, "signature_fields"), max_depth=4
         )
-    diag.evidence = bounded(_obj(data.get("evidence"), "evidence"), max_depth=8, max_items=500)
+    diag.evidence = read_evidence(
+        bounded(_obj(data.get("evidence"), "evidence"), max_depth=8, max_items=500)
+    )
     metrics = data.get("metrics")
     if isinstance(metrics, dict):
         metrics = {k: v for k, v in metrics.items() if k != "passed"}
     diag.metrics = _known(Metrics, metrics)
+    if diag.metrics is not None:  # the pipeline's outputs, each judged in its metric
+        outputs: object = diag.metrics.outputs
+        if not isinstance(outputs, list):
+            raise TypeError(f"Metrics.outputs is {type(outputs).__name__}, not a list")
+        diag.metrics.outputs = [OutputMetrics.from_dict(o) for o in outputs]
     diag.divergence = _known(Divergence, data.get("divergence"))
     report = data.get("report")
     diag.report = LoweringReport.from_dict(_obj(report, "report")) if report else None

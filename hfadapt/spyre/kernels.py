@@ -467,8 +467,6 @@ def sdpa_key_stick(profile: Profile | None) -> int:
 
 # -- matmul: chunked accumulation, each chunk's partial product truncated --------------------
 
-STICK = STICK_ELEMENTS  # fp16 elements in one 128-byte stick: chunks are whole sticks
-
 
 def _check_partial_bits(mantissa_bits: int) -> None:
     """A truncation keeps 0 to 22 of float32's 23 mantissa bits (it drops at least one: its
@@ -577,7 +575,7 @@ def chunked_matmul(
         raise RuntimeError(
             f"chunked_matmul: shapes {tuple(a.shape)} and {tuple(b.shape)} cannot be multiplied"
         )
-    per = max(STICK, -(-chunk // STICK) * STICK)
+    per = max(STICK_ELEMENTS, -(-chunk // STICK_ELEMENTS) * STICK_ELEMENTS)  # whole sticks
     step = _native_accumulate()
     native = (
         step is not None

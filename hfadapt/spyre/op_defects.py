@@ -37,9 +37,10 @@ from typing import Any
 
 import torch
 
+from hfadapt.spyre.profile import STICK_ELEMENTS
+
 SENCORES = 32  # cores a reduction's rows are dealt to (#3804: wrong past exactly 32 rows)
-STICK = 64  # fp16 elements in one 128-byte stick
-FP32_STICK = 32  # fp32 elements in one stick
+FP32_STICK = STICK_ELEMENTS // 2  # fp32 elements in one 128-byte stick
 
 Values = Sequence[Any]
 
@@ -145,13 +146,13 @@ def _exp_matches(op: str, args: Values, kwargs: dict[str, Any]) -> bool:
     shape = _shape(args[0])
     if not shape or getattr(args[0], "dtype", None) != torch.float16:
         return False
-    return shape[-1] > STICK and shape[-1] % STICK != 0
+    return shape[-1] > STICK_ELEMENTS and shape[-1] % STICK_ELEMENTS != 0
 
 
 def exp_first_stick_reread(x: torch.Tensor) -> torch.Tensor:
     """exp as the card computes it on a row wider than a stick and not a whole number of
     sticks: element j is exp(x[j mod 64])."""
-    index = torch.arange(x.shape[-1], device=x.device) % STICK
+    index = torch.arange(x.shape[-1], device=x.device) % STICK_ELEMENTS
     return torch.exp(x.index_select(-1, index))
 
 
@@ -216,7 +217,7 @@ def _cast_matches(op: str, args: Values, kwargs: dict[str, Any]) -> bool:
         and dst in (torch.float16, torch.bfloat16)
         and shape is not None
         and len(shape) > 0
-        and shape[-1] >= STICK
+        and shape[-1] >= STICK_ELEMENTS
     )
 
 
@@ -225,10 +226,10 @@ def staggered(x: torch.Tensor) -> torch.Tensor:
     stick of the last dim, element j holds the source's (j % 2) * 32 + j // 2; a partial last
     stick keeps its order."""
     n = x.shape[-1]
-    whole = n // STICK * STICK
-    j = torch.arange(STICK)
+    whole = n // STICK_ELEMENTS * STICK_ELEMENTS
+    j = torch.arange(STICK_ELEMENTS)
     within = (j % 2) * FP32_STICK + j // 2
-    index = (torch.arange(0, whole, STICK).unsqueeze(1) + within).reshape(-1)
+    index = (torch.arange(0, whole, STICK_ELEMENTS).unsqueeze(1) + within).reshape(-1)
     index = torch.cat([index, torch.arange(whole, n)])
     return x.index_select(-1, index)
 

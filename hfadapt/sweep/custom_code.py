@@ -13,6 +13,7 @@ from hfadapt.errors import InputError
 from hfadapt.hub.resolve import HubOptions
 from hfadapt.judge import sandboxed
 from hfadapt.judge.diagnosis import Diagnosis
+from hfadapt.judge.evidence_types import read_evidence
 from hfadapt.judge.options import JudgeOptions
 
 
@@ -20,10 +21,23 @@ def row_of(diag: Diagnosis, model_id: str) -> dict[str, Any]:
     """The Run columns of a sandboxed diagnosis, as a sweep's direct row."""
     row = diag.to_run_row().model_dump(exclude={"id", "sweep_id"})
     row["model_id"] = model_id
-    evidence = dict(row.get("evidence") or {})
+    return _judged_in_sandbox(row)
+
+
+def _judged_in_sandbox(row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` (changed in place) with its evidence saying it was judged in the sandbox."""
+    evidence = read_evidence(row.get("evidence"))
     evidence["sweep"] = {"role": "direct", "judged_in": "sandbox"}
     row["evidence"] = evidence
     return row
+
+
+def _not_in_cache(row: dict[str, Any], exc: InputError, structural: bool) -> dict[str, Any]:
+    """The row of a model whose code is not in the HF cache: no network in the sandbox, so it
+    does not load."""
+    judged = f"{'[structural] ' if structural else ''}judged with its own code in the sandbox"
+    failed = {"verdict": verdicts.LOAD_FAILED, "error": type(exc).__name__}
+    return _judged_in_sandbox({**row, **failed, "reason": f"{judged}: {exc.one_line()}"})
 
 
 def judge_custom_code(
@@ -46,11 +60,7 @@ def judge_custom_code(
                 hub=HubOptions(local_files_only=True),
             )
         except InputError as exc:  # not in the HF cache (no network in the sandbox): no model
-            out.append({**row, "verdict": verdicts.LOAD_FAILED, "error": type(exc).__name__,
-                        "reason": f"{'[structural] ' if judge.structural else ''}judged with "
-                                  f"its own code in the sandbox: {exc.one_line()}",
-                        "evidence": {**row["evidence"], "sweep": {"role": "direct",
-                                     "judged_in": "sandbox"}}})  # fmt: skip
+            out.append(_not_in_cache(row, exc, judge.structural))
             continue
         diag.finished()
         out.append(row_of(diag, model_id))

@@ -16,6 +16,7 @@ from hfadapt.errors import HfadaptError
 from hfadapt.hub.config_fetch import has_shapes
 from hfadapt.hub.ids import invalid_model_id
 from hfadapt.judge.evidence import level_of_source
+from hfadapt.judge.evidence_types import Evidence
 from hfadapt.sweep.narrow import Narrowed, narrowed
 
 __all__ = ["MODEL_KEY", "Plan", "Unit", "plan_sweep"]
@@ -66,9 +67,17 @@ class Plan:
 
 
 def _direct(
-    model: HubModel, verdict: str, reason: str, mode: str, source: str | None, **extra: Any
+    model: HubModel,
+    verdict: str,
+    reason: str,
+    mode: str,
+    source: str | None,
+    prefilter: str | None = None,
 ) -> dict[str, Any]:
     level = level_of_source(source)
+    evidence: Evidence = {"sweep": {"role": "direct"}, "config_source": source}
+    if prefilter is not None:
+        evidence["prefilter"] = prefilter
     return {
         "model_id": model.id,
         "verdict": verdict,
@@ -76,7 +85,7 @@ def _direct(
         "mode": mode,
         "model_type": model.model_type,
         "evidence_level": level.value if level is not None else None,
-        "evidence": {"sweep": {"role": "direct"}, "config_source": source, **extra},
+        "evidence": evidence,
     }
 
 
@@ -177,10 +186,8 @@ class _Planner:
             # the prefilter read the listing: its model_type, or the crawled config
             listed = "structural:crawl" if crawled else "structural:defaults"
             plan.sources[model.id] = listed
-            plan.direct.append(
-                _direct(model, verdicts.SKIPPED, model.excluded_reason, mode, listed,
-                        prefilter=model.excluded_reason)
-            )  # fmt: skip
+            why = model.excluded_reason
+            plan.direct.append(_direct(model, verdicts.SKIPPED, why, mode, listed, prefilter=why))
             return
         bad_id = invalid_model_id(model.id)
         if bad_id:  # stored before crawls refused such ids: recorded, never looked up

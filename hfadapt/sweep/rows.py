@@ -9,6 +9,7 @@ from typing import Any
 
 from hfadapt.db.tables import utcnow
 from hfadapt.judge.evidence import level_of_source
+from hfadapt.judge.evidence_types import Evidence, SweepEvidence, read_evidence
 from hfadapt.options import EvidenceLevel
 from hfadapt.sweep.plan import Unit
 from hfadapt.sweep.worker import Outcome
@@ -46,13 +47,13 @@ def member_rows(
     own evidence level and config source (``sources``: model id -> config source)."""
     sources = sources or {}
     shared = {k: template.get(k) for k in SHARED}
-    sweep_ev: dict[str, Any] = {
+    sweep_ev: SweepEvidence = {
         "role": "member",
         "representative": rep,
         "unit": unit.key,
         "models": len(unit.members),
     }
-    earlier = (template.get("evidence") or {}).get("sweep") or {}
+    earlier = read_evidence(template.get("evidence")).get("sweep") or SweepEvidence()
     rep_run = earlier.get("representative_run") or (
         template.get("id") if earlier.get("role") == "representative" else None
     )
@@ -66,7 +67,7 @@ def member_rows(
             "model_type": types.get(model_id) or template.get("model_type"),
             "signature": unit.signature or template.get("signature"),
             "evidence_level": _member_level(template, sources.get(model_id)),
-            "evidence": {"sweep": dict(sweep_ev), "config_source": sources.get(model_id)},
+            "evidence": Evidence(sweep=sweep_ev.copy(), config_source=sources.get(model_id)),
             "started_at": now,
             "finished_at": now,
         }
@@ -91,10 +92,10 @@ def unit_rows(
     row["model_type"] = row.get("model_type") or types.get(rep)
     if unit.signature and not row.get("signature"):
         row["signature"] = unit.signature
-    evidence = dict(row.get("evidence") or {})
+    evidence = read_evidence(row.get("evidence"))
     if not evidence.get("config_source") and sources:
         evidence["config_source"] = sources.get(rep)  # as planned, when the run did not say
-    evidence["sweep"] = {
+    sweep_ev: SweepEvidence = {
         "role": "representative",
         "representative": rep,
         "unit": unit.key,
@@ -104,9 +105,10 @@ def unit_rows(
         "worker_peak_rss_mb": out.peak_rss_mb,
     }
     if out.node is not None:  # judged on a Ray cluster: which machine and node
-        evidence["sweep"].update(worker_host=out.host, worker_node=out.node)
+        sweep_ev.update({"worker_host": out.host, "worker_node": out.node})
     if unit.signature and row.get("signature") and row["signature"] != unit.signature:
-        evidence["sweep"]["planned_signature"] = unit.signature
+        sweep_ev["planned_signature"] = unit.signature
+    evidence["sweep"] = sweep_ev
     row["evidence"] = evidence
     members = [m for m in todo if m != rep]
     return [row, *member_rows(unit, members, row, rep, types, sources)]

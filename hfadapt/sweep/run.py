@@ -19,6 +19,7 @@ from typing import Any
 from sqlalchemy.engine import Engine
 
 from hfadapt import settings
+from hfadapt.db.tables import Sweep
 from hfadapt.errors import EnvironmentChangedError, SweepError, UsageError, option
 from hfadapt.judge.environment import (
     NUMERIC_KEYS,
@@ -27,6 +28,8 @@ from hfadapt.judge.environment import (
     describe_changes,
     environment,
 )
+from hfadapt.judge.evidence_types import SweepEvidence, read_evidence
+from hfadapt.judge.options import JudgeOptions
 from hfadapt.options import Executor as ExecutorName
 from hfadapt.sweep.executor import Executor, make_executor
 from hfadapt.sweep.limits import default_memory_limit_mb, max_local_workers
@@ -174,16 +177,8 @@ def run_sweep(
 
     options = options or SweepOptions()
     judge = options.judge
-    if judge.without_adapters:  # a misspelt name would leave every adapter applied
-        from hfadapt.judge.diagnose import check_adapter_names
-
-        check_adapter_names(judge.without_adapters)
+    _refuse_early(judge)
     workers = _workers(options, options.memory_limit)
-    if judge.trust_remote_code:
-        from hfadapt.isolation import require_isolation
-
-        what = f"the model's own code ({option('trust_remote_code')})"
-        require_isolation(unsafe=judge.unsafe_no_isolation, what=what)
     prof = load_profile(judge.profile)
     memory_limit = options.memory_limit
     if memory_limit is None:
@@ -201,17 +196,7 @@ def run_sweep(
     # Workers start only once the plan stands: bad input or a failed plan spawns nothing, and
     # there are never more workers than units of work.
     pool = _start_pool(options, workers, len(plan.units), memory_limit, worker, env)
-    try:
-        sweep, resumed = open_sweep(
-            engine, identity, resume=options.resume, mode=judge.mode, execution=judge.execution,
-            dtype=judge.dtype_name, top=options.top, model_type=options.model_type,
-            dedupe=options.deduped, executor=options.executor, workers=pool.workers,
-            timeout_s=options.timeout, memory_limit_mb=memory_limit or None, crawl_id=crawl_id,
-            models=plan.models, units=len(plan.units),
-        )  # fmt: skip
-    except BaseException:  # refused (another driver runs it), or the database failed
-        pool.close()
-        raise
+    sweep, resumed = _opened(engine, identity, options, plan, pool, memory_limit, crawl_id)
     assert sweep.id is not None
     try:
         if judge.trust_remote_code:
@@ -230,6 +215,56 @@ def run_sweep(
             status=INTERRUPTED if stopped else FAILED,
             error=None if stopped else f"{type(exc).__name__}: {exc}"[:500],
         )
+        raise
+
+
+def _refuse_early(judge: JudgeOptions) -> None:
+    """Options refused before any work: a misspelt adapter name to leave out (it would leave
+    every adapter applied), remote code where nothing can isolate it."""
+    if judge.without_adapters:
+        from hfadapt.judge.diagnose import check_adapter_names
+
+        check_adapter_names(judge.without_adapters)
+    if judge.trust_remote_code:
+        from hfadapt.isolation import require_isolation
+
+        what = f"the model's own code ({option('trust_remote_code')})"
+        require_isolation(unsafe=judge.unsafe_no_isolation, what=what)
+
+
+def _opened(
+    engine: Engine,
+    identity: dict[str, Any],
+    options: SweepOptions,
+    plan: Plan,
+    pool: Executor,
+    memory_limit: int | None,
+    crawl_id: int | None,
+) -> tuple[Sweep, bool]:
+    """(the sweep's row, opened or resumed; whether it was resumed). The started pool is closed
+    when the sweep is refused (another driver runs it) or the database fails."""
+    judge = options.judge
+    try:
+        return open_sweep(
+            engine,
+            identity,
+            resume=options.resume,
+            mode=judge.mode,
+            execution=judge.execution,
+            dtype=judge.dtype_name,
+            top=options.top,
+            model_type=options.model_type,
+            dedupe=options.deduped,
+            executor=options.executor,
+            workers=pool.workers,
+            timeout_s=options.timeout,
+            memory_limit_mb=memory_limit or None,
+            crawl_id=crawl_id,
+            models=plan.models,
+            units=len(plan.units),
+        )
+    except BaseException:
+        pool.close()
         raise
 
 
@@ -274,10 +309,15 @@ def _start_pool(
     cluster = options.workers is None and options.executor == ExecutorName.RAY
     workers = max(1, min(workers, units))
     pool = make_executor(
-        options.executor, workers=None if cluster else workers, timeout=options.timeout,
-        memory_limit_mb=memory_limit or None, worker=worker, address=options.address, env=env,
+        options.executor,
+        workers=None if cluster else workers,
+        timeout=options.timeout,
+        memory_limit_mb=memory_limit or None,
+        worker=worker,
+        address=options.address,
+        env=env,
         max_workers=units,
-    )  # fmt: skip
+    )
     try:
         pool.start()
     except BaseException:
@@ -305,9 +345,16 @@ class _Driver:
         self.already = len(self.done)
         counts: Counter[str] = Counter(row["verdict"] for row in self.done.values())
         self.state = SweepProgress(
-            sweep_id, plan.models, self.already, len(plan.units), 0, counts, 0.0, self.already,
+            sweep_id,
+            plan.models,
+            self.already,
+            len(plan.units),
+            0,
+            counts,
+            0.0,
+            self.already,
             cost_total=sum(u.cost for u in plan.units) or 1.0,
-        )  # fmt: skip
+        )
         self.reused = 0
         self.unit_seconds: dict[str, float] = {}
 
@@ -316,7 +363,9 @@ class _Driver:
         for row in rows:
             translated = self.plan.translated.get(row["model_id"])
             if translated is not None:
-                row["evidence"] = {**(row.get("evidence") or {}), "translated_from": translated}
+                evidence = read_evidence(row.get("evidence"))
+                evidence["translated_from"] = translated
+                row["evidence"] = evidence
         return rows
 
     def report(self, last: str | None, added: list[dict[str, Any]], unit: Unit | None) -> None:
@@ -352,7 +401,7 @@ class _Driver:
                 continue
             earlier = next((done[m] for m in unit.members if m in done), None)
             if earlier is not None:  # a unit half-written by an older plan: copy its verdict
-                sweep = (earlier.get("evidence") or {}).get("sweep", {})
+                sweep = read_evidence(earlier.get("evidence")).get("sweep") or SweepEvidence()
                 rep = sweep.get("representative") or earlier["model_id"]
                 rows = member_rows(unit, todo, earlier, rep, plan.model_types, plan.sources)
                 write_rows(self.engine, self.sweep_id, self.tag(rows))
@@ -363,12 +412,16 @@ class _Driver:
             small = unit.narrow
             tasks.append(
                 replace(
-                    template, key=unit.key, model_id=unit.representative, config=unit.config,
-                    models=len(unit.members), narrow=small.config if small else None,
+                    template,
+                    key=unit.key,
+                    model_id=unit.representative,
+                    config=unit.config,
+                    models=len(unit.members),
+                    narrow=small.config if small else None,
                     narrow_changes=small.changes if small else None,
                     config_source=plan.sources.get(unit.representative),
                 )
-            )  # fmt: skip
+            )
         return tasks, units
 
     def run(self, executor: Any, tasks: list[Task], units: dict[str, Unit]) -> None:

@@ -19,6 +19,7 @@ from hfadapt.db.census import get_sweep, latest_sweep, list_sweeps
 from hfadapt.db.engine import describe, session
 from hfadapt.db.tables import DONE, FAILED, INTERRUPTED, RUNNING, Run, Sweep, utcnow
 from hfadapt.judge.environment import distinct
+from hfadapt.judge.evidence_types import read_evidence
 from hfadapt.untrusted import hide_url_credentials, one_line
 
 __all__ = [
@@ -240,12 +241,11 @@ def write_rows(
             ids.append(rep_id)
         others = [values(r) for r in rows if r is not (first[0] if first else None)]
         for row in others:
-            sweep_ev = (row.get("evidence") or {}).get("sweep")
+            evidence = read_evidence(row.get("evidence"))
+            sweep_ev = evidence.get("sweep")
             if rep_id is not None and isinstance(sweep_ev, dict):
-                row["evidence"] = {
-                    **row["evidence"],
-                    "sweep": {**sweep_ev, "representative_run": rep_id},
-                }
+                evidence["sweep"] = {**sweep_ev, "representative_run": rep_id}
+                row["evidence"] = evidence
         if others:
             # executemany: one statement for every member of a unit (thousands for BERT).
             conn.execute(insert(run), others)

@@ -17,9 +17,11 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Unpack
 
 from hfadapt import settings, verdicts
+from hfadapt.judge.device_runner import Runner
+from hfadapt.judge.evidence_types import NarrowedEvidence, WorkerFailureEvidence, read_evidence
 from hfadapt.judge.options import JudgeOptions
 from hfadapt.loading import sizing
 from hfadapt.options import Mode
@@ -106,7 +108,11 @@ def current_rss_mb() -> float:
 
 
 def crashed(
-    task: Task, reason: str, *, verdict: str = verdicts.WORKER_CRASHED, **evidence: Any
+    task: Task,
+    reason: str,
+    *,
+    verdict: str = verdicts.WORKER_CRASHED,
+    **evidence: Unpack[WorkerFailureEvidence],
 ) -> Outcome:
     """The Outcome of a unit whose worker died, hung or raised: no metrics, the reason why."""
     row = {
@@ -125,7 +131,9 @@ def is_out_of_memory(text: str) -> bool:
     return any(marker.lower() in text.lower() for marker in _OOM_MARKERS)
 
 
-def out_of_memory(task: Task, limit_mb: int | None, detail: str, **evidence: Any) -> Outcome:
+def out_of_memory(
+    task: Task, limit_mb: int | None, detail: str, *, judged_as: str | None = None
+) -> Outcome:
     """The worker_crashed Outcome of a unit that ran out of memory, said in words with what to
     do; the allocator's own text goes to the evidence (``error``), never into the reason. The
     same for every executor: ``limit_mb`` is the sweep's per-worker limit as configured."""
@@ -141,9 +149,14 @@ def out_of_memory(task: Task, limit_mb: int | None, detail: str, **evidence: Any
         f"hfadapt diagnose {task.model_id} --mode {task.judge.mode.value}"
     )
     details = " ".join(detail.split())[:300]
-    out = crashed(
-        task, reason, out_of_memory=True, memory_limit_mb=limit_mb, allocator=details, **evidence
-    )
+    failure: WorkerFailureEvidence = {
+        "out_of_memory": True,
+        "memory_limit_mb": limit_mb,
+        "allocator": details,
+    }
+    if judged_as is not None:
+        failure["judged_as"] = judged_as
+    out = crashed(task, reason, **failure)
     out.restart = True  # the allocator may hold what it could get: a fresh process goes on
     return out
 
@@ -170,7 +183,7 @@ NARROW_DECIDES = frozenset({verdicts.PASS, verdicts.LOWERING_FAILED, verdicts.UN
 
 
 def _diagnose(
-    task: Task, config: dict[str, Any] | None, runner: Any
+    task: Task, config: dict[str, Any] | None, runner: Runner | None
 ) -> tuple[str, str, dict[str, Any]]:
     """(verdict, reason, Run columns) of one diagnosis of the task's model; in structural mode
     with ``config`` (the crawled one, or a narrowed instance) instead of the one hfadapt would
@@ -220,7 +233,7 @@ def judge_unit(task: Task) -> Outcome:
     alone (numerics, loading) is confirmed on the real config."""
     runner = resolve(task.runner) if task.runner else None
     _fresh_dynamo()
-    tried: dict[str, Any] | None = None
+    tried: NarrowedEvidence | None = None
     if task.narrow is not None:
         verdict, reason, row = _diagnose(task, task.narrow, runner)
         tried = {"changes": task.narrow_changes, "verdict": verdict}
@@ -231,7 +244,7 @@ def judge_unit(task: Task) -> Outcome:
             tried["confirmed_at_full_width"] = True
     else:
         verdict, reason, row = _diagnose(task, task.config, runner)
-    evidence = dict(row.get("evidence") or {})
+    evidence = read_evidence(row.get("evidence"))
     if tried is not None:
         evidence["narrowed"] = tried
     row["evidence"] = evidence

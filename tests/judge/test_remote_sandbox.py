@@ -440,3 +440,34 @@ def test_the_sandboxed_judge_gets_a_memory_budget_and_no_token_folder(
     jobs = _worker_says(monkeypatch, "{}")
     _judge("asked/model")
     assert jobs[0]["memory_mb"] == sandboxed.DEFAULT_MEMORY_MB, jobs
+
+
+def test_the_worker_result_keeps_the_pipeline_outputs_judged() -> None:
+    """A sandboxed run of a model with heads returns its outputs' metrics as JSON: they come
+    back as judged outputs (a dict there once broke ``Metrics.passed`` with AttributeError)."""
+    from hfadapt.judge.metrics import Metrics
+    from hfadapt.judge.output_metrics import Check, OutputMetrics
+    from hfadapt.judge.sandboxed import from_data
+
+    dense = OutputMetrics("sentence_embedding", "dense cosine", [Check("cosine", 0.95, 0.99, True)])
+    metrics = Metrics(0.999, 0.999, 0.999, 0.01, False, False, 3, 0, (0, 1), outputs=[dense])
+    data = {
+        "model_id": "m",
+        "verdict": "verification_failed",
+        "reason": "r",
+        "exit_code": 1,
+        "mode": "full",
+        "structural": False,
+        "execution": "eager",
+        "dtype": "fp16",
+        "next_step": "",
+        "evidence": {"pipeline": {"whole": True}},
+        "metrics": json.loads(json.dumps(metrics.to_dict())),
+    }
+    back = from_data(data).metrics
+    assert back is not None and not back.passed, back
+    assert [o.to_dict() for o in back.outputs] == [dense.to_dict()], back.outputs
+    assert back.failure() == metrics.failure() == dense.failure(), back.failure()
+    bad = {**data["metrics"], "outputs": [{"output": "x", "metric": "m", "checks": "no"}]}
+    with pytest.raises(TypeError, match="checks of output 'x'"):
+        from_data({**data, "metrics": bad})

@@ -11,7 +11,8 @@ from torch import fx
 
 from hfadapt.spyre.compile.defect_match import Match, float4d, node_value, packet, position
 from hfadapt.spyre.compile.graph_rules import op_name
-from hfadapt.spyre.op_defects import STICK, memory_order
+from hfadapt.spyre.op_defects import FP32_STICK, memory_order
+from hfadapt.spyre.profile import STICK_ELEMENTS
 
 __all__ = ["HEAD_LAYOUT_SEQ", "rotate_half_slice", "slice_from_start", "view_transpose_64"]
 
@@ -74,7 +75,7 @@ def view_transpose_64(gm: fx.GraphModule) -> list[Match]:
 
 
 def _stick(t: torch.Tensor) -> int:
-    return 32 if t.dtype == torch.float32 else STICK
+    return FP32_STICK if t.dtype == torch.float32 else STICK_ELEMENTS
 
 
 def rotate_half_slice(gm: fx.GraphModule) -> list[Match]:
