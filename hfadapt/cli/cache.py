@@ -1,8 +1,10 @@
 """``hfadapt cache info`` and ``hfadapt cache clear``: hfadapt's two persistent caches, the
 simulated device's compile cache (hfadapt.spyre.compile.cache) and the CPU reference cache
 (hfadapt.judge.reference_cache): where each is, how many entries and bytes it holds (and the
-temporary files killed writers left, hfadapt.disk_cache), and emptying them. Thin: the library
-does the work."""
+temporary files killed writers left, hfadapt.disk_cache), and emptying them; beside them, the
+device's C kernels (hfadapt.spyre.dl16_native): whether this process uses them and AMX's tiles,
+or why not, and clearing the records of failed builds so that the next use builds again. Thin:
+the library does the work."""
 
 from __future__ import annotations
 
@@ -38,10 +40,43 @@ def _size(n: int) -> str:
     return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
 
 
+_NATIVE = "hfadapt.spyre.dl16_native"
+# what each state of the C kernels and of AMX's tiles reads as
+_KERNELS = {
+    "built": "built, in use",
+    "failed": "not built: the build failed",
+    "no compiler": "not built",
+    "load failed": "built, but not loadable",
+    "disabled": "off (HFADAPT_NATIVE_DL16=0)",
+}
+_AMX = {
+    "available": "in use",
+    "unavailable": "not on this CPU (or not granted by the kernel)",
+    "no kernels": "unused (no C kernels)",
+    "disabled": "off (HFADAPT_NATIVE_AMX=0)",
+}
+
+
+def _native_line(item: dict[str, Any]) -> str:
+    """The C kernels' line of ``cache info``: their state, where, and why not."""
+    where = item["library"] or item["path"]
+    line = f"native kernels {escape(where)}: {_KERNELS.get(item['kernels'], item['kernels'])}"
+    if item["message"] and item["kernels"] != "disabled":
+        line += f" ({escape(item['message'])})"
+    if item["record"]:
+        line += (
+            f"; the compiler's message is in {escape(item['record'])} (hfadapt cache clear "
+            "tries again)"
+        )
+    return f"{line}; AMX tiles: {_AMX.get(item['amx'], item['amx'])}"
+
+
 @cache_app.command("info")
 def info(as_json: JsonOption = False) -> None:
-    """Where each cache is, its entries and size, and its bound."""
+    """Where each cache is, its entries and size, and its bound; whether the device's C
+    kernels and AMX's tiles are in use (the kernels are built if they are not yet)."""
     data = {name: _module(module).cache_info() for name, _, module in _CACHES}
+    data["native"] = _module(_NATIVE).native_status().as_dict()
     if as_json:
         typer.echo(json.dumps(data, indent=2))
         return
@@ -60,12 +95,14 @@ def info(as_json: JsonOption = False) -> None:
             highlight=False,
             soft_wrap=True,
         )
+    console.print(_native_line(data["native"]), highlight=False, soft_wrap=True)
 
 
 @cache_app.command("clear")
 def clear() -> None:
-    """Remove every entry of both caches (the next runs fill them again), and the temporary
-    files of unfinished writes."""
+    """Remove every entry of both caches (the next runs fill them again), the temporary
+    files of unfinished writes, and the records of failed C kernel builds (the next use builds
+    again)."""
     for name, _, module in _CACHES:
         found = _module(module)
         removed, leftovers = found.clear()
@@ -76,3 +113,10 @@ def clear() -> None:
             highlight=False,
             soft_wrap=True,
         )
+    native = _module(_NATIVE)
+    records = native.clear_failure_records()
+    console.print(
+        f"removed {records} failed-build records of the C kernels from {escape(str(native.cache_dir()))}",
+        highlight=False,
+        soft_wrap=True,
+    )

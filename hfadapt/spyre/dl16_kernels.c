@@ -1,7 +1,9 @@
-/* The kernels of hfadapt.spyre.dl16_native, built with the system C compiler on first use.
+/* The kernels of hfadapt.spyre.dl16_native, built with the system C compiler on first use
+   (hfadapt.spyre.native_build; the kernels it exports are declared once, in the exports block
+   below).
 
    hfadapt_round_dl16: what dl16._round_inplace computes, bit for bit (checked on all 2^32
-   float32 patterns, NaN for NaN), by integer steps: with a transfer, +-inf becomes +-host_inf;
+   float32 patterns, NaN for NaN: benchmarks/check_dl16_exhaustive.py), by integer steps: with a transfer, +-inf becomes +-host_inf;
    the bits are rounded to nearest even at DL16's mantissa (add half of the dropped field less
    one, plus the lowest kept bit, then clear the field: a carry moves into the exponent, as the
    FPU's rounding does); |y| <= the largest float below the smallest normal becomes +0; a |y|
@@ -74,6 +76,71 @@
         CHECK((maxf) == 0.0f || SHIFT_OK(rdrop), (at) + 2);                                  \
     } while (0)
 
+/* The row programs' description (hfadapt_row_program), declared once: hfadapt.spyre.dl16_native
+   declares the same layout as ctypes structures, and tests/spyre/test_native_binding.py reads
+   this block and compares names, order, types and offsets. How an operand broadcasts against
+   a row of its node's result: the same values (BINARY_FULL), a row vector over the last
+   dimension (BINARY_COLUMN), one value per row (BINARY_ROW), one value (BINARY_SCALAR), or
+   row ``rows_at[r]`` of the tensor for row r (PROGRAM_GATHER, ``rows_at`` the input of index
+   ``at``); the ops: IEEE fp32 add, sub, mul and div (what torch's CPU kernels compute for
+   float32: add and sub with alpha 1 are one rounded step, no reciprocal for div) and a sum
+   over the last dimension; where an operand comes from: an input tensor, an earlier node, a
+   number. */
+/* begin row program ABI */
+enum { BINARY_FULL = 0, BINARY_COLUMN = 1, BINARY_ROW = 2, BINARY_SCALAR = 3, PROGRAM_GATHER = 4 };
+enum { OP_ADD = 0, OP_SUB = 1, OP_MUL = 2, OP_DIV = 3, OP_SUM = 4 };
+enum { FROM_INPUT = 0, FROM_NODE = 1, FROM_NUMBER = 2 };
+typedef struct {
+    int64_t source; /* FROM_INPUT, FROM_NODE or FROM_NUMBER */
+    int64_t kind;   /* BINARY_* or PROGRAM_GATHER */
+    int64_t index;  /* of the input, node or number */
+    int64_t at;     /* PROGRAM_GATHER: the input of the row numbers */
+} row_operand;
+typedef struct {
+    int64_t op;         /* OP_* */
+    int64_t kind;       /* the result: BINARY_FULL (a row) or BINARY_ROW (a value per row) */
+    int64_t computed;   /* 0: nothing reads it, skipped */
+    row_operand operand[2]; /* one for a sum, two for a binary op */
+} row_node;
+/* end row program ABI */
+
+/* The kernels this library exports, declared once. hfadapt.spyre.dl16_native makes its ctypes
+   bindings from this block (each parameter's type and name, in order); the compiler checks
+   every definition below against its declaration here, and the build's
+   -Werror=missing-prototypes refuses an exported function that is not declared here. Each
+   returns 0, or the 1-based position of the first argument it refuses (hfadapt_amx_pack: its
+   negative, else its count of values that do not split; hfadapt_amx_ready: 1 or 0). */
+/* begin exports */
+int hfadapt_round_dl16(float* x, int64_t n, float maxf, float lam, int32_t dropped, float over,
+                       float host_inf, int threads);
+int hfadapt_sum_truncated(const float* parts, int64_t pieces, int64_t n, int32_t dropped,
+                          float* out, int threads);
+int hfadapt_sum_truncated_round(const float* parts, int64_t pieces, int64_t n, int32_t dropped,
+                                const float* bias, int64_t cols, float maxf, float lam,
+                                int32_t rdrop, float over, float* out, int threads);
+int hfadapt_accumulate_truncated(float* acc, const float* parts, int64_t pieces, int64_t n,
+                                 int32_t dropped, int first, const float* bias, int64_t cols,
+                                 float maxf, float lam, int32_t rdrop, float over, int threads);
+int hfadapt_layer_norm_dl16(const float* x, int64_t rows, int64_t cols, const float* weight,
+                            const float* bias, float eps, float maxf, float lam, int32_t rdrop,
+                            float over, float* out, float* mean, float* rstd, int threads);
+int hfadapt_aten_sum(const float* x, int64_t rows, int64_t cols, int lanes, float* out);
+int hfadapt_row_program(int64_t rows, int64_t cols, int64_t nodes, const row_node* desc,
+                        const int64_t* inputs, const float* numbers, const int64_t* outs,
+                        int lanes, float maxf, float lam, int32_t rdrop, float over,
+                        int threads);
+int hfadapt_softmax_floor(const float* x, float* out, float* top, int64_t rows, int64_t cols,
+                          float floor, float code, float maxf, float lam, int32_t rdrop,
+                          float over, int threads);
+int hfadapt_amx_ready(void);
+int64_t hfadapt_amx_pack(const float* x, int64_t rows, int64_t depth, int64_t si, int64_t sk,
+                         int role, int64_t rows_p, int64_t depth_p, uint16_t* out, int threads);
+int hfadapt_amx_matmul(const uint16_t* ap, const uint16_t* bp, int64_t m, int64_t n,
+                       int64_t depth_p, int64_t piece, int32_t dropped, const float* bias,
+                       float maxf, float lam, int32_t rdrop, float over, float* out,
+                       int threads);
+/* end exports */
+
 static inline float round_one(float v, float maxf, float lam, int32_t dropped, float over,
                               float host_inf) {
     const float inf = __builtin_inff();
@@ -127,13 +194,13 @@ static inline void row_epilogue(const float* restrict row, int64_t pieces, int64
 }
 
 CLONES int hfadapt_round_dl16(float* x, int64_t n, float maxf, float lam, int32_t dropped,
-                              float over, float host_inf, int nt) {
+                              float over, float host_inf, int threads) {
     CHECK(x != NULL || n == 0, 1);
     CHECK(n >= 0, 2);
     CHECK_ROUNDING(maxf, lam, dropped, 3, 1);
     CHECK(host_inf >= 0.0f && host_inf <= FLT_MAX, 7);
-    CHECK(nt >= 1, 8);
-    #pragma omp parallel for schedule(static) num_threads(nt) if(n > 32768)
+    CHECK(threads >= 1, 8);
+    #pragma omp parallel for schedule(static) num_threads(threads) if(n > 32768)
     for (int64_t i = 0; i < n; i++) x[i] = round_one(x[i], maxf, lam, dropped, over, host_inf);
     return 0;
 }
@@ -145,17 +212,17 @@ CLONES static void round_span(float* x, int64_t n, float maxf, float lam, int32_
 }
 
 CLONES int hfadapt_sum_truncated(const float* parts, int64_t pieces, int64_t n, int32_t dropped,
-                                 float* out, int nt) {
+                                 float* out, int threads) {
     CHECK(parts != NULL || n == 0, 1);
     CHECK(pieces >= 1, 2);
     CHECK(n >= 0, 3);
     CHECK(SHIFT_OK(dropped), 4);
     CHECK(out != NULL || n == 0, 5);
-    CHECK(nt >= 1, 6);
+    CHECK(threads >= 1, 6);
     const uint32_t half = 1u << (dropped - 1);
     const uint32_t keep = ~((1u << dropped) - 1u);
     const int64_t block = 4096;
-    #pragma omp parallel for schedule(static) num_threads(nt) if(n > 32768)
+    #pragma omp parallel for schedule(static) num_threads(threads) if(n > 32768)
     for (int64_t i = 0; i < n; i += block) {
         int64_t len = n - i < block ? n - i : block;
         row_epilogue(parts + i, pieces, n, len, 0, half, keep, 0, 0.0f, 0.0f, 1, 0.0f, out + i);
@@ -166,7 +233,7 @@ CLONES int hfadapt_sum_truncated(const float* parts, int64_t pieces, int64_t n, 
 CLONES int hfadapt_sum_truncated_round(const float* parts, int64_t pieces, int64_t n,
                                        int32_t dropped, const float* bias, int64_t cols,
                                        float maxf, float lam, int32_t rdrop, float over,
-                                       float* out, int nt) {
+                                       float* out, int threads) {
     CHECK(parts != NULL || n == 0, 1);
     CHECK(pieces >= 1, 2);
     CHECK(n >= 0, 3);
@@ -174,11 +241,11 @@ CLONES int hfadapt_sum_truncated_round(const float* parts, int64_t pieces, int64
     CHECK(cols >= 1 && n % cols == 0, 6);
     CHECK_ROUNDING(maxf, lam, rdrop, 7, 0);
     CHECK(out != NULL || n == 0, 11);
-    CHECK(nt >= 1, 12);
+    CHECK(threads >= 1, 12);
     const uint32_t half = 1u << (dropped - 1);
     const uint32_t keep = ~((1u << dropped) - 1u);
     const int64_t rows = n / cols;
-    #pragma omp parallel for schedule(static) num_threads(nt) if(n > 32768)
+    #pragma omp parallel for schedule(static) num_threads(threads) if(n > 32768)
     for (int64_t r = 0; r < rows; r++)
         row_epilogue(parts + r * cols, pieces, n, cols, 0, half, keep, bias, maxf, lam, rdrop,
                      over, out + r * cols);
@@ -188,7 +255,7 @@ CLONES int hfadapt_sum_truncated_round(const float* parts, int64_t pieces, int64
 CLONES int hfadapt_accumulate_truncated(float* acc, const float* parts, int64_t pieces,
                                         int64_t n, int32_t dropped, int first, const float* bias,
                                         int64_t cols, float maxf, float lam, int32_t rdrop,
-                                        float over, int nt) {
+                                        float over, int threads) {
     CHECK(acc != NULL || n == 0, 1);
     CHECK(parts != NULL || n == 0, 2);
     CHECK(pieces >= 1, 3);
@@ -197,11 +264,11 @@ CLONES int hfadapt_accumulate_truncated(float* acc, const float* parts, int64_t 
     CHECK(first == 0 || first == 1, 6);
     CHECK(cols >= 1 && n % cols == 0, 8);
     CHECK_ROUNDING(maxf, lam, rdrop, 9, 0);
-    CHECK(nt >= 1, 13);
+    CHECK(threads >= 1, 13);
     const uint32_t half = 1u << (dropped - 1);
     const uint32_t keep = ~((1u << dropped) - 1u);
     const int64_t rows = n / cols;
-    #pragma omp parallel for schedule(static) num_threads(nt) if(n > 32768)
+    #pragma omp parallel for schedule(static) num_threads(threads) if(n > 32768)
     for (int64_t r = 0; r < rows; r++)
         row_epilogue(parts + r * cols, pieces, n, cols, !first, half, keep, bias, maxf, lam,
                      rdrop, over, acc + r * cols);
@@ -256,7 +323,7 @@ static inline void layer_norm_row(const float* restrict x, int64_t cols,
 CLONES int hfadapt_layer_norm_dl16(const float* x, int64_t rows, int64_t cols,
                                    const float* weight, const float* bias, float eps,
                                    float maxf, float lam, int32_t rdrop, float over, float* out,
-                                   float* mean, float* rstd, int nt) {
+                                   float* mean, float* rstd, int threads) {
     CHECK(x != NULL || rows == 0, 1);
     CHECK(rows >= 0, 2);
     CHECK(cols >= 1, 3);
@@ -264,21 +331,13 @@ CLONES int hfadapt_layer_norm_dl16(const float* x, int64_t rows, int64_t cols,
     CHECK(out != NULL || rows == 0, 11);
     CHECK(mean != NULL || rows == 0, 12);
     CHECK(rstd != NULL || rows == 0, 13);
-    CHECK(nt >= 1, 14);
-    #pragma omp parallel for schedule(static) num_threads(nt) if(rows * cols > 32768)
+    CHECK(threads >= 1, 14);
+    #pragma omp parallel for schedule(static) num_threads(threads) if(rows * cols > 32768)
     for (int64_t r = 0; r < rows; r++)
         layer_norm_row(x + r * cols, cols, weight, bias, eps, maxf, lam, rdrop, over,
                        out + r * cols, mean + r, rstd + r);
     return 0;
 }
-
-/* How an operand of a row program's node broadcasts against a row of its result: the same
-   values (BINARY_FULL), a row vector over the last dimension (BINARY_COLUMN), one value per
-   row (BINARY_ROW) or one value (BINARY_SCALAR); and the binary ops, IEEE fp32 add, sub, mul
-   and div (what torch's CPU kernels compute for float32: add and sub with alpha 1 are one
-   rounded step, no reciprocal for div). */
-enum { BINARY_FULL = 0, BINARY_COLUMN = 1, BINARY_ROW = 2, BINARY_SCALAR = 3 };
-enum { OP_ADD = 0, OP_SUB = 1, OP_MUL = 2, OP_DIV = 3 };
 
 /* OP over a row's columns into ``o``, one loop per op (each vectorizes) */
 #define BINARY_LOOPS(X, Y)                                                                   \
@@ -292,20 +351,15 @@ enum { OP_ADD = 0, OP_SUB = 1, OP_MUL = 2, OP_DIV = 3 };
 /* A row program of the eager device (hfadapt.spyre.eager.fusion): a chain of binary ops and
    last-dimension sums over ``rows`` rows of ``cols`` values, run a row at a time so that the
    chain's intermediate values stay in the cache; each node's result rounded to DL16 as the op
-   by op path rounds it. ``desc`` holds PROGRAM_FIELDS int64 per node: its op (OP_ADD..OP_DIV,
-   or OP_SUM), its result's kind (BINARY_FULL: a row of ``cols``; BINARY_ROW: one value per
-   row), whether it is computed at all, then per operand (one for a sum, two for a binary op)
-   where it comes from (an input tensor, an earlier node, a number), how it broadcasts
-   (the BINARY_* kinds, or PROGRAM_GATHER: row ``rows_at[r]`` of the tensor for row r, where
-   ``rows_at`` is the input tensor of index ``at``, e.g. a [batch, 1, queries, keys] mask beside
-   [batch, heads, queries, keys] scores), its index and ``at``. ``outs[i]`` is where node i's result goes (a tensor of
-   the result's size), or 0 (a node nothing reads after the program: kept in a scratch row).
+   by op path rounds it. ``desc`` holds a row_node per node (the row program ABI above): its
+   op, its result's kind (BINARY_FULL: a row of ``cols``; BINARY_ROW: one value per row),
+   whether it is computed at all, then its operands (one for a sum, two for a binary op):
+   where each comes from, how it broadcasts (PROGRAM_GATHER: e.g. a [batch, 1, queries, keys]
+   mask beside [batch, heads, queries, keys] scores), its index and ``at``. ``outs[i]`` is
+   where node i's result goes (a tensor of the result's size), or 0 (a node nothing reads
+   after the program: kept in a scratch row).
    A sum adds in the order of ATen's CPU sum (aten_sum): the same fp32 result, so the same
    bits as torch's op followed by the rounding. */
-enum { OP_SUM = 4 };
-enum { FROM_INPUT = 0, FROM_NODE = 1, FROM_NUMBER = 2 };
-enum { PROGRAM_GATHER = 4 };
-#define PROGRAM_FIELDS 11
 
 static inline int64_t ceil_log2(int64_t x) {
     return x <= 2 ? 1 : 64 - __builtin_clzll((uint64_t)(x - 1));
@@ -395,11 +449,11 @@ CLONES int hfadapt_aten_sum(const float* x, int64_t rows, int64_t cols, int lane
 
 /* one operand of a node for row r: a row of values (returned) or one value (*v, NULL
    returned) */
-static inline const float* program_operand(const int64_t* restrict f, int64_t r, int64_t cols,
-                                           const int64_t* restrict inputs,
+static inline const float* program_operand(const row_operand* restrict f, int64_t r,
+                                           int64_t cols, const int64_t* restrict inputs,
                                            const float* restrict numbers, float* const* rows_of,
                                            const float* restrict values, float* restrict v) {
-    const int64_t from = f[0], kind = f[1], index = f[2];
+    const int64_t from = f->source, kind = f->kind, index = f->index;
     if (from == FROM_NUMBER) {
         *v = numbers[index];
         return NULL;
@@ -414,7 +468,7 @@ static inline const float* program_operand(const int64_t* restrict f, int64_t r,
         case BINARY_FULL: return t + r * cols;
         case BINARY_COLUMN: return t;
         case BINARY_ROW: *v = t[r]; return NULL;
-        case PROGRAM_GATHER: return t + ((const int64_t*)(intptr_t)inputs[f[3]])[r] * cols;
+        case PROGRAM_GATHER: return t + ((const int64_t*)(intptr_t)inputs[f->at])[r] * cols;
         default: *v = t[0]; return NULL;
     }
 }
@@ -423,22 +477,22 @@ static inline const float* program_operand(const int64_t* restrict f, int64_t r,
    from earlier computed nodes of their own kind, a row where a row is read (a sum's operand;
    one operand of a binary op with a row result), inputs at addresses that are not null.
    1 when they are (the input and number indices the caller checks: it knows their count). */
-static int program_ok(int64_t nodes, const int64_t* desc, const int64_t* inputs) {
+static int program_ok(int64_t nodes, const row_node* desc, const int64_t* inputs) {
     for (int64_t i = 0; i < nodes; i++) {
-        const int64_t* d = desc + i * PROGRAM_FIELDS;
-        if (d[0] < OP_ADD || d[0] > OP_SUM || (d[1] != BINARY_FULL && d[1] != BINARY_ROW))
+        const row_node* d = desc + i;
+        if (d->op < OP_ADD || d->op > OP_SUM || (d->kind != BINARY_FULL && d->kind != BINARY_ROW))
             return 0;
-        if (!d[2]) continue;
+        if (!d->computed) continue;
         int rows_read = 0;
-        for (int k = 0; k < (d[0] == OP_SUM ? 1 : 2); k++) {
-            const int64_t* f = d + 3 + 4 * k;
-            const int64_t from = f[0], kind = f[1], index = f[2];
+        for (int k = 0; k < (d->op == OP_SUM ? 1 : 2); k++) {
+            const row_operand* f = &d->operand[k];
+            const int64_t from = f->source, kind = f->kind, index = f->index;
             if (index < 0 || kind < BINARY_FULL || kind > PROGRAM_GATHER) return 0;
             if (from == FROM_NODE) {
-                const int64_t* node = desc + index * PROGRAM_FIELDS;
-                if (index >= i || !node[2] || node[1] != kind) return 0;
+                const row_node* node = desc + index;
+                if (index >= i || !node->computed || node->kind != kind) return 0;
             } else if (from == FROM_INPUT) {
-                if (!inputs[index] || (kind == PROGRAM_GATHER && (f[3] < 0 || !inputs[f[3]])))
+                if (!inputs[index] || (kind == PROGRAM_GATHER && (f->at < 0 || !inputs[f->at])))
                     return 0;
             } else if (from != FROM_NUMBER) {
                 return 0;
@@ -446,15 +500,15 @@ static int program_ok(int64_t nodes, const int64_t* desc, const int64_t* inputs)
             rows_read += from != FROM_NUMBER &&
                          (kind == BINARY_FULL || kind == BINARY_COLUMN || kind == PROGRAM_GATHER);
         }
-        if ((d[0] == OP_SUM || d[1] == BINARY_FULL) && !rows_read) return 0;
+        if ((d->op == OP_SUM || d->kind == BINARY_FULL) && !rows_read) return 0;
     }
     return 1;
 }
 
-CLONES int hfadapt_row_program(int64_t rows, int64_t cols, int64_t nodes, const int64_t* desc,
+CLONES int hfadapt_row_program(int64_t rows, int64_t cols, int64_t nodes, const row_node* desc,
                                const int64_t* inputs, const float* numbers, const int64_t* outs,
                                int lanes, float maxf, float lam, int32_t rdrop, float over,
-                               int nt) {
+                               int threads) {
     CHECK(rows >= 0, 1);
     CHECK(cols >= 1, 2);
     CHECK(nodes >= 0, 3);
@@ -464,8 +518,8 @@ CLONES int hfadapt_row_program(int64_t rows, int64_t cols, int64_t nodes, const 
     CHECK(outs != NULL || nodes == 0, 7);
     CHECK(lanes == 4 || lanes == 8 || lanes == 16, 8);
     CHECK_ROUNDING(maxf, lam, rdrop, 9, 1);
-    CHECK(nt >= 1, 13);
-    #pragma omp parallel num_threads(nt) if(rows * cols > 32768)
+    CHECK(threads >= 1, 13);
+    #pragma omp parallel num_threads(threads) if(rows * cols > 32768)
     {
         float* scratch = (float*)malloc(sizeof(float) * (size_t)(nodes * cols + nodes) + 64);
         float** rows_of = (float**)malloc(sizeof(float*) * (size_t)nodes + 8);
@@ -473,22 +527,22 @@ CLONES int hfadapt_row_program(int64_t rows, int64_t cols, int64_t nodes, const 
         #pragma omp for schedule(static)
         for (int64_t r = 0; r < rows; r++) {
             for (int64_t i = 0; i < nodes; i++) {
-                const int64_t* d = desc + i * PROGRAM_FIELDS;
-                if (!d[2]) continue;
+                const row_node* d = desc + i;
+                if (!d->computed) continue;
                 float* out = (float*)(intptr_t)outs[i];
                 const float* x;
                 float xs = 0.0f;
-                x = program_operand(d + 3, r, cols, inputs, numbers, rows_of, values, &xs);
-                if (d[0] == OP_SUM) {
+                x = program_operand(&d->operand[0], r, cols, inputs, numbers, rows_of, values, &xs);
+                if (d->op == OP_SUM) {
                     const float s = round_one(aten_sum(x, cols, lanes), maxf, lam, rdrop, over, 0.0f);
                     values[i] = s;
                     if (out) out[r] = s;
                     continue;
                 }
-                const int op = (int)d[0];
+                const int op = (int)d->op;
                 float ys = 0.0f;
-                const float* y = program_operand(d + 7, r, cols, inputs, numbers, rows_of, values, &ys);
-                if (d[1] == BINARY_ROW) {
+                const float* y = program_operand(&d->operand[1], r, cols, inputs, numbers, rows_of, values, &ys);
+                if (d->kind == BINARY_ROW) {
                     float s;
                     switch (op) {
                         case OP_ADD: s = xs + ys; break;
@@ -624,7 +678,7 @@ static inline void softmax_block(const float* restrict x, float* restrict o,
 
 CLONES int hfadapt_softmax_floor(const float* x, float* out, float* top, int64_t rows,
                                  int64_t cols, float floor, float code, float maxf, float lam,
-                                 int32_t rdrop, float over, int nt) {
+                                 int32_t rdrop, float over, int threads) {
     CHECK(x != NULL || rows == 0, 1);
     CHECK(out != NULL || rows == 0, 2);
     CHECK(top != NULL || rows == 0, 3);
@@ -633,9 +687,9 @@ CLONES int hfadapt_softmax_floor(const float* x, float* out, float* top, int64_t
     CHECK(floor >= 0.0f && floor <= 1.0f, 6);
     CHECK(code >= 0.0f && code <= FLT_MAX, 7);
     CHECK_ROUNDING(maxf, lam, rdrop, 8, 0);
-    CHECK(nt >= 1, 12);
+    CHECK(threads >= 1, 12);
     const int64_t per = cols >= SOFTMAX_BLOCK ? 1 : SOFTMAX_BLOCK / cols;
-    #pragma omp parallel for schedule(static) num_threads(nt) if(rows * cols > 32768)
+    #pragma omp parallel for schedule(static) num_threads(threads) if(rows * cols > 32768)
     for (int64_t r = 0; r < rows; r += per) {
         const int64_t count = rows - r < per ? rows - r : per;
         FTZ_BEGIN
@@ -778,10 +832,10 @@ AMX_TARGET static inline int64_t split_line(const float* x, int64_t i, int64_t l
 /* hfadapt_amx_pack's left operand from rows of contiguous values, a tile at a time (its 16
    rows of 32 values, written to 2 KiB in one place) */
 AMX_TARGET static int64_t amx_pack_rows(const float* x, int64_t rows, int64_t depth, int64_t si,
-                                        int64_t rows_p, int64_t depth_p, uint16_t* out, int nt) {
+                                        int64_t rows_p, int64_t depth_p, uint16_t* out, int threads) {
     const int64_t kbs = depth_p / 32;
     int64_t bad = 0;
-    #pragma omp parallel for schedule(static) num_threads(nt) reduction(+:bad) if(rows * depth > 65536)
+    #pragma omp parallel for schedule(static) num_threads(threads) reduction(+:bad) if(rows * depth > 65536)
     for (int64_t b = 0; b < rows_p / 16; b++)
         for (int64_t kb = 0; kb < kbs; kb++) {
             uint16_t* tile = out + (b * kbs + kb) * 1024;
@@ -826,10 +880,10 @@ AMX_TARGET static inline void amx_pairs_transpose(const uint16_t* src, uint16_t*
    cache, then turned into the pairs' layout (amx_pairs_transpose) */
 AMX_TARGET static int64_t amx_pack_columns(const float* x, int64_t cols, int64_t depth,
                                            int64_t si, int64_t cols_p, int64_t depth_p,
-                                           uint16_t* out, int nt) {
+                                           uint16_t* out, int threads) {
     const int64_t kbs = depth_p / 32;
     int64_t bad = 0;
-    #pragma omp parallel for schedule(static) num_threads(nt) reduction(+:bad) if(cols * depth > 65536)
+    #pragma omp parallel for schedule(static) num_threads(threads) reduction(+:bad) if(cols * depth > 65536)
     for (int64_t b = 0; b < cols_p / 16; b++) {
         uint16_t hi[16 * 32] __attribute__((aligned(64)));
         uint16_t lo[16 * 32] __attribute__((aligned(64)));
@@ -847,7 +901,7 @@ AMX_TARGET static int64_t amx_pack_columns(const float* x, int64_t cols, int64_t
 
 CLONES int64_t hfadapt_amx_pack(const float* x, int64_t rows, int64_t depth, int64_t si,
                                 int64_t sk, int role, int64_t rows_p, int64_t depth_p,
-                                uint16_t* out, int nt) {
+                                uint16_t* out, int threads) {
     CHECK(x != NULL || rows == 0 || depth == 0, -1);
     CHECK(rows >= 0, -2);
     CHECK(depth >= 0, -3);
@@ -857,14 +911,14 @@ CLONES int64_t hfadapt_amx_pack(const float* x, int64_t rows, int64_t depth, int
     CHECK(rows_p >= rows && rows_p % 16 == 0, -7);
     CHECK(depth_p >= depth && depth_p % 32 == 0, -8);
     CHECK(out != NULL || rows_p == 0 || depth_p == 0, -9);
-    CHECK(nt >= 1, -10);
+    CHECK(threads >= 1, -10);
     const int64_t kbs = depth_p / 32;
     int64_t bad = 0;
 #ifdef HFADAPT_AMX
-    if (role == 0 && sk == 1) return amx_pack_rows(x, rows, depth, si, rows_p, depth_p, out, nt);
-    if (role == 1 && sk == 1) return amx_pack_columns(x, rows, depth, si, rows_p, depth_p, out, nt);
+    if (role == 0 && sk == 1) return amx_pack_rows(x, rows, depth, si, rows_p, depth_p, out, threads);
+    if (role == 1 && sk == 1) return amx_pack_columns(x, rows, depth, si, rows_p, depth_p, out, threads);
 #endif
-    #pragma omp parallel for schedule(static) num_threads(nt) reduction(+:bad) if(rows * depth > 65536)
+    #pragma omp parallel for schedule(static) num_threads(threads) reduction(+:bad) if(rows * depth > 65536)
     for (int64_t i = 0; i < rows_p; i++) {
         uint16_t* base = out + (i / 16) * kbs * 1024;
         const int64_t r = i % 16;
@@ -932,7 +986,7 @@ AMX_TARGET
 #endif
 int hfadapt_amx_matmul(const uint16_t* ap, const uint16_t* bp, int64_t m, int64_t n,
                        int64_t depth_p, int64_t piece, int32_t dropped, const float* bias,
-                       float maxf, float lam, int32_t rdrop, float over, float* out, int nt) {
+                       float maxf, float lam, int32_t rdrop, float over, float* out, int threads) {
     CHECK(ap != NULL, 1);
     CHECK(bp != NULL, 2);
     CHECK(m >= 0, 3);
@@ -942,12 +996,12 @@ int hfadapt_amx_matmul(const uint16_t* ap, const uint16_t* bp, int64_t m, int64_
     CHECK(SHIFT_OK(dropped), 7);
     CHECK_ROUNDING(maxf, lam, rdrop, 9, 0);
     CHECK(out != NULL || m == 0 || n == 0, 13);
-    CHECK(nt >= 1, 14);
+    CHECK(threads >= 1, 14);
 #ifdef HFADAPT_AMX
     const int64_t mp = (m + 31) / 32 * 32, kbs = depth_p / 32, per = piece / 32;
     const int64_t held = (mp + AMX_ROWS_HELD - 1) / AMX_ROWS_HELD, cblocks = (n + 31) / 32;
     const uint32_t half = 1u << (dropped - 1), keep = ~((1u << dropped) - 1u);
-    #pragma omp parallel num_threads(nt) if(m * n * depth_p > (1 << 22))
+    #pragma omp parallel num_threads(threads) if(m * n * depth_p > (1 << 22))
     {
         amx_config cfg;
         memset(&cfg, 0, sizeof cfg);

@@ -1,97 +1,33 @@
-"""An optional C kernel for in-place DL16 rounding of float32 tensors, built with the system C
-compiler on first use and cached. It computes exactly what ``dl16.round_dl16_`` computes (same
-overflow, host-infinity mapping, rounding to nearest even and flush to zero, bit for bit; by
-integer steps where the torch path uses a magic addend) in one pass over memory instead of six, which is what keeps the compiled device near CPU speed on a busy machine.
-``dl16.round_dl16_`` and ``round_dl16`` use it when it is built; without a C compiler (or with
-HFADAPT_NATIVE_DL16=0) they take the torch path."""
+"""Optional C kernels of the simulated device (hfadapt/spyre/dl16_kernels.c): DL16 rounding,
+the truncated sums of the chunked product, the softmax, LayerNorm, ATen's sum, the eager
+device's row programs, and the products on AMX's tiles. The rounding computes exactly what
+``dl16.round_dl16_`` computes (same overflow, host-infinity mapping, rounding to nearest even
+and flush to zero, bit for bit, checked on all 2^32 float32 patterns by
+benchmarks/check_dl16_exhaustive.py; by integer steps where the torch path uses a magic addend)
+in one pass over memory instead of six, which is what keeps the compiled device near CPU speed
+on a busy machine. hfadapt.spyre.native_build builds and binds the library (from the C file's
+own declarations); without it (no C compiler, a failed build, HFADAPT_NATIVE_DL16=0) every
+loader here gives None and the torch ops compute the same values. ``native_status`` says
+which, for ``hfadapt cache info``."""
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import logging
 import math
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from hfadapt import settings
-
-log = logging.getLogger(__name__)
-
-# The C source is hfadapt/spyre/dl16_kernels.c (package data, shipped in the wheel): what each
-# kernel computes is written at its top.
-SOURCE_FILE = "dl16_kernels.c"
-# No -ffast-math: (v + m) - m must not be simplified away, nor contracted. OpenMP shares
-# torch's libgomp (same soname), so torch.set_num_threads bounds both.
-_FLAGS = ["-O3", "-fPIC", "-shared", "-fopenmp", "-fno-fast-math", "-ffp-contract=off"]
-
-
-def cache_dir() -> Path:
-    return settings.kernel_cache()
-
-
-@lru_cache(maxsize=1)
-def source() -> str:
-    """The kernels' C source, as the package ships it."""
-    return resources.files("hfadapt.spyre").joinpath(SOURCE_FILE).read_text(encoding="utf-8")
-
-
-def _build(target: Path) -> None:
-    compiler = settings.c_compiler() or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        raise OSError("no C compiler")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        src = Path(tmp) / "dl16.c"
-        src.write_text(source())
-        out = Path(tmp) / target.name
-        try:
-            subprocess.run(
-                [compiler, *_FLAGS, "-o", str(out), str(src)],
-                check=True,
-                capture_output=True,
-                timeout=120,
-            )
-        except subprocess.CalledProcessError:  # a compiler without OpenMP: one thread
-            flags = [f for f in _FLAGS if f != "-fopenmp"]
-            subprocess.run(
-                [compiler, *flags, "-o", str(out), str(src)],
-                check=True,
-                capture_output=True,
-                timeout=120,
-            )
-        os.replace(out, target)  # atomic: concurrent workers never load a half-written file
-
-
-@lru_cache(maxsize=1)
-def _library() -> ctypes.CDLL | None:
-    """The built library, built on first use; None without a C compiler, with
-    HFADAPT_NATIVE_DL16=0, or when building or loading it failed in any way: the accelerator
-    never breaks an op, the torch path computes the same. Every kernel's loader goes through
-    here, so its callers need no guard of their own."""
-    if not settings.native_dl16():
-        return None
-    try:
-        key = hashlib.sha1("|".join([source(), *_FLAGS, platform.machine()]).encode())
-        target = cache_dir() / f"dl16-{key.hexdigest()[:16]}.so"
-        if not target.exists():
-            _build(target)
-        return ctypes.CDLL(str(target))
-    except Exception as exc:
-        log.info("native DL16 kernels unavailable (%s); using the torch path", exc)
-        return None
-
+from hfadapt.spyre import native_build
+from hfadapt.spyre.native_build import SOURCE_FILE as SOURCE_FILE
+from hfadapt.spyre.native_build import cache_dir as cache_dir
+from hfadapt.spyre.native_build import clear_failure_records as clear_failure_records
+from hfadapt.spyre.native_build import source as source
 
 # -- argument checks ---------------------------------------------------------------------------
 # Every kernel is reached through a wrapper below that takes tensors, not addresses: it checks
@@ -114,10 +50,51 @@ MANTISSA_BITS = range(0, 23)
 SUM_LANES = (4, 8, 16)
 # the tiles' unit: K and both output dimensions are padded to whole 32-element blocks
 AMX_BLOCK = 32
-# int64 fields per node of a row program's description (dl16_kernels.c PROGRAM_FIELDS)
-PROGRAM_FIELDS = 11
-_FROM_INPUT, _FROM_NODE, _FROM_NUMBER = 0, 1, 2
-_GATHER = 4
+
+
+# -- the row programs' description: dl16_kernels.c's "row program ABI" block, declared here as
+# ctypes structures (tests/spyre/test_native_binding.py compares the two field by field)
+
+
+class ProgramOperand(ctypes.Structure):
+    """row_operand: where an operand of a node comes from (FROM_*), how it broadcasts
+    (BINARY_* or PROGRAM_GATHER), its index, and for a gather the input of its row numbers."""
+
+    _fields_ = (
+        ("source", ctypes.c_int64),
+        ("kind", ctypes.c_int64),
+        ("index", ctypes.c_int64),
+        ("at", ctypes.c_int64),
+    )
+
+
+class ProgramNode(ctypes.Structure):
+    """row_node: a node's op (OP_*), its result's kind (BINARY_FULL or BINARY_ROW), whether
+    it is computed, and its operands (one for a sum, two for a binary op)."""
+
+    _fields_ = (
+        ("op", ctypes.c_int64),
+        ("kind", ctypes.c_int64),
+        ("computed", ctypes.c_int64),
+        ("operand", ProgramOperand * 2),
+    )
+
+
+# the C file's enums of the row program ABI, by name
+PROGRAM_CODES: dict[str, int] = {
+    "BINARY_FULL": 0, "BINARY_COLUMN": 1, "BINARY_ROW": 2, "BINARY_SCALAR": 3,
+    "PROGRAM_GATHER": 4,
+    "OP_ADD": 0, "OP_SUB": 1, "OP_MUL": 2, "OP_DIV": 3, "OP_SUM": 4,
+    "FROM_INPUT": 0, "FROM_NODE": 1, "FROM_NUMBER": 2,
+}  # fmt: skip
+FROM_INPUT = PROGRAM_CODES["FROM_INPUT"]
+FROM_NODE = PROGRAM_CODES["FROM_NODE"]
+FROM_NUMBER = PROGRAM_CODES["FROM_NUMBER"]
+PROGRAM_GATHER = PROGRAM_CODES["PROGRAM_GATHER"]
+OP_SUM = PROGRAM_CODES["OP_SUM"]
+# int64 fields per node: a flat int64 array of nodes * PROGRAM_FIELDS is a ProgramNode array
+PROGRAM_FIELDS = ctypes.sizeof(ProgramNode) // ctypes.sizeof(ctypes.c_int64)
+PROGRAM_FIELDS_PER_OPERAND = ctypes.sizeof(ProgramOperand) // ctypes.sizeof(ctypes.c_int64)
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
@@ -289,107 +266,55 @@ def _threads(kernel: str, threads: object) -> int:
     return _integer(kernel, "threads", threads, 1)
 
 
-# -- the C functions ---------------------------------------------------------------------------
+# -- the C functions: bound from the C file's declarations (native_build.declared) ------------
 
-_PTR, _I64, _I32, _F32, _INT = (
-    ctypes.c_void_p,
-    ctypes.c_int64,
-    ctypes.c_int32,
-    ctypes.c_float,
-    ctypes.c_int,
-)
-
-
-@dataclass(frozen=True)
-class _Signature:
-    """A C kernel's name, its parameters (name, ctypes type) and its return type (an int
-    status: 0, or the 1-based position of the argument it refused)."""
-
-    name: str
-    params: tuple[tuple[str, Any], ...]
-    restype: Any = _INT
-
-    def refused(self, status: int) -> NativeArgumentError:
-        position = abs(status)
-        param = self.params[position - 1][0] if 0 < position <= len(self.params) else "?"
-        return NativeArgumentError(
-            f"{self.name} refused its argument {param} (position {position}); the checks in "
-            "hfadapt.spyre.dl16_native should have caught it first"
-        )
+ROUND = "hfadapt_round_dl16"
+SUM_TRUNCATED = "hfadapt_sum_truncated"
+SUM_TRUNCATED_ROUND = "hfadapt_sum_truncated_round"
+ACCUMULATE_TRUNCATED = "hfadapt_accumulate_truncated"
+SOFTMAX_FLOOR = "hfadapt_softmax_floor"
+LAYER_NORM = "hfadapt_layer_norm_dl16"
+ATEN_SUM = "hfadapt_aten_sum"
+ROW_PROGRAM = "hfadapt_row_program"
+AMX_READY = "hfadapt_amx_ready"
+AMX_PACK = "hfadapt_amx_pack"
+AMX_MATMUL = "hfadapt_amx_matmul"
+# every kernel this module calls (each must be declared in the C file's exports block)
+KERNELS = (
+    ROUND, SUM_TRUNCATED, SUM_TRUNCATED_ROUND, ACCUMULATE_TRUNCATED, SOFTMAX_FLOOR, LAYER_NORM,
+    ATEN_SUM, ROW_PROGRAM, AMX_READY, AMX_PACK, AMX_MATMUL,
+)  # fmt: skip
 
 
-def _kernel(sig: _Signature) -> Callable[..., int] | None:
-    """The library's function of ``sig`` with its C signature, None when the library is not
-    built (or lacks it)."""
-    lib = _library()
-    fn = getattr(lib, sig.name, None) if lib is not None else None
+def refused(name: str, status: int) -> NativeArgumentError:
+    """The error for kernel ``name``'s refusal ``status`` (the 1-based position of the
+    argument it refused, or its negative), naming the parameter as the C file declares it."""
+    params = native_build.declared()[name].params
+    position = abs(status)
+    param = params[position - 1][0] if 0 < position <= len(params) else "?"
+    return NativeArgumentError(
+        f"{name} refused its argument {param} (position {position}); the checks in "
+        "hfadapt.spyre.dl16_native should have caught it first"
+    )
+
+
+def _kernel(name: str) -> Callable[..., int] | None:
+    """The library's function ``name`` with its declared C signature, None when the library is
+    not built (or lacks it)."""
+    lib = native_build.library()
+    fn = getattr(lib, name, None) if lib is not None else None
     if fn is None:
         return None
-    fn.argtypes = [t for _, t in sig.params]
+    sig = native_build.declared()[name]
+    fn.argtypes = sig.argtypes
     fn.restype = sig.restype
     return fn  # type: ignore[no-any-return]
 
 
-def _checked(sig: _Signature, fn: Callable[..., int], *args: Any) -> None:
+def _checked(name: str, fn: Callable[..., int], *args: Any) -> None:
     status = fn(*args)
     if status:
-        raise sig.refused(status)
-
-
-_ROUNDING = (("max_finite", _F32), ("below_min_normal", _F32), ("rdrop", _I32), ("overflow", _F32))
-
-ROUND = _Signature(
-    "hfadapt_round_dl16",
-    (("x", _PTR), ("n", _I64), ("max_finite", _F32), ("below_min_normal", _F32),
-     ("dropped", _I32), ("overflow", _F32), ("host_inf", _F32), ("threads", _INT)),
-)  # fmt: skip
-SUM_TRUNCATED = _Signature(
-    "hfadapt_sum_truncated",
-    (("parts", _PTR), ("pieces", _I64), ("n", _I64), ("dropped", _I32), ("out", _PTR),
-     ("threads", _INT)),
-)  # fmt: skip
-SUM_TRUNCATED_ROUND = _Signature(
-    "hfadapt_sum_truncated_round",
-    (("parts", _PTR), ("pieces", _I64), ("n", _I64), ("dropped", _I32), ("bias", _PTR),
-     ("columns", _I64), *_ROUNDING, ("out", _PTR), ("threads", _INT)),
-)  # fmt: skip
-ACCUMULATE_TRUNCATED = _Signature(
-    "hfadapt_accumulate_truncated",
-    (("acc", _PTR), ("parts", _PTR), ("pieces", _I64), ("n", _I64), ("dropped", _I32),
-     ("first", _INT), ("bias", _PTR), ("columns", _I64), *_ROUNDING, ("threads", _INT)),
-)  # fmt: skip
-SOFTMAX_FLOOR = _Signature(
-    "hfadapt_softmax_floor",
-    (("x", _PTR), ("out", _PTR), ("top", _PTR), ("rows", _I64), ("columns", _I64),
-     ("floor", _F32), ("code", _F32), *_ROUNDING, ("threads", _INT)),
-)  # fmt: skip
-LAYER_NORM = _Signature(
-    "hfadapt_layer_norm_dl16",
-    (("x", _PTR), ("rows", _I64), ("columns", _I64), ("weight", _PTR), ("bias", _PTR),
-     ("eps", _F32), *_ROUNDING, ("out", _PTR), ("mean", _PTR), ("rstd", _PTR),
-     ("threads", _INT)),
-)  # fmt: skip
-ATEN_SUM = _Signature(
-    "hfadapt_aten_sum",
-    (("x", _PTR), ("rows", _I64), ("columns", _I64), ("lanes", _INT), ("out", _PTR)),
-)
-ROW_PROGRAM = _Signature(
-    "hfadapt_row_program",
-    (("rows", _I64), ("columns", _I64), ("nodes", _I64), ("desc", _PTR), ("inputs", _PTR),
-     ("numbers", _PTR), ("outs", _PTR), ("lanes", _INT), *_ROUNDING, ("threads", _INT)),
-)  # fmt: skip
-AMX_READY = _Signature("hfadapt_amx_ready", ())
-AMX_PACK = _Signature(
-    "hfadapt_amx_pack",
-    (("x", _PTR), ("rows", _I64), ("depth", _I64), ("si", _I64), ("sk", _I64), ("role", _INT),
-     ("rows_p", _I64), ("depth_p", _I64), ("out", _PTR), ("threads", _INT)),
-    restype=_I64,
-)  # fmt: skip
-AMX_MATMUL = _Signature(
-    "hfadapt_amx_matmul",
-    (("a", _PTR), ("b", _PTR), ("m", _I64), ("n", _I64), ("depth_p", _I64), ("piece", _I64),
-     ("dropped", _I32), ("bias", _PTR), *_ROUNDING, ("out", _PTR), ("threads", _INT)),
-)  # fmt: skip
+        raise refused(name, status)
 
 
 # -- the kernels -------------------------------------------------------------------------------
@@ -406,7 +331,7 @@ def load() -> Callable[[torch.Tensor, RoundingArgs, float, int], None] | None:
         return None
 
     def round_(x: torch.Tensor, rounding: RoundingArgs, host_inf: float, threads: int) -> None:
-        name = ROUND.name
+        name = ROUND
         _tensor(name, "x", x, span=True)
         args = _rounding(name, rounding, required=True)
         inf = _number(name, "host_inf", host_inf, 0.0, FLOAT32_MAX)
@@ -438,7 +363,7 @@ def load_sum_truncated() -> Callable[[torch.Tensor, int, torch.Tensor, int], Non
     def sum_truncated(
         parts: torch.Tensor, mantissa_bits: int, out: torch.Tensor, threads: int
     ) -> None:
-        name = SUM_TRUNCATED.name
+        name = SUM_TRUNCATED
         pieces, n = _parts(name, parts)
         dropped = _dropped(name, mantissa_bits)
         _tensor(name, "out", out, numel=n)
@@ -469,7 +394,7 @@ def load_sum_truncated_round() -> (
         out: torch.Tensor,
         threads: int,
     ) -> None:
-        name = SUM_TRUNCATED_ROUND.name
+        name = SUM_TRUNCATED_ROUND
         pieces, n = _parts(name, parts)
         dropped = _dropped(name, mantissa_bits)
         columns = parts.shape[-1] if parts.dim() > 1 else 1
@@ -514,7 +439,7 @@ def load_accumulate_truncated() -> (
         rounding: RoundingArgs,
         threads: int,
     ) -> None:
-        name = ACCUMULATE_TRUNCATED.name
+        name = ACCUMULATE_TRUNCATED
         _tensor(name, "acc", acc)
         n = acc.numel()
         pieces = _integer(name, "pieces", pieces, 1)
@@ -558,7 +483,7 @@ def load_softmax_floor() -> (
         rounding: RoundingArgs,
         threads: int,
     ) -> None:
-        name = SOFTMAX_FLOOR.name
+        name = SOFTMAX_FLOOR
         _tensor(name, "x", x)
         if x.dim() < 1:
             raise NativeArgumentError(f"{name}: x must have a last dimension, got a 0-dim tensor")
@@ -622,7 +547,7 @@ def load_layer_norm() -> (
         rstd: torch.Tensor,
         threads: int,
     ) -> None:
-        name = LAYER_NORM.name
+        name = LAYER_NORM
         _tensor(name, "x", x)
         columns = _integer(name, "columns", columns, 1)
         if x.numel() % columns:
@@ -658,7 +583,7 @@ def load_aten_sum() -> Callable[[int, int, int, int, int], None] | None:
         return None
 
     def aten_sum(x_ptr: int, rows: int, columns: int, lanes: int, out_ptr: int) -> None:
-        name = ATEN_SUM.name
+        name = ATEN_SUM
         rows = _integer(name, "rows", rows, 0)
         columns = _integer(name, "columns", columns, 0)
         if lanes not in SUM_LANES:
@@ -670,9 +595,28 @@ def load_aten_sum() -> Callable[[int, int, int, int, int], None] | None:
     return aten_sum
 
 
+def _flat(structure: Any, field: str) -> int:
+    """The int64 position of ``field`` in ``structure`` (a ProgramNode/ProgramOperand)."""
+    return int(getattr(structure, field).offset) // ctypes.sizeof(ctypes.c_int64)
+
+
+# where each operand's fields sit in a node's int64s (read by position: this check runs on
+# every program, and a list slice costs a fraction of a ctypes field access)
+_OPERAND_FIELDS = [
+    [_flat(ProgramNode, "operand") + k * PROGRAM_FIELDS_PER_OPERAND + _flat(ProgramOperand, f)
+     for f in ("source", "kind", "index", "at")]
+    for k in range(2)
+]  # fmt: skip
+
+
 def _program_refs(name: str, desc: Any, inputs: Any, numbers: Any, nodes: int) -> None:
-    """A row program's description reads no input, number or node it was not given."""
-    fields = list(desc)
+    """A row program's description (``nodes`` ProgramNodes, as a ctypes array of them or of
+    their int64s) reads no input, number or node it was not given."""
+    fields = list(
+        (ctypes.c_int64 * (len(desc) * PROGRAM_FIELDS)).from_buffer(desc)
+        if isinstance(desc, ctypes.Array) and desc._type_ is ProgramNode
+        else desc
+    )
     if len(fields) != nodes * PROGRAM_FIELDS:
         raise NativeArgumentError(
             f"{name}: desc holds {len(fields)} fields, {nodes} nodes need {nodes * PROGRAM_FIELDS}"
@@ -685,14 +629,16 @@ def _program_refs(name: str, desc: Any, inputs: Any, numbers: Any, nodes: int) -
 
     for i in range(nodes):
         d = fields[i * PROGRAM_FIELDS : (i + 1) * PROGRAM_FIELDS]
-        for k in range(2):
-            source, kind, index, at = d[3 + 4 * k : 7 + 4 * k]
-            if source == _FROM_INPUT and not (present(index) and (kind != _GATHER or present(at))):
+        for where in _OPERAND_FIELDS:
+            source, kind, index, at = (d[j] for j in where)
+            if source == FROM_INPUT and not (
+                present(index) and (kind != PROGRAM_GATHER or present(at))
+            ):
                 raise NativeArgumentError(
                     f"{name}: node {i} reads input {index} (at {at}); {n_inputs} given, "
                     f"at addresses {addresses}"
                 )
-            if source == _FROM_NUMBER and not 0 <= index < n_numbers:
+            if source == FROM_NUMBER and not 0 <= index < n_numbers:
                 raise NativeArgumentError(
                     f"{name}: node {i} reads number {index}; {n_numbers} given"
                 )
@@ -702,8 +648,9 @@ def _program_refs(name: str, desc: Any, inputs: Any, numbers: Any, nodes: int) -
 def load_row_program() -> Callable[..., None] | None:
     """The kernel ``f(rows, columns, nodes, desc, inputs, numbers, outs, lanes, max_finite,
     below_min_normal, dropped, overflow, threads)``: a row program of the eager device
-    (hfadapt.spyre.eager.fusion, which writes ``desc``: ctypes arrays of int64 for ``desc``,
-    ``inputs`` (addresses) and ``outs``, of float for ``numbers``); None when not built. The
+    (hfadapt.spyre.eager.fusion, which writes ``desc``: a ctypes array of ProgramNode, or of
+    their int64s; ctypes arrays of int64 for ``inputs`` (addresses) and ``outs``, of float for
+    ``numbers``); None when not built. The
     sizes, ``lanes``, the rounding and every reference the description makes (an input, a
     number, an earlier node) are checked; the memory behind the addresses is the caller's."""
     fn = _kernel(ROW_PROGRAM)
@@ -721,7 +668,7 @@ def load_row_program() -> Callable[..., None] | None:
         lanes: int,
         *rest: Any,
     ) -> None:
-        name = ROW_PROGRAM.name
+        name = ROW_PROGRAM
         rows = _integer(name, "rows", rows, 0)
         columns = _integer(name, "columns", columns, 1)
         nodes = _integer(name, "nodes", nodes, 0)
@@ -787,7 +734,7 @@ def load_amx() -> tuple[AmxPack, AmxMatmul] | None:
         return None
 
     def pack(lines: torch.Tensor, role: int, out: torch.Tensor, threads: int) -> int:
-        name = AMX_PACK.name
+        name = AMX_PACK
         _tensor(name, "lines", lines, strided=True)
         if lines.dim() != 2:
             raise NativeArgumentError(
@@ -805,7 +752,7 @@ def load_amx() -> tuple[AmxPack, AmxMatmul] | None:
             )
         )  # fmt: skip
         if bad < 0:
-            raise AMX_PACK.refused(bad)
+            raise refused(AMX_PACK, bad)
         return bad
 
     def matmul(
@@ -821,7 +768,7 @@ def load_amx() -> tuple[AmxPack, AmxMatmul] | None:
         out: torch.Tensor,
         threads: int,
     ) -> None:
-        name = AMX_MATMUL.name
+        name = AMX_MATMUL
         m, n = _integer(name, "m", m, 1), _integer(name, "n", n, 1)
         depth_p = amx_padded(_integer(name, "k", k, 1))
         _tensor(name, "a_tiles", a_tiles, dtype=torch.int16, at_least=2 * amx_padded(m) * depth_p)
@@ -845,3 +792,53 @@ def load_amx() -> tuple[AmxPack, AmxMatmul] | None:
 
 def available() -> bool:
     return load() is not None
+
+
+# -- what this process uses ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NativeStatus:
+    """Whether this process uses the C kernels and AMX's tiles, and why not (``hfadapt cache
+    info``): ``kernels`` is built, failed (``record`` holds the compiler's message), no
+    compiler, load failed or disabled (HFADAPT_NATIVE_DL16=0); ``amx`` is available,
+    unavailable (this CPU lacks the tiles or the kernel does not grant them), no kernels, or
+    disabled (HFADAPT_NATIVE_AMX=0)."""
+
+    kernels: str
+    library: Path | None
+    record: Path | None
+    compiler: str | None
+    message: str
+    amx: str
+    folder: Path
+    failure_records: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "kernels": self.kernels,
+            "library": str(self.library) if self.library else None,
+            "record": str(self.record) if self.record else None,
+            "compiler": self.compiler,
+            "message": self.message,
+            "amx": self.amx,
+            "path": str(self.folder),
+            "failure_records": self.failure_records,
+        }
+
+
+def native_status() -> NativeStatus:
+    """What this process has (builds the library when it is not built yet, as a first use
+    would)."""
+    state = native_build.state()
+    if not settings.native_amx():
+        amx = "disabled"
+    elif state.state != "built":
+        amx = "no kernels"
+    else:
+        ready = _kernel(AMX_READY)
+        amx = "available" if ready is not None and ready() else "unavailable"
+    return NativeStatus(
+        state.state, state.library, state.record, state.compiler, state.message, amx,
+        cache_dir(), len(native_build.failure_records()),
+    )  # fmt: skip

@@ -145,14 +145,14 @@ def test_cache_info_and_clear_show_both_caches(
     code, out, _ = run_cli(["cache", "info", "--json"], monkeypatch, capsys)
     info = json.loads(out)
     print(info)
-    assert code == 0 and set(info) == {"compile", "reference"}, out
+    assert code == 0 and set(info) == {"compile", "reference", "native"}, out
     assert info["reference"]["entries"] == 1 and info["reference"]["enabled"], info
     assert Path(info["reference"]["path"]) == reference_on
     code, out, err = run_cli(["cache", "clear"], monkeypatch, capsys)
     assert code == 0 and "removed 1 entries from the reference cache" in out, (out, err)
     assert _entries(reference_on) == []
     code, out, _ = run_cli(["cache", "info"], monkeypatch, capsys)
-    assert code == 0 and out.count("\n") == 2 and "reference cache" in out, out
+    assert code == 0 and out.count("\n") == 3 and "reference cache" in out, out
 
 
 def test_cold_and_warm_caches_give_one_verdict_and_the_warm_run_records_its_hits(
