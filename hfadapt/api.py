@@ -141,13 +141,31 @@ def _host_float32(value: Any) -> Any:
     return value
 
 
+def _features_to_host(module: Any, args: Any, output: Any) -> Any:
+    """Inside ``encode``: the forward's output features, computed on the device, handed to
+    encode's own post-processing on the host (selecting token embeddings by the attention mask
+    is host work: on the device it is an int -> bool cast and a boolean index, which the card
+    refuses). Calls of the model outside ``encode`` are left alone."""
+    if not module.__dict__.get("_hfadapt_in_encode") or not isinstance(output, dict):
+        return None
+    return {
+        k: v.cpu() if isinstance(v, torch.Tensor) and v.device.type != "cpu" else v
+        for k, v in output.items()
+    }
+
+
 def _float32_encode(model: Any) -> None:
     """Make ``model.encode`` return float32 on the host, as the stock model on CPU does, while
     the device computes in its own precision."""
     stock = type(model).encode
+    model.register_forward_hook(_features_to_host)
 
     def encode(self: Any, *args: Any, **kwargs: Any) -> Any:
-        return _host_float32(stock(self, *args, **kwargs))
+        self.__dict__["_hfadapt_in_encode"] = True
+        try:
+            return _host_float32(stock(self, *args, **kwargs))
+        finally:
+            self.__dict__["_hfadapt_in_encode"] = False
 
     encode.__doc__ = stock.__doc__
     model.encode = types.MethodType(encode, model)

@@ -59,6 +59,31 @@ def test_encode_returns_float32_on_the_host_like_stock(device_minilm, stock_mini
     assert cos.min().item() >= 0.99, f"device vs CPU sentence cosine {cos.tolist()}"
 
 
+def test_token_embeddings_come_back_per_token_like_stock(device_minilm, stock_minilm) -> None:
+    """``output_value="token_embeddings"`` selects each text's tokens by its attention mask: host
+    work after the device forward (on the device, an int -> bool cast the card refuses)."""
+    ref = stock_minilm.encode(SENTENCES, output_value="token_embeddings")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = device_minilm.encode(SENTENCES, output_value="token_embeddings")
+    shapes = ([tuple(t.shape) for t in out], [tuple(t.shape) for t in ref])
+    assert shapes[0] == shapes[1], shapes
+    assert all(t.device.type == "cpu" and t.dtype == torch.float32 for t in out), out
+    cos = min(
+        torch.nn.functional.cosine_similarity(a, b, dim=-1).min().item() for a, b in zip(out, ref)
+    )
+    print(f"min token cosine device vs CPU: {cos:.6f}")
+    assert cos >= 0.99, cos
+    features = {
+        k: v.to("spyre") if isinstance(v, torch.Tensor) else v
+        for k, v in device_minilm.tokenize(SENTENCES[:1]).items()
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        direct = device_minilm(features)["token_embeddings"]
+    assert direct.device.type == "spyre", "a call outside encode keeps its outputs on the device"
+
+
 # ---- 8: device warnings once per call site -----------------------------------------------------
 
 
