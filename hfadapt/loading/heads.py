@@ -118,6 +118,10 @@ class Heads(nn.Module):
         self.steps = tuple((kind, key, dict(cfg)) for kind, key, cfg in steps)
         self.multi_vector = multi_vector
         self.built = nn.ModuleDict()
+        # the mask of the current call, in the device dtype, handed over by ``attach``'s hooks
+        # (under "mask"): a dict, as mutating the module itself in a compiled call would make
+        # Dynamo name its submodules through ``__dict__`` (``sentence_heads.__dict__._modules``)
+        self.given: dict[str, torch.Tensor | None] = {}
 
     def forward(self, hidden: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
         tokens, sentence, out = hidden, None, {}
@@ -351,25 +355,43 @@ def _token_states(out: Any) -> torch.Tensor:
     return value
 
 
+def _take_heads_mask(
+    model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Forward pre-hook: the HEADS_MASK input taken out of the model's inputs (its forward
+    never sees it) and handed to the heads for this call (None: the attention mask is used)."""
+    getattr(model, HEADS_NAME).given["mask"] = kwargs.get(HEADS_MASK)  # every call: never stale
+    if HEADS_MASK not in kwargs:
+        return args, kwargs
+    return args, {k: v for k, v in kwargs.items() if k != HEADS_MASK}
+
+
+def _run_heads(
+    model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
+) -> PipelineOutput:
+    """Forward hook: the heads run on the model's token states, in the model's call (and so in
+    its compiled graph); the output is what users get."""
+    heads = getattr(model, HEADS_NAME)
+    hidden = _token_states(output)
+    mask = heads.given.pop("mask", None)
+    if mask is None:
+        mask = kwargs.get("attention_mask")
+    if mask is None:
+        mask = torch.ones(hidden.shape[:2], dtype=hidden.dtype, device=hidden.device)
+    return PipelineOutput(last_hidden_state=hidden, **heads(hidden, mask))
+
+
 def attach(model: nn.Module, heads: Heads) -> nn.Module:
     """Make ``model`` (a transformer instance, changed in place) run ``heads`` after itself and
-    return a ``PipelineOutput``; its submodule names stay, the heads sit under HEADS_NAME and
-    take the mask from the HEADS_MASK input (else the attention mask). The
-    instance gets a subclass of its own class (same name), so a deep copy stays attached and
-    every ``isinstance`` (the adapters' matching) still holds."""
-    cls = type(model)
-
-    def forward(self: nn.Module, *args: Any, **kwargs: Any) -> PipelineOutput:
-        mask = kwargs.pop(HEADS_MASK, None)
-        hidden = _token_states(cls.forward(self, *args, **kwargs))
-        if mask is None:
-            mask = kwargs.get("attention_mask")
-        if mask is None:
-            mask = torch.ones(hidden.shape[:2], dtype=hidden.dtype, device=hidden.device)
-        extra = getattr(self, HEADS_NAME)(hidden, mask)
-        return PipelineOutput(last_hidden_state=hidden, **extra)
-
-    attached = type(cls.__name__, (cls,), {"forward": forward, "__module__": cls.__module__})
+    return a ``PipelineOutput``. The heads sit under HEADS_NAME and take the mask from the
+    HEADS_MASK input (else the attention mask). They run from forward hooks: the model keeps
+    its class and its forward, so every adapter matches it exactly as without heads (the
+    mask adapter reads the builders ``type(model).forward`` calls), its submodule names stay,
+    and a deep copy stays attached (the hooks are the module's own, module-level functions)."""
+    attached = HEADS_NAME in model._modules
     model.add_module(HEADS_NAME, heads)
-    model.__class__ = attached
+    if attached:  # attached before: the new heads replace the old, run by the same hooks
+        return model
+    model.register_forward_pre_hook(_take_heads_mask, with_kwargs=True, prepend=True)
+    model.register_forward_hook(_run_heads, with_kwargs=True)
     return model
