@@ -92,7 +92,7 @@ if {compiled}:
 if {stand_in}:
     import time, torch
     from hfadapt.judge import diagnose as check
-    from hfadapt.spyre.lowering_report import LoweringReport
+    from hfadapt.spyre.rules.lowering_report import LoweringReport
 
     class Run:
         def __init__(self, outputs, report, seconds):

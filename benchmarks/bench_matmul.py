@@ -38,8 +38,8 @@ def _time(fn: Callable[[], object], reps: int) -> float:
 def _measure(rows: int, k: int, n: int, runs: int, tiles: bool) -> dict[str, float]:
     """One shape's three products, interleaved; their medians in ms (and the share of values
     the tiles give differently)."""
-    from hfadapt.spyre import amx, kernels
-    from hfadapt.spyre.dl16 import DEFAULT_FORMAT, round_dl16
+    from hfadapt.spyre.numerics import amx, kernels
+    from hfadapt.spyre.numerics.dl16 import DEFAULT_FORMAT, round_dl16
 
     g = torch.Generator().manual_seed(rows + k + n)
     a = round_dl16(torch.randn(rows, k, generator=g))
@@ -83,7 +83,7 @@ def _measure(rows: int, k: int, n: int, runs: int, tiles: bool) -> dict[str, flo
 
 
 def main(runs: int = 9, threads: int = 1) -> dict[str, dict[str, float]]:
-    from hfadapt.spyre import amx
+    from hfadapt.spyre.numerics import amx
 
     torch.set_num_threads(threads)
     report_machine("before")

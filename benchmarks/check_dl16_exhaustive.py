@@ -1,5 +1,5 @@
 """The DL16 rounding's two paths on every float32 bit pattern: the C kernel
-(``hfadapt_round_dl16``, hfadapt.spyre.dl16_native) and the torch ops (``dl16._round_inplace``)
+(``hfadapt_round_dl16``, hfadapt.spyre.numerics.dl16_native) and the torch ops (``dl16._round_inplace``)
 must give the same bits for all 2^32 patterns (NaN for NaN: a NaN's payload may differ), in
 device arithmetic and for a host value moved onto the device (``transfer``: +-inf lands on the
 format's host infinity), with the profile's overflow (NaN, the card's 0x7FFF code) and with
@@ -23,9 +23,9 @@ import time
 import torch
 from machine import report_machine
 
-from hfadapt.spyre import dl16_native
-from hfadapt.spyre.dl16 import DL16Format, _round_inplace, native_rounding_args
-from hfadapt.spyre.profile import load_profile
+from hfadapt.spyre.numerics import dl16_native
+from hfadapt.spyre.numerics.dl16 import DL16Format, _round_inplace, native_rounding_args
+from hfadapt.spyre.rules.profile import load_profile
 
 PATTERNS = 1 << 32
 VARIANTS = ("nan", "nan-transfer", "inf", "inf-transfer")

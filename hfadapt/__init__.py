@@ -61,7 +61,7 @@ if TYPE_CHECKING:  # the lazy names below, typed for checkers and editors
     from hfadapt.judge.diagnose import diagnose
     from hfadapt.judge.diagnosis import Diagnosis
     from hfadapt.noise import held_message_counts
-    from hfadapt.spyre.tracking import warning_counts as device_warning_counts
+    from hfadapt.spyre.rules.tracking import warning_counts as device_warning_counts
 
 __all__ = [
     "AdapterError",
@@ -136,7 +136,7 @@ def __getattr__(name: str) -> Any:
 
         value = Diagnosis
     elif name == "device_warning_counts":
-        from hfadapt.spyre.tracking import warning_counts
+        from hfadapt.spyre.rules.tracking import warning_counts
 
         value = warning_counts
     elif name == "diagnose":  # library messages held while it runs, as the command line holds them

@@ -28,7 +28,14 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("hfadapt.db",),
     # graphs of ATen ops as data: capture, validation, the allowlist, running one
     ("hfadapt.graphs",),
-    # the simulated device: profile, DL16, op and layout rules, the lowering report
+    # the simulated device's numerics, with plain parameters (never the profile): DL16, the C
+    # kernels and AMX, the kernels of ops with DL16 intermediates, the host's float32 state
+    ("hfadapt.spyre.numerics",),
+    # its rules as data and their judges: the profile, op and layout rules, the card's per-op
+    # defects, the lowering report, tracking
+    ("hfadapt.spyre.rules",),
+    # what both halves share: the decomposition table, the card's memory, Dynamo's frames; the
+    # package front (``hfadapt.spyre``: register, the profile, the lowering report)
     ("hfadapt.spyre",),
     # its two halves: the eager PrivateUse1 device and the torch.compile backend
     ("hfadapt.spyre.eager", "hfadapt.spyre.compile"),

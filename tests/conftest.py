@@ -71,14 +71,14 @@ def fresh_device_warnings() -> None:
     """Each test sees the device's warn-once warnings anew (they are once per process)."""
     import sys
 
-    tracking = sys.modules.get("hfadapt.spyre.tracking")
+    tracking = sys.modules.get("hfadapt.spyre.rules.tracking")
     if tracking is not None:
         tracking.reset_warnings()
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _native_dl16_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """The C DL16 kernel (hfadapt.spyre.dl16_native) is built into a session tmp dir, not
+    """The C DL16 kernel (hfadapt.spyre.numerics.dl16_native) is built into a session tmp dir, not
     into the user's cache; the compile and reference caches are off."""
     import os
 

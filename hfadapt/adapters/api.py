@@ -30,7 +30,7 @@ from hfadapt.adapters.host import host_constant, host_copy, on_host, to_device, 
 from hfadapt.adapters.rebind import globals_read, innermost, rebind, stock_bound, stock_method
 from hfadapt.errors import AdapterError
 from hfadapt.spyre.frames import inline_only
-from hfadapt.spyre.profile import STICK_ELEMENTS
+from hfadapt.spyre.numerics.dl16 import STICK_ELEMENTS
 
 __all__ = [
     "MASKED",

@@ -21,7 +21,7 @@ from hfadapt.adapters.equivalence import (
     prove_equivalent,
 )
 from hfadapt.adapters.registry import Registry
-from hfadapt.spyre.lowering_report import LoweringReport
+from hfadapt.spyre.rules.lowering_report import LoweringReport
 
 
 @dataclass
@@ -241,7 +241,7 @@ def device_check(a: Adapter, seed: int = 0, profile: str | None = None) -> Devic
     an adapter for a device defect (rule ``defect.*``, compiled graphs only) through the
     compile backend."""
     from hfadapt.spyre.eager import device as spyre_device
-    from hfadapt.spyre.tracking import tracking
+    from hfadapt.spyre.rules.tracking import tracking
 
     if a.example is None:
         return DeviceCheck(error="no example to run")

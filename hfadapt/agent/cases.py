@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from hfadapt.spyre.lowering_report import SourceLocation, Violation
+from hfadapt.spyre.rules.lowering_report import SourceLocation, Violation
 
 
 @dataclass

@@ -8,10 +8,11 @@ import json
 from pathlib import Path
 
 from hfadapt.agent.cases import FailureCase, target_source
+from hfadapt.agent.defect_cases import DEFECT_MATCH
 from hfadapt.agent.policy import describe_policy
 from hfadapt.agent.prompts import render
 from hfadapt.options import Execution
-from hfadapt.spyre.profile import Profile, load_profile
+from hfadapt.spyre.rules.profile import Profile, load_profile
 
 EXAMPLE_FILES = ("activations.py", "rms_norm.py", "layer_norm.py")
 EXAMPLES_MAX_CHARS = 9000
@@ -187,13 +188,16 @@ def taken_names_text(taken: dict[str, str] | None) -> str:
     return ", ".join(f"`{n}`" for n in names) if names else "(none)"
 
 
-def examples(folder: Path | None = None, names: tuple[str, ...] = EXAMPLE_FILES) -> str:
-    """The policy-abiding example drafts of ``prompts/examples.md``; with ``folder``, the
-    named bundled adapter files there."""
+def examples(
+    folder: Path | None = None, names: tuple[str, ...] = EXAMPLE_FILES, *, leave_out: str = ""
+) -> str:
+    """The policy-abiding example drafts of ``prompts/examples.md`` but those whose target is
+    ``leave_out`` (the case's own: an example for it would be its solution); with ``folder``,
+    the named bundled adapter files there."""
     if folder is None:
         from hfadapt.agent.prompts import load_template
 
-        return load_template("examples").strip()
+        return without_examples_for(load_template("examples"), leave_out).strip()
     root = folder
     parts: list[str] = []
     used = 0
@@ -209,7 +213,29 @@ def examples(folder: Path | None = None, names: tuple[str, ...] = EXAMPLE_FILES)
     return "\n\n".join(parts) or "(no bundled adapters found)"
 
 
-def system_prompt(profile: str | None = None, prompts: Path | None = None) -> str:
+def without_examples_for(text: str, target: str) -> str:
+    """``text`` (examples.md) without the examples whose ``target="..."`` is ``target``: each
+    example is the paragraph before its fenced block, and the block."""
+    if not target:
+        return text
+    import re
+
+    out, kept_from = [], 0
+    for block in re.finditer(r"```python\n.*?```\n?", text, re.S):
+        if f'target="{target}"' not in block.group(0):
+            continue
+        start = text.rfind("\n\n", kept_from, block.start() - 2)
+        start = kept_from if start < 0 else start + 2
+        out.append(text[kept_from:start])
+        kept_from = block.end()
+    out.append(text[kept_from:])
+    return re.sub(r"\n{3,}", "\n\n", "".join(out))
+
+
+def system_prompt(
+    profile: str | None = None, prompts: Path | None = None, *, target: str | None = None
+) -> str:
+    """The system prompt; ``target``: the case's, whose examples are left out."""
     prof = load_profile(profile)
     return render(
         "system",
@@ -219,7 +245,7 @@ def system_prompt(profile: str | None = None, prompts: Path | None = None) -> st
         adapter_api=adapter_api(),
         policy=describe_policy(),
         host_rule=host_rule(),
-        examples=examples(),
+        examples=examples(leave_out=target or ""),
     )
 
 
@@ -229,10 +255,16 @@ def task_prompt(
     """The failure, the code to replace, what it calls and reads, how it will be judged
     (``case.execution``) and the adapter names ``taken``."""
     prof = load_profile(case.profile)
+    rule_source = prof.rule_source(case.rule_id) or "hfadapt"
     if case.target:
         instructions = (
             f'Replace `{case.target}`: use `target="{case.target}"` and `rule="{case.rule_id}"`.'
+            f" {SIGNATURE_TEXT.get(case.kind, SIGNATURE_TEXT['method'])}"
         )
+        if case.match == DEFECT_MATCH:
+            defect = case.evidence.get("defect") or {}
+            rule_source = str(defect.get("source") or rule_source)
+            instructions += " " + defect_instructions(case)
     else:
         instructions = (
             "The failing line is in a module-level function, which cannot be patched by itself: "
@@ -249,7 +281,7 @@ def task_prompt(
         prompts,
         fingerprint=case.fingerprint,
         rule_id=case.rule_id,
-        rule_source=prof.rule_source(case.rule_id) or "hfadapt",
+        rule_source=rule_source,
         op=case.op,
         dtype=case.dtype or "n/a",
         location=case.location or "unknown",
@@ -264,6 +296,36 @@ def task_prompt(
         helpers=helpers_source(case.target),
         attributes=attribute_values(case),
         taken_names=taken_names_text(taken),
+    )
+
+
+SIGNATURE_TEXT = {
+    "method": "Keep its signature: `self` first, then the method's own parameters.",
+    "staticmethod": "It is a staticmethod: keep its own signature, with no `self` (do not add "
+    "one), and do not decorate your function with @staticmethod.",
+    "classmethod": "It is a classmethod: keep its signature, `cls` first (the class), and do "
+    "not decorate your function with @classmethod.",
+    "function": "It is a module-level function: keep its own signature (the same parameters, "
+    "no `self`); hfadapt applies your graph where the model's code calls it.",
+}
+
+
+def defect_instructions(case: FailureCase) -> str:
+    """What a silent device defect's draft is judged on: no error to remove, a defect that must
+    stop firing where the case found it, and a model that must get better."""
+    where = (
+        ", ".join(sorted({str(f.get("module")) for f in case.evidence.get("firings") or []}))
+        or "the model"
+    )
+    module = case.evidence.get("module") or "the module"
+    misread = case.evidence.get("output_misread")
+    what = f"reading the output of `{misread}`, in `{module}`" if misread else f"in `{module}`"
+    return (
+        f"Nothing raised: the defect `{case.rule_id}` fired silently in {where}, {what}, whose "
+        "`forward` you rewrite. Your draft is accepted when, with it, the "
+        "compiled model on the device no longer fires the defect there (nothing new fires or "
+        "fails) and its outputs get closer to the CPU reference; the same function in real "
+        "arithmetic, as always."
     )
 
 

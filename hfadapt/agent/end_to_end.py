@@ -21,6 +21,9 @@ DEVICE_REL_ERR_MAX = 0.05
 # it), the draft is judged against that run instead: it may add no more error than a clean
 # model may have in all (1 - DEVICE_COSINE_MIN of cosine, DEVICE_REL_ERR_MAX of relative error
 # in quadrature): the same budget it would have on a model with nothing else wrong.
+# A draft for a silent device defect must make the model better: when another failure keeps the
+# model outside the thresholds, closer to the reference by this much on both measures.
+GAIN_MIN = 1e-3
 
 
 def run_forward(model: Any, inputs: Any) -> Any:
@@ -113,6 +116,41 @@ class DeviceVerdict:
         no worse than it."""
         return self.meets_thresholds or (not self.baseline_ok and self.no_worse)
 
+    @property
+    def better(self) -> bool:
+        """For a device defect's draft: the model got better. Within the thresholds (and no
+        worse than without the draft when that run met them too), or, when another failure
+        keeps it outside them, closer to the CPU reference on both measures by ``GAIN_MIN``."""
+        if self.meets_thresholds:
+            return not self.baseline_ok or self.no_worse
+        return (
+            self.cosine >= self.baseline_cosine + GAIN_MIN
+            and self.rel_err <= self.baseline_rel_err - GAIN_MIN
+        )
+
+    def better_text(self) -> str:
+        numbers = self.numbers()
+        if self.better:
+            if self.meets_thresholds:
+                return f"{numbers}: the model got better, within >= {DEVICE_COSINE_MIN}, <= {DEVICE_REL_ERR_MAX}"
+            return (
+                f"{numbers}: the model got better (another failure keeps it outside >= "
+                f"{DEVICE_COSINE_MIN}, <= {DEVICE_REL_ERR_MAX})"
+            )
+        if self.meets_thresholds:
+            return f"{numbers}: within the thresholds, but worse than without the draft"
+        return (
+            f"{numbers}: the model did not get better (it must reach >= {DEVICE_COSINE_MIN} and "
+            f"<= {DEVICE_REL_ERR_MAX}, or gain {GAIN_MIN:g} on both measures)"
+        )
+
+    def numbers(self) -> str:
+        return (
+            f"device vs CPU reference with the draft: min per-token cosine {self.cosine:.6f}, "
+            f"relative error {self.rel_err:.4f}; without it (the same model on the device): "
+            f"{self.baseline_cosine:.6f}, {self.baseline_rel_err:.4f}"
+        )
+
     def text(self) -> str:
         numbers = (
             f"device vs CPU reference with the draft: min per-token cosine {self.cosine:.6f}, "
@@ -167,6 +205,7 @@ __all__ = [
     "CPU_COSINE_MIN",
     "DEVICE_COSINE_MIN",
     "DEVICE_REL_ERR_MAX",
+    "GAIN_MIN",
     "DeviceVerdict",
     "judge_device",
     "main_tensor",

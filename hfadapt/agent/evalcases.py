@@ -435,13 +435,35 @@ def minilm_like_model(seed: int) -> tuple[nn.Module, dict[str, Any]]:
     return BertModel(config).eval(), _token_inputs(seed, 2, 64, 40)
 
 
+def minilm_embeddings_example(seed: int) -> Example:
+    """MiniLM-like BERT's embeddings with the call BertModel.forward makes on the device (every
+    argument by keyword; token_type_ids the zeros the registry's token-type-ids-host builds):
+    the module whose LayerNorm output the next compiled graph misreads."""
+    from transformers.models.bert.modeling_bert import BertEmbeddings
+
+    _seeded(seed)
+    config = _tiny_config("bert")
+    config.hidden_size = 384
+    module = BertEmbeddings(config).double().eval()
+    n = _odd(seed, 7)
+    ids = _token_inputs(seed, 2, n, n - 3)["input_ids"]
+    kwargs = {"position_ids": None, "token_type_ids": torch.zeros_like(ids), "inputs_embeds": None}
+    return module, (), {"input_ids": ids, **kwargs, "cache_length": 0}
+
+
 def roformer_mask_example(seed: int) -> Example:
-    """The masking utility's own arguments (config, inputs_embeds, attention_mask), with the
-    config in the place a module takes in the other examples."""
+    """The masking utility's call as RoFormerModel.forward makes it: the config held by a
+    FunctionSite (in the place a module takes in the other examples; its attention
+    implementation the model's, eager), the tensors and ``cache`` by name."""
+    from hfadapt.graphs.capture import FunctionSite
+
     _seeded(seed)
     config = _tiny_config("roformer", embedding_size=128)
-    config._attn_implementation = "sdpa"
+    config._attn_implementation = "eager"
     n = _odd(seed, 7)
     embeds = torch.randn(2, n, 128, generator=_gen(seed), dtype=torch.float64)
-    mask = _token_inputs(seed, 2, n, n - 3)["attention_mask"]
-    return config, (embeds, mask), {}
+    # the padded sequence first: a batch cut to its first row still masks something (an
+    # all-ones mask is no mask: the stock function returns None for it)
+    mask = _token_inputs(seed, 2, n, n - 3)["attention_mask"].flip(0)
+    site = FunctionSite({"config": config})
+    return site, (), {"inputs_embeds": embeds, "attention_mask": mask, "cache": None}

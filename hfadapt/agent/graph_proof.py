@@ -55,6 +55,7 @@ from hfadapt.adapters.graph_adapter import (
     module_attributes,
 )
 from hfadapt.agent.cases import FailureCase, captured_example, stock_call
+from hfadapt.agent.defect_cases import DEFECT_MATCH
 from hfadapt.agent.end_to_end import (
     CPU_COSINE_MIN,
     judge_device,
@@ -399,12 +400,20 @@ def max_positions(module: torch.nn.Module) -> int | None:
     return None
 
 
+def batched_tensor(given: tuple[Any, ...]) -> torch.Tensor | None:
+    """The call's batched tensor: the first of two or more dimensions whose first is not 1 (a
+    leading 1 is a broadcast table's, such as RoFormer's [1, 1, n, d] sinusoidal positions),
+    else the first of two or more dimensions."""
+    tensors = [a for a in given if isinstance(a, torch.Tensor) and a.dim() >= 2]
+    return next((t for t in tensors if t.shape[0] != 1), tensors[0] if tensors else None)
+
+
 def fresh_sizes(
     module: torch.nn.Module, args: tuple[Any, ...]
 ) -> tuple[list[tuple[int, int | None]], dict[str, Any]]:
     """(batch, length) pairs to prove at, and the bound stated with them. Batch is dim 0 of the
     call's first tensor, length its second-to-last dim (when it has three or more)."""
-    first = next((a for a in args if isinstance(a, torch.Tensor) and a.dim() >= 2), None)
+    first = batched_tensor(args)
     if first is None:
         return [], {"note": "no batched tensor input: no fresh sizes"}
     s0 = int(first.shape[-2]) if first.dim() >= 3 else None
@@ -447,7 +456,7 @@ def _fresh_calls(
     module = module.double().eval()
     args, kwargs = _f64(tuple(args)), _f64(dict(kwargs))
     given = (*args, *kwargs.values())  # a module-level function's call passes them by name
-    first = next((a for a in given if isinstance(a, torch.Tensor) and a.dim() >= 2), None)
+    first = batched_tensor(given)
     pairs, bound = fresh_sizes(module, given)
     calls = []
     g = torch.Generator().manual_seed(20_000)
@@ -746,7 +755,7 @@ def module_on_device(proof: Proof, case: FailureCase) -> dict[str, Any]:
     """The graph on the simulated device (eager) at the module, against the stock code in
     float64 on the same rounded inputs: min row cosine and relative error per output."""
     from hfadapt.spyre.eager import device as spyre_device
-    from hfadapt.spyre.tracking import tracking
+    from hfadapt.spyre.rules.tracking import tracking
 
     assert proof.program is not None
     dtype = getattr(torch, case.run_dtype)
@@ -802,7 +811,7 @@ def _module_error(
     return worst_cos, worst_rel
 
 
-def _registry(case: FailureCase, adapter: Adapter | None, proving: str = "") -> Any:
+def case_registry(case: FailureCase, adapter: Adapter | None, proving: str = "") -> Any:
     """The case's registry (its baseline: the adapters it left out stay out, and so does the
     adapter being proven, which a re-proof finds among the accepted ones), with ``adapter``."""
     from hfadapt.adapters.registry import Registry, discover
@@ -829,7 +838,7 @@ def _device_run(
 
     def one(execution: str) -> tuple[Any, list[str]]:
         cm = case_model(case.model)
-        handle = _registry(case, adapter, proving).apply(cm.model)
+        handle = case_registry(case, adapter, proving).apply(cm.model)
         applied = handle.applied.get(adapter.name, []) if adapter is not None else []
         dtype = getattr(torch, case.run_dtype)
         inputs = {k: _rounded(v, dtype) for k, v in cm.inputs.items()}
@@ -869,6 +878,8 @@ def step_device(proof: Proof, case: FailureCase) -> StepReport:
         )
     if not case.model:
         return StepReport("device", "skip", "this case names no model to run on the device", output)
+    if case.match == DEFECT_MATCH:
+        return _defect_gone(proof, case, output, at_module)
     fp = case.fingerprint
     before, _, _ = _device_run(case, None, proof.adapter.name)
     after, applied, outputs_from = _device_run(case, proof.adapter, proof.adapter.name)
@@ -928,6 +939,88 @@ def step_device(proof: Proof, case: FailureCase) -> StepReport:
     return StepReport("device", "pass", summary, output)
 
 
+def _same_module(a: str, b: str) -> bool:
+    """Module paths recorded on two runs (one may carry a wrapper's prefix) name one module."""
+    return a == b or a.endswith("." + b) or b.endswith("." + a)
+
+
+def _firing_text(f: Any) -> str:
+    return f"{f.defect_id} in {f.module or 'the model'} ({f.module_class}, {f.op})"
+
+
+def _defect_gone(
+    proof: Proof, case: FailureCase, output: dict[str, Any], at_module: dict[str, Any]
+) -> StepReport:
+    """A silent device defect's case: the model compiled on the device without and with the
+    graph; the defect no longer fires where the case found it, nothing new fires or fails, and
+    the numbers of both runs against the CPU reference are stated."""
+    from hfadapt.agent.models import case_model
+
+    assert proof.adapter is not None
+    defect, name = case.rule_id, proof.adapter.name
+    before, _, _ = _device_run(case, None, name)
+    after, applied, outputs_from = _device_run(case, proof.adapter, name)
+    proof.device_outputs, proof.baseline_outputs = after.outputs, before.outputs
+    where = [str(f.get("module", "")) for f in case.evidence.get("firings") or []]
+
+    def here(f: Any) -> bool:
+        return f.defect_id == defect and (
+            not where or any(_same_module(f.module, m) for m in where)
+        )
+
+    fired_before = [f for f in before.report.defects if here(f)]
+    remaining = [f for f in after.report.defects if here(f)]
+    seen = {(f.defect_id, f.module) for f in before.report.defects}
+    new_defects = [f for f in after.report.defects if (f.defect_id, f.module) not in seen]
+    base_fps = set(before.report.fingerprints())
+    new = [v for v in after.report.violations if v.fingerprint() not in base_fps]
+    cm = case_model(case.model)
+    verdict = judge_device(run_forward(cm.model, cm.inputs), after.outputs, before.outputs, cm.mask)
+    output.update(
+        defect=defect,
+        fired_without=[_firing_text(f) for f in fired_before[:5]],
+        fired_with=[_firing_text(f) for f in remaining[:5]],
+        new_defects=[_firing_text(f) for f in new_defects[:5]],
+        applied_to=applied[:20],
+        graph_runs=proof.method.runs,
+        graph_fallbacks=proof.method.fallbacks,
+        baseline_violations=len(before.report.violations),
+        violations=len(after.report.violations),
+        new=[str(v) for v in new[:10]],
+        report=after.report.summary(),
+        outputs_from=outputs_from,
+        **verdict.output(),
+    )
+    numbers = verdict.numbers()
+    if not fired_before:
+        why = f"device defect {defect} did not fire without the graph; nothing to remove"
+        return StepReport("device", "fail", why, output)
+    if not applied:
+        return StepReport(
+            "device", "fail", "the graph applied to no module of the case's model", output
+        )
+    if remaining:
+        why = (
+            f"device defect {defect} still fires with the graph: {_firing_text(remaining[0])} "
+            f"({len(remaining)} firing(s), {len(fired_before)} without it); {numbers}"
+        )
+        return StepReport("device", "fail", why, output)
+    if new or new_defects:
+        first = str(new[0]) if new else _firing_text(new_defects[0])
+        why = (
+            f"the graph brings {len(new)} new violation(s) and {len(new_defects)} new defect "
+            f"firing(s); first: {first}; {numbers}"
+        )
+        return StepReport("device", "fail", why, output)
+    summary = (
+        f"device defect {defect} no longer fires ({len(fired_before)} firing(s) without the "
+        f"graph: {_firing_text(fired_before[0])}), no new violation or firing; {numbers}; at the "
+        f"module min cosine {at_module['min_cosine']:.5f}, relative error "
+        f"{at_module['relative_error']:.2g}"
+    )
+    return StepReport("device", "pass", summary, output)
+
+
 # -- end to end -----------------------------------------------------------------------------------
 
 
@@ -942,7 +1035,12 @@ def step_end_to_end(proof: Proof, case: FailureCase) -> StepReport:
     stock = run_forward(cm.model, cm.inputs)
     adapted = copy.deepcopy(cm.model)
     runs_before = proof.method.runs
-    Registry(adapters=[proof.adapter]).apply(adapted)  # enabled: the graph runs on the CPU too
+    # enabled: the graph runs on the CPU too. A defect's graph was captured on the calls the
+    # model makes with the case's other adapters (the device run's): they apply here as well.
+    if case.match == DEFECT_MATCH:
+        case_registry(case, proof.adapter).apply(adapted)
+    else:
+        Registry(adapters=[proof.adapter]).apply(adapted)
     cpu = run_forward(adapted, cm.inputs)
     cpu_cos = token_cosine(stock, cpu, cm.mask)
     output: dict[str, Any] = {
@@ -973,9 +1071,13 @@ def step_end_to_end(proof: Proof, case: FailureCase) -> StepReport:
         )
     verdict = judge_device(stock, proof.device_outputs, proof.baseline_outputs, cm.mask)
     output.update(verdict.output())
-    if not verdict.ok:
-        return StepReport("end_to_end", "fail", verdict.text(), output)
-    summary = f"CPU vs stock min token cosine {cpu_cos:.6f} >= {CPU_COSINE_MIN}; {verdict.text()}"
+    if case.match == DEFECT_MATCH:  # a silent defect's draft must make the model better
+        ok, text = verdict.better, verdict.better_text()
+    else:
+        ok, text = verdict.ok, verdict.text()
+    if not ok:
+        return StepReport("end_to_end", "fail", text, output)
+    summary = f"CPU vs stock min token cosine {cpu_cos:.6f} >= {CPU_COSINE_MIN}; {text}"
     return StepReport("end_to_end", "pass", summary, output)
 
 

@@ -150,7 +150,8 @@ class _Session:
         )
         recorder.save_session(self.row)
         self.result = DraftOutcome(case, REJECTED, "", session_id=self.row.id)
-        self.system, self.task = system_prompt(case.profile), task_prompt(case, taken=taken)
+        self.system = system_prompt(case.profile, target=case.target)
+        self.task = task_prompt(case, taken=taken)
         self.messages = [
             {"role": "system", "content": self.system},
             {"role": "user", "content": self.task},

@@ -7,12 +7,14 @@ description or name reaches the prompt."""
 
 from __future__ import annotations
 
+import copy
 import pkgutil
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from hfadapt.agent.cases import FailureCase, from_violation
+from hfadapt.agent.defect_cases import DEFECT_MATCH
 from hfadapt.errors import UsageError
 
 _EC = "hfadapt.agent.evalcases"
@@ -36,6 +38,10 @@ class SuiteCase:
     site: str = ""  # the qualified function the violation must be located in ("": any)
     match: str = "rule_op"  # how the device step knows the failure: rule_op | fingerprint
     pending: str = ""  # why the case cannot pass yet; agent-eval prints it and scores nothing
+    call_site: str = ""  # kind "function": the method whose call of it the graph replaces
+    # A silent device defect (match "defect"): no violation; the registry's adapters apply but
+    # these, and the case is built from the defect's firings (hfadapt.agent.defect_cases).
+    without: tuple[str, ...] = ()
 
     @property
     def reference(self) -> str:
@@ -186,15 +192,6 @@ SUITE: tuple[SuiteCase, ...] = (
         (r"F\.gelu\(x\)",),
         execution="compile",
     ),
-)
-
-# Written ahead of the drafting loop: each names why it cannot pass yet. agent-eval prints the
-# reason in its row and scores nothing; ``--case NAME`` runs one anyway, to see how far it gets.
-_KINDS_PENDING = (
-    "staticmethod, classmethod and module-level targets are not yet captured with their own "
-    "arguments by the drafting loop (hfadapt/agent/cases.py, steps.py, graphs/capture.py)"
-)
-PENDING: tuple[SuiteCase, ...] = (
     SuiteCase(
         "roformer-rotary-staticmethod",
         f"{_ROFORMER}:RoFormerSelfAttention.apply_rotary_position_embeddings",
@@ -208,7 +205,6 @@ PENDING: tuple[SuiteCase, ...] = (
         kind="staticmethod",
         site="RoFormerSelfAttention.apply_rotary_position_embeddings",
         match="fingerprint",
-        pending=_KINDS_PENDING,
     ),
     SuiteCase(
         "masking-utility-function",
@@ -218,19 +214,28 @@ PENDING: tuple[SuiteCase, ...] = (
         f"{_EC}:roformer_mask_example",
         f"{_EC}:roformer_model",
         "a failure inside transformers' masking utilities (a module-level function, no class): "
-        "the mask built on the host",
-        (r"keep\[:,None,None,:\]",),
+        "the int64 mask cast on the host, the additive mask made on the device",
+        (r"fill\[:,None,None,:\]\.expand\(",),
         kind="function",
         site="_preprocess_mask_arguments",
         match="fingerprint",
-        pending=_KINDS_PENDING,
+        call_site=f"{_ROFORMER}:RoFormerModel.forward",
     ),
-)
-
-# Cases the drafting tests use whose solution the system prompt shows: the bundled adapter
-# for their target is one of its examples (context.EXAMPLE_FILES). Run by --case only, and
-# each run reports the snippet of the prompt that states the solution.
-SHOWN: tuple[SuiteCase, ...] = (
+    SuiteCase(
+        "minilm-post-ln-handoff",
+        "transformers.models.bert.modeling_bert:BertEmbeddings.forward",
+        "defect.post_ln_handoff",
+        "aten::",
+        f"{_EC}:minilm_embeddings_example",
+        f"{_EC}:minilm_like_model",
+        "a silent device defect, no error: MiniLM-like BERT without post-ln-handoff-clone; the "
+        "embeddings' LayerNorm output, handed to the next compiled graph, is misread there: "
+        "read it on the host and send it back (a fresh tensor), judged compiled",
+        (r"embeddings\.cpu\(\)\.to\(",),
+        execution="compile",
+        match="defect",
+        without=("post-ln-handoff-clone",),
+    ),
     SuiteCase(
         "gelu-new-cube",
         "transformers.activations:NewGELUActivation.forward",
@@ -253,12 +258,17 @@ SHOWN: tuple[SuiteCase, ...] = (
     ),
 )
 
+# Written ahead of the drafting loop: each names why it cannot pass yet. agent-eval prints the
+# reason in its row and scores nothing; ``--case NAME`` runs one anyway, to see how far it gets.
+# None is pending now.
+PENDING: tuple[SuiteCase, ...] = ()
+
 
 def get(name: str) -> SuiteCase:
-    for case in SUITE + PENDING + SHOWN:
+    for case in SUITE + PENDING:
         if case.name == name:
             return case
-    known = ", ".join(c.name for c in SUITE + PENDING + SHOWN)
+    known = ", ".join(c.name for c in SUITE + PENDING)
     raise UsageError(f"no agent-eval case {name!r}; cases: {known}")
 
 
@@ -284,6 +294,8 @@ def suite_case(
     from hfadapt.spyre.runner import run_on_device
 
     run_as = execution or spec.execution
+    if spec.match == DEFECT_MATCH:
+        return _defect_case(spec, profile=profile, execution=run_as)
     model, inputs = pkgutil.resolve_name(spec.model)(0)
     # The runner moves inputs as they are: float inputs go in the run's dtype.
     inputs = {k: v.half() if v.is_floating_point() else v for k, v in inputs.items()}
@@ -324,4 +336,42 @@ def suite_case(
     case.example = spec.example
     case.registry = "none"  # the suite measures the agent, not the bundled adapters
     case.match = spec.match
+    case.call_site = spec.call_site or None
+    return case
+
+
+def _defect_case(spec: SuiteCase, *, profile: str | None, execution: str) -> FailureCase:
+    """A silent defect's case as ``hfadapt draft`` makes one: the model on the device with the
+    registry's adapters but ``spec.without``, the defect's firings from the run's report, the
+    case from them (hfadapt.agent.defect_cases), the one whose target the spec names."""
+    import torch
+
+    from hfadapt.adapters.registry import Registry, discover
+    from hfadapt.agent.defect_cases import defect_cases
+    from hfadapt.judge.defect_evidence import defect_evidence
+    from hfadapt.spyre.runner import run_on_device
+
+    model, inputs = pkgutil.resolve_name(spec.model)(0)
+    model = model.float().eval()
+    stock = copy.deepcopy(model)
+    registry = Registry(adapters=[a for a in discover().adapters if a.name not in spec.without])
+    registry.apply(model)
+    run = run_on_device(
+        model, inputs, execution=execution, dtype=torch.float16, profile=profile, collect=True
+    )
+    fired = [f for f in run.report.defects if f.defect_id == spec.rule_id]
+    base = {"model": {"builder": spec.model}, "execution": execution, "profile": profile}
+    cases = defect_cases({"defects": defect_evidence(run.report)}, stock, base=base)
+    found = [c for c in cases if c.rule_id == spec.rule_id and c.target == spec.target]
+    if not fired or not found:
+        seen = ", ".join(sorted({f"{f.defect_id} in {f.module}" for f in run.report.defects}))
+        raise UsageError(
+            f"agent-eval case {spec.name}: the device did not fire {spec.rule_id} with "
+            f"{spec.target} as its target (fired: {seen or 'none'}; {run.report.summary()})"
+        )
+    case = found[0]
+    case.name = spec.name
+    case.example = spec.example
+    case.registry = "default"  # the defect shows only where the other adapters let it lower
+    case.without_adapters = list(spec.without)
     return case

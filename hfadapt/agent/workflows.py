@@ -4,6 +4,7 @@ becomes FailureCases with example inputs captured from the model on the CPU."""
 
 from __future__ import annotations
 
+import copy
 import os
 import tempfile
 from collections import defaultdict
@@ -15,7 +16,9 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.engine import Engine
 from sqlmodel import select
 
+from hfadapt import verdicts
 from hfadapt.agent.cases import FailureCase, capture_calls, from_violation, function_entry
+from hfadapt.agent.defect_cases import defect_cases
 from hfadapt.agent.options import DraftOptions
 from hfadapt.agent.records import Recorder
 from hfadapt.db.census import FailureFingerprint
@@ -74,13 +77,16 @@ def cases_for_model(
         localize_failures=judge.localize,
     )
     report = getattr(diag, "report", None)
-    if report is None or report.ok:
+    silent = report is not None and report.ok and diag.verdict == verdicts.VERIFICATION_FAILED
+    if report is None or (report.ok and not (silent and diag.evidence.get("defects"))):
         return diag, []
     from hfadapt.agent.models import case_model
 
     stock = case_model(spec)
     inputs = stock.inputs
     cases: list[FailureCase] = []
+    if silent:  # no violation: the device defects that fired are the failures
+        return diag, _defect_cases(diag, stock, spec, judge, workdir)
     seen: set[str] = set()
     for v in report.violations:
         fp = v.fingerprint()
@@ -100,17 +106,47 @@ def cases_for_model(
             entry = function_entry(stock.model, inputs, v.location.file, v.location.function)
             case.evidence["failing_function"] = case.target
             case.target, case.call_site = entry if entry else (None, None)
-        if case.target:
-            path = workdir / f"{fp}.pt"
-            try:
-                if capture_calls(
-                    stock.model, [_odd_inputs(inputs), inputs], case.target, path=path
-                ):
-                    case.example_file = str(path)
-            except Exception as exc:  # no captured inputs: the draft's own example is used
-                case.evidence["capture_error"] = f"{type(exc).__name__}: {exc}"[:300]
+        _capture_examples(case, stock.model, inputs, workdir)
         cases.append(case)
     return diag, cases
+
+
+def _defect_cases(
+    diag: Any, stock: Any, spec: dict[str, Any], judge: JudgeOptions, workdir: Path
+) -> list[FailureCase]:
+    """A case per silent device defect that fired (hfadapt.agent.defect_cases), its example
+    calls captured as the device run makes them: with the case's other adapters (a host-built
+    token_type_ids is a tensor where the stock call passes None)."""
+    from hfadapt.agent.graph_proof import case_registry
+
+    base = {"model": spec, "execution": judge.execution, "profile": judge.profile}
+    found = defect_cases(
+        diag.evidence,
+        stock.model,
+        divergence=getattr(diag, "divergence", None),
+        base=base,
+    )
+    for case in found:
+        case.evidence.update(model=diag.model_id, verdict=diag.verdict, reason=diag.reason)
+        case.registry = "default" if judge.adapters else "none"
+        case.without_adapters = list(judge.without_adapters)
+        adapted = copy.deepcopy(stock.model)
+        case_registry(case, None).apply(adapted)
+        _capture_examples(case, adapted, stock.inputs, workdir)
+    return found
+
+
+def _capture_examples(case: FailureCase, model: Any, inputs: Any, workdir: Path) -> None:
+    """The target's calls in the stock model on the CPU (an odd-sized cut of the probes, then
+    the probes), saved for the equivalence proof as the case's example file."""
+    if not case.target:
+        return
+    path = workdir / f"{case.fingerprint}.pt"
+    try:
+        if capture_calls(model, [_odd_inputs(inputs), inputs], case.target, path=path):
+            case.example_file = str(path)
+    except Exception as exc:  # no captured inputs: the draft's own example is used
+        case.evidence["capture_error"] = f"{type(exc).__name__}: {exc}"[:300]
 
 
 def top_fingerprints(engine: Engine, k: int | None) -> list[FailureFingerprint]:

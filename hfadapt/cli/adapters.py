@@ -290,7 +290,7 @@ def show(
     """One adapter as a card: what it replaces, the rule it works around, the change (a diff
     against the stock code), and where it came from."""
     from hfadapt.adapters.registry import default_registry
-    from hfadapt.spyre.profile import load_profile
+    from hfadapt.spyre.rules.profile import load_profile
 
     a = _named(default_registry(), name)
     diff = change_diff(a)

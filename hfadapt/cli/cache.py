@@ -2,7 +2,7 @@
 simulated device's compile cache (hfadapt.spyre.compile.cache) and the CPU reference cache
 (hfadapt.judge.reference_cache): where each is, how many entries and bytes it holds (and the
 temporary files killed writers left, hfadapt.disk_cache), and emptying them; beside them, the
-device's C kernels (hfadapt.spyre.dl16_native): whether this process uses them and AMX's tiles,
+device's C kernels (hfadapt.spyre.numerics.dl16_native): whether this process uses them and AMX's tiles,
 or why not, and clearing the records of failed builds so that the next use builds again. Thin:
 the library does the work."""
 
@@ -40,7 +40,7 @@ def _size(n: int) -> str:
     return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
 
 
-_NATIVE = "hfadapt.spyre.dl16_native"
+_NATIVE = "hfadapt.spyre.numerics.dl16_native"
 # what each state of the C kernels and of AMX's tiles reads as
 _KERNELS = {
     "built": "built, in use",

@@ -319,7 +319,7 @@ def _check_before_work(options: Any) -> None:
             what=f"the model's own code ({option('trust_remote_code')})",
         )
     if options.judge.profile is not None:
-        from hfadapt.spyre.profile import load_profile
+        from hfadapt.spyre.rules.profile import load_profile
 
         load_profile(options.judge.profile)  # an unknown profile is refused before any write
 

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from hfadapt.spyre.lowering_report import LoweringReport, SourceLocation
+from hfadapt.spyre.rules.lowering_report import LoweringReport, SourceLocation
 
 __all__ = ["Ineffective", "ineffective_adapters", "sentence"]
 

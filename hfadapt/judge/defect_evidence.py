@@ -7,7 +7,7 @@ from typing import Any
 
 from hfadapt.judge.diagnosis import Diagnosis
 from hfadapt.judge.evidence_types import DefectEntry
-from hfadapt.spyre.lowering_report import LoweringReport
+from hfadapt.spyre.rules.lowering_report import LoweringReport
 
 __all__ = ["defect_evidence", "defects_in", "structural_defect"]
 

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     import torch
 
-    from hfadapt.spyre.lowering_report import LoweringReport
-    from hfadapt.spyre.profile import Profile
+    from hfadapt.spyre.rules.lowering_report import LoweringReport
+    from hfadapt.spyre.rules.profile import Profile
 
 __all__ = ["DeviceResult", "Runner", "default_runner"]
 

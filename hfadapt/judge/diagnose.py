@@ -22,7 +22,7 @@ from hfadapt.loading.load import LoadedModel
 from hfadapt.loading.loader import load_model
 from hfadapt.loading.probes import build_probes
 from hfadapt.options import DType, Execution, Mode
-from hfadapt.spyre.numerics import pinned
+from hfadapt.spyre.numerics.host_state import pinned
 
 if TYPE_CHECKING:
     from hfadapt.adapters.registry import Registry
@@ -155,7 +155,7 @@ def _diagnose_and_record(
     reuse_reference: bool = False,
     caches: bool = True,
 ) -> Diagnosis:
-    from hfadapt.spyre.profile import load_profile
+    from hfadapt.spyre.rules.profile import load_profile
 
     prof = load_profile(options.profile)
     # Open the database first: a read-only or corrupt --db fails before minutes of work.
@@ -183,7 +183,7 @@ def _diagnose_and_record(
 def judge_here(model_ref: str, options: JudgeOptions, hub: HubOptions) -> Diagnosis:
     """Judge with the model's own code in THIS process, unrecorded: only the sandboxed worker
     (:mod:`hfadapt.judge.sandboxed`) calls it, inside the sandbox."""
-    from hfadapt.spyre.profile import load_profile
+    from hfadapt.spyre.rules.profile import load_profile
 
     trusted = options.but(trust_remote_code=True)
     return _diagnose(model_ref, trusted, load_profile(options.profile), None, hub=hub)
@@ -197,7 +197,7 @@ def _engine(db: Any) -> Any:
     return db if isinstance(db, Engine) else store.get_engine(db)
 
 
-@pinned()  # exact float32 on the host, whatever the caller set (hfadapt.spyre.numerics)
+@pinned()  # exact float32 on the host, whatever the caller set (hfadapt.spyre.numerics.host_state)
 def _diagnose(
     model_ref: str | os.PathLike[str] | LoadedModel,
     options: JudgeOptions,

@@ -20,7 +20,7 @@ from hfadapt.judge.evidence import ADAPTABLE, without_adapters_step
 from hfadapt.judge.evidence_types import Evidence
 from hfadapt.judge.localize import Divergence
 from hfadapt.judge.metrics import Metrics
-from hfadapt.spyre.lowering_report import LoweringReport
+from hfadapt.spyre.rules.lowering_report import LoweringReport
 
 __all__ = [
     "Diagnosis",
@@ -312,7 +312,7 @@ def device_warnings_recorded(diag: Diagnosis) -> Iterator[None]:
     """Device warnings go into the evidence, not onto the terminal: per-call fallback / int64
     warnings are dropped (the report counts every one; a BERT forward raises hundreds), others
     (graph breaks in compiled mode...) are kept once each in ``evidence["device_warnings"]``."""
-    from hfadapt.spyre.tracking import SpyreDowncastWarning, SpyreFallbackWarning
+    from hfadapt.spyre.rules.tracking import SpyreDowncastWarning, SpyreFallbackWarning
 
     counted: tuple[type[Warning], ...] = (SpyreFallbackWarning, SpyreDowncastWarning)
     with warnings.catch_warnings(record=True) as caught:

@@ -142,7 +142,7 @@ def _dl16_path() -> str:
     their loaders has run in this process, its answer; before that, what ``_library`` would
     decide: not with HFADAPT_NATIVE_DL16=0, nor without a C compiler (a build that then fails
     is seen when the run asks again after the device ran)."""
-    from hfadapt.spyre import dl16_native
+    from hfadapt.spyre.numerics import dl16_native
 
     if _library_decided():
         return "native" if dl16_native.available() else "torch"
@@ -154,7 +154,7 @@ def _dl16_path() -> str:
 def _library_decided() -> bool:
     """Whether a loader of the C kernels ran in this process (each goes through the one cached
     library load): then asking them builds nothing."""
-    from hfadapt.spyre import dl16_native
+    from hfadapt.spyre.numerics import dl16_native
 
     loaders = (
         dl16_native.load,
@@ -184,7 +184,7 @@ def _amx_path(dl16: str) -> str:
     if dl16 != "native" or not settings.native_amx():
         return "fp32"
     if _library_decided():
-        from hfadapt.spyre import amx
+        from hfadapt.spyre.numerics import amx
 
         return "tiles" if amx.available() else "fp32"
     return "tiles" if _cpu_has_amx() else "fp32"

@@ -221,7 +221,7 @@ def _device_dtype(diag: Diagnosis, options: JudgeOptions, model_type: str | None
     """The dtype the device runs this model in: the one asked for, or the profile's dtype for
     the model's family. Recorded on the diagnosis with the rule and source that chose it."""
     from hfadapt.options import DType
-    from hfadapt.spyre.profile import load_profile
+    from hfadapt.spyre.rules.profile import load_profile
 
     family, why = load_profile(options.profile).family_dtype(model_type)
     chosen = family if options.dtype is None else options.dtype.value
@@ -372,7 +372,7 @@ def adapters_took_effect(j: Judging) -> None:
     """Record the applied adapters whose own rule still fired in the code they rewrite
     (``evidence["adapters_ineffective"]``): listed as applied, they did nothing there."""
     from hfadapt.adapters.registry import default_registry
-    from hfadapt.spyre.profile import load_profile
+    from hfadapt.spyre.rules.profile import load_profile
 
     diag = j.diag
     if not diag.adapters or diag.report is None:

@@ -14,9 +14,9 @@ so the same key means the same computation:
   (hfadapt.judge.metrics);
 - where it ran: the torch and transformers versions, torch's CPU capability and thread count
   (fp32 sums can round otherwise), the hfadapt version;
-- how torch computed float32 while it ran (hfadapt.spyre.numerics.state: the float32 matmul
+- how torch computed float32 while it ran (hfadapt.spyre.numerics.host_state.state: the float32 matmul
   precision and every oneDNN fp32 setting, autocast, the default dtype, deterministic
-  algorithms), read when the key is made. Judging runs under ``numerics.pinned()``, so these
+  algorithms), read when the key is made. Judging runs under ``host_state.pinned()``, so these
   are constant there; a reference that was not computed in exact float32 (a caller's
   ``torch.set_float32_matmul_precision("medium")`` or autocast reaching it) is not keyed at all.
 
@@ -42,7 +42,7 @@ import torch
 
 from hfadapt import settings
 from hfadapt.disk_cache import BoundedFolder
-from hfadapt.spyre import numerics
+from hfadapt.spyre.numerics import host_state
 
 __all__ = ["ReferenceCache", "cache_info", "clear", "default_cache"]
 
@@ -107,8 +107,8 @@ def reference_key(model: torch.nn.Module, inputs: Mapping[str, Any]) -> str | No
     import transformers
 
     config = getattr(model, "config", None)
-    ambient = numerics.state()
-    if config is None or _has_hooks(model) or not numerics.exact(ambient):
+    ambient = host_state.state()
+    if config is None or _has_hooks(model) or not host_state.exact(ambient):
         return None
     weights = hashlib.sha256()
     for name, t in model.state_dict(keep_vars=False).items():

@@ -35,7 +35,7 @@ from hfadapt.judge.localize import Divergence
 from hfadapt.judge.metrics import Metrics
 from hfadapt.judge.options import JudgeOptions
 from hfadapt.judge.output_metrics import OutputMetrics
-from hfadapt.spyre.lowering_report import LoweringReport
+from hfadapt.spyre.rules.lowering_report import LoweringReport
 from hfadapt.untrusted import bounded, clean_text, known_secrets, parse_json, redact
 
 DEFAULT_TIMEOUT_S = 900.0
@@ -100,7 +100,7 @@ def worker_readable_paths(env: dict[str, str]) -> list[Path]:
     ``$PYTHONPATH`` folders and the system (:func:`hfadapt.isolation.mounts`): the hub cache,
     hfadapt's adapter folders and the compiled DL16 kernels."""
     from hfadapt.adapters.registry import user_adapters_dir
-    from hfadapt.spyre.dl16_native import cache_dir
+    from hfadapt.spyre.numerics.dl16_native import cache_dir
 
     paths = [Path(env["HF_HUB_CACHE"])] if env.get("HF_HUB_CACHE") else []
     paths += [Path(p) for p in env.get("HFADAPT_ADAPTERS_PATH", "").split(os.pathsep) if p]
@@ -267,7 +267,7 @@ def _no_result(
         else f"the sandboxed judge ended without a result (exit {sandbox['exit_code']})"
     )
     last = why.strip().splitlines()[-1] if why.strip() else ""
-    from hfadapt.spyre.profile import load_profile
+    from hfadapt.spyre.rules.profile import load_profile
 
     diag = Diagnosis(
         model_id=model,

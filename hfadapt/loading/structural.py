@@ -332,6 +332,20 @@ def _instantiate(config: Any, text: str, seed: int, trust_remote_code: bool, met
             ) from exc
 
 
+def _at_trained_scale(model: Any, built: Any, seed: int, tokenizer: Any) -> str:
+    """Draw the stand-in's weights at trained scale (the initializer's weights hide device
+    faults a trained model shows); the note that says so."""
+    table = getattr(built, "vocab_size", None)
+    draw_trained_scale(
+        model, seed, MINILM, table if isinstance(table, int) else None, start_ids(built, tokenizer)
+    )
+    return (
+        "weights drawn at trained scale (statistics of all-MiniLM-L6-v2: "
+        f"linear gain {MINILM.linear_gain:.2f}/sqrt(fan_in), norm scale "
+        f"{MINILM.norm_gain_mean:.2f})"
+    )
+
+
 def build(
     ref: str | os.PathLike[str],
     *,
@@ -385,20 +399,7 @@ def build(
         )
     model = _instantiate(built, text, seed, trust_remote_code, meta)
     if not meta:
-        # the initializer's weights hide device faults a trained model shows: trained scale
-        table = getattr(built, "vocab_size", None)
-        draw_trained_scale(
-            model,
-            seed,
-            MINILM,
-            table if isinstance(table, int) else None,
-            start_ids(built, tokenizer),
-        )
-        notes.append(
-            "weights drawn at trained scale (statistics of all-MiniLM-L6-v2: "
-            f"linear gain {MINILM.linear_gain:.2f}/sqrt(fan_in), norm scale "
-            f"{MINILM.norm_gain_mean:.2f})"
-        )
+        notes.append(_at_trained_scale(model, built, seed, tokenizer))
     model.eval()
     folder = found.folder
     pooling = pooling_from_folder(folder) if folder is not None else PoolingSpec()

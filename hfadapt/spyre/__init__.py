@@ -1,12 +1,18 @@
 """The simulated IBM Spyre device: a versioned device profile, DL16 numerics, an eager
-``spyre`` device (PrivateUse1) and a ``torch.compile(..., backend="spyre")`` backend."""
+``spyre`` device (PrivateUse1) and a ``torch.compile(..., backend="spyre")`` backend.
+
+Its parts by role, lowest first (hfadapt.layers): ``numerics/`` (DL16, the C kernels, AMX, the
+kernels of ops with DL16 intermediates: functions of plain parameters), ``rules/`` (the profile
+and its data, the op and layout rules, the card's defects, the lowering report, tracking), the
+modules here that both halves share, then the halves ``eager/`` and ``compile/``, and
+``runner`` over both."""
 
 from __future__ import annotations
 
 from types import ModuleType
 
-from hfadapt.spyre.lowering_report import LoweringReport, SourceLocation, Violation
-from hfadapt.spyre.profile import DEFAULT_PROFILE, Profile, available_profiles, load_profile
+from hfadapt.spyre.rules.lowering_report import LoweringReport, SourceLocation, Violation
+from hfadapt.spyre.rules.profile import DEFAULT_PROFILE, Profile, available_profiles, load_profile
 
 __all__ = [
     "DEFAULT_PROFILE",

@@ -13,9 +13,9 @@ import torch
 
 from hfadapt.errors import SpyreLoweringError, UsageError
 from hfadapt.options import Execution
-from hfadapt.spyre.lowering_report import LoweringReport
-from hfadapt.spyre.numerics import pinned
-from hfadapt.spyre.profile import Profile, load_profile
+from hfadapt.spyre.numerics.host_state import pinned
+from hfadapt.spyre.rules.lowering_report import LoweringReport
+from hfadapt.spyre.rules.profile import Profile, load_profile
 
 
 @dataclass
@@ -51,7 +51,7 @@ def _eager(
     model: torch.nn.Module, inputs: Mapping[str, Any], p: Profile, collect: bool
 ) -> DeviceRun:
     from hfadapt.spyre.eager import device as spyre_device
-    from hfadapt.spyre.tracking import tracking
+    from hfadapt.spyre.rules.tracking import tracking
 
     spyre_device.register()
     dev = torch.device("spyre")
@@ -94,7 +94,7 @@ def run_on_device(
     anything runs. Eager with ``collect=True`` records every violation and keeps running (audit
     mode); ``collect=False`` raises at the first, as the card does. Compiled mode judges the
     whole graph first and raises SpyreLoweringError with every violation in its report."""
-    from hfadapt.spyre.layout_rules import ensure_supported
+    from hfadapt.spyre.rules.layout_rules import ensure_supported
 
     Execution.parse(execution, "execution")
     if dtype not in (torch.float16, torch.bfloat16):

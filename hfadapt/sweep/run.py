@@ -173,7 +173,7 @@ def run_sweep(
     isolate them, unless ``unsafe_no_isolation``. ``options.judge.without_adapters``: registry
     adapters left out of every unit (the rest apply), checked against the registry first.
     """
-    from hfadapt.spyre.profile import load_profile
+    from hfadapt.spyre.rules.profile import load_profile
 
     options = options or SweepOptions()
     judge = options.judge

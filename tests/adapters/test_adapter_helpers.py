@@ -126,7 +126,7 @@ def test_provenance_defaults_to_hand_written_by_hfadapt(tmp_path: Path) -> None:
 
 
 def test_every_rope_form_is_a_model_type_the_layout_rules_know_as_rotary() -> None:
-    from hfadapt.spyre.layout_rules import ROPE_MODEL_TYPES
+    from hfadapt.spyre.rules.layout_rules import ROPE_MODEL_TYPES
 
     reg = discover(paths=[], entry_points=False)
     rope = next(a for a in reg.adapters if a.name == "rope-host-qwen3")

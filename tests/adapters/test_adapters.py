@@ -254,7 +254,7 @@ def test_host_masks_stay_inside_the_device_range(dtype: str) -> None:
     finfo.min / 2 (-1.7e38) became -inf there and EmbeddingGemma's attention turned to NaN."""
     import torch
 
-    from hfadapt.spyre.dl16 import round_dl16
+    from hfadapt.spyre.numerics.dl16 import round_dl16
 
     fn = REGISTRY.get("attention-mask-host").fn
     keep = torch.tensor([[True, True, False]])

@@ -19,7 +19,7 @@ from hfadapt.spyre.compile.backend import lower
 from hfadapt.spyre.compile.defects import CROSS_GRAPH_TRIGGERS
 from hfadapt.spyre.compile.handoff import TRIGGER, is_marked
 from hfadapt.spyre.compile.reports import collect
-from hfadapt.spyre.profile import available_profiles, load_profile
+from hfadapt.spyre.rules.profile import available_profiles, load_profile
 
 DEFECT = "defect.post_ln_handoff"
 ADAPTER = "post-ln-handoff-clone"

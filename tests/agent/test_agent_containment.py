@@ -243,6 +243,7 @@ def _sentinel_payload(path: Path) -> str:
     return f"(__import__('os').environ.get('HFADAPT_SANDBOX') or open({str(path)!r}, 'w').close())"
 
 
+@pytest.mark.slow
 @needs_bwrap
 def test_payloads_the_allowlist_never_saw_run_only_inside_the_sandbox(
     openai_server: ScriptedOpenAI,
@@ -308,7 +309,8 @@ def test_payloads_the_allowlist_never_saw_run_only_inside_the_sandbox(
         str(folder),
         "--mode",
         "structural",
-        "--no-adapters",
+        "--without-adapter",
+        "gelu-new-cube",
         "--base-url",
         openai_server.url,
     ]
@@ -325,11 +327,10 @@ def test_payloads_the_allowlist_never_saw_run_only_inside_the_sandbox(
     ]
     code, out, err = run_cli(args, monkeypatch, capsys)
     outcomes = json.loads(out)
-    # the mask helpers the tiny BERT also fails on are module-level functions: not drafted
-    assert {o["outcome"] for o in outcomes if not o["attempts"]} == {"no_target"}, outcomes
-    # so not every failure was fixed: draft says so with exit 1 (0 only when all were)
-    assert code == 1, (code, out[-2000:], err[-2000:])
-    (outcome,) = [o for o in outcomes if o["attempts"]]
+    # the registry's other adapters apply (judged compiled, a failing mask would hide gelu's):
+    # gelu's is the one failure, fixed at the fourth attempt, so draft exits 0
+    (outcome,) = outcomes
+    assert code == 0, (code, out[-2000:], err[-2000:])
     steps = outcome["steps"]
     assert outcome["outcome"] == ACCEPTED, outcome
     # the pre-hook: refused as it loads, in the sandbox; rebinding torch.pow: refused with the
@@ -397,9 +398,10 @@ def test_payloads_the_allowlist_never_saw_run_only_inside_the_sandbox(
 # -- proofs that prove: cheats fail, or are frozen out of what users run ---------------------------
 
 
+@pytest.mark.slow
 @needs_bwrap
 def test_cheats_fail_with_numbers_or_are_frozen_out_of_the_graph(
-    openai_server: ScriptedOpenAI, tmp_path: Path
+    openai_server: ScriptedOpenAI, tmp_path: Path, spyre: object
 ) -> None:
     softsign = "x * torch.reciprocal(1.0 + x.abs())"
     openai_server.script = [

@@ -7,10 +7,11 @@ from __future__ import annotations
 import pytest
 
 from hfadapt.agent.client import AgentClient, AgentSettings, Completion
+from hfadapt.agent.context import system_prompt
 from hfadapt.agent.evaluate import PromptWatch
 from hfadapt.agent.loop import draft_adapter
 from hfadapt.agent.options import DraftOptions
-from hfadapt.agent.suite import PENDING, SHOWN, SUITE, SuiteCase, get, solution_in, suite_case
+from hfadapt.agent.suite import PENDING, SUITE, SuiteCase, get, solution_in, suite_case
 
 
 class _NoCode(AgentClient):
@@ -53,14 +54,17 @@ def test_no_prompt_states_its_solution(spec: SuiteCase) -> None:
 
 
 def test_a_prompt_that_shows_the_solution_is_caught() -> None:
-    """gelu_new's solution is in the system prompt (the bundled adapter for that target is one
-    of its examples): the check names the snippet. An evidence carrying the reference is caught
-    too."""
+    """gelu_new's solution is one of the system prompt's examples: rendered for another case the
+    check names the snippet; for gelu_new's own case the example is left out. An evidence
+    carrying the reference is caught too."""
     gelu = get("gelu-new-cube")
-    assert gelu in SHOWN and gelu not in SUITE
-    text, _ = _prompt_as_sent(gelu)
-    shown = solution_in(gelu, text)
-    assert shown is not None and "0.044715*(x*x*x)" in shown, shown
+    assert gelu in SUITE
+    shown = solution_in(gelu, system_prompt())
+    assert shown is not None and "0.044715*(input*input*input)" in shown, shown
+    assert solution_in(gelu, system_prompt(target=gelu.target)) is None
+    rms = get("rms-norm-fp32-pow")
+    assert solution_in(rms, system_prompt()) is not None
+    assert solution_in(rms, system_prompt(target=rms.target)) is None
     softsign = get("softsign-pow-reciprocal")
     leaked = f"Evidence: {{'hint': {softsign.reference!r}}}".replace("\\n", "\n")
     assert solution_in(softsign, leaked) is not None

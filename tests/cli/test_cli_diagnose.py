@@ -125,7 +125,7 @@ def test_violations_are_listed_with_source_lines(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     from hfadapt.errors import SpyreLoweringError
-    from hfadapt.spyre.lowering_report import LoweringReport, SourceLocation, Violation
+    from hfadapt.spyre.rules.lowering_report import LoweringReport, SourceLocation, Violation
 
     report = LoweringReport("spyre-2026.07", "2026.07.1", "compile")
     report.add(

@@ -215,7 +215,7 @@ def test_sweep_progress_and_summary_go_to_stderr_with_the_tally_once(
 
 def _noisy(tag: str) -> Any:
     def census(*args: Any, **kwargs: Any) -> Any:
-        from hfadapt.spyre.tracking import SpyreDowncastWarning
+        from hfadapt.spyre.rules.tracking import SpyreDowncastWarning
 
         logging.getLogger("torch._dynamo.symbolic_convert").warning("Graph break %s", tag)
         logging.getLogger("transformers.modeling_utils").warning("Some weights unused %s", tag)

@@ -169,7 +169,7 @@ def test_models_fit_80_columns_and_keep_numbers_whole(
 def test_help_agrees_with_behaviour(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from hfadapt.spyre.profile import load_profile
+    from hfadapt.spyre.rules.profile import load_profile
 
     default = load_profile(None).name
     code, out, _ = run_cli(["diagnose", "--help"], monkeypatch, capsys)

@@ -15,7 +15,7 @@ from support.cli_runner import run_cli
 
 from hfadapt.adapters.registry import Registry, discover
 from hfadapt.judge.adapter_effect import ineffective_adapters
-from hfadapt.spyre.lowering_report import LoweringReport, SourceLocation, Violation
+from hfadapt.spyre.rules.lowering_report import LoweringReport, SourceLocation, Violation
 
 ROPE = "rope-rotate-matmul-nomic-bert"
 NOMIC = {  # head size 64: the stock rotate_half slices the stick at 32 (layout.stick_slice)

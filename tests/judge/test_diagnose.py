@@ -22,7 +22,7 @@ from hfadapt.errors import (
 )
 from hfadapt.judge.diagnose import diagnose
 from hfadapt.judge.environment import KEYS as ENVIRONMENT_KEYS
-from hfadapt.spyre.lowering_report import LoweringReport, SourceLocation, Violation
+from hfadapt.spyre.rules.lowering_report import LoweringReport, SourceLocation, Violation
 
 # Small models on a shared machine: one torch thread (see conftest.one_thread).
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -185,7 +185,7 @@ def test_device_warnings_are_evidence_not_noise(
 ) -> None:
     import warnings
 
-    from hfadapt.spyre.tracking import SpyreFallbackWarning
+    from hfadapt.spyre.rules.tracking import SpyreFallbackWarning
 
     def runner(*args: Any, **kwargs: Any) -> Any:
         for _ in range(3):

@@ -23,7 +23,7 @@ from hfadapt.judge.environment import (
     summary,
     unrecorded_keys,
 )
-from hfadapt.spyre.profile import load_profile
+from hfadapt.spyre.rules.profile import load_profile
 
 
 def _installed(dist: str) -> str:
@@ -56,7 +56,7 @@ def test_environment_names_every_package_and_the_numeric_path() -> None:
 _PROBE = """
 import json, os
 from hfadapt.judge.environment import numeric_path
-from hfadapt.spyre import dl16_native
+from hfadapt.spyre.numerics import dl16_native
 
 out = {}
 for name, env in [("default", {}), ("no_dl16", {"HFADAPT_NATIVE_DL16": "0"}),

@@ -1,4 +1,4 @@
-"""Judging computes float32 exactly whatever its caller set (hfadapt.spyre.numerics.pinned):
+"""Judging computes float32 exactly whatever its caller set (hfadapt.spyre.numerics.host_state.pinned):
 a caller's ``torch.set_float32_matmul_precision("medium")`` (bf16 matmuls on a CPU with AMX)
 or ``torch.autocast("cpu", dtype=torch.bfloat16)`` changes no verdict and no number, the
 caller gets its settings back, and no cache entry written under them changes a later run."""
@@ -18,7 +18,7 @@ from hfadapt import verdicts
 from hfadapt.judge.diagnose import diagnose
 from hfadapt.loading.load import load
 from hfadapt.loading.probes import build_probes, model_inputs
-from hfadapt.spyre import numerics
+from hfadapt.spyre.numerics import host_state
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -64,20 +64,20 @@ def test_pinned_gives_the_callers_settings_back_even_on_an_error() -> None:
     torch.set_default_dtype(torch.float64)
     try:
         with bf16_autocast():
-            before = numerics.state()
-            assert not numerics.exact(before), before
-            with pytest.raises(ValueError), numerics.pinned():
-                inside = numerics.state()
-                with numerics.pinned():  # nested: the outer pin stands
+            before = host_state.state()
+            assert not host_state.exact(before), before
+            with pytest.raises(ValueError), host_state.pinned():
+                inside = host_state.state()
+                with host_state.pinned():  # nested: the outer pin stands
                     pass
-                assert numerics.state() == inside
+                assert host_state.state() == inside
                 raise ValueError("the block fails")
-            after = numerics.state()
+            after = host_state.state()
     finally:
         torch.set_default_dtype(torch.float32)
         torch.set_float32_matmul_precision("highest")
     print(f"\ncaller {before}\npinned {inside}")
-    assert numerics.exact(inside), inside
+    assert host_state.exact(inside), inside
     assert inside["matmul_precision"] == "highest" and inside["autocast"] == {}, inside
     assert set(inside["fp32_precision"].values()) == {"ieee"}, inside
     assert inside["default_dtype"] == "torch.float32", inside
@@ -111,9 +111,9 @@ def test_a_callers_precision_or_autocast_changes_no_verdict_and_no_number(
     got = {}
     for name, caller in CALLERS.items():
         with caller():
-            before = numerics.state()
+            before = host_state.state()
             got[name] = diagnose(tiny_bert, runner=cpu_runner, record=False, caches=False)
-            after = numerics.state()
+            after = host_state.state()
         assert after == before, f"{name}: the caller's settings changed: {before} -> {after}"
         print(f"{name}: {got[name].verdict}: {got[name].reason}")
     plain = _numbers(got["plain"])

@@ -192,17 +192,17 @@ def test_cold_and_warm_caches_give_one_verdict_and_the_warm_run_records_its_hits
 def test_a_reference_outside_exact_float32_is_not_keyed(tiny_bert: Path) -> None:
     """A caller's "medium" precision, autocast or float64 default reaching the reference: no
     key, so no entry is written or read; pinned, the key holds the settings it read."""
-    from hfadapt.spyre import numerics
+    from hfadapt.spyre.numerics import host_state
 
     lm = load(tiny_bert)
     inputs = model_inputs(lm.model, build_probes(lm))
-    with numerics.pinned():
+    with host_state.pinned():
         pinned = reference_key(lm.model, inputs)
     assert pinned is not None
     torch.set_float32_matmul_precision("medium")
     try:
         medium = reference_key(lm.model, inputs)
-        with numerics.pinned():
+        with host_state.pinned():
             assert reference_key(lm.model, inputs) == pinned, "pinned, the key moved"
     finally:
         torch.set_float32_matmul_precision("highest")

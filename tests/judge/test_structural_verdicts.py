@@ -87,7 +87,7 @@ def test_a_fired_defect_fails_a_structural_run_whatever_its_numbers(
 ) -> None:
     """A defect firing on the path of a structural run fails it, though its metrics pass; in
     full mode the same firing is reported and the metrics decide."""
-    from hfadapt.spyre.lowering_report import DefectFiring, LoweringReport
+    from hfadapt.spyre.rules.lowering_report import DefectFiring, LoweringReport
     from hfadapt.spyre.runner import run_on_device
 
     firing = DefectFiring(

@@ -14,7 +14,7 @@ from support.cli_runner import run_cli
 
 from hfadapt.errors import AdapterError, ProfileError, SandboxError, SweepError
 
-# ---- ProfileError: hfadapt.spyre.profile ----------------------------------------------------
+# ---- ProfileError: hfadapt.spyre.rules.profile ----------------------------------------------------
 
 
 def _profile(tmp_path: Path, name: str, data: dict[str, Any] | str) -> str:
@@ -24,7 +24,7 @@ def _profile(tmp_path: Path, name: str, data: dict[str, Any] | str) -> str:
 
 
 def _bundled_op() -> tuple[str, str]:
-    from hfadapt.spyre.profile import load_profile
+    from hfadapt.spyre.rules.profile import load_profile
 
     rule = next(r for r in load_profile("spyre-2026.07").rules.values() if r.ops)
     return rule.id, rule.ops[0]
@@ -43,7 +43,7 @@ def _bundled_op() -> tuple[str, str]:
     ],
 )
 def test_profile_error_sites(case: str, match: str, tmp_path: Path) -> None:
-    from hfadapt.spyre.profile import OUTCOMES, load_profile
+    from hfadapt.spyre.rules.profile import OUTCOMES, load_profile
 
     base = "spyre-2026.07"
     if case == "unknown name":

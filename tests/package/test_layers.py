@@ -246,6 +246,91 @@ def test_the_checker_fails_on_a_cycle_and_an_upward_import() -> None:
     assert len(sibling) == 1 and "sibling" in sibling[0], sibling
 
 
+# The simulated device's parts, by role, lowest first: numerics that take plain parameters,
+# the rules as data and their judges, what both halves share (and the package front), the two
+# halves, the runner over both.
+DEVICE_PARTS = (
+    ("hfadapt.spyre.numerics",),
+    ("hfadapt.spyre.rules",),
+    ("hfadapt.spyre",),
+    ("hfadapt.spyre.eager", "hfadapt.spyre.compile"),
+    ("hfadapt.spyre.runner",),
+)
+# the modules directly in hfadapt/spyre/: shared by both halves, or above them
+DEVICE_SHARED = frozenset(
+    {
+        "hfadapt.spyre",
+        "hfadapt.spyre.decompositions",
+        "hfadapt.spyre.frames",
+        "hfadapt.spyre.heap",
+        "hfadapt.spyre.runner",
+    }
+)
+
+
+def test_the_device_subpackages_are_layered_by_role() -> None:
+    placed = [[layer_of(prefix) for prefix in part] for part in DEVICE_PARTS]
+    pairs = [
+        (prefix, got)
+        for part, layers in zip(DEVICE_PARTS, placed, strict=True)
+        for prefix, got in zip(part, layers, strict=True)
+    ]
+    own = [(prefix, got) for prefix, got in pairs if got[1] != prefix]
+    assert not own, f"device parts without a layer of their own: {own}"
+    order = [{index for index, _ in layers} for layers in placed]
+    assert all(len(indices) == 1 for indices in order), f"a part split over layers: {placed}"
+    indices = [next(iter(i)) for i in order]
+    assert indices == sorted(set(indices)), f"device layers out of order: {placed}"
+
+
+def test_every_device_module_is_in_a_part_by_role() -> None:
+    parts = ("numerics", "rules", "eager", "compile")
+    subpackages = tuple(f"hfadapt.spyre.{part}." for part in parts)
+    device = [m for m in _modules() if m == "hfadapt.spyre" or m.startswith("hfadapt.spyre.")]
+    loose = sorted(
+        m
+        for m in device
+        if m not in DEVICE_SHARED
+        and not m.startswith(subpackages)
+        and m.removesuffix(".__init__") + "." not in subpackages
+    )
+    assert len(device) > 40 and not loose, f"{len(device)} device modules; loose: {loose}"
+
+
+def test_the_device_numerics_reach_no_other_device_part() -> None:
+    # numerics take plain parameters: no import (even through other modules) of the rules,
+    # the halves or the front, and no name of the profile in their source
+    graph = import_graph()
+    numerics = sorted(m for m in graph if m.startswith("hfadapt.spyre.numerics"))
+    reached = {m: sorted(d for d in reachable(graph, m) if _other_device_part(d)) for m in numerics}
+    assert len(numerics) >= 10 and not any(reached.values()), reached
+    modules = _modules()
+    profile_names = {m: _profile_names(modules[m].read_text()) for m in numerics}
+    assert not any(profile_names.values()), profile_names
+
+
+def _other_device_part(module: str) -> bool:
+    inside = module.startswith("hfadapt.spyre.numerics")
+    return module.startswith("hfadapt.spyre") and not inside
+
+
+def _profile_names(source: str) -> list[str]:
+    """The names of the device profile a source uses (``Profile``, ``load_profile``)."""
+    names = {n.id for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Name)}
+    return sorted(names & {"Profile", "load_profile"})
+
+
+def test_the_checker_refuses_numerics_that_import_the_rules() -> None:
+    graph = {
+        "hfadapt.spyre.numerics.kernels": {"hfadapt.spyre.rules.profile"},
+        "hfadapt.spyre.rules.profile": {"hfadapt.spyre.numerics.dl16"},
+        "hfadapt.spyre.numerics.dl16": set(),
+    }
+    bad = layering_violations(graph)
+    assert len(bad) == 1 and bad[0].startswith("hfadapt.spyre.numerics.kernels"), bad
+    assert "up a layer" in bad[0], bad
+
+
 def test_layers_name_real_modules() -> None:
     modules = set(_modules())
     listed = [prefix for layer in LAYERS for prefix in layer]
@@ -348,7 +433,7 @@ def test_no_import_of_hfadapt_itself_is_guarded() -> None:
 
 def test_the_checker_sees_a_guarded_import() -> None:
     source = (
-        "try:\n    from hfadapt.spyre.kernels import native_kernel\nexcept ImportError:\n    pass\n"
+        "try:\n    from hfadapt.spyre.numerics.kernels import native_kernel\nexcept ImportError:\n    pass\n"
         "try:\n    importlib.import_module('hfadapt.adapters.registry')\n"
         "except (ValueError, ModuleNotFoundError):\n    pass\n"
         "try:\n    import ray\nexcept ImportError:\n    pass\n"
@@ -356,7 +441,7 @@ def test_the_checker_sees_a_guarded_import() -> None:
         "try:\n    from hfadapt.x import z\nexcept BaseException:\n    close()\n    raise\n"
     )
     found = [f.split(" ", 1)[1] for f in guarded_imports("m", source)]
-    assert found == ["hfadapt.spyre.kernels", "hfadapt.adapters.registry"], found
+    assert found == ["hfadapt.spyre.numerics.kernels", "hfadapt.adapters.registry"], found
 
 
 def reachable(graph: dict[str, set[str]], start: str) -> set[str]:

@@ -18,7 +18,7 @@ from support.cli_runner import run_cli
 
 import hfadapt
 from hfadapt.errors import ModelNotFoundError
-from hfadapt.spyre.tracking import SpyreDowncastWarning, SpyreFallbackWarning, warning_counts
+from hfadapt.spyre.rules.tracking import SpyreDowncastWarning, SpyreFallbackWarning, warning_counts
 
 ROOT = Path(__file__).resolve().parents[2]
 SENTENCES = ["Spyre runs this.", "A second, somewhat longer sentence to embed on the card."]
@@ -70,7 +70,8 @@ def test_token_embeddings_come_back_per_token_like_stock(device_minilm, stock_mi
     assert shapes[0] == shapes[1], shapes
     assert all(t.device.type == "cpu" and t.dtype == torch.float32 for t in out), out
     cos = min(
-        torch.nn.functional.cosine_similarity(a, b, dim=-1).min().item() for a, b in zip(out, ref)
+        torch.nn.functional.cosine_similarity(a, b, dim=-1).min().item()
+        for a, b in zip(out, ref, strict=True)
     )
     print(f"min token cosine device vs CPU: {cos:.6f}")
     assert cos >= 0.99, cos

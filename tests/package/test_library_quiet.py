@@ -12,7 +12,7 @@ from typing import Any, TextIO
 import pytest
 
 import hfadapt
-from hfadapt.spyre.tracking import reset_warnings
+from hfadapt.spyre.rules.tracking import reset_warnings
 
 DOWNCAST = "the simulated device SpyreDowncastWarning"
 
@@ -104,7 +104,7 @@ def test_diagnose_holds_them_too(
     import logging
 
     from hfadapt.judge import diagnose as judging
-    from hfadapt.spyre.tracking import SpyreDowncastWarning
+    from hfadapt.spyre.rules.tracking import SpyreDowncastWarning
 
     def noisy(*args: Any, **kwargs: Any) -> str:
         logging.getLogger("transformers.modeling_utils").warning("Some weights were not used")

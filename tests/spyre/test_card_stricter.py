@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from hfadapt.errors import SpyreLoweringError
-from hfadapt.spyre.profile import available_profiles, load_profile
+from hfadapt.spyre.rules.profile import available_profiles, load_profile
 
 LATE = {"profile": "spyre-2026.10"}
 
@@ -101,7 +101,7 @@ def test_sdpa_over_keys_off_the_stick_is_wrong(spyre_backend: object) -> None:
 def test_sdpa_eager_matches_the_compiled_defect(spyre: object) -> None:
     """The eager device's SDPA (the card's one kernel) carries the same #3113 error, only
     under spyre-2026.10 (the K-padding era): under 2026.07 an unaligned key length is refused."""
-    from hfadapt.spyre.tracking import tracking
+    from hfadapt.spyre.rules.tracking import tracking
 
     g = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(1, 2, 40, 64, generator=g).half() for _ in range(3))

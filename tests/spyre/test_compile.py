@@ -14,12 +14,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from hfadapt.errors import SpyreLoweringError
-from hfadapt.spyre import dl16
-from hfadapt.spyre.dl16 import DEFAULT_FORMAT, round_dl16, round_dl16_
-from hfadapt.spyre.dl16_native import available
-from hfadapt.spyre.kernels import chunked_matmul
-from hfadapt.spyre.profile import load_profile
-from hfadapt.spyre.tracking import SpyreFallbackWarning
+from hfadapt.spyre.numerics import dl16
+from hfadapt.spyre.numerics.dl16 import DEFAULT_FORMAT, round_dl16, round_dl16_
+from hfadapt.spyre.numerics.dl16_native import available
+from hfadapt.spyre.numerics.kernels import chunked_matmul
+from hfadapt.spyre.rules.profile import load_profile
+from hfadapt.spyre.rules.tracking import SpyreFallbackWarning
 
 pytestmark = pytest.mark.usefixtures("spyre_backend")
 
@@ -261,20 +261,21 @@ def test_native_rounding_kernel_matches_the_torch_path_bit_for_bit() -> None:
 def test_the_c_kernels_are_a_source_file_of_the_package() -> None:
     from pathlib import Path
 
-    from hfadapt.spyre import dl16_native
+    from hfadapt.spyre.numerics import dl16_native
 
     package = Path(dl16_native.__file__).parent
     shipped = (package / dl16_native.SOURCE_FILE).read_text(encoding="utf-8")
     assert dl16_native.source() == shipped
     exported = [f"hfadapt_{n}(" for n in ("round_dl16", "sum_truncated", "sum_truncated_round")]
     assert all(name in shipped for name in exported), [n for n in exported if n not in shipped]
-    in_python = [p.name for p in package.parent.rglob("*.py") if "#include <" in p.read_text()]
+    hfadapt_dir = package.parents[1]
+    in_python = [p.name for p in hfadapt_dir.rglob("*.py") if "#include <" in p.read_text()]
     assert in_python == [], f"C source held in a Python string: {in_python}"
 
 
 FAILED_BUILD = """
 import json, torch
-from hfadapt.spyre import dl16, dl16_native, kernels
+from hfadapt.spyre.numerics import dl16, dl16_native, kernels
 loaders = [n for n in dir(dl16_native) if n.startswith("load")]
 found = {n: getattr(dl16_native, n)() is not None for n in loaders}
 x = torch.randn(64, 300)

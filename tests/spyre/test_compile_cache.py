@@ -19,7 +19,7 @@ import torch
 from support.cli_runner import run_cli
 
 from hfadapt.spyre.compile import cache
-from hfadapt.spyre.profile import load_profile
+from hfadapt.spyre.rules.profile import load_profile
 
 # A fresh process: a tiny BERT with the registry's adapters, compiled on the device; prints the
 # cache counts and the output's bytes (hex of its sha256) as JSON.

@@ -11,7 +11,7 @@ from transformers import AutoConfig, AutoModel
 
 from hfadapt.errors import SpyreLoweringError
 from hfadapt.spyre.compile.backend import describe
-from hfadapt.spyre.layout_rules import check_model
+from hfadapt.spyre.rules.layout_rules import check_model
 
 pytestmark = pytest.mark.usefixtures("spyre_backend")
 

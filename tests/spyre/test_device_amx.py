@@ -1,4 +1,4 @@
-"""Chunked products of DL16 operands on AMX's bf16 tiles (hfadapt.spyre.amx) keep the chunked
+"""Chunked products of DL16 operands on AMX's bf16 tiles (hfadapt.spyre.numerics.amx) keep the chunked
 product's contract: the same bits as the fp32 path wherever both sums are exact, every
 truncated partial within one step of the fp32 path's otherwise, the fp32 path for any operand
 that does not split exactly, and a right operand's kept tiles never outliving its values.
@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator
 import pytest
 import torch
 
-from hfadapt.spyre import amx, dl16_native, kernels
-from hfadapt.spyre.dl16 import DEFAULT_FORMAT, optional_rounding_args, round_dl16
+from hfadapt.spyre.numerics import amx, dl16_native, kernels
+from hfadapt.spyre.numerics.dl16 import DEFAULT_FORMAT, optional_rounding_args, round_dl16
 
 pytestmark = [
     pytest.mark.native(amx=True),  # under CI=true a skip fails where the machine has the tiles
@@ -338,7 +338,7 @@ def test_the_setting_turns_the_tiles_off() -> None:
     import subprocess
     import sys
 
-    code = "from hfadapt.spyre import amx; print(amx.available())"
+    code = "from hfadapt.spyre.numerics import amx; print(amx.available())"
     env = {**os.environ, "HFADAPT_NATIVE_AMX": "0"}
     off = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     on = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

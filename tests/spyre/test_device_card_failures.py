@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hfadapt.errors import SpyreLoweringError, SpyreOpError
-from hfadapt.spyre.profile import available_profiles, load_profile
+from hfadapt.spyre.rules.profile import available_profiles, load_profile
 
 ISSUES = ("#3804", "#2314", "#2534", "#2400", "#1990", "#1707")
 
@@ -191,7 +191,7 @@ def test_fp32_relu_and_reciprocal_lower(spyre_backend: object) -> None:
 def test_unsupported_casts_fall_back_in_the_newer_profile(spyre_backend: object) -> None:
     """torch-spyre#1691: an int -> float cast on the device is a CPU fallback in spyre-2026.10
     (warned, counted, right); in spyre-2026.07 it does not lower."""
-    from hfadapt.spyre.tracking import SpyreFallbackWarning
+    from hfadapt.spyre.rules.tracking import SpyreFallbackWarning
 
     ids = torch.arange(64).reshape(1, 64)
 

@@ -22,8 +22,8 @@ from hfadapt.spyre.compile.defects import (
     memory_order,
     misread_layout,
 )
-from hfadapt.spyre.lowering_report import LoweringReport
-from hfadapt.spyre.profile import available_profiles, load_profile
+from hfadapt.spyre.rules.lowering_report import LoweringReport
+from hfadapt.spyre.rules.profile import available_profiles, load_profile
 
 SDPA_DEFECT = "defect.transpose_sdpa_noncontiguous"
 RMS_DEFECT = "defect.rms_norm_noncontiguous"

@@ -288,7 +288,7 @@ def test_bundled_families_meet_neither_defect_at_64_tokens(model_type: str) -> N
     from support.tiny_models import TINY, tiny_inputs
     from transformers import AutoConfig, AutoModel
 
-    from hfadapt.spyre.profile import load_profile
+    from hfadapt.spyre.rules.profile import load_profile
 
     torch.manual_seed(0)
     fields = {"num_hidden_layers": 2, "vocab_size": 1000, "use_cache": False, **TINY[model_type]}

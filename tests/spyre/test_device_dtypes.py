@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hfadapt.spyre.tracking import SpyreDowncastWarning
+from hfadapt.spyre.rules.tracking import SpyreDowncastWarning
 
 INT64_WARNING = "^Backend Spyre does not support int64; downcasting to int32$"
 

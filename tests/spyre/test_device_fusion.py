@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import torch
 
-from hfadapt.spyre.dl16 import round_dl16
 from hfadapt.spyre.eager import fusion
+from hfadapt.spyre.numerics.dl16 import round_dl16
 
 
 def _dl16(*shape: int, seed: int, scale: float = 1.0, shift: float = 0.0) -> torch.Tensor:

@@ -19,15 +19,15 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from hfadapt.spyre import dl16_native, kernels
-from hfadapt.spyre.dl16 import (
+from hfadapt.spyre.numerics import dl16_native, kernels
+from hfadapt.spyre.numerics.dl16 import (
     DEFAULT_FORMAT,
     DL16Format,
     native_rounding_args,
     optional_rounding_args,
     round_dl16,
 )
-from hfadapt.spyre.profile import load_profile
+from hfadapt.spyre.rules.profile import load_profile
 
 # Published numbers (torch-spyre _inductor/constants.py DLFLOAT16_MAX, "0x7FFF is NaN-Infinity";
 # the hardware-simulating Triton matmul's clamp_acc_to_dl16 for the smallest normal; hf-adapters
@@ -249,11 +249,14 @@ def test_layer_norm_matches_fp32_when_the_profile_disables_it(spyre, tmp_path: P
         )
     )
     profile = load_profile(str(path))
-    assert kernels.native_kernel("aten::native_layer_norm", profile) is None
+    assert kernels.native_kernel("aten::native_layer_norm", profile.numeric_params) is None
     assert (
-        kernels.native_kernel("aten::native_layer_norm.default", base) is kernels.native_layer_norm
+        kernels.native_kernel("aten::native_layer_norm.default", base.numeric_params)
+        is kernels.native_layer_norm
     )
-    assert kernels.native_kernel("aten::mul.Tensor", base) is None  # add has #1972's kernel
+    assert (
+        kernels.native_kernel("aten::mul.Tensor", base.numeric_params) is None
+    )  # add has #1972's kernel
     x = _layer_norm_inputs()
     ref = torch.nn.functional.layer_norm(x.float(), (64,))
     with spyre.tracking(profile=profile):
@@ -416,7 +419,7 @@ BAD_CALLS: list[tuple[str, Callable[[], None], str]] = [
 def test_each_bad_argument_of_a_c_kernel_is_refused_before_c(
     call: Callable[[], None], message: str
 ) -> None:
-    """The wrappers of hfadapt.spyre.dl16_native check every argument (dtype, layout, sizes
+    """The wrappers of hfadapt.spyre.numerics.dl16_native check every argument (dtype, layout, sizes
     against one another, ranges) and raise NativeArgumentError naming it; C never sees it."""
     with pytest.raises(dl16_native.NativeArgumentError) as info:
         call()
@@ -524,7 +527,7 @@ def test_under_ci_a_skipped_native_test_fails_where_the_machine_can_run_it(
     import subprocess
     import sys
 
-    from hfadapt.spyre import amx
+    from hfadapt.spyre.numerics import amx
 
     shutil.copy(Path(__file__).parents[1] / "conftest.py", tmp_path / "conftest.py")
     (tmp_path / "test_strict.py").write_text(STRICT_RUN)

@@ -9,8 +9,8 @@ import threading
 import pytest
 import torch
 
-from hfadapt.spyre.dl16 import round_dl16
-from hfadapt.spyre.tracking import SpyreDowncastWarning, SpyreFallbackWarning
+from hfadapt.spyre.numerics.dl16 import round_dl16
+from hfadapt.spyre.rules.tracking import SpyreDowncastWarning, SpyreFallbackWarning
 
 EAGER_TEXT = "with arguments from the 'PrivateUse1' backend"
 

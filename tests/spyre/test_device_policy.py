@@ -16,7 +16,7 @@ from support.device import cpu_fp16_runner
 from hfadapt.errors import SpyreOpError
 from hfadapt.judge.diagnose import diagnose
 from hfadapt.judge.options import JudgeOptions
-from hfadapt.spyre.profile import available_profiles, load_profile
+from hfadapt.spyre.rules.profile import available_profiles, load_profile
 from hfadapt.sweep.options import SweepOptions
 from hfadapt.sweep.worker import Task
 
@@ -25,7 +25,7 @@ from hfadapt.sweep.worker import Task
 
 def test_eager_casts_follow_the_profile_version(spyre) -> None:  # type: ignore[no-untyped-def]
     from hfadapt.spyre.eager.device import tracking
-    from hfadapt.spyre.tracking import SpyreFallbackWarning
+    from hfadapt.spyre.rules.tracking import SpyreFallbackWarning
 
     x = torch.randn(4, 64).half().to("spyre")
     with tracking("spyre-2026.07") as report:

@@ -15,9 +15,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hfadapt.spyre.dl16 import DEFAULT_FORMAT, round_dl16
-from hfadapt.spyre.kernels import native_kernel
-from hfadapt.spyre.profile import load_profile
+from hfadapt.spyre.numerics.dl16 import DEFAULT_FORMAT, round_dl16
+from hfadapt.spyre.numerics.kernels import native_kernel
+from hfadapt.spyre.rules.profile import load_profile
 
 PUBLISHED = {1024: 0.0173, 2048: 0.0251, 3072: 0.0378, 4096: 0.0499}
 BAND = (0.75, 1.25)
@@ -116,7 +116,7 @@ def _masked_attention(spread: float, seed: int = 0) -> tuple[torch.Tensor, torch
 
 @pytest.mark.parametrize("op", ["aten::_softmax", "aten::softmax.int"])
 def test_softmax_leaves_the_published_probability_on_masked_positions(op: str) -> None:
-    kernel = native_kernel(op, load_profile())
+    kernel = native_kernel(op, load_profile().numeric_params)
     assert kernel is not None, f"the profile enables the softmax kernel for {op}"
     logits, masked = _masked_attention(spread=3.0)
     # on the device the -inf fill is held as -0xEFFF (the transfer rule), finite
@@ -163,7 +163,7 @@ def test_softmax_leaks_only_onto_minus_inf_masks(spyre: object) -> None:
 def test_softmax_without_masks_keeps_the_cpu_result() -> None:
     """The floor only shows on keys far below the row's maximum: diffuse attention with no
     mask is the CPU's softmax up to DL16 rounding."""
-    kernel = native_kernel("aten::_softmax", load_profile())
+    kernel = native_kernel("aten::_softmax", load_profile().numeric_params)
     assert kernel is not None
     g = torch.Generator().manual_seed(2)
     logits = round_dl16(torch.randn(8, 16, 64, generator=g))
@@ -218,7 +218,7 @@ def test_the_one_pass_accumulation_computes_the_piecewise_definition(
     in one pass by the C kernels when built, else by torch ops): both paths give the same bits,
     and they compute the definition: each ``chunk``-element piece's product truncated, added in
     order, then the bias added and the sum rounded to DL16."""
-    from hfadapt.spyre import kernels
+    from hfadapt.spyre.numerics import kernels
 
     g = torch.Generator().manual_seed(1)
     a = torch.randn(*a_shape, generator=g) * 3
@@ -290,7 +290,7 @@ def test_truncated_partials_grow_with_k() -> None:
     """The chunk length is fixed (profile matmul_chunks.chunk_elements), so a deeper product
     has more truncated partials: on N(0, 1) data the error grows with K, where two pieces
     whatever the K (the previous model) kept it flat."""
-    from hfadapt.spyre import kernels
+    from hfadapt.spyre.numerics import kernels
 
     spec = load_profile().numerics["matmul_chunks"]
     errors = {}

@@ -16,7 +16,7 @@ import pytest
 from support.cli_runner import run_cli
 
 from hfadapt.errors import ProfileError
-from hfadapt.spyre.profile import available_profiles, load_profile
+from hfadapt.spyre.rules.profile import available_profiles, load_profile
 
 BASE = "spyre-2026.07"
 

@@ -11,7 +11,7 @@ import textwrap
 import pytest
 import torch
 
-from hfadapt.spyre.dl16 import round_dl16
+from hfadapt.spyre.numerics.dl16 import round_dl16
 
 
 def test_device_module(spyre) -> None:

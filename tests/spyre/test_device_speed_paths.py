@@ -12,9 +12,9 @@ import textwrap
 import pytest
 import torch
 
-from hfadapt.spyre import kernels
-from hfadapt.spyre.dl16 import DEFAULT_FORMAT, round_dl16
-from hfadapt.spyre.profile import load_profile
+from hfadapt.spyre.numerics import kernels
+from hfadapt.spyre.numerics.dl16 import DEFAULT_FORMAT, round_dl16
+from hfadapt.spyre.rules.profile import load_profile
 
 CODE = DEFAULT_FORMAT.host_inf  # the -inf code a host -inf lands on
 
@@ -226,7 +226,7 @@ def test_a_kernels_outputs_are_already_on_the_dl16_grid(op: str) -> None:
     (the compiled path never did): every float output must already be a DL16 value, so a
     second rounding would change no bit."""
     profile = load_profile()
-    kernel = kernels.native_kernel(op, profile)
+    kernel = kernels.native_kernel(op, profile.numeric_params)
     assert kernel is not None, f"{op}: no kernel in {profile.name}"
     out = kernel(KERNEL_CALLS[op](torch.Generator().manual_seed(0)), {}, profile.dl16)
     outputs = [t for t in (out if isinstance(out, tuple) else (out,)) if t.is_floating_point()]
@@ -247,7 +247,7 @@ def test_a_violation_is_reported_every_time_a_clean_call_is_not_judged_again(
     K = 64 ones is judged and refused each time it comes, and the clean one is judged once."""
     from hfadapt.errors import SpyreOpError
     from hfadapt.spyre.eager import dispatch
-    from hfadapt.spyre.tracking import tracking
+    from hfadapt.spyre.rules.tracking import tracking
 
     a64 = torch.randn(8, 64).half().to("spyre")
     b64 = torch.randn(64, 8).half().to("spyre")

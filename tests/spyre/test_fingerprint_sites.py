@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from hfadapt.errors import SpyreLoweringError
-from hfadapt.spyre.lowering_report import LoweringReport, Violation
+from hfadapt.spyre.rules.lowering_report import LoweringReport, Violation
 from hfadapt.spyre.runner import run_on_device
 
 MODEL_CODE = """

@@ -10,7 +10,7 @@ from torch import nn
 from transformers import BertConfig, BertModel
 
 from hfadapt.errors import SpyreLoweringError, SpyreUnsupportedModelError
-from hfadapt.spyre.layout_rules import check_model, ensure_supported
+from hfadapt.spyre.rules.layout_rules import check_model, ensure_supported
 
 pytestmark = pytest.mark.usefixtures("spyre_backend")
 

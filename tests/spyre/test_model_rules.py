@@ -8,7 +8,7 @@ from transformers import AutoConfig
 
 from hfadapt.errors import SpyreUnsupportedModelError
 from hfadapt.spyre import load_profile
-from hfadapt.spyre.layout_rules import check_model, ensure_supported, head_dim, uses_rope
+from hfadapt.spyre.rules.layout_rules import check_model, ensure_supported, head_dim, uses_rope
 
 # (model_type, fields of a popular checkpoint, expected head_dim, RoPE, expected messages)
 CASES = [

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from hfadapt.spyre import dl16_native, kernels, native_build
 from hfadapt.spyre.eager import fusion
+from hfadapt.spyre.numerics import dl16_native, kernels, native_build
 
 C_TEXT = native_build.source()
 # sizes and alignments of the C types the row program ABI uses (x86-64 and aarch64 alike)

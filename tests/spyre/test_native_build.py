@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from support.cli_runner import run_cli
 
-from hfadapt.spyre import dl16_native, native_build
+from hfadapt.spyre.numerics import dl16_native, native_build
 
 COMPILER_SAYS = "dl16.c:1:10: fatal error: stdint.h: No such file or directory"
 
@@ -44,7 +44,7 @@ def _calls(calls: Path) -> list[str]:
 
 A_PROCESS = """
 import json, torch
-from hfadapt.spyre import dl16, dl16_native, kernels
+from hfadapt.spyre.numerics import dl16, dl16_native, kernels
 loaders = [n for n in dir(dl16_native) if n.startswith("load")]
 found = {n: getattr(dl16_native, n)() is not None for n in loaders}
 x = torch.randn(64, 300) * 1e3

@@ -1,15 +1,16 @@
-"""The stick's width is declared once, in the device profile (``STICK_ELEMENTS``): no other
-module of the package or of the bundled adapters binds a ``*STICK*`` name to a number."""
+"""The stick's width is declared once, in the DL16 numerics (``STICK_ELEMENTS``; a device
+profile's layout is checked against it): no other module of the package or of the bundled
+adapters binds a ``*STICK*`` name to a number."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-from hfadapt.spyre.profile import STICK_ELEMENTS
+from hfadapt.spyre.numerics.dl16 import STICK_ELEMENTS
 
 ROOT = Path(__file__).resolve().parents[2]
-HOME = "hfadapt/spyre/profile.py"
+HOME = "hfadapt/spyre/numerics/dl16.py"
 
 
 def stick_literals(source: str) -> list[tuple[str, int]]:
@@ -33,7 +34,7 @@ def test_the_stick_is_declared_once() -> None:
         for name, line in stick_literals(path.read_text())
     }
     home = {f for f in found if f.startswith(HOME + ":")}
-    assert len(home) == 1 and STICK_ELEMENTS == 64, f"the profile's stick: {home}, {STICK_ELEMENTS}"
+    assert len(home) == 1 and STICK_ELEMENTS == 64, f"the declared stick: {home}, {STICK_ELEMENTS}"
     assert found == home, f"sticks declared besides {HOME}: {sorted(found - home)}"
 
 

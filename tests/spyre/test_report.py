@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from hfadapt.spyre.compile.backend import describe
-from hfadapt.spyre.lowering_report import LoweringReport
+from hfadapt.spyre.rules.lowering_report import LoweringReport
 
 pytestmark = pytest.mark.usefixtures("spyre_backend")
 

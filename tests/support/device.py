@@ -64,7 +64,7 @@ def cpu_fp16_runner(
 
     import torch
 
-    from hfadapt.spyre.lowering_report import LoweringReport
+    from hfadapt.spyre.rules.lowering_report import LoweringReport
 
     start = time.perf_counter()
     model = model.to(dtype or torch.float16)

@@ -15,7 +15,7 @@ from support.cli_runner import run_cli
 
 from hfadapt.errors import EnvironmentChangedError
 from hfadapt.judge.environment import environment
-from hfadapt.spyre.profile import load_profile
+from hfadapt.spyre.rules.profile import load_profile
 from hfadapt.sweep.options import SweepOptions
 from hfadapt.sweep.run import run_sweep
 

@@ -41,6 +41,7 @@ from hfadapt.spyre.compile.defects import find_defects
 from hfadapt.spyre.compile.graph_exec import build_executable
 from hfadapt.spyre.compile.graph_rules import check_graph
 from hfadapt.spyre.compile.handoff import HandoffPlan, plan_handoff
+from hfadapt.spyre.compile.native_ops import keep_native
 from hfadapt.spyre.compile.reports import (
     GraphEntry,
     collect,
@@ -51,9 +52,8 @@ from hfadapt.spyre.compile.reports import (
     reset_reports,
 )
 from hfadapt.spyre.decompositions import decomposition_table
-from hfadapt.spyre.lowering_report import LoweringReport, Violation
-from hfadapt.spyre.native_ops import keep_native
-from hfadapt.spyre.profile import Profile, load_profile
+from hfadapt.spyre.rules.lowering_report import LoweringReport, Violation
+from hfadapt.spyre.rules.profile import Profile, load_profile
 
 BACKEND_NAME = "spyre"
 _RESUME_PREFIX = "torch_dynamo_resume_in_"
@@ -299,7 +299,7 @@ class _PerShape:
 
 def _warn_fallbacks(report: LoweringReport, profile: Profile) -> None:
     """torch-spyre's "<op> is falling back to cpu", once per op and graph, at compile time."""
-    from hfadapt.spyre.tracking import SpyreFallbackWarning
+    from hfadapt.spyre.rules.tracking import SpyreFallbackWarning
 
     for op in report.fallbacks:
         warnings.warn(
@@ -471,7 +471,7 @@ def lower(
     fails gets the config-level ``layout.head_dim`` entry (the adapter fix) beside it. Decoder
     configs get ``use_cache=False``. ``report.compile_seconds``: the first call minus the
     device run time. A clean audit keeps its result (``audit_output``, ``audit_run_seconds``)."""
-    from hfadapt.spyre.layout_rules import attention_head_dim_violation, ensure_supported
+    from hfadapt.spyre.rules.layout_rules import attention_head_dim_violation, ensure_supported
 
     p = _profile(profile)
     config = getattr(model, "config", None)

@@ -12,7 +12,7 @@ judges it and generates its program again (so reports and defects are always thi
 
 - key: sha256 of the Dynamo graph's code, its tensor constants, every input's shape, stride,
   dtype, device and requires_grad, grad mode, the ambient state aot_autograd traces under
-  (hfadapt.spyre.numerics.graph_state: autocast on/off and its dtype per device type, the
+  (hfadapt.spyre.numerics.host_state.graph_state: autocast on/off and its dtype per device type, the
   default dtype, deterministic algorithms; torch's AOTAutogradCache and FX graph cache key
   the same), the device profile's name and version, the hfadapt version and the source of the
   decompositions, and torch's version. A graph traced under autocast stored bf16 casts that a
@@ -53,9 +53,9 @@ from hfadapt import settings
 from hfadapt import torch_internals as ti
 from hfadapt.disk_cache import BoundedFolder
 from hfadapt.errors import UntrustedDataError
-from hfadapt.spyre import numerics
 from hfadapt.spyre.compile.graph_codec import GraphCodecError, decode, encode, input_meta
-from hfadapt.spyre.profile import Profile
+from hfadapt.spyre.numerics import host_state
+from hfadapt.spyre.rules.profile import Profile
 from hfadapt.untrusted import parse_json
 
 __all__ = [
@@ -166,8 +166,8 @@ def directory() -> Path:
 def _code_fingerprint() -> str:
     """The hfadapt version and the source of what shapes the stored graph (the decompositions
     and the native ops kept whole), so a changed checkout never reads an old graph."""
-    from hfadapt.spyre import decompositions, native_ops
-    from hfadapt.spyre.compile import graph_codec
+    from hfadapt.spyre import decompositions
+    from hfadapt.spyre.compile import graph_codec, native_ops
     from hfadapt.version import __version__
 
     digest = hashlib.sha256(__version__.encode())
@@ -206,7 +206,7 @@ class CompileCache:
             return None  # tensor subclasses (a fake or functional tensor): not described
         try:
             metas = input_meta(inputs)
-            ambient = numerics.graph_state()
+            ambient = host_state.graph_state()
         except (GraphCodecError, RuntimeError, TypeError, AttributeError):
             _count_unkeyed()  # inputs not described, or a state torch would not say
             return None

@@ -25,7 +25,7 @@ Triggers (by name, as the profile's ``defects[].trigger``):
 - ``bf16_add_of_minus_infs``: an add (or sub of a negated fill) in bf16 whose two operands
   both carry a ``-inf`` fill made in the graph (two masks combined). The card's bf16 add gives
   NaN for ``-inf + -inf`` where IEEE gives ``-inf``: the masked positions turn to NaN.
-- the per-op triggers of hfadapt.spyre.op_defects (``exp_unaligned_stick``,
+- the per-op triggers of hfadapt.spyre.rules.op_defects (``exp_unaligned_stick``,
   ``rms_norm_noncontiguous_view``, ``fp32_row_reduction_past_cores``, ``rank5_full_reduction``),
   matched on each call node's recorded values; the eager device runs the same ones.
 - the layout triggers (hfadapt.spyre.compile.layout_defects): ``rotate_half_slice`` (torch-spyre#3133): a slice of the last dim at a stick-aligned offset
@@ -62,12 +62,12 @@ from hfadapt.spyre.compile.layout_defects import (
     slice_from_start,
     view_transpose_64,
 )
-from hfadapt.spyre.kernels import sdpa_key_stick, sdpa_softmax
-from hfadapt.spyre.lowering_report import DefectFiring
-from hfadapt.spyre.op_defects import TRIGGERS as OP_TRIGGERS
-from hfadapt.spyre.op_defects import exp_first_stick_reread, memory_order, misread_layout
-from hfadapt.spyre.op_rules import is_dl16_dtype
-from hfadapt.spyre.profile import Defect, Profile
+from hfadapt.spyre.numerics.kernels import sdpa_softmax
+from hfadapt.spyre.rules.lowering_report import DefectFiring
+from hfadapt.spyre.rules.op_defects import TRIGGERS as OP_TRIGGERS
+from hfadapt.spyre.rules.op_defects import exp_first_stick_reread, memory_order, misread_layout
+from hfadapt.spyre.rules.op_rules import is_dl16_dtype
+from hfadapt.spyre.rules.profile import Defect, Profile
 
 __all__ = [
     "CROSS_GRAPH_TRIGGERS",
@@ -116,13 +116,13 @@ def _sdpa_softmax(
     firing: DefectFiring | None,
     node: fx.Node,
 ) -> Callable[..., torch.Tensor]:
-    """The card's softmax inside SDPA (hfadapt.spyre.kernels.sdpa_softmax, with the profile's
+    """The card's softmax inside SDPA (hfadapt.spyre.numerics.kernels.sdpa_softmax, with the profile's
     leak) for the softmax ``node``; ``fired`` gets ``firing`` when a row is misread at run time
     (a host -inf mask). A DL16 result comes back rounded (the function's ``dl16_output``)."""
-    spec = profile.numerics.get("softmax_exp_floor", {})
-    floor = float(spec.get("exp_floor", 0.0)) if spec.get("enabled", False) else 0.0
+    params = profile.numeric_params
+    floor = params.softmax_exp_floor or 0.0
     code = profile.dl16.host_inf
-    key_stick = sdpa_key_stick(profile)  # torch-spyre#3113
+    key_stick = params.sdpa_unaligned_keys  # torch-spyre#3113
     value = node_value(node)
     fmt = profile.dl16 if value is not None and is_dl16_dtype(value.dtype) else None
 
@@ -287,7 +287,7 @@ def _node_values(node: fx.Node) -> tuple[Any, dict[str, Any]]:
 
 
 def _op_trigger(name: str) -> Callable[[fx.GraphModule], list[Match]]:
-    """A per-op trigger of hfadapt.spyre.op_defects, matched on each call node's values."""
+    """A per-op trigger of hfadapt.spyre.rules.op_defects, matched on each call node's values."""
     spec = OP_TRIGGERS[name]
 
     def trigger(gm: fx.GraphModule) -> list[Match]:

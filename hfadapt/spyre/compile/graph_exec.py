@@ -26,10 +26,10 @@ from hfadapt.spyre import heap
 from hfadapt.spyre.compile.defects import Corruption, misread_layout
 from hfadapt.spyre.compile.graph_rules import GraphCheck, op_name
 from hfadapt.spyre.compile.handoff import HandoffPlan
-from hfadapt.spyre.dl16 import DL16Format, round_dl16, round_dl16_
-from hfadapt.spyre.profile import FALLBACK, Profile
-from hfadapt.spyre.scalars import device_numbers
-from hfadapt.spyre.value_preserving import preserves_values
+from hfadapt.spyre.numerics.dl16 import DL16Format, round_dl16, round_dl16_
+from hfadapt.spyre.numerics.scalars import device_numbers
+from hfadapt.spyre.numerics.value_preserving import preserves_values
+from hfadapt.spyre.rules.profile import FALLBACK, Profile
 
 DL16_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -127,14 +127,14 @@ class Runtime:
 
 def _native_kernel(op: str, profile: Profile) -> Callable[..., Any] | None:
     """The eager device's kernel for ops whose device numerics are not "fp32, then round the
-    output" (hfadapt.spyre.kernels), so both paths compute the same; None without one."""
-    from hfadapt.spyre.kernels import native_kernel
+    output" (hfadapt.spyre.numerics.kernels), so both paths compute the same; None without one."""
+    from hfadapt.spyre.numerics.kernels import native_kernel
 
-    return native_kernel(op, profile)
+    return native_kernel(op, profile.numeric_params)
 
 
 def _kernel_target(kernel: Callable[..., Any], fmt: DL16Format) -> Callable[..., Any]:
-    """An FX call target for a device-numerics kernel (hfadapt.spyre.kernels): the kernels
+    """An FX call target for a device-numerics kernel (hfadapt.spyre.numerics.kernels): the kernels
     take (args, kwargs, fmt) and return outputs already rounded to DL16."""
 
     def spyre_kernel(*args: Any, **kwargs: Any) -> Any:

@@ -13,15 +13,15 @@ import torch
 from torch import fx
 
 from hfadapt import torch_internals as ti
-from hfadapt.spyre.lowering_report import (
+from hfadapt.spyre.compile.native_ops import ALIASES
+from hfadapt.spyre.rules.lowering_report import (
     LoweringReport,
     SourceLocation,
     Violation,
     qualname_at,
 )
-from hfadapt.spyre.native_ops import ALIASES
-from hfadapt.spyre.op_rules import judge
-from hfadapt.spyre.profile import FALLBACK, NATIVE, UNSUPPORTED, Profile
+from hfadapt.spyre.rules.op_rules import judge
+from hfadapt.spyre.rules.profile import FALLBACK, NATIVE, UNSUPPORTED, Profile
 
 # Frames that are machinery, not model code: the innermost frame outside these is the call site.
 _SKIP_PARTS = ("/torch/", "/functorch/", "/hfadapt/spyre/", "/contextlib.py", "/functools.py")

@@ -49,8 +49,8 @@ from torch import fx
 
 from hfadapt.spyre.compile.defects import firing_at, misread_layout, module_path
 from hfadapt.spyre.compile.graph_rules import op_name
-from hfadapt.spyre.lowering_report import DefectFiring, LoweringReport
-from hfadapt.spyre.profile import Defect, Profile
+from hfadapt.spyre.rules.lowering_report import DefectFiring, LoweringReport
+from hfadapt.spyre.rules.profile import Defect, Profile
 
 __all__ = [
     "TRIGGER",

@@ -11,8 +11,8 @@ from torch import fx
 
 from hfadapt.spyre.compile.defect_match import Match, float4d, node_value, packet, position
 from hfadapt.spyre.compile.graph_rules import op_name
-from hfadapt.spyre.op_defects import FP32_STICK, memory_order
-from hfadapt.spyre.profile import STICK_ELEMENTS
+from hfadapt.spyre.numerics.dl16 import STICK_ELEMENTS
+from hfadapt.spyre.rules.op_defects import FP32_STICK, memory_order
 
 __all__ = ["HEAD_LAYOUT_SEQ", "rotate_half_slice", "slice_from_start", "view_transpose_64"]
 

@@ -9,8 +9,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from hfadapt.spyre.lowering_report import LoweringReport
-from hfadapt.spyre.profile import Profile, load_profile
+from hfadapt.spyre.rules.lowering_report import LoweringReport
+from hfadapt.spyre.rules.profile import Profile, load_profile
 
 
 @dataclass(eq=False)

@@ -44,7 +44,7 @@ from hfadapt import torch_internals as ti
 from hfadapt.errors import DeviceError
 from hfadapt.spyre.eager.selection import DEVICE_TYPE
 from hfadapt.spyre.eager.tensor import when_imported
-from hfadapt.spyre.tracking import active_profile
+from hfadapt.spyre.rules.tracking import active_profile
 
 COMPILE_FX = ti.COMPILE_FX_MODULE
 BACKEND = "spyre"  # the Dynamo backend that compiles for the simulated device

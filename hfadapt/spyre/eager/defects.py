@@ -1,4 +1,4 @@
-"""The card's per-op silent failures (hfadapt.spyre.op_defects) on the eager device: the card's
+"""The card's per-op silent failures (hfadapt.spyre.rules.op_defects) on the eager device: the card's
 eager kernels are per-op compiles (torch-spyre ``ops/eager.py``), so a defect that lives in one
 compiled op computes the same wrong numbers when the op runs eagerly. Each firing is recorded in
 the tracking block's lowering report, located at the model line that issued the op."""
@@ -9,11 +9,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hfadapt.spyre.eager.tensor import SpyreTensor, wrap
-from hfadapt.spyre.kernels import inside_sdpa
-from hfadapt.spyre.lowering_report import DefectFiring
-from hfadapt.spyre.op_defects import TRIGGERS, candidates, memory_order, misread_layout
-from hfadapt.spyre.profile import Defect, Profile
-from hfadapt.spyre.tracking import Collector, model_location
+from hfadapt.spyre.numerics.kernels import inside_sdpa
+from hfadapt.spyre.rules.lowering_report import DefectFiring
+from hfadapt.spyre.rules.op_defects import TRIGGERS, candidates, memory_order, misread_layout
+from hfadapt.spyre.rules.profile import Defect, Profile
+from hfadapt.spyre.rules.tracking import Collector, model_location
 
 Compute = Callable[[list[Any], dict[str, Any]], Any]
 

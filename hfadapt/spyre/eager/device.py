@@ -25,7 +25,7 @@ from hfadapt.spyre.eager.selection import (
     set_thread_index,
     thread_index,
 )
-from hfadapt.spyre.tracking import (
+from hfadapt.spyre.rules.tracking import (
     SpyreDowncastWarning,
     SpyreFallbackWarning,
     active_profile,

@@ -17,12 +17,11 @@ import torch
 
 from hfadapt import torch_internals as ti
 from hfadapt.errors import SpyreOpNotImplementedError
-from hfadapt.spyre import heap, kernels
-from hfadapt.spyre.dl16 import round_dl16_
-from hfadapt.spyre.dtypes import logical_dtypes
+from hfadapt.spyre import heap
 from hfadapt.spyre.eager import fusion
 from hfadapt.spyre.eager.compiled_call import spyre_compiled_call
 from hfadapt.spyre.eager.defects import any_fires, eager_defects, eager_sdpa, fired
+from hfadapt.spyre.eager.dtypes import logical_dtypes
 from hfadapt.spyre.eager.selection import thread_index
 from hfadapt.spyre.eager.tensor import (
     SpyreTensor,
@@ -35,17 +34,19 @@ from hfadapt.spyre.eager.tensor import (
     wrap,
 )
 from hfadapt.spyre.eager.transfers import TRANSFERS
-from hfadapt.spyre.op_rules import judge
-from hfadapt.spyre.profile import FALLBACK, UNSUPPORTED, Profile
-from hfadapt.spyre.scalars import device_numbers
-from hfadapt.spyre.tracking import (
+from hfadapt.spyre.numerics import kernels
+from hfadapt.spyre.numerics.dl16 import round_dl16_
+from hfadapt.spyre.numerics.scalars import device_numbers
+from hfadapt.spyre.numerics.value_preserving import VALUE_PRESERVING, preserves_values
+from hfadapt.spyre.rules.op_rules import judge
+from hfadapt.spyre.rules.profile import FALLBACK, UNSUPPORTED, Profile
+from hfadapt.spyre.rules.tracking import (
     Collector,
     SpyreFallbackWarning,
     current,
     refuse,
     warn_from_model,
 )
-from hfadapt.spyre.value_preserving import VALUE_PRESERVING, preserves_values
 
 aten = torch.ops.aten
 
@@ -116,7 +117,7 @@ def _build_entry(profile: Profile, mode: str, func: ti.OpOverload) -> OpEntry:
         out_names=out_names,
         view=view and func is not aten.view.dtype,
         value_preserving=packet in VALUE_PRESERVING,
-        kernel=kernels.native_kernel(name, profile),
+        kernel=kernels.native_kernel(name, profile.numeric_params),
         special=TRANSFERS.get(func),
         defects=eager_defects(profile, name, mode),
         fusable=name in fusion.FUSED_OPS,
@@ -546,7 +547,7 @@ def _sdpa_math() -> Callable[..., Any]:
 _CPP_COMPOSITES = frozenset({aten.dropout.default})
 _COMPOSITE = ti.composite_implicit_key()
 
-# CompositeImplicit ops the card lowers whole in their input dtype (hfadapt.spyre.native_ops):
+# CompositeImplicit ops the card lowers whole in their input dtype (hfadapt.spyre.compile.native_ops):
 # PyTorch's decomposition would upcast to fp32 first.
 _KEPT_WHOLE = frozenset({aten.rms_norm.default, aten.softmax.int})
 

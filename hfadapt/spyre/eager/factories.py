@@ -13,9 +13,9 @@ import torch
 from hfadapt.spyre.eager.dispatch import dispatch, op_entry
 from hfadapt.spyre.eager.selection import thread_index
 from hfadapt.spyre.eager.tensor import held_dtype, spyre_device, store, wrap
-from hfadapt.spyre.op_rules import judge
-from hfadapt.spyre.profile import FALLBACK
-from hfadapt.spyre.tracking import SpyreFallbackWarning, current, refuse, warn_from_model
+from hfadapt.spyre.rules.op_rules import judge
+from hfadapt.spyre.rules.profile import FALLBACK
+from hfadapt.spyre.rules.tracking import SpyreFallbackWarning, current, refuse, warn_from_model
 
 aten = torch.ops.aten
 
@@ -121,7 +121,7 @@ def sdpa(*args: Any, **kwargs: Any) -> torch.Tensor:
 
 def rms_norm(*args: Any, **kwargs: Any) -> torch.Tensor:
     # The card's rms_norm is native in the input's dtype: registered so that PyTorch does not
-    # decompose it into an fp32 upcast and pow first (hfadapt.spyre.native_ops).
+    # decompose it into an fp32 upcast and pow first (hfadapt.spyre.compile.native_ops).
     return dispatch(aten.rms_norm.default, args, kwargs)  # type: ignore[no-any-return]
 
 

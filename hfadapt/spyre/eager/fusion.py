@@ -34,9 +34,9 @@ from typing import Any
 
 import torch
 
-from hfadapt.spyre.dl16 import DL16Format, native_rounding_args
 from hfadapt.spyre.eager.tensor import SpyreTensor, is_dl16, pending, set_maker
-from hfadapt.spyre.kernels import (
+from hfadapt.spyre.numerics.dl16 import DL16Format, native_rounding_args
+from hfadapt.spyre.numerics.kernels import (
     BINARY_OPS,
     FULL,
     ROW,
@@ -44,7 +44,7 @@ from hfadapt.spyre.kernels import (
     broadcast_shape,
     operand_kind,
 )
-from hfadapt.spyre.scalars import device_number
+from hfadapt.spyre.numerics.scalars import device_number
 
 SUM = "aten::sum.dim_IntList"
 FUSED_OPS = frozenset(BINARY_OPS) | {SUM}
@@ -123,7 +123,7 @@ _lanes: int | None = None  # the lanes ATen's CPU sum adds in (None: no sum is d
 def _load() -> Any:
     global _kernel, _lanes
     if _kernel is False:
-        from hfadapt.spyre.dl16_native import load_aten_sum, load_row_program
+        from hfadapt.spyre.numerics.dl16_native import load_aten_sum, load_row_program
 
         _kernel = load_row_program()
         _lanes = _sum_lanes(load_aten_sum()) if _kernel is not None else None

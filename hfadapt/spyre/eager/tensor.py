@@ -18,8 +18,8 @@ import torch
 
 from hfadapt import torch_internals as ti
 from hfadapt.errors import DeviceError
-from hfadapt.spyre.dl16 import round_dl16_
-from hfadapt.spyre.tracking import SpyreDowncastWarning, current, warn_from_model
+from hfadapt.spyre.numerics.dl16 import round_dl16_
+from hfadapt.spyre.rules.tracking import SpyreDowncastWarning, current, warn_from_model
 
 _DL16 = frozenset({torch.float16, torch.bfloat16})
 # logical dtype -> dtype of the held CPU tensor; everything else is held as itself.

@@ -9,7 +9,6 @@ from typing import Any
 
 import torch
 
-from hfadapt.spyre.dl16 import round_dl16_
 from hfadapt.spyre.eager.defects import eager_defects, fired
 from hfadapt.spyre.eager.tensor import (
     SpyreTensor,
@@ -20,9 +19,10 @@ from hfadapt.spyre.eager.tensor import (
     to_host,
     wrap,
 )
-from hfadapt.spyre.op_rules import judge
-from hfadapt.spyre.profile import FALLBACK
-from hfadapt.spyre.tracking import Collector, SpyreFallbackWarning, refuse, warn_from_model
+from hfadapt.spyre.numerics.dl16 import round_dl16_
+from hfadapt.spyre.rules.op_rules import judge
+from hfadapt.spyre.rules.profile import FALLBACK
+from hfadapt.spyre.rules.tracking import Collector, SpyreFallbackWarning, refuse, warn_from_model
 
 aten = torch.ops.aten
 

@@ -33,8 +33,8 @@ import threading
 
 import torch
 
-from hfadapt.spyre import dl16_native
-from hfadapt.spyre.dl16 import DL16Format, optional_rounding_args
+from hfadapt.spyre.numerics import dl16_native
+from hfadapt.spyre.numerics.dl16 import DL16Format, optional_rounding_args
 
 # Products with fewer multiply-adds than this take the fp32 path: splitting the operands
 # costs more than the tiles save.

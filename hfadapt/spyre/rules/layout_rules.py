@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from hfadapt.errors import SpyreUnsupportedModelError
-from hfadapt.spyre.lowering_report import SourceLocation, Violation
-from hfadapt.spyre.profile import Profile, load_profile
+from hfadapt.spyre.rules.lowering_report import SourceLocation, Violation
+from hfadapt.spyre.rules.profile import Profile, load_profile
 
 # Role -> config field names, most specific first. The first field a config really holds names
 # the value in messages, so a DistilBERT user reads "dim=312", not "hidden_size=312".

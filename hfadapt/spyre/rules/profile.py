@@ -1,6 +1,6 @@
 """The device profile: every Spyre rule (op outcome per mode and dtype, dtype mapping, casts,
 layout, numerics) as versioned data with an id and a source. Code asks it; it holds no ifs
-about particular ops beyond the named checks in hfadapt.spyre.op_rules."""
+about particular ops beyond the named checks in hfadapt.spyre.rules.op_rules."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ import torch
 
 from hfadapt.errors import ProfileError
 from hfadapt.options import Execution
-from hfadapt.spyre.dl16 import DL16Format, format_problem
+from hfadapt.spyre.numerics.dl16 import STICK_ELEMENTS, DL16Format, format_problem
+from hfadapt.spyre.numerics.kernels import Accumulator, NumericParams
 
 DEFAULT_PROFILE = "spyre-2026.07"
 
@@ -203,6 +204,46 @@ class Profile:
     def numerics_enabled(self, key: str) -> bool:
         return bool(self.numerics.get(key, {}).get("enabled", False))
 
+    @functools.cached_property
+    def numeric_params(self) -> NumericParams:
+        """The values of the numerics section that the device's kernels compute with, as plain
+        numbers (hfadapt.spyre.numerics.kernels takes these, never the profile); a rule the
+        profile disables is None (0 for the SDPA key stick). Built once, like ``dl16``."""
+        matmul = self.numerics.get("matmul_chunks", {})
+        softmax = self.numerics.get("softmax_exp_floor", {})
+        keys = self.numerics.get("sdpa_unaligned_keys", {})
+        add = self.numerics.get("add_zero_code", {})
+        return NumericParams(
+            matmul_chunks=(int(matmul["chunk_elements"]), int(matmul["partial_mantissa_bits"]))
+            if matmul.get("enabled", False)
+            else None,
+            softmax_exp_floor=float(softmax["exp_floor"])
+            if softmax.get("enabled", False)
+            else None,
+            sdpa_unaligned_keys=int(keys.get("stick", STICK_ELEMENTS))
+            if keys.get("enabled", False)
+            else 0,
+            add_zero_code=float(add["value"]) if add.get("enabled", False) else None,
+            accumulator=self._accumulator(),
+            layer_norm_stats=self.numerics_enabled("layer_norm_stats"),
+        )
+
+    def _accumulator(self) -> Accumulator | None:
+        """The reduced-precision accumulator of ``numerics.reduced_precision_mean``, or None."""
+        spec = self.numerics.get("reduced_precision_mean", {})
+        if not spec.get("enabled", False):
+            return None
+        result = spec.get("result_mantissa_bits")
+        small = spec.get("small_mean", {})
+        small_on = bool(small.get("enabled", False))
+        return Accumulator(
+            int(spec["mantissa_bits"]),
+            int(spec["lanes"]),
+            int(result) if result is not None else None,
+            float(small.get("below", 0.0)) if small_on else 0.0,
+            float(small.get("ratio", 1.0)) if small_on else 1.0,
+        )
+
     def rule_source(self, rule_id: str) -> str:
         """The public source a rule id cites, for reports and prompts."""
         for rule in self.rules.values():
@@ -239,7 +280,7 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def _profile_dir() -> Path:
-    return Path(str(resources.files("hfadapt.spyre") / "profiles"))
+    return Path(str(resources.files("hfadapt.spyre.rules") / "profiles"))
 
 
 def available_profiles() -> list[str]:
@@ -354,7 +395,6 @@ def _build(data: dict[str, Any], path: str) -> Profile:
 # is checked here against what the code can compute with; a value outside is a ProfileError
 # naming the field, its value and what is allowed.
 
-STICK_ELEMENTS = 64  # fp16 elements in one 128-byte stick: what the simulator's kernels assume
 # fields every numerics section may hold that no code computes with
 _NOTES = frozenset({"rule", "source", "cites", "note", "inferred"})
 # numerics section -> the fields it may hold besides _NOTES

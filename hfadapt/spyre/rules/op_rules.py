@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from hfadapt.spyre.lowering_report import SourceLocation, Violation
-from hfadapt.spyre.profile import FALLBACK, NATIVE, UNSUPPORTED, Profile, Rule, dtype_name
+from hfadapt.spyre.rules.lowering_report import SourceLocation, Violation
+from hfadapt.spyre.rules.profile import FALLBACK, NATIVE, UNSUPPORTED, Profile, Rule, dtype_name
 
 CheckFn = Callable[..., "Violation | None"]  # (profile, op, args, kwargs[, mode])
 

@@ -18,15 +18,15 @@ from typing import Any
 
 import torch
 
-from hfadapt.spyre import amx
-from hfadapt.spyre.add_kernel import add_zero_code_inplace, add_zero_code_kernel
-from hfadapt.spyre.dl16 import (
+from hfadapt.spyre.numerics import amx
+from hfadapt.spyre.numerics.add_kernel import add_zero_code_inplace, add_zero_code_kernel
+from hfadapt.spyre.numerics.dl16 import (
+    STICK_ELEMENTS,
     DL16Format,
     native_rounding_args,
     optional_rounding_args,
     round_dl16_,
 )
-from hfadapt.spyre.profile import STICK_ELEMENTS, Profile
 
 Kernel = Callable[[Sequence[Any], dict[str, Any], DL16Format], Any]
 
@@ -87,7 +87,7 @@ def _layer_norm_rows(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """_layer_norm_dl16 by the C kernel, one pass per row; None when the kernel is not
     built or the tensors are not plain contiguous float32 (then the torch ops compute it)."""
-    from hfadapt.spyre.dl16_native import load_layer_norm
+    from hfadapt.spyre.numerics.dl16_native import load_layer_norm
 
     kernel = load_layer_norm()
     k = len(normalized_shape)
@@ -215,23 +215,25 @@ class Accumulator:
         return out
 
 
-def accumulator(profile: Profile | None) -> Accumulator | None:
-    """The profile's reduced-precision accumulator, or None when it models none (without a
-    profile: the default one)."""
-    if profile is None:
-        return Accumulator()
-    spec = profile.numerics.get("reduced_precision_mean", {})
-    if not spec.get("enabled", False):
-        return None
-    result = spec.get("result_mantissa_bits")
-    small = spec.get("small_mean", {})
-    return Accumulator(
-        int(spec["mantissa_bits"]),
-        int(spec["lanes"]),
-        int(result) if result is not None else None,
-        float(small.get("below", 0.0)) if small.get("enabled", False) else 0.0,
-        float(small.get("ratio", 1.0)) if small.get("enabled", False) else 1.0,
-    )
+@dataclass(frozen=True)
+class NumericParams:
+    """The numbers the kernels compute with, one field per numerics rule of a device profile
+    (built by hfadapt.spyre.rules.profile's ``Profile.numeric_params``; these kernels never read
+    a profile). A rule that is off is None (``sdpa_unaligned_keys``: 0). The defaults are the
+    kernels without a profile: the layer-norm statistics and the default accumulator only."""
+
+    # numerics.matmul_chunks: (chunk_elements, partial_mantissa_bits)
+    matmul_chunks: tuple[int, int] | None = None
+    softmax_exp_floor: float | None = None  # numerics.softmax_exp_floor.exp_floor
+    # numerics.sdpa_unaligned_keys.stick: the stick a key length must fill for SDPA's softmax
+    # to be right (torch-spyre#3113)
+    sdpa_unaligned_keys: int = 0
+    add_zero_code: float | None = None  # numerics.add_zero_code.value (torch-spyre#1972)
+    accumulator: Accumulator | None = Accumulator()  # numerics.reduced_precision_mean
+    layer_norm_stats: bool = True  # numerics.layer_norm_stats.enabled
+
+
+NO_PROFILE = NumericParams()
 
 
 def _rms_norm_dl16(
@@ -320,7 +322,7 @@ def _softmax_floor(x: torch.Tensor, dim: int, floor: float, code: float) -> torc
 
 def _native_softmax() -> Callable[..., None] | None:
     """The softmax's C kernel (dl16_native.load_softmax_floor), None when not built."""
-    from hfadapt.spyre.dl16_native import load_softmax_floor
+    from hfadapt.spyre.numerics.dl16_native import load_softmax_floor
 
     return load_softmax_floor()
 
@@ -458,13 +460,6 @@ def softmax_kernel(floor: float, key_stick: int = 0) -> tuple[Kernel, Kernel]:
     return _softmax, softmax
 
 
-def sdpa_key_stick(profile: Profile | None) -> int:
-    """The stick a key length must fill for SDPA's softmax to be right (profile
-    ``numerics.sdpa_unaligned_keys``, torch-spyre#3113); 0 when not modelled."""
-    spec = profile.numerics.get("sdpa_unaligned_keys", {}) if profile is not None else {}
-    return int(spec.get("stick", STICK_ELEMENTS)) if spec.get("enabled", False) else 0
-
-
 # -- matmul: chunked accumulation, each chunk's partial product truncated --------------------
 
 
@@ -499,7 +494,7 @@ def _sum_truncated(
 ) -> torch.Tensor:
     """parts[0] + parts[1] + ... in that order, each truncated to ``mantissa_bits`` first;
     then ``bias`` (1-D, over the last dimension) added and the sum rounded to ``fmt``, when
-    given. One pass with the C kernels (hfadapt.spyre.dl16_native) when built, else torch ops
+    given. One pass with the C kernels (hfadapt.spyre.numerics.dl16_native) when built, else torch ops
     (the same bits)."""
     plain = parts.dtype == torch.float32 and parts.is_contiguous() and type(parts) is torch.Tensor
     if plain and (bias is None or _fusable_bias(bias, parts.shape[-1])):
@@ -533,7 +528,7 @@ def _fusable_bias(bias: torch.Tensor, columns: int) -> bool:
 
 def _native_kernels() -> tuple[Callable[..., None] | None, Callable[..., None] | None]:
     """(sum of truncated partials, the same with bias and DL16 rounding), None when not built."""
-    from hfadapt.spyre.dl16_native import load_sum_truncated, load_sum_truncated_round
+    from hfadapt.spyre.numerics.dl16_native import load_sum_truncated, load_sum_truncated_round
 
     return load_sum_truncated(), load_sum_truncated_round()
 
@@ -541,7 +536,7 @@ def _native_kernels() -> tuple[Callable[..., None] | None, Callable[..., None] |
 def _native_accumulate() -> Callable[..., None] | None:
     """The piece-by-piece step of the truncated sum (dl16_native.load_accumulate_truncated),
     None when not built."""
-    from hfadapt.spyre.dl16_native import load_accumulate_truncated
+    from hfadapt.spyre.numerics.dl16_native import load_accumulate_truncated
 
     return load_accumulate_truncated()
 
@@ -810,16 +805,16 @@ def matmul_kernels(chunk: int, mantissa_bits: int) -> dict[str, Kernel]:
     return {"aten::mm": mm, "aten::bmm": mm, "aten::addmm": addmm, "aten::baddbmm": addmm}
 
 
-# op -> (kernel, the profile numerics entry that enables it)
-_KERNELS: dict[str, tuple[Kernel, str]] = {
-    "aten::native_layer_norm": (native_layer_norm, "layer_norm_stats"),
-    "aten::layer_norm": (layer_norm, "layer_norm_stats"),
+# layer-norm ops (their kernels keep the statistics in DL16: NumericParams.layer_norm_stats)
+_LAYER_NORM_OPS: dict[str, Kernel] = {
+    "aten::native_layer_norm": native_layer_norm,
+    "aten::layer_norm": layer_norm,
 }
-# softmax ops (their kernels take the exp floor from the profile's "softmax_exp_floor"): op ->
-# its place in softmax_kernel's pair
+# softmax ops (their kernels take NumericParams.softmax_exp_floor): op -> its place in
+# softmax_kernel's pair
 _SOFTMAX_OPS = {"aten::_softmax": 0, "aten::softmax.int": 1}
 _MATMUL_OPS = frozenset({"aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm"})
-# ops whose sum the reduced-precision accumulator makes (profile "reduced_precision_mean")
+# ops whose sum the reduced-precision accumulator makes (NumericParams.accumulator)
 _ACCUMULATING = {"aten::mean": mean_kernel, "aten::mean.dim": mean_kernel,
                  "aten::rms_norm": rms_norm_kernel}  # fmt: skip
 
@@ -834,36 +829,28 @@ def _accumulating_kernel(name: str, acc: Accumulator) -> Kernel:
     return _ACCUMULATING[name](acc)
 
 
-def native_kernel(op_name: str, profile: Profile | None = None) -> Kernel | None:
+def native_kernel(op_name: str, params: NumericParams = NO_PROFILE) -> Kernel | None:
     """The device-numerics kernel for an ATen op ("aten::native_layer_norm", with or without
-    ".default"), or None when the device computes it as "fp32, then round the output". With a
-    profile, a kernel whose numerics rule the profile disables is None too."""
+    ".default"), or None when the device computes it as "fp32, then round the output" or when
+    ``params`` (a profile's ``numeric_params``) turn its numerics rule off."""
     name = op_name.removesuffix(".default")
     if name in _MATMUL_OPS:
-        spec = profile.numerics.get("matmul_chunks", {}) if profile is not None else {}
-        if not spec.get("enabled", False):
+        if params.matmul_chunks is None:
             return None
-        return _matmul_kernels(int(spec["chunk_elements"]), int(spec["partial_mantissa_bits"]))[
-            name
-        ]
+        return _matmul_kernels(*params.matmul_chunks)[name]
     if name in _SOFTMAX_OPS:
-        spec = profile.numerics.get("softmax_exp_floor", {}) if profile is not None else {}
-        if not spec.get("enabled", False):
+        if params.softmax_exp_floor is None:
             return None
-        return softmax_kernel(float(spec["exp_floor"]), sdpa_key_stick(profile))[_SOFTMAX_OPS[name]]
+        pair = softmax_kernel(params.softmax_exp_floor, params.sdpa_unaligned_keys)
+        return pair[_SOFTMAX_OPS[name]]
     if name in ("aten::add.Tensor", "aten::add_.Tensor"):
-        spec = profile.numerics.get("add_zero_code", {}) if profile is not None else {}
-        if not spec.get("enabled", False):
+        if params.add_zero_code is None:
             return None
         made = add_zero_code_kernel if name == "aten::add.Tensor" else add_zero_code_inplace
-        return made(float(spec["value"]))
+        return made(params.add_zero_code)
     if name in _ACCUMULATING:
-        acc = accumulator(profile)
+        acc = params.accumulator
         return _accumulating_kernel(name, acc) if acc is not None else None
-    entry = _KERNELS.get(name)
-    if entry is None:
-        return None
-    kernel, numerics_key = entry
-    if profile is not None and not profile.numerics_enabled(numerics_key):
-        return None
-    return kernel
+    if name in _LAYER_NORM_OPS and params.layer_norm_stats:
+        return _LAYER_NORM_OPS[name]
+    return None

@@ -24,7 +24,7 @@ from typing import TypeGuard
 
 import torch
 
-from hfadapt.spyre.dl16_native import dense_span
+from hfadapt.spyre.numerics.dl16_native import dense_span
 
 
 def _decode(bits: int, exponent_bits: int, mantissa_bits: int, bias: int) -> float:
@@ -155,6 +155,9 @@ def format_problem(
 
 
 DEFAULT_FORMAT = DL16Format()
+# fp16 (and DL16) elements in one 128-byte stick, the card's unit of layout: what the
+# simulator's kernels assume (a profile's ``layout.stick_elements_fp16`` is checked against it)
+STICK_ELEMENTS = 64
 
 
 @dataclass(frozen=True)
@@ -188,7 +191,7 @@ def native_rounding_args(
     fmt: DL16Format = DEFAULT_FORMAT,
 ) -> tuple[float, float, int, float]:
     """(max_finite, below_min_normal, dropped bits, overflow): the rounding arguments the C
-    kernels of hfadapt.spyre.dl16_native take for ``fmt`` (the same tuple every call: the
+    kernels of hfadapt.spyre.numerics.dl16_native take for ``fmt`` (the same tuple every call: the
     kernels' wrappers check it once)."""
     return _constants(fmt).native
 
@@ -232,12 +235,12 @@ _native: Callable[..., None] | bool | None = False  # False: not looked up yet
 
 
 def _native_round(x: torch.Tensor, fmt: DL16Format, transfer: bool = False) -> bool:
-    """Round x in place with the C kernel of hfadapt.spyre.dl16_native (bit-identical to
+    """Round x in place with the C kernel of hfadapt.spyre.numerics.dl16_native (bit-identical to
     _round_inplace, one pass instead of six) when it is built and x is a plain contiguous CPU
     float32 tensor; False when the torch path must do it."""
     global _native
     if _native is False:
-        from hfadapt.spyre.dl16_native import load
+        from hfadapt.spyre.numerics.dl16_native import load
 
         _native = load()  # None when not built (dl16_native never raises for its build)
     if (

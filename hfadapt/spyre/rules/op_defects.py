@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from hfadapt.spyre.profile import STICK_ELEMENTS
+from hfadapt.spyre.numerics.dl16 import STICK_ELEMENTS
 
 SENCORES = 32  # cores a reduction's rows are dealt to (#3804: wrong past exactly 32 rows)
 FP32_STICK = STICK_ELEMENTS // 2  # fp32 elements in one 128-byte stick

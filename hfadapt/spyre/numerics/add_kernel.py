@@ -1,6 +1,6 @@
 """The card's DL16 add, which returns fp16's smallest normal for 0 + 0 (torch-spyre#1972;
 profile ``numerics.add_zero_code``): every other sum is the ordinary fp32 add rounded to DL16.
-A kernel in the form hfadapt.spyre.kernels takes (held float32 DL16 values, the format)."""
+A kernel in the form hfadapt.spyre.numerics.kernels takes (held float32 DL16 values, the format)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from hfadapt.spyre.dl16 import DL16Format, round_dl16_
+from hfadapt.spyre.numerics.dl16 import DL16Format, round_dl16_
 
 AddKernel = Callable[[Sequence[Any], dict[str, Any], DL16Format], Any]
 

@@ -21,8 +21,8 @@ import torch
 
 from hfadapt.errors import SpyreOpError, SpyreOpNotImplementedError
 from hfadapt.options import Execution
-from hfadapt.spyre.lowering_report import LoweringReport, SourceLocation, Violation
-from hfadapt.spyre.profile import Profile, load_profile
+from hfadapt.spyre.rules.lowering_report import LoweringReport, SourceLocation, Violation
+from hfadapt.spyre.rules.profile import Profile, load_profile
 
 
 class SpyreFallbackWarning(UserWarning):
@@ -118,7 +118,10 @@ def tracking(
 # -- where an op came from ----------------------------------------------------------------
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
-_HFADAPT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+# this file is hfadapt/spyre/rules/tracking.py
+_HFADAPT_DIR = (
+    os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir)) + os.sep
+)
 # Adapters bundled in the wheel live under hfadapt/ but are model code (rewritten): a violation
 # inside one is located there.
 _BUNDLED_DIR = _HFADAPT_DIR + "_bundled" + os.sep

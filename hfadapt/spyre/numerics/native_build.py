@@ -59,7 +59,9 @@ def cache_dir() -> Path:
 @lru_cache(maxsize=1)
 def source() -> str:
     """The kernels' C source, as the package ships it."""
-    return resources.files("hfadapt.spyre").joinpath(SOURCE_FILE).read_text(encoding="utf-8")
+    return (
+        resources.files("hfadapt.spyre.numerics").joinpath(SOURCE_FILE).read_text(encoding="utf-8")
+    )
 
 
 # -- the declarations --------------------------------------------------------------------------

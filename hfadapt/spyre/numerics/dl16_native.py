@@ -1,11 +1,11 @@
-"""Optional C kernels of the simulated device (hfadapt/spyre/dl16_kernels.c): DL16 rounding,
+"""Optional C kernels of the simulated device (hfadapt/spyre/numerics/dl16_kernels.c): DL16 rounding,
 the truncated sums of the chunked product, the softmax, LayerNorm, ATen's sum, the eager
 device's row programs, and the products on AMX's tiles. The rounding computes exactly what
 ``dl16.round_dl16_`` computes (same overflow, host-infinity mapping, rounding to nearest even
 and flush to zero, bit for bit, checked on all 2^32 float32 patterns by
 benchmarks/check_dl16_exhaustive.py; by integer steps where the torch path uses a magic addend)
 in one pass over memory instead of six, which is what keeps the compiled device near CPU speed
-on a busy machine. hfadapt.spyre.native_build builds and binds the library (from the C file's
+on a busy machine. hfadapt.spyre.numerics.native_build builds and binds the library (from the C file's
 own declarations); without it (no C compiler, a failed build, HFADAPT_NATIVE_DL16=0) every
 loader here gives None and the torch ops compute the same values. ``native_status`` says
 which, for ``hfadapt cache info``."""
@@ -23,11 +23,11 @@ from typing import Any
 import torch
 
 from hfadapt import settings
-from hfadapt.spyre import native_build
-from hfadapt.spyre.native_build import SOURCE_FILE as SOURCE_FILE
-from hfadapt.spyre.native_build import cache_dir as cache_dir
-from hfadapt.spyre.native_build import clear_failure_records as clear_failure_records
-from hfadapt.spyre.native_build import source as source
+from hfadapt.spyre.numerics import native_build
+from hfadapt.spyre.numerics.native_build import SOURCE_FILE as SOURCE_FILE
+from hfadapt.spyre.numerics.native_build import cache_dir as cache_dir
+from hfadapt.spyre.numerics.native_build import clear_failure_records as clear_failure_records
+from hfadapt.spyre.numerics.native_build import source as source
 
 # -- argument checks ---------------------------------------------------------------------------
 # Every kernel is reached through a wrapper below that takes tensors, not addresses: it checks
@@ -294,7 +294,7 @@ def refused(name: str, status: int) -> NativeArgumentError:
     param = params[position - 1][0] if 0 < position <= len(params) else "?"
     return NativeArgumentError(
         f"{name} refused its argument {param} (position {position}); the checks in "
-        "hfadapt.spyre.dl16_native should have caught it first"
+        "hfadapt.spyre.numerics.dl16_native should have caught it first"
     )
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from hfadapt.spyre.dl16 import DL16Format, round_dl16
+from hfadapt.spyre.numerics.dl16 import DL16Format, round_dl16
 
 
 @lru_cache(maxsize=1024)
