@@ -41,6 +41,7 @@ ROPE_MODEL_TYPES = frozenset(
         "modernbert",
         "qwen2",
         "qwen3",
+        "qwen3_vl_text",
         "gemma",
         "gemma2",
         "gemma3",
