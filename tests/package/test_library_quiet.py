@@ -112,6 +112,12 @@ def test_diagnose_holds_them_too(
         return "judged"
 
     monkeypatch.setattr(judging, "_diagnose_and_record", noisy)
+    # transformers' own handler holds the stderr of whichever test first configured it (pytest
+    # swaps sys.stderr per test); a handler on this test's stderr shows what reaches handlers
+    shown = logging.StreamHandler(sys.stderr)
+    logger = logging.getLogger("transformers.modeling_utils")
+    monkeypatch.setattr(logger, "handlers", [*logger.handlers, shown])  # undone after the test
+    monkeypatch.setattr(logger, "propagate", False)
     for verbose in ("0", "1"):
         monkeypatch.setenv("HFADAPT_VERBOSE", verbose)
         before = hfadapt.held_message_counts()
