@@ -8,7 +8,7 @@ package writes that is not declared here."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, TypedDict, cast
+from typing import Any, NotRequired, TypedDict, cast
 
 __all__ = [
     "AdapterEvidence",
@@ -30,6 +30,8 @@ __all__ = [
     "SandboxSection",
     "SweepEvidence",
     "SweepSection",
+    "TaskEvidence",
+    "TaskLoRAEvidence",
     "WorkerFailureEvidence",
     "read_evidence",
 ]
@@ -56,6 +58,34 @@ class PipelineEvidence(TypedDict):
     weights: str
     decided_by: dict[str, str]  # output -> the metric that decided it
     whole: bool
+    # a model with task adapters (jina v3): the tasks it declares and those judged on the
+    # device; ``whole`` needs every one (pipeline_judging.with_tasks)
+    tasks: NotRequired[dict[str, list[str]]]
+
+
+class TaskLoRAEvidence(TypedDict):
+    """The task adapters a model was judged with (hfadapt.loading.lora.TaskLoRA.describe)."""
+
+    tasks: list[str]
+    rank: int
+    alpha: float
+    scaling: float
+    modules: int  # native weights adapted
+    origin: str  # "checkpoint (...)" | "stand-ins (seed S, ...)"
+    applied: str  # how: merged into the weights, one task per run
+
+
+class TaskEvidence(TypedDict):
+    """One task's run of a model with task adapters (hfadapt.judge.task_judging)."""
+
+    task: str
+    verdict: str
+    reason: str
+    min_token_cosine: float | None
+    max_norm_error: float | None
+    pooled_cosine: float | None
+    outputs: dict[str, bool]  # pipeline output -> passed in its own metric
+    device_seconds: float | None
 
 
 class DtypePolicy(TypedDict, total=False):
@@ -141,6 +171,9 @@ class LoadEvidence(TypedDict, total=False):
     dtype_policy: DtypePolicy
     probes: str
     pipeline: PipelineEvidence
+    task_lora: TaskLoRAEvidence  # the task adapters judged, one task per run
+    tasks: list[TaskEvidence]  # each task's verdict and numbers; the model's is the worst's
+    task_lora_note: str  # why a model declaring task adapters was judged without them
 
 
 class ReferenceEvidence(TypedDict, total=False):

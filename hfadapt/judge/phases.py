@@ -45,6 +45,7 @@ from hfadapt.judge.pipeline_judging import (
     with_heads,
 )
 from hfadapt.judge.reference_cache import ReferenceCache, reference_key
+from hfadapt.judge.task_judging import judge_each_task, task_adapters
 from hfadapt.loading.heads import BuiltHeads
 from hfadapt.loading.load import LoadedModel
 from hfadapt.loading.loader import load_model
@@ -147,7 +148,22 @@ def _phases(
     config_source: str | None,
 ) -> Outcome:
     """The phases themselves (see ``judge``)."""
-    decided = load(j, model_ref, config, config_source) or probes(j) or reference(j)
+    decided = load(j, model_ref, config, config_source) or probes(j)
+    if decided is not None:
+        return decided
+    with j.phases("load"):
+        lora, decided = task_adapters(j.diag, j.model)
+    if decided is not None:
+        return decided
+    if lora is not None:  # jina v3's task LoRA: once per task (hfadapt.judge.task_judging)
+        return judge_each_task(j.diag, j.model, lora, lambda loaded: _judged(j, loaded))
+    return _judged(j, j.model)
+
+
+def _judged(j: Judging, loaded: LoadedModel) -> Outcome:
+    """The reference, adapters, device and numbers phases on ``loaded``."""
+    j.loaded = loaded
+    decided = reference(j)
     if decided is not None:
         return decided
     adapters(j)

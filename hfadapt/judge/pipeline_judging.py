@@ -28,6 +28,7 @@ __all__ = [
     "judge_heads",
     "pipeline_inputs",
     "with_heads",
+    "with_tasks",
 ]
 
 TOKEN_METRIC = "per-token cosine + norm error"
@@ -70,6 +71,16 @@ def evidence_of(
         "decided_by": decided,
         "whole": pipeline.declared and not left_out,
     }
+
+
+def with_tasks(
+    pipeline: PipelineEvidence, declared: Sequence[str], judged: Sequence[str]
+) -> PipelineEvidence:
+    """``pipeline`` of a model with task adapters (jina v3): the tasks it declares and those
+    judged on the device; judged on the whole pipeline only when every task was."""
+    every = bool(declared) and set(judged) >= set(declared)
+    tasks = {"declared": list(declared), "judged": list(judged)}
+    return {**pipeline, "tasks": tasks, "whole": pipeline["whole"] and every}
 
 
 def attach_heads(model: torch.nn.Module, built: BuiltHeads | None) -> torch.nn.Module:

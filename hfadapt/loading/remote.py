@@ -153,8 +153,15 @@ def load_translated(
             f"weights of {where} lack {len(missing)} tensor(s) the translated model needs, e.g. {missing[0]}"
         )
     notes = [translation_note(translation)]
-    if dropped:
-        notes.append(f"remote-only checkpoint tensors not used: {len(dropped)}")
+    # task adapters are not native tensors: the judge merges them one task at a time
+    lora = [k for k in dropped if translation.task_lora and ".lora_" in k]
+    if lora:
+        notes.append(
+            f"task LoRA tensors: {len(lora)}, judged one task at a time, merged into the "
+            "weights (hfadapt.loading.lora)"
+        )
+    if len(dropped) > len(lora):
+        notes.append(f"remote-only checkpoint tensors not used: {len(dropped) - len(lora)}")
     if info.unexpected_keys:
         notes.append(
             f"unexpected checkpoint keys left unloaded: {len(info.unexpected_keys)}, e.g. {info.unexpected_keys[0]}"

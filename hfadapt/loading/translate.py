@@ -32,8 +32,10 @@ __all__ = [
     "families",
     "family_for",
     "family_for_row",
+    "native_keys",
     "not_mapped",
     "rename_checkpoint",
+    "task_lora_spec",
     "text_model_class",
     "text_tower",
     "text_towers",
@@ -73,6 +75,10 @@ class Family:
     # a native model_type the family's configs and snapshot rows carry (jina-bert v2: "bert"):
     # such a row is the family's only when one of its architectures is
     shared_model_type: str | None = None
+    # task LoRA adapters the remote model applies for a selected task (jina v3): which config
+    # fields declare them, how they sit on the native modules, where they were read
+    # (hfadapt.loading.lora); None: the family has none
+    task_lora: dict[str, Any] | None = None
 
 
 @dataclass
@@ -87,10 +93,12 @@ class Translation:
     renamed: dict[str, str] = field(default_factory=dict)
     ignored: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # the task adapters the config declares (``task_lora_spec``): judged one task at a time
+    task_lora: dict[str, Any] | None = None
 
     def evidence(self) -> dict[str, Any]:
         """What a run records as ``evidence["translated_from"]``."""
-        return {
+        out = {
             "family": self.family,
             "remote_class": self.remote_class,
             "native_model_type": self.native_type,
@@ -99,6 +107,9 @@ class Translation:
             "ignored": sorted(self.ignored),
             "notes": list(self.notes),
         }
+        if self.task_lora is not None:
+            out["task_lora"] = dict(self.task_lora)
+        return out
 
 
 @dataclass(frozen=True)
@@ -151,6 +162,7 @@ def families() -> tuple[Family, ...]:
                 source=entry.get("source"),
                 auto_repos=tuple(entry.get("auto_repos", ())),
                 shared_model_type=entry.get("shared_model_type"),
+                task_lora=entry.get("task_lora"),
             )
         )
     return tuple(out)
@@ -308,10 +320,15 @@ def translate(raw: dict[str, Any], fam: Family | None = None) -> Translation | R
                 key,
                 f"not stated: {fam.name} is translated only when its config says {key}={fam.required[key][0]!r}",
             )
+    lora = task_lora_spec(fam, raw)
+    if isinstance(lora, Refusal):
+        return lora
     native: dict[str, Any] = {"model_type": fam.native, **fam.set}
     renamed: dict[str, str] = {}
     ignored: list[str] = []
     for key, value in raw.items():
+        if key in _lora_fields(fam):  # read by task_lora_spec: the task adapters
+            continue
         if key in fam.required and not any(_same(value, a) for a in fam.required[key]):
             return Refusal(
                 key,
@@ -337,7 +354,6 @@ def translate(raw: dict[str, Any], fam: Family | None = None) -> Translation | R
         return rope
     if rope:
         native["rope_parameters"] = rope
-    notes = [fam.note] if fam.note else []
     return Translation(
         family=fam.name,
         native_type=fam.native,
@@ -346,8 +362,53 @@ def translate(raw: dict[str, Any], fam: Family | None = None) -> Translation | R
         source="config.json",
         renamed=renamed,
         ignored=ignored,
-        notes=notes,
+        notes=_lora_notes(fam, lora),
+        task_lora=lora,
     )
+
+
+def _lora_fields(fam: Family) -> set[str]:
+    """The remote config fields of the family's task adapters (its ``task_lora`` roles)."""
+    roles = ("tasks", "rank", "alpha", "instructions", "trained")
+    return {fam.task_lora[r] for r in roles} if fam.task_lora else set()
+
+
+def _lora_notes(fam: Family, lora: dict[str, Any] | None) -> list[str]:
+    if fam.task_lora is not None and lora is None:
+        return [f"no task adapters declared ({fam.task_lora['tasks']}): the task-free path"]
+    return [fam.note] if fam.note else []
+
+
+def task_lora_spec(fam: Family, raw: dict[str, Any]) -> dict[str, Any] | Refusal | None:
+    """The task adapters a remote config declares (tasks, rank, alpha, scaling = alpha / rank,
+    the instruction prefixed to each task's text, whether the checkpoint holds trained ones), or
+    the Refusal naming a malformed field; None when the family or the config declares none."""
+    table = fam.task_lora
+    if table is None or raw.get(table["tasks"]) is None:
+        return None
+    tasks, rank, alpha = (raw.get(table[k]) for k in ("tasks", "rank", "alpha"))
+    if not isinstance(tasks, list) or not tasks or not all(isinstance(t, str) for t in tasks):
+        return Refusal(table["tasks"], f"{tasks!r} is not a list of task names")
+    if len(set(tasks)) != len(tasks):
+        return Refusal(table["tasks"], f"{tasks!r} names a task twice")
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        return Refusal(table["rank"], f"{rank!r}: the adapters' rank must be a positive integer")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
+        return Refusal(table["alpha"], f"{alpha!r}: the adapters' alpha must be a number")
+    instructions = raw.get(table["instructions"]) or {}
+    if not isinstance(instructions, dict) or not set(instructions) <= set(tasks):
+        return Refusal(table["instructions"], f"{instructions!r} is not a map of the tasks")
+    trained = raw.get(table["trained"], True)  # absent: the checkpoint says (full mode)
+    if not isinstance(trained, bool):
+        return Refusal(table["trained"], f"{trained!r} is not true or false")
+    return {
+        "tasks": list(tasks),
+        "rank": rank,
+        "alpha": float(alpha),
+        "scaling": float(alpha) / rank,
+        "trained": trained,
+        "instructions": {str(k): str(v) for k, v in instructions.items()},
+    }
 
 
 def translate_row(
@@ -521,22 +582,30 @@ def rename_checkpoint(family: str, state: dict[str, Any]) -> tuple[dict[str, Any
     fam = next((f for f in families() if f.name == family), None)
     if fam is None:
         raise ConfigError(f"family={family!r} is not in {FAMILIES_FILE.name}")
-    table = fam.checkpoint
     out: dict[str, Any] = {}
     dropped: list[str] = []
     for key, tensor in state.items():
-        if any(re.search(p, key) for p in table.get("drop", [])):
+        names = native_keys(fam, key)
+        if not names:
             dropped.append(key)
-            continue
-        name = key
-        for pattern, repl in table.get("rename", []):
-            name = re.sub(pattern, repl, name)
-        for pattern, parts in table.get("split", []):
-            if re.search(pattern, name):
-                chunks = tensor.chunk(len(parts), dim=0)
-                for part, chunk in zip(parts, chunks, strict=True):
-                    out[re.sub(pattern, part, name)] = chunk.contiguous()
-                break
-        else:
-            out[name] = tensor
+        elif len(names) == 1:
+            out[names[0]] = tensor
+        else:  # a fused tensor: its parts in order along dim 0
+            for name, chunk in zip(names, tensor.chunk(len(names), dim=0), strict=True):
+                out[name] = chunk.contiguous()
     return out, dropped
+
+
+def native_keys(fam: Family, key: str) -> list[str]:
+    """The native state-dict key(s) of one remote checkpoint key: one, the parts of a fused
+    tensor in order (split along dim 0), or none for a key the native model does not hold."""
+    table = fam.checkpoint
+    if any(re.search(p, key) for p in table.get("drop", [])):
+        return []
+    name = key
+    for pattern, repl in table.get("rename", []):
+        name = re.sub(pattern, repl, name)
+    for pattern, parts in table.get("split", []):
+        if re.search(pattern, name):
+            return [re.sub(pattern, part, name) for part in parts]
+    return [name]
