@@ -289,3 +289,12 @@ def m008_cycles(conn: Connection) -> None:
     from hfadapt.db.tables import Cycle
 
     create_tables(conn, Cycle)
+
+
+@migration
+def m009_cycle_drafts(conn: Connection) -> None:
+    """``hfadapt cycle --draft``: one row per failure fingerprint new in a cycle, with what its
+    drafting came to and cost."""
+    from hfadapt.db.tables import CycleDraft
+
+    create_tables(conn, CycleDraft)

@@ -194,6 +194,31 @@ class Cycle(SQLModel, table=True):
     finished_at: datetime | None = None
 
 
+class CycleDraft(SQLModel, table=True):
+    """One failure fingerprint new in a cycle and what its drafting came to (m009): accepted,
+    refused, not reproduced, failed, or skipped (the cycle's budget spent, the endpoint
+    down); the attempts and tokens it cost, the agent's session and the accepted adapter."""
+
+    __tablename__ = "cycle_draft"
+    __table_args__ = (UniqueConstraint("cycle_id", "fingerprint"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    cycle_id: int = Field(foreign_key="cycle.id", index=True)
+    fingerprint: str = Field(index=True)
+    model_id: str | None = None  # the model it was drafted on (its most downloaded)
+    downloads: int = Field(default=0, sa_type=BigInteger)  # that the fingerprint blocks
+    outcome: str = Field(index=True)  # see hfadapt.service.drafting.DRAFT_OUTCOMES
+    agent_outcome: str | None = None  # the agent's own (hfadapt.agent.loop.OUTCOMES)
+    reason: str | None = Field(default=None, sa_column=Column(Text))
+    attempts: int = 0
+    tokens_in: int = 0
+    tokens_out: int = 0
+    seconds: float = 0.0
+    session_id: int | None = None  # draft_session.id
+    adapter_path: str | None = None
+    created_at: datetime = Field(default_factory=utcnow)
+
+
 # ---- the adapter-drafting agent (m002) ----
 
 

@@ -3,8 +3,9 @@ lock (hfadapt.service.store), crawls (the Hub, or the bundled snapshot offline),
 ranking (hfadapt.sweep.run: local workers or Ray, resumable), compares that sweep with the
 last completed cycle's (hfadapt.service.compare) and records the cycle. An interrupted or
 failed cycle started again with the same options resumes: its crawl is kept (while no later
-crawl replaced it) and its sweep resumes where it stopped. Drafting adapters for new failure
-fingerprints is not part of a cycle yet (``hfadapt draft`` does it on its own)."""
+crawl replaced it) and its sweep resumes where it stopped. With ``CycleOptions.drafting``, the
+failure fingerprints new since the last completed cycle are then drafted for, within a budget
+(hfadapt.service.drafting), before the cycle is recorded done."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from sqlalchemy.engine import Engine
 
 from hfadapt.db.tables import FAILED, INTERRUPTED
 from hfadapt.service.compare import CycleComparison, compare_sweeps
+from hfadapt.service.drafting import CycleDrafting, DraftingResult, draft_new_fingerprints
 from hfadapt.service.store import claim_cycle, finish_cycle, heartbeat, last_done_cycle
 from hfadapt.sweep.options import SweepOptions
 from hfadapt.sweep.run import SweepProgress, SweepResult, run_sweep
@@ -30,12 +32,15 @@ HEARTBEAT_S = 60.0  # the lease is renewed at most this often, from the sweep's 
 class CycleOptions:
     """A cycle: the crawl (``offline``: the bundled snapshot; else the Hub at ``endpoint``
     or the default, failing when unreachable; ``limit`` models ranked) and the sweep over
-    it (``sweep``; its ``resume`` is the cycle's: False starts a new cycle and a new sweep)."""
+    it (``sweep``; its ``resume`` is the cycle's: False starts a new cycle and a new sweep);
+    ``drafting``: draft for new failure fingerprints (None: no drafting). Drafting is not
+    part of the cycle's identity: a cycle resumed with it drafts what is left."""
 
     sweep: SweepOptions = field(default_factory=SweepOptions)
     offline: bool = False
     endpoint: str | None = None
     limit: int = 10_000
+    drafting: CycleDrafting | None = None
 
     def identity(self) -> dict[str, Any]:
         """What a cycle is, as stored: an unfinished cycle with the same identity resumes."""
@@ -69,6 +74,8 @@ class CycleResult:
     crawl_seconds: float
     sweep_seconds: float
     compare_seconds: float
+    drafting: DraftingResult | None = None  # None: not asked to draft
+    draft_seconds: float = 0.0
 
     @property
     def regressions(self) -> int:
@@ -113,11 +120,13 @@ def run_cycle(
     *,
     progress: Callable[[SweepProgress], None] | None = None,
     started_cycle: Callable[[int, bool], None] | None = None,
+    note: Callable[[str], None] = lambda _: None,
     **sweep_kwargs: Any,
 ) -> CycleResult:
     """Run (or resume) one cycle as ``options`` say and return what it found (module doc).
     UsageError when another cycle runs on this database. ``started_cycle(id, resumed)`` is
-    called once the cycle is claimed; ``sweep_kwargs`` go to ``run_sweep`` (tests' workers)."""
+    called once the cycle is claimed; ``note`` hears what drafting does; ``sweep_kwargs`` go
+    to ``run_sweep`` (tests' workers)."""
     started = time.perf_counter()
     if options.sweep.judge.without_adapters:  # refused before the lock, the crawl, any write
         from hfadapt.judge.diagnose import check_adapter_names
@@ -143,6 +152,14 @@ def run_cycle(
         if baseline is not None and baseline.sweep_id is not None:
             comparison = compare_sweeps(engine, swept.sweep_id, baseline.sweep_id)
         compare_seconds = time.perf_counter() - sweep_done
+        drafted = None
+        if options.drafting is not None:
+            cycle_id = cycle.id
+            drafted = draft_new_fingerprints(
+                engine, cycle_id, comparison, options.drafting, options.sweep.judge,
+                note=note, beat=lambda: heartbeat(engine, cycle_id),
+            )  # fmt: skip
+        draft_seconds = time.perf_counter() - sweep_done - compare_seconds
     except BaseException as exc:
         stopped = isinstance(exc, KeyboardInterrupt)
         finish_cycle(engine, cycle.id, seconds=time.perf_counter() - started,
@@ -158,4 +175,5 @@ def run_cycle(
         baseline_cycle=baseline.id if baseline else None, comparison=comparison,
         seconds=seconds, crawl_seconds=crawl_seconds,
         sweep_seconds=sweep_done - started - crawl_seconds, compare_seconds=compare_seconds,
+        drafting=drafted, draft_seconds=draft_seconds,
     )  # fmt: skip

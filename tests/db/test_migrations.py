@@ -196,11 +196,32 @@ def test_m008_adds_the_cycle_table_keeping_the_sweeps(tmp_path: Path) -> None:
                      "('k', 'done', 'structural', 'eager', 'fp16', 1, 'local', 1, 3, 1, 1, 0, "
                      "1.5, '2026-12-01 00:00:00')")  # fmt: skip
     engine = get_engine(str(path))
-    assert _applied(path)[-1] == "m008_cycles", _applied(path)
+    assert "m008_cycles" in _applied(path), _applied(path)
     with engine.connect() as conn:
         have = {c["name"] for c in inspect(conn).get_columns("cycle")}
     want = {c.name for c in SQLModel.metadata.tables["cycle"].columns}
     assert have == want, f"cycle columns differing: {sorted(have ^ want)}"
     with sqlite3.connect(path) as conn:
         assert conn.execute("SELECT key, models FROM sweep").fetchall() == [("k", 3)]
+    engine.dispose()
+
+
+def test_m009_adds_the_cycle_draft_table_keeping_the_cycles(tmp_path: Path) -> None:
+    """A database at m008 (a cycle recorded, no ``cycle_draft`` table) gains the table, with
+    every column of the SQLModel table, and keeps its cycle."""
+    path = tmp_path / "runs.db"
+    get_engine(str(path)).dispose()
+    with sqlite3.connect(path) as conn:  # as m008 left it
+        conn.execute("DROP TABLE cycle_draft")
+        conn.execute(f"DELETE FROM {MIGRATIONS_TABLE} WHERE name = 'm009_cycle_drafts'")
+        conn.execute("INSERT INTO cycle (key, status, regressions, resumes, seconds, started_at) "
+                     "VALUES ('{}', 'done', 2, 0, 9.5, '2026-12-01 00:00:00')")  # fmt: skip
+    engine = get_engine(str(path))
+    assert _applied(path)[-1] == "m009_cycle_drafts", _applied(path)
+    with engine.connect() as conn:
+        have = {c["name"] for c in inspect(conn).get_columns("cycle_draft")}
+    want = {c.name for c in SQLModel.metadata.tables["cycle_draft"].columns}
+    assert have == want, f"cycle_draft columns differing: {sorted(have ^ want)}"
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT status, regressions FROM cycle").fetchall() == [("done", 2)]
     engine.dispose()

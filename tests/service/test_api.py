@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx2
 import pytest
-from support.cycle_history import HOSTILE
+from support.cycle_history import FINGERPRINT, HOSTILE
 
 from hfadapt.db.engine import session
 from hfadapt.db.tables import Cycle
@@ -66,7 +66,8 @@ def test_a_model_has_its_verdict_and_its_history_across_cycles(history_db: Path)
     assert card["verdict"] == "lowering_failed" and card["regressed"] is True, card
     assert card["evidence_level"] == "config" and card["adapters"] == ["gelu-exact-host"], card
     assert [v["rule_id"] for v in card["violations"]] == ["dtype.cast"], card["violations"]
-    assert "org/alpha" in card["next_step"], card["next_step"]
+    # the next step in words (hfadapt.report.next_steps): draft for the fingerprint that blocks it
+    assert f"hfadapt draft --fingerprint {FINGERPRINT}" in card["next_step"], card["next_step"]
     (beta,) = _get(history_db, "/api/models/org/beta")
     assert beta.json()["regressed"] is False and beta.json()["verdict"] == "pass", beta.json()
 

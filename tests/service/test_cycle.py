@@ -23,9 +23,6 @@ from hfadapt.service.cycle import CycleOptions, run_cycle
 from hfadapt.service.store import LEASE
 from hfadapt.sweep.options import SweepOptions
 
-# leaving it out flips the BERT-family models of the top 30 that it makes pass (measured: 18)
-LEFT_OUT = "attention-mask-host-helper"
-
 
 def _verdicts(db: Path, sweep_id: int) -> dict[str, str]:
     with sqlite3.connect(db) as conn:
@@ -39,31 +36,24 @@ def _cycles(db: Path) -> list[tuple[Any, ...]]:
         return conn.execute(sql).fetchall()
 
 
+# the first of the two tests sharing them also runs the two cycles (~9 min on a busy machine)
+@pytest.mark.timeout(1800)
 @pytest.mark.slow
-def test_two_cycles_exit_0_then_4_naming_the_regressions(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    db = tmp_path / "runs.db"
-    base = ["cycle", "--offline", "--top", "30", "--workers", "1", "--db", str(db)]
-    started = time.perf_counter()
-    code, out, err = run_cli([*base, "--json"], monkeypatch, capsys)
-    first_s = time.perf_counter() - started
-    assert code == 0, f"first cycle exit {code}: {err}"
-    data = json.loads(out)
-    with capsys.disabled():  # not into the next command's captured stdout
-        print(f"\nfirst cycle: {first_s:.1f} s; seconds {data['seconds']}, counts {data['counts']}")
+def test_two_cycles_exit_0_then_4_naming_the_regressions(two_real_cycles: Any) -> None:
+    """The two cycles of ``two_real_cycles`` (tests/service/conftest.py)."""
+    db, first, second = two_real_cycles.db, two_real_cycles.first, two_real_cycles.second
+    assert first.code == 0, f"first cycle exit {first.code}: {first.err}"
+    data = json.loads(first.out)
+    print(
+        f"\nfirst cycle: {first.seconds:.1f} s; seconds {data['seconds']}, counts {data['counts']}"
+    )
     assert data["cycle"] == 1 and data["crawled"] and data["comparison"] is None, data
     assert data["regressions_found"] == 0 and sum(data["counts"].values()) == 30, data
 
-    started = time.perf_counter()
-    code, out, err = run_cli(
-        [*base, "--without-adapter", LEFT_OUT, "--html", str(tmp_path / "two.html")],
-        monkeypatch,
-        capsys,
+    code, out, err = second.code, second.out, second.err
+    print(
+        f"second cycle (without {two_real_cycles.left_out}): {second.seconds:.1f} s; {err.strip()}"
     )
-    second_s = time.perf_counter() - started
-    with capsys.disabled():
-        print(f"second cycle: {second_s:.1f} s; {err.strip()}")
     assert code == 4, f"second cycle exit {code} (4: regressions found): {err}"
     cycles = _cycles(db)
     assert [c[1] for c in cycles] == [DONE, DONE], cycles
@@ -73,15 +63,14 @@ def test_two_cycles_exit_0_then_4_naming_the_regressions(
     flipped = {m for m, v in after.items() if before.get(m) == "pass" and v != "pass"}
     printed = [line.split("\t") for line in out.splitlines()]
     named = {p[0]: p[1] for p in printed}
-    with capsys.disabled():
-        print(f"flipped {len(flipped)} of {len(after)}; printed {len(printed)} lines")
+    print(f"flipped {len(flipped)} of {len(after)}; printed {len(printed)} lines")
     assert len(flipped) >= 10 and regressed == len(flipped), (len(flipped), regressed)
     assert set(named) == flipped, f"printed but not flipped {set(named) - flipped}, " \
         f"flipped but not printed {flipped - set(named)}"  # fmt: skip
     for model, (_, arrow, reason) in zip(named, printed, strict=True):
         assert arrow == f"pass -> {after[model]}", (model, arrow)
         assert reason.strip(), f"{model}: no reason printed"
-    assert (tmp_path / "two.html").stat().st_size > 10_000
+    assert two_real_cycles.html.stat().st_size > 10_000
     assert f"regressions {len(flipped)}," in err, err
 
 
