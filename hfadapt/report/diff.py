@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from sqlalchemy.engine import Engine
 
 from hfadapt import verdicts
-from hfadapt.db.census import scope_runs
+from hfadapt.db.census import ModelRun, scope_runs
 from hfadapt.judge.environment import EnvChange, changes, describe_changes, unrecorded_keys
 from hfadapt.sweep.store import sweep_environments
 
@@ -81,10 +81,17 @@ def label(before: str, after: str) -> str:
     return FAIL if was else XFAIL
 
 
-def diff_sweeps(engine: Engine, current: int, baseline: int) -> SweepDiff:
-    """Label every model both sweeps judged; FAIL and IMPROVED rows listed."""
-    _, now = scope_runs(engine, current)
-    _, before = scope_runs(engine, baseline)
+def diff_sweeps(
+    engine: Engine,
+    current: int,
+    baseline: int,
+    runs: tuple[list[ModelRun], list[ModelRun]] | None = None,
+) -> SweepDiff:
+    """Label every model both sweeps judged; FAIL and IMPROVED rows listed. ``runs``: the two
+    sweeps' model runs (current, baseline) when the caller has already read them."""
+    if runs is None:
+        runs = (scope_runs(engine, current)[1], scope_runs(engine, baseline)[1])
+    now, before = runs
     old = {r.model_id: r for r in before}
     counts: Counter[str] = Counter({name: 0 for name in LABELS})
     changed: list[DiffRow] = []

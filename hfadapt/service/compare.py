@@ -53,9 +53,9 @@ def _change(run: ModelRun, before: str | None) -> Change:
 
 def compare_sweeps(engine: Engine, current: int, baseline: int) -> CycleComparison:
     """The comparison of sweep ``current`` with sweep ``baseline`` (see module doc)."""
-    diff = diff_sweeps(engine, current, baseline)
     _, now = scope_runs(engine, current)
     _, before = scope_runs(engine, baseline)
+    diff = diff_sweeps(engine, current, baseline, runs=(now, before))  # each sweep read once
     old = {r.model_id: r for r in before}
     by_id = {r.model_id: r for r in now}
     moved = {FAIL: [], IMPROVED: []}  # type: dict[str, list[Change]]

@@ -248,13 +248,14 @@ def test_a_composite_config_is_truncated_in_every_tower() -> None:
 
 
 def test_a_config_without_probe_ids_is_built_without_weights(tmp_path: Path) -> None:
-    """No tokenizer and no vocabulary of its own: the judge stops at its probes, so the stand-in
+    """No tokenizer and no vocabulary of its own (a vision-only model; composite vision + text
+    configs are judged on their text tower now): the judge stops at its probes, so the stand-in
     is built on the meta device (no weights seeded) and the verdict says why, as before."""
     from hfadapt.judge.diagnose import diagnose
 
-    folder = tmp_path / "qwen3-vl"
+    folder = tmp_path / "vit"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({"model_type": "qwen3_vl"}))
+    (folder / "config.json").write_text(json.dumps({"model_type": "vit"}))
     loaded = structural.build(folder)
     devices = {p.device.type for p in loaded.model.parameters()}
     assert devices == {"meta"}, devices
@@ -270,6 +271,12 @@ def test_a_config_without_probe_ids_is_built_without_weights(tmp_path: Path) -> 
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="torch-spyre#3138 in the profile: the card refuses the [.., 2, n/2] split of the stick "
+    "dimension below one stick (published at n/2 = 32; 16 inferred), the form rotate_half_matmul "
+    "takes for 32-wide heads; no bundled rewrite avoids both it and a K=32 matmul yet",
+)
 def test_a_modernbert_with_32_wide_heads_passes_compiled() -> None:
     """granite-embedding-small-english-r2 (ModernBERT, head_dim 32, its own bundled config):
     its rotation runs in fp16, and a 32-wide rotate_half as ``x @ R`` would be a matmul whose
