@@ -9,7 +9,8 @@ run as data. Drafted Python is never imported: a file in the accepted-drafts fol
 (``$HFADAPT_HOME/adapters``) or carrying the agent marker is refused, not read.
 
 A broken adapter file is recorded in ``Registry.errors`` and skipped; it never breaks an
-import or a model load, whatever it raises (SystemExit and KeyboardInterrupt included).
+import or a model load, whatever it raises (SystemExit included); a KeyboardInterrupt (Ctrl-C)
+stops discovery and propagates.
 Patches live on module *instances*, so two models in one process never see each other's
 adapters, and each patch is gated: unless forced on (``apply(..., device="spyre")``, used when
 judging on CPU memory) it only takes over when the call runs for the device (inputs on spyre,

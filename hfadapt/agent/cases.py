@@ -351,6 +351,10 @@ def _clean_copy(module: Any) -> Any:
     for sub in clone.modules():  # the copy must not carry capture hooks (unpicklable)
         sub._forward_pre_hooks.clear()
         sub._forward_pre_hooks_with_kwargs.clear()
+        # nor applied adapters' method dispatch: a bound method pickles as a getattr of its
+        # name (hfadapt_forward), which the loaded module lacks; on CPU the stock code runs
+        for method in vars(sub).get("_hfadapt_stack", {}):
+            vars(sub).pop(method, None)
         for key in [k for k in vars(sub) if k.startswith("_hfadapt_")]:
             vars(sub).pop(key)
     return clone

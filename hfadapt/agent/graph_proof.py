@@ -21,7 +21,8 @@ The proofs are bounded (:func:`prove_bounded`). Sizes first: a graph may declare
 input's, a symbol's upper bound) beyond ``SIZE_FACTOR`` times the largest extent the case's own
 calls and the fresh sizes need, and before the graph runs on a call it is run on fake tensors
 (shapes only, no memory): a tensor more than ``SIZE_FACTOR`` times the largest the stock code
-makes on that call (or than its largest input) is refused before anything is allocated. Then
+makes on that call (or than its largest input), counted in whole sticks, is refused before
+anything is allocated. Then
 the steps after ``graph`` run in a child process (spawned: hfadapt's own code on the graph as
 data) under an address-space limit, a CPU-time limit and a wall-clock timeout with a kill
 (:class:`ProofLimits`); a graph that reaches one fails the step with the limit it hit, and the
@@ -46,7 +47,7 @@ from typing import Any
 import torch
 
 from hfadapt import torch_internals as ti
-from hfadapt.adapters.api import Adapter
+from hfadapt.adapters.api import STICK, Adapter
 from hfadapt.adapters.equivalence import ATOL, RTOL, compare_outputs, prove_equivalent
 from hfadapt.adapters.graph_adapter import (
     GraphMethod,
@@ -78,7 +79,9 @@ MODULE_REL_ERR_MAX = 0.1  # the module on the device: DL16 rounding and the card
 _READ_NAME = __import__("re").compile(r"^[A-Za-z0-9_.]{1,200}$")
 # A graph's sizes against what the case needs: at most this many times the largest extent of
 # the case's calls (and the fresh sizes), and no tensor more than this many times the largest
-# tensor the stock code makes on the same call.
+# tensor the stock code makes on the same call, both counted as the device lays them out (the
+# last two dimensions padded to whole sticks: a stick-padding rewrite of a small call, head_dim
+# 32 -> 64 and 7 keys -> 64, is what the device needs, not a blow-up).
 SIZE_FACTOR = 16
 # Lengths drawn at proof time (secure random) over the model's whole range, besides the fixed
 # fresh sizes: a graph right only at predictable lengths meets lengths it could not predict.
@@ -266,8 +269,18 @@ def oversized(artifact: GraphArtifact, module: torch.nn.Module, args: Any, kwarg
     return ""
 
 
+def laid_out(t: torch.Tensor) -> int:
+    """The element count of ``t`` as the device lays it out: its last dimension padded to a
+    whole stick, and the one before it (a sequence: layout.sequence_padding) too."""
+    shape = list(t.shape)
+    for i in range(max(0, len(shape) - 2), len(shape)):
+        shape[i] = -(-shape[i] // STICK) * STICK
+    return math.prod(shape)
+
+
 class _Largest:
-    """Records the element count of the largest tensor the code run inside it makes."""
+    """Records the element count (:func:`laid_out`) of the largest tensor the code run inside
+    it makes."""
 
     def __init__(self) -> None:
         owner = self
@@ -279,7 +292,7 @@ class _Largest:
             ) -> Any:
                 out = func(*args, **(kwargs or {}))
                 for t in _tensors(out):
-                    owner.numel = max(owner.numel, t.numel())
+                    owner.numel = max(owner.numel, laid_out(t))
                 return out
 
         self.mode: Any = Mode()
@@ -301,15 +314,15 @@ def fake_oversized(
 ) -> str:
     """Runs the graph on fake tensors (shapes only: nothing allocated) for this call; why it
     must not run for real ("" when every tensor it makes is within ``SIZE_FACTOR`` times the
-    stock code's largest on the call, or its largest input). A graph the fake run cannot follow
-    is left to the child's limits."""
+    stock code's largest on the call, or its largest input, both :func:`laid_out`). A graph the
+    fake run cannot follow is left to the child's limits."""
     from hfadapt.graphs import values
 
     bound = program.bind(module, args, kwargs)
     if isinstance(bound, str):
         return ""  # the real run says why the call does not fit
     art = program.artifact
-    largest_in = max([t.numel() for t in bound.tensors] + [1])
+    largest_in = max([laid_out(t) for t in bound.tensors] + [1])
     limit = SIZE_FACTOR * max(stock_largest, largest_in)
     try:
         mode = ti.fake_tensor_mode()
@@ -340,7 +353,8 @@ def fake_oversized(
                         return (
                             f"node {i} ({node.op}) makes a tensor of shape {list(t.shape)} "
                             f"({t.numel()} elements), more than {limit} ({SIZE_FACTOR}x the largest "
-                            "the stock code makes on this call): refused before it ran"
+                            "the stock code makes on this call, laid out in whole sticks): "
+                            "refused before it ran"
                         )
                 env.append(out)
     except Exception:
@@ -770,10 +784,13 @@ def module_on_device(proof: Proof, case: FailureCase) -> dict[str, Any]:
         ref_low = stock_callable(case.target or "")(copy.deepcopy(low), *args, **kwargs)
     spyre_device.register()
     dev = torch.device("spyre")
-    with tracking(case.profile, mode="eager", collect=True), torch.no_grad():
+    with tracking(case.profile, mode="eager", collect=True) as report, torch.no_grad():
         on_dev = low.to(dev)
         out = graph_call(proof.program)(on_dev, *_to(args, dev), **_to(kwargs, dev))
         got = _to(out, "cpu")
+    # what the device refused on this call's sizes (its numbers then are the audit's): the
+    # feedback names it, a numeric failure alone would not say why
+    met = [f"{v.rule_id} at {v.op}: {v.message}" for v in report.violations][:3]
     refs, outs = _tensors(ref), _tensors(got)
     if len(refs) != len(outs):
         return {
@@ -785,7 +802,10 @@ def module_on_device(proof: Proof, case: FailureCase) -> dict[str, Any]:
     cos_low, rel_low = _module_error(_tensors(ref_low), outs, limit)
     worst_cos, worst_rel = (cos64, rel64) if rel64 <= rel_low else (cos_low, rel_low)
     ok = worst_cos >= MODULE_COSINE_MIN and worst_rel <= MODULE_REL_ERR_MAX
-    return {"ok": ok, "min_cosine": worst_cos, "relative_error": worst_rel}
+    result: dict[str, Any] = {"ok": ok, "min_cosine": worst_cos, "relative_error": worst_rel}
+    if met:
+        result["violations"] = met
+    return result
 
 
 def _module_error(
@@ -867,6 +887,8 @@ def step_device(proof: Proof, case: FailureCase) -> StepReport:
             f"on the device at the module: min cosine {at_module['min_cosine']:.4f} (>= "
             f"{MODULE_COSINE_MIN}), relative error {at_module['relative_error']:.3g} (<= {MODULE_REL_ERR_MAX})"
         )
+        if at_module.get("violations"):
+            why += f"; on this call the device also refused: {at_module['violations'][0]}"
         return StepReport("device", "fail", why, output)
     share = proof.host_share
     if share.get("compute_nodes") and share.get("host_nodes") == share.get("compute_nodes"):

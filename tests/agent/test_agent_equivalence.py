@@ -85,10 +85,14 @@ def test_inputs_that_cannot_tell_controls_apart_are_inconclusive() -> None:
 
 
 def test_every_suite_example_rejects_every_control() -> None:
+    """The stock code called as the harness calls it (``stock_call``: a staticmethod without
+    ``self``, a module-level function with its site's objects) against itself."""
     from pkgutil import resolve_name
 
+    from hfadapt.agent.cases import stock_call
+
     for spec in SUITE:
-        target = resolve_name(spec.target)
+        target = stock_call(spec.target)
         r = prove_equivalent(target, target, resolve_name(spec.example), seeds=(0, 1))
         assert r.equivalent and r.max_abs_err == 0.0, (spec.name, r.summary())
         assert r.controls_rejected, (spec.name, [(c.name, c.detail) for c in r.controls])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.cli_runner import run_cli
@@ -98,3 +99,74 @@ def test_reference_answers_of_the_held_out_cases(
     for name, row in rows.items():
         n = row["numbers"]
         assert n["equivalence_max_rel_err"] <= 1e-6 and n["module_min_cosine"] >= 0.99, (name, n)
+
+
+def _attention_error(fn: object, profile: object, seed: int = 0) -> tuple[float, float, list[str]]:
+    """(min row cosine, relative error, violations) of ``fn(None, q, k, v)`` on the eager
+    device in fp16 against float64 SDPA, at the head-dim-padding case's module example."""
+    import torch
+    import torch.nn.functional as F
+
+    from hfadapt.agent.evalcases import small_head_example
+    from hfadapt.spyre.rules.tracking import tracking
+
+    _, qkv, _ = small_head_example(seed)
+    ref = F.scaled_dot_product_attention(*qkv)
+    with tracking(profile, mode="eager", collect=True) as report, torch.no_grad():
+        out = fn(None, *(t.half().to("spyre") for t in qkv)).cpu().double()  # type: ignore[operator]
+    a, b = ref.reshape(-1, ref.shape[-1]), out.reshape(-1, out.shape[-1])
+    cos = float(((a * b).sum(-1) / (a.norm(dim=-1) * b.norm(dim=-1))).min())
+    rel = float((b - a).norm() / a.norm())
+    return cos, rel, [f"{v.rule_id} {v.message}" for v in report.violations]
+
+
+def test_head_dim_padding_reference_pads_the_keys_too(spyre: object, tmp_path: Path) -> None:
+    """SDPA over a key length off the stick is wrong on the card (torch-spyre#3113, profile
+    numerics.sdpa_unaligned_keys): the case's module example has 7 keys. Padding head_dim alone
+    is a scale error there (cosine 1, relative error ~0.85) that goes away with the rule off;
+    the reference, which also pads the keys to a stick and masks them, is right either way."""
+    import math
+
+    import torch.nn.functional as F
+
+    from hfadapt.adapters.registry import load_file
+    from hfadapt.agent.suite import REFERENCES
+    from hfadapt.spyre.rules.profile import load_profile
+
+    def head_only(self: object, q: Any, k: Any, v: Any) -> Any:  # the previous reference
+        d = q.shape[-1]
+        padded = (F.pad(t, (0, (-d) % 64)) for t in (q, k, v))
+        return F.scaled_dot_product_attention(*padded, scale=1.0 / math.sqrt(d))[..., :d]
+
+    (reference,) = load_file(REFERENCES / "head-dim-padding.txt", source="inline")
+    data = json.loads(Path(load_profile(None).path).read_text())
+    data["numerics"]["sdpa_unaligned_keys"]["enabled"] = False
+    (tmp_path / "no-3113.json").write_text(json.dumps(data))
+    without = load_profile(str(tmp_path / "no-3113.json"))
+    got = {
+        (name, label): _attention_error(fn, profile)
+        for name, fn in (("head only", head_only), ("reference", reference.fn))
+        for label, profile in (("default", None), ("no #3113", without))
+    }
+    print({k: (round(c, 5), round(r, 4), v[:1]) for k, (c, r, v) in got.items()})
+    cos, rel, met = got[("head only", "default")]
+    assert cos > 0.99 and rel > 0.5, got  # a scale error, not noise
+    assert any("K=7" in m for m in met), met  # and 2026.07 says why: the P @ V contraction
+    assert got[("head only", "no #3113")][1] < 0.01, got
+    for label in ("default", "no #3113"):
+        cos, rel, met = got[("reference", label)]
+        assert cos > 0.999 and rel < 0.01 and not met, (label, got)
+
+
+def test_the_size_bound_counts_whole_sticks() -> None:
+    """Stick padding of a small call (7 keys and head_dim 32 to 64 each) is 1x of the stock
+    call laid out on the device, not an 18x blow-up; a real blow-up is still counted."""
+    import torch
+
+    from hfadapt.agent.graph_proof import SIZE_FACTOR, laid_out
+
+    q = torch.empty(2, 3, 7, 32)
+    assert laid_out(q) == laid_out(torch.empty(2, 3, 64, 64)) == 2 * 3 * 64 * 64, laid_out(q)
+    assert laid_out(torch.empty(5)) == 64 and laid_out(torch.empty(())) == 1
+    huge = torch.empty(2, 3, 64 * SIZE_FACTOR + 64, 64)
+    assert laid_out(huge) > SIZE_FACTOR * laid_out(q), (laid_out(huge), laid_out(q))

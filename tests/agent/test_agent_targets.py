@@ -237,3 +237,30 @@ def test_masking_utility_rewrite_through_draft_cli_is_accepted_and_applied_where
     assert manifest["conditions"]["reads"].get("attn_implementation") == "eager", manifest[
         "conditions"
     ]
+
+
+def test_a_forward_captured_below_applied_adapters_loads_back(tmp_path: Path) -> None:
+    """A captured module whose submodules carry applied adapters (``layer-norm-unfused`` on
+    BertEmbeddings.LayerNorm) is saved without their dispatch: a bound method pickles as a
+    getattr of its name (``hfadapt_forward``), which the loaded module would not have."""
+    from transformers import BertConfig, BertModel
+
+    from hfadapt.adapters.registry import discover
+    from hfadapt.agent.cases import capture_calls
+
+    config = BertConfig(hidden_size=64, num_attention_heads=1, intermediate_size=64,
+                        num_hidden_layers=1, vocab_size=50)  # fmt: skip
+    model = BertModel(config).eval()
+    handle = discover().apply(model)
+    assert "forward" in vars(model.embeddings.LayerNorm), handle.names  # the dispatch is there
+    path = tmp_path / "calls.pt"
+    target = "transformers.models.bert.modeling_bert:BertEmbeddings.forward"
+    runs = [{"input_ids": torch.randint(0, 50, (2, 9))}]
+    assert capture_calls(model, runs, target, path=path) == 1
+    ((module, args, kwargs),) = torch.load(path, weights_only=False)
+    assert "forward" not in vars(module.LayerNorm) and "_hfadapt_stack" not in vars(
+        module.LayerNorm
+    )
+    assert "forward" in vars(model.embeddings.LayerNorm), "the model's own adapters stay applied"
+    out = stock_call(target)(module, *args, **kwargs)
+    assert out.shape == (2, 9, 64), out.shape
