@@ -63,8 +63,10 @@ def test_sweep_on_a_two_node_cluster_uses_both_nodes_and_matches_local(tmp_path:
     prefix = namespaces()
     on_ray, local = _sweep_db(tmp_path / "ray.db"), _sweep_db(tmp_path / "local.db")
     nodes_file = tmp_path / "nodes.json"
+    # Not the RAY_* variables an in-process ray.init of another test left in this process
+    # (its address, its session): the cluster's nodes would join that session instead.
     env = {
-        **os.environ,
+        **{k: v for k, v in os.environ.items() if not k.startswith("RAY_")},
         "HF_HUB_OFFLINE": "1",
         "PYTHONPATH": os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH")) if p),
     }
