@@ -210,7 +210,9 @@ def test_a_drafted_annotation_probing_from_a_home_folder_finds_nothing_to_send(
     (folder / "config.json").write_text(json.dumps(TINY_GELU_BERT))
     probe = _probe(exposed) + "raise RuntimeError('FOUND ' + __import__('json').dumps(found))\n"
     hostile = gelu_draft(args=f"self, input: exec({probe!r}) = None")
-    openai_server.script = [hostile, {"body": reply(gelu_draft())}]
+    # three cases now (gelu, and two in the mask helpers, module-level functions): each gets the hostile
+    # draft first, then the honest gelu rewrite (accepted for the gelu case only)
+    openai_server.script = [hostile, {"body": reply(gelu_draft())}] * 3
     home = Path(os.environ["HOME"])
     before = SYSCTL.read_text()
     args = ["draft", str(folder), "--mode", "structural", "--no-adapters"]
@@ -231,9 +233,9 @@ def test_a_drafted_annotation_probing_from_a_home_folder_finds_nothing_to_send(
     )
     outcomes = json.loads(done.stdout)
     fixed = all(o["outcome"] == "accepted" for o in outcomes)
-    # exit 0 only when every failure was fixed (the tiny BERT's mask helpers are not drafted)
+    # exit 0 only when every failure was fixed (the mask helper's case gets no right answer)
     assert done.returncode == (0 if fixed else 1), (done.stdout[-2000:], done.stderr[-3000:])
-    assert any(o["outcome"] == "accepted" for o in outcomes), outcomes
+    assert any(o["outcome"] == "accepted" for o in outcomes), json.dumps(outcomes)[:4000]
     assert SYSCTL.read_text() == before, "a host sysctl changed"
     sent = json.dumps([r["json"] for r in openai_server.requests])
     assert SECRET not in sent and SECRET.encode().hex() not in sent
