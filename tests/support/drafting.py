@@ -79,10 +79,10 @@ WRONG = draft("    return x * torch.reciprocal(1.0 + x * x)")  # x / (1 + x^2): 
 # 0.3. At the module that stays within the device step's bounds; end to end it makes the model
 # worse than it is without the draft.
 WORSE_ON_DEVICE = draft(
-    "    s = x * torch.reciprocal(1.0 + x.abs())\n"
-    "    y = torch.cat([x * 0.0, x[..., :1] * 0.0 + 40.0], dim=-1)\n"
-    "    d = torch.exp(-y).sum(-1, keepdim=True) - torch.exp(x * 0.0).sum(-1, keepdim=True)\n"
-    "    return s + torch.cat([0.3 * d, x[..., :-1] * 0.0], dim=-1)"
+    # exact in real arithmetic, nothing the stock code lacks by the static rules' categories:
+    # 1 / (1 + |x|) as exp(-log(1 + |x|)), whose exp the device computes wrong past the first
+    # stick of a row off the stick boundary (defect.exp_unaligned)
+    "    return x * torch.exp(-torch.log(1.0 + x.abs()))"
 )
 
 
