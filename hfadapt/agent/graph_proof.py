@@ -878,10 +878,11 @@ def _device_run(
         return audit, applied, "eager audit (the compiled graph does not lower: other violations)"
 
 
-def step_device(proof: Proof, case: FailureCase) -> StepReport:
-    assert proof.adapter is not None
-    at_module = module_on_device(proof, case)
-    output: dict[str, Any] = {"module": at_module, "host_share": proof.host_share}
+def _module_refusal(
+    proof: Proof, at_module: dict[str, Any], output: dict[str, Any]
+) -> StepReport | None:
+    """The device step's refusal on the module alone (its numbers there, or every arithmetic op
+    on the host), or None."""
     if not at_module["ok"]:
         why = at_module.get("why") or (
             f"on the device at the module: min cosine {at_module['min_cosine']:.4f} (>= "
@@ -898,6 +899,17 @@ def step_device(proof: Proof, case: FailureCase) -> StepReport:
             "every arithmetic op of the graph runs on the host: that is a CPU fallback, not a rewrite the device runs",
             output,
         )
+    return None
+
+
+def step_device(proof: Proof, case: FailureCase) -> StepReport:
+    assert proof.adapter is not None
+    at_module = module_on_device(proof, case)
+    output: dict[str, Any] = {"module": at_module, "host_share": proof.host_share}
+    refused = _module_refusal(proof, at_module, output)
+    if refused is not None:
+        return refused
+    share = proof.host_share
     if not case.model:
         return StepReport("device", "skip", "this case names no model to run on the device", output)
     if case.match == DEFECT_MATCH:
