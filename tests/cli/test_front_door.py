@@ -71,9 +71,10 @@ def work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, report_engine: Any) ->
     return folder
 
 
-def _damaged(good: Path, target: Path) -> Path:
-    """A copy of ``good`` with a valid header and schema page but garbage in some data pages:
-    SQLite opens it, and a query may or may not touch the damage."""
+def _damaged(good: Path, target: Path, first: int | None = None) -> Path:
+    """A copy of ``good`` with a valid header and schema page but garbage in three data pages
+    (from page ``first``, default the middle): SQLite opens it, and a query may or may not
+    touch the damage."""
     shutil.copy(good, target)
     raw = sqlite3.connect(target)
     raw.execute("PRAGMA journal_mode=DELETE")
@@ -82,7 +83,8 @@ def _damaged(good: Path, target: Path) -> Path:
     raw.close()
     assert pages >= 8, pages
     data = bytearray(target.read_bytes())
-    for number in range(pages // 2, pages // 2 + 3):  # 1-based page numbers, page 1 kept
+    start_page = pages // 2 if first is None else first
+    for number in range(start_page, start_page + 3):  # 1-based page numbers, page 1 kept
         start = (number - 1) * page
         data[start : start + page] = bytes([0xA5]) * page
     target.write_bytes(bytes(data))
@@ -155,12 +157,25 @@ def test_damage_a_query_does_not_touch_is_still_found(
 ) -> None:
     """The damaged file reads without an error where the damage is not: only quick_check
     finds it (as before this check, `sweeps` and `models` answered from it silently)."""
-    db = _damaged(work.parent / "good.db", work / "damaged.db")
-    raw = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    sweeps = raw.execute("SELECT count(*) FROM sweep").fetchone()[0]
-    problems = raw.execute("PRAGMA quick_check").fetchall()
-    raw.close()
-    assert sweeps == 2 and problems != [("ok",)], (sweeps, problems[:3])
+    good = work.parent / "good.db"
+    with sqlite3.connect(good) as raw:
+        pages = raw.execute("PRAGMA page_count").fetchone()[0]
+    found = []  # where the damage lies outside the sweep table's pages (the schema moves them)
+    for first in range(2, pages - 2):
+        db = _damaged(good, work / f"damaged-{first}.db", first)
+        raw = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            sweeps = raw.execute("SELECT count(*) FROM sweep").fetchone()[0]
+            problems = raw.execute("PRAGMA quick_check").fetchall()
+        except sqlite3.DatabaseError:
+            continue
+        finally:
+            raw.close()
+        found.append((first, sweeps, problems[:3]))
+        break
+    assert found, f"no 3-page damage of {pages} pages leaves the sweep table readable"
+    first, sweeps, problems = found[0]
+    assert sweeps == 2 and problems != [("ok",)], (first, sweeps, problems)
 
 
 # ---- a read-only database: read-only commands read it, writers refuse it untouched -----------

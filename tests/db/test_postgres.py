@@ -439,5 +439,5 @@ def test_server_that_does_not_answer_is_one_line(
 
 def test_missing_driver_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "psycopg", None)  # import psycopg raises ImportError
-    with pytest.raises(DatabaseUnavailableError, match=r"pip install 'hfadapt\[postgres\]'"):
+    with pytest.raises(DatabaseUnavailableError, match=r"pip install '\.\[postgres\]'"):
         get_engine("postgres://u@127.0.0.1:1/x")

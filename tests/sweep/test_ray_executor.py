@@ -5,7 +5,6 @@ goes on; the driver alone writes runs.db. Skipped when Ray is not installed (pip
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ ray = pytest.importorskip("ray", reason="Ray is not installed: pip install '.[ra
 
 TESTS = Path(__file__).resolve().parents[1]
 
+from support.ray_lock import forget_ray_environment, one_local_ray, ray_environment, ray_home  # noqa: E402
 from support.sweep_fakes import fake_verdict  # noqa: E402  # tests/ is on sys.path (conftest)
 
 
@@ -29,9 +29,12 @@ def local_ray() -> Iterator[Any]:
     """A local Ray instance (2 CPUs, no dashboard) whose workers import tests/support/sweep_fakes.py;
     its session files and auth token stay in a temporary folder."""
     saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "HOME")}
-    home = tempfile.mkdtemp(prefix="hfray-")  # short: Ray's socket paths must fit 107 bytes
+    home = ray_home()  # one per test process (Ray's auth token), short paths
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), saved["PYTHONPATH"]) if p)
     os.environ["HOME"] = home
+    lock = one_local_ray()
+    lock.__enter__()
+    ray_before = ray_environment()
     try:
         ray.init(
             num_cpus=2,
@@ -42,6 +45,8 @@ def local_ray() -> Iterator[Any]:
         yield ray
     finally:
         ray.shutdown()
+        forget_ray_environment(ray_before)
+        lock.__exit__(None, None, None)
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
