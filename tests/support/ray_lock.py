@@ -13,6 +13,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 LOCK = Path(tempfile.gettempdir()) / "hfadapt-tests-ray.lock"
 
@@ -53,3 +54,30 @@ def ray_home() -> str:
     if not _home:
         _home.append(tempfile.mkdtemp(prefix="hfray-"))
     return _home[0]
+
+
+@contextmanager
+def local_ray(ray: Any, num_cpus: int, tests: Path) -> Iterator[Any]:
+    """A local Ray instance (no dashboard) whose workers import from ``tests``, started under
+    the process's Ray HOME while no other worker's Ray runs; on exit it is shut down and
+    PYTHONPATH, HOME and the RAY_* variables are as they were."""
+    import os
+
+    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "HOME")}
+    home = ray_home()
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(tests), saved["PYTHONPATH"]) if p)
+    os.environ["HOME"] = home
+    with one_local_ray():
+        before = ray_environment()
+        try:
+            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+                     _temp_dir=os.path.join(home, "r"))  # fmt: skip
+            yield ray
+        finally:
+            ray.shutdown()
+            forget_ray_environment(before)
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value

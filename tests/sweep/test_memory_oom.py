@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from support.memory_fakes import ALLOCATOR_TEXT
-from support.ray_lock import forget_ray_environment, one_local_ray, ray_environment, ray_home
+from support.ray_lock import local_ray as start_local_ray
 from support.sweep_fakes import fake_verdict
 from support.sweeps import small_bert
 
@@ -66,25 +66,8 @@ def test_an_allocation_past_the_limit_is_out_of_memory_in_words(fake_worker: str
 def local_ray() -> Iterator[Any]:
     """A local Ray instance (1 CPU, no dashboard) whose workers import tests/support."""
     ray = pytest.importorskip("ray", reason="Ray is not installed: pip install '.[ray]'")
-    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "HOME")}
-    home = ray_home()  # one per test process (Ray's auth token), short paths
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), saved["PYTHONPATH"]) if p)
-    os.environ["HOME"] = home
-    lock = one_local_ray()
-    lock.__enter__()
-    ray_before = ray_environment()
-    try:
-        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, _temp_dir=f"{home}/r")
-        yield ray
-    finally:
-        ray.shutdown()
-        forget_ray_environment(ray_before)
-        lock.__exit__(None, None, None)
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    with start_local_ray(ray, 1, TESTS) as started:
+        yield started
 
 
 @pytest.mark.parametrize("worker", ["allocator_oom_judge", "hog_oom_judge"])

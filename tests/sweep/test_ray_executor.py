@@ -20,7 +20,7 @@ ray = pytest.importorskip("ray", reason="Ray is not installed: pip install '.[ra
 
 TESTS = Path(__file__).resolve().parents[1]
 
-from support.ray_lock import forget_ray_environment, one_local_ray, ray_environment, ray_home  # noqa: E402
+from support.ray_lock import local_ray as start_local_ray  # noqa: E402
 from support.sweep_fakes import fake_verdict  # noqa: E402  # tests/ is on sys.path (conftest)
 
 
@@ -28,30 +28,8 @@ from support.sweep_fakes import fake_verdict  # noqa: E402  # tests/ is on sys.p
 def local_ray() -> Iterator[Any]:
     """A local Ray instance (2 CPUs, no dashboard) whose workers import tests/support/sweep_fakes.py;
     its session files and auth token stay in a temporary folder."""
-    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "HOME")}
-    home = ray_home()  # one per test process (Ray's auth token), short paths
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), saved["PYTHONPATH"]) if p)
-    os.environ["HOME"] = home
-    lock = one_local_ray()
-    lock.__enter__()
-    ray_before = ray_environment()
-    try:
-        ray.init(
-            num_cpus=2,
-            include_dashboard=False,
-            log_to_driver=False,
-            _temp_dir=os.path.join(home, "r"),
-        )
-        yield ray
-    finally:
-        ray.shutdown()
-        forget_ray_environment(ray_before)
-        lock.__exit__(None, None, None)
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    with start_local_ray(ray, 2, TESTS) as started:
+        yield started
 
 
 def _verdicts(engine: Any, sweep_id: int) -> dict[str, str]:
