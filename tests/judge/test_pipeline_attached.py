@@ -1,7 +1,7 @@
 """The heads attached to a transformer whose forward builds its masks itself (DistilBERT, as
 distiluse-base-multilingual-cased-v1): the default adapters still apply to it, so the whole
 pipeline lowers and passes compiled; and the max-sim of multi-vector heads judges real tokens
-only (issue 38: BGE-M3's ColBERT head left 0/0 = NaN at fp16 padded positions, which users'
+only (BGE-M3's ColBERT head left 0/0 = NaN at fp16 padded positions, which users'
 hosts drop)."""
 
 from __future__ import annotations

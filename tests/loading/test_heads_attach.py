@@ -1,5 +1,5 @@
 """Attaching the sentence-transformers heads leaves the transformer as it was: its class, its
-forward and so every adapter's match (issue 38: a subclass overriding ``forward`` hid the mask
+forward and so every adapter's match (a subclass overriding ``forward`` hid the mask
 builders DistilBERT's forward calls from attention-mask-host, and distiluse failed to lower)."""
 
 from __future__ import annotations
