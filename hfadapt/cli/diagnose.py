@@ -267,7 +267,7 @@ def render(diag: Any) -> None:
     if diag.evidence.get("without_adapters"):
         _say("  adapters left out: ", ", ".join(diag.evidence["without_adapters"]))
     if diag.metrics is not None:
-        _render_metrics(diag.metrics)
+        _render_metrics(diag.metrics, diag.evidence.get("margin"))
     if diag.divergence is not None:
         _say("  [bold]first divergent module:[/bold] ", diag.divergence.summary())
     elif "localize_error" in diag.evidence:
@@ -315,13 +315,20 @@ def _render_defects(defects: list[dict[str, Any]]) -> None:
         _say("    source: ", str(defect.get("source", "")), style="dim")
 
 
-def _render_metrics(m: Any) -> None:
-    """The numbers that decide a verdict, as a table."""
+def _render_metrics(m: Any, margin: Any) -> None:
+    """The numbers that decide a verdict, as a table, and how close they came to their bounds."""
+    from hfadapt.judge.margin import read_margin
+
     table = _table("metrics (real tokens only)", "metric", "value")
     table.add_row("min per-token cosine", f"{_fmt(m.min_token_cosine)}  (pass >= {m.threshold})")
+    table.add_row(
+        "max per-token norm error", f"{_fmt(m.max_norm_error)}  (pass <= {m.norm_threshold})"
+    )
     table.add_row("mean per-token cosine", _fmt(m.mean_token_cosine))
     table.add_row("pooled cosine", f"{_fmt(m.pooled_cosine)}  ({escape(m.pooling)})")
     table.add_row("max abs diff", _fmt(m.max_abs_diff, 4))
     table.add_row("NaN / inf", f"{m.has_nan} / {m.has_inf}")
     table.add_row("real tokens", f"{m.tokens}")
     console.print(table)
+    found = read_margin(margin)
+    _say("  [bold]margin:[/bold] ", found.text() if found is not None else "-")

@@ -74,6 +74,7 @@ def show(
         )
     if card["metrics"]:
         _say("metrics", ", ".join(f"{k} {v:.4g}" for k, v in card["metrics"].items()))
+    _say("margin", card["margin"]["text"] if card["margin"] else "-")
     if card["violations"]:
         console.print(f"  [bold]violations ({len(card['violations'])}):[/bold]", highlight=False)
         for v in card["violations"]:

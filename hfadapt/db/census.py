@@ -6,6 +6,7 @@ sweep's, or the latest run of every model); ``get_sweep``, ``latest_sweep`` and
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -61,6 +62,9 @@ class ModelRun:
     ineffective: list[str] = field(default_factory=list)
     next_step: str = ""  # what the run said to do next ("" when it recorded nothing)
     no_adapters: bool = False  # judged without the registry's adapters (--no-adapters)
+    # the largest share of a verdict bound its numbers used (evidence["margin"]["share"],
+    # hfadapt.judge.margin); None: recorded before margins, judged before numbers, or NaN/inf
+    bound_used: float | None = None
 
     @property
     def passed(self) -> bool:
@@ -159,6 +163,14 @@ def _recorded(evidence: Any, key: str, default: Any) -> Any:
     return value if isinstance(value, type(default)) else default
 
 
+def _bound_used(evidence: Any) -> float | None:
+    margin = evidence.get("margin") if isinstance(evidence, dict) else None
+    share = margin.get("share") if isinstance(margin, dict) else None
+    if not isinstance(share, (int, float)) or isinstance(share, bool):
+        return None
+    return float(share) if math.isfinite(share) and share >= 0 else None
+
+
 def _ineffective(evidence: Any) -> list[str]:
     found = evidence.get("adapters_ineffective") if isinstance(evidence, dict) else None
     names = [d.get("adapter") for d in _list(found) if isinstance(d, dict)]
@@ -197,6 +209,7 @@ def scope_runs(engine: Engine, sweep_id: int | None = None) -> tuple[Sweep | Non
                 ineffective=_ineffective(r[13]),
                 next_step=_recorded(r[13], "next_step", ""),
                 no_adapters=_recorded(r[13], "no_adapters", False) is True,
+                bound_used=_bound_used(r[13]),
             )
     return sweep, list(latest.values())
 

@@ -12,6 +12,7 @@ from typing import Any, NotRequired, TypedDict, cast
 
 __all__ = [
     "AdapterEvidence",
+    "BoundUseEvidence",
     "CachesEvidence",
     "DefectEntry",
     "DefectFiring",
@@ -20,6 +21,7 @@ __all__ = [
     "Evidence",
     "LoadEvidence",
     "LocalizeEvidence",
+    "MarginEvidence",
     "MetricsEvidence",
     "NarrowedEvidence",
     "OutcomeEvidence",
@@ -75,6 +77,28 @@ class TaskLoRAEvidence(TypedDict):
     applied: str  # how: merged into the weights, one task per run
 
 
+class BoundUseEvidence(TypedDict):
+    """One bounded metric's worst value against its bound (hfadapt.judge.margin.BoundUse)."""
+
+    metric: str  # "min token cosine", "sentence_embedding: max sentence norm error"
+    value: float
+    bound: float
+    at_least: bool  # True: value >= bound passes; False: value <= bound
+    share: float  # of the bound used: (1 - value) / (1 - bound), or value / bound
+    headroom: float  # value - bound, or bound - value (negative: past the bound)
+
+
+class MarginEvidence(TypedDict):
+    """How close the run came to its bounds (hfadapt.judge.margin.Margin)."""
+
+    share: float | None  # the largest share of a bound used; None: NaN/inf, nothing measured
+    worst: str | None  # the metric that used it
+    nonfinite: bool
+    metrics: list[BoundUseEvidence]
+    unmeasured: list[str]
+    task: NotRequired[str]  # a model with task adapters: the task it is of (the widest)
+
+
 class TaskEvidence(TypedDict):
     """One task's run of a model with task adapters (hfadapt.judge.task_judging)."""
 
@@ -86,6 +110,7 @@ class TaskEvidence(TypedDict):
     pooled_cosine: float | None
     outputs: dict[str, bool]  # pipeline output -> passed in its own metric
     device_seconds: float | None
+    bound_used: NotRequired[float | None]  # the task's margin share (MarginEvidence.share)
 
 
 class DtypePolicy(TypedDict, total=False):
@@ -225,6 +250,7 @@ class MetricsEvidence(TypedDict, total=False):
     norm_threshold: float
     zero_rows: int
     zero_row_error: float | None
+    margin: MarginEvidence  # how close it came to its bounds (hfadapt.judge.margin)
 
 
 class ReportEvidence(TypedDict, total=False):

@@ -34,6 +34,7 @@ from hfadapt.judge.diagnosis import Diagnosis, Phases, device_warnings_recorded,
 from hfadapt.judge.evidence import level_of_source
 from hfadapt.judge.evidence_types import CachesEvidence
 from hfadapt.judge.localize import localize
+from hfadapt.judge.margin import margin_of
 from hfadapt.judge.metrics import Metrics, compare, last_hidden, token_mask
 from hfadapt.judge.options import JudgeOptions
 from hfadapt.judge.pipeline_judging import (
@@ -414,6 +415,7 @@ def numbers(j: Judging, run: DeviceResult) -> Outcome:
         metrics = compare(j.reference, last_hidden(run.outputs), j.real_tokens, j.model.pooling)
         metrics.outputs = judge_heads(j.heads, j.model, j.reference, j.inputs, run.outputs)
     diag.metrics = metrics
+    diag.evidence["margin"] = margin_of(metrics).to_dict()  # how close it came to its bounds
     if j.heads is not None:
         diag.evidence["pipeline"] = evidence_of(j.heads, metrics.outputs)
     # Random weights cannot be trusted to show how much a silent defect costs (a defect that

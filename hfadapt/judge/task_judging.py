@@ -17,6 +17,7 @@ from hfadapt import verdicts
 from hfadapt.errors import HfadaptError
 from hfadapt.judge.diagnosis import Diagnosis
 from hfadapt.judge.evidence_types import Evidence, TaskEvidence, TaskLoRAEvidence
+from hfadapt.judge.margin import Margin, read_margin, widest
 from hfadapt.judge.metrics import Metrics
 from hfadapt.judge.pipeline_judging import with_tasks
 from hfadapt.loading.load import LoadedModel
@@ -59,8 +60,14 @@ class _TaskRun:
             cosine if cosine is not None else 1.0
         )
 
+    def margin(self) -> Margin | None:
+        """This task's margin (its numbers phase recorded it), named for the task."""
+        found = read_margin(self.evidence.get("margin"))
+        return dataclasses.replace(found, task=self.task) if found is not None else None
+
     def to_evidence(self) -> TaskEvidence:
         m = self.metrics
+        margin = self.margin()
         return {
             "task": self.task,
             "verdict": str(self.outcome[0]),
@@ -70,6 +77,7 @@ class _TaskRun:
             "pooled_cosine": m.pooled_cosine if m is not None else None,
             "outputs": {o.output: o.passed for o in m.outputs} if m is not None else {},
             "device_seconds": self.evidence.get("device_seconds"),
+            "bound_used": margin.share if margin is not None else None,
         }
 
 
@@ -116,6 +124,10 @@ def judge_each_task(
     diag.metrics, diag.report, diag.divergence = chosen.metrics, chosen.report, chosen.divergence
     diag.adapters, diag.evidence = chosen.adapters, chosen.evidence
     diag.evidence["task_lora"] = cast(TaskLoRAEvidence, lora.describe())
+    # the model's margin: its closest task's (none when the model's verdict came before numbers)
+    closest = widest(r.margin() for r in runs) if chosen.margin() is not None else None
+    if closest is not None:
+        diag.evidence["margin"] = closest.to_dict()
     diag.evidence["tasks"] = [r.to_evidence() for r in runs] + [
         _not_run(t, runs[-1].task) for t in lora.spec.tasks[len(runs) :]
     ]

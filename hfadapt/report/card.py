@@ -13,6 +13,7 @@ from hfadapt import verdicts
 from hfadapt.db.engine import describe
 from hfadapt.errors import NotFoundError, UsageError, did_you_mean
 from hfadapt.judge.evidence import describe_source, level_label, pass_note
+from hfadapt.judge.margin import read_margin
 from hfadapt.report.models import hub_url, judged_model_ids, latest_run
 from hfadapt.report.next_steps import plain_next_step
 
@@ -81,6 +82,7 @@ def model_card(engine: Engine, model_id: str) -> dict[str, Any]:
     source = _text(evidence.get("config_source"))
     level = run.evidence_level
     shared = sweep_ev.get("role") == "member"
+    margin = read_margin(evidence.get("margin"))
     return {
         "model_id": run.model_id,
         "run_id": run.id,
@@ -109,6 +111,10 @@ def model_card(engine: Engine, model_id: str) -> dict[str, Any]:
         "violations": [_violation(v) for v in _dicts(run.violations)],
         "fallbacks": {str(op): n for op, n in _dict(run.fallbacks).items() if isinstance(n, int)},
         "metrics": {k: getattr(run, k) for k in _METRICS if getattr(run, k) is not None},
+        # how close the numbers came to their bounds (hfadapt.judge.margin); None for a run
+        # recorded before margins or judged before numbers
+        "bound_used": margin.share if margin is not None else None,
+        "margin": {**margin.to_dict(), "text": margin.text()} if margin is not None else None,
         "next_step": plain_next_step(
             run.model_id,
             run.verdict,

@@ -25,9 +25,10 @@ COLUMNS = (
     ("verdict", "verdict"),
     ("evidence_level", "evidence"),
     ("downloads", "downloads"),
+    ("bound_used", "bound used"),
     ("note", "what it means"),
 )
-COLS = ("rank", "id", "type", "verdict", "level", "dl", "note")
+COLS = ("rank", "id", "type", "verdict", "level", "dl", "bound", "note")
 
 
 def evidence_context(r: Report) -> list[dict[str, Any]]:
@@ -59,7 +60,8 @@ def blockers_context(r: Report) -> list[dict[str, Any]]:
 
 
 def models_context(r: Report) -> dict[str, Any]:
-    """Every model: rank, id (a Hub link), type, verdict, evidence, downloads, what it means."""
+    """Every model: rank, id (a Hub link), type, verdict, evidence, downloads, the share of its
+    verdict's bounds used (hfadapt.judge.margin), what it means."""
     rows = [asdict(m) for m in r.model_rows]
     return {
         "count": plural(len(rows), "model"),
@@ -68,6 +70,6 @@ def models_context(r: Report) -> dict[str, Any]:
         "levels": [lv.level for lv in r.by_evidence],
         "columns": COLUMNS,
         "cols": COLS,
-        "numeric": ("rank", "downloads"),
+        "numeric": ("rank", "downloads", "bound_used"),
         "rows": rows,
     }

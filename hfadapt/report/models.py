@@ -73,6 +73,9 @@ class ModelRow:
     note: str  # what a pass means at this level, or what to do about the failure
     hub_url: str
     run_id: int | None
+    # the largest share of a verdict bound its numbers used (hfadapt.judge.margin): 0 exact,
+    # 1 at a bound; None (empty in the CSV, a dash in the HTML) when no margin was recorded
+    bound_used: float | None = None
 
 
 def by_evidence(runs: list[ModelRun]) -> list[LevelRow]:
@@ -111,6 +114,7 @@ def model_rows(runs: list[ModelRun]) -> list[ModelRow]:
             note=pass_note(r.evidence_level) if r.passed else _what_to_do(r),
             hub_url=hub_url(r.model_id),
             run_id=r.run_id,
+            bound_used=r.bound_used,
         )
         for r in ordered
     ]

@@ -137,6 +137,18 @@ def _api_routes(app: FastAPI) -> None:
         passes, models new to the ranking, new failure fingerprints, environment changes."""
         return _results(request).diff(sweep_id, other)
 
+    @app.get("/api/cycles/{cycle_id}/drafts", tags=["cycles"])
+    def cycle_drafts(
+        request: Request,
+        cycle_id: Annotated[int, Path(ge=1, le=2**62, description="The cycle.")],
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE, description="Rows per page.")] = 50,
+        offset: Annotated[int, Query(ge=0, le=MAX_OFFSET, description="Rows skipped.")] = 0,
+    ) -> dict[str, Any]:
+        """What ``hfadapt cycle --draft`` did in this cycle: fingerprints tried, outcomes,
+        accepted adapters, attempts and tokens (over every row), and a page of the drafts,
+        most downloads blocked first (``total`` counts them all)."""
+        return _results(request).cycle_drafts(cycle_id, limit, offset)
+
     @app.get("/api/cycles/coverage", tags=["cycles"])
     def coverage(request: Request) -> list[dict[str, Any]]:
         """Each completed cycle: models judged, passed, their share, regressions."""

@@ -39,6 +39,7 @@ if TYPE_CHECKING:  # the agent (openai, its HTTP client) is imported when a cycl
     from hfadapt.agent.client import AgentSettings
 
 __all__ = [
+    "ACCEPTED",
     "DRAFT_OUTCOMES",
     "CycleDrafting",
     "DraftBudget",

@@ -20,12 +20,13 @@ from sqlmodel import col
 from hfadapt import verdicts
 from hfadapt.db.census import census, get_sweep, scope_runs
 from hfadapt.db.engine import describe, session
-from hfadapt.db.tables import DONE, Cycle, Run, Sweep
+from hfadapt.db.tables import DONE, Cycle, CycleDraft, Run, Sweep
 from hfadapt.errors import NotFoundError, UsageError
 from hfadapt.judge.evidence import level_label
 from hfadapt.report.card import model_card
 from hfadapt.report.diff import label
 from hfadapt.service.compare import compare_sweeps
+from hfadapt.service.drafting import ACCEPTED
 
 __all__ = ["MAX_PAGE", "Results"]
 
@@ -147,6 +148,59 @@ class Results:
             if get_sweep(self.engine, wanted) is None:
                 raise NotFoundError(f"no sweep {wanted} in {self.where}")
         return compare_sweeps(self.engine, sweep_id, other).to_dict()
+
+    # ---- cycles ----
+
+    def cycle_drafts(self, cycle_id: int, limit: int = 50, offset: int = 0) -> dict[str, Any]:
+        """What ``hfadapt cycle --draft`` recorded for cycle ``cycle_id`` (``cycle_draft``):
+        the totals over all its rows (fingerprints tried, each outcome, attempts, tokens, the
+        accepted adapters) and one page of the rows, most downloads blocked first.
+        NotFoundError when the cycle is not recorded; a cycle that drafted nothing (no
+        ``--draft``, or no new fingerprint) has no rows."""
+        check_page(limit, offset)
+        draft = col(CycleDraft.cycle_id) == cycle_id
+        with session(self.engine, write=False) as sess:
+            cycle = sess.get(Cycle, cycle_id)
+            if cycle is None:
+                raise NotFoundError(f"no cycle {cycle_id} in {self.where}")
+            by_outcome = dict(
+                sess.execute(
+                    select(col(CycleDraft.outcome), func.count())
+                    .where(draft)
+                    .group_by(col(CycleDraft.outcome))
+                ).all()
+            )
+            attempts, tokens_in, tokens_out = sess.execute(
+                select(
+                    func.coalesce(func.sum(CycleDraft.attempts), 0),
+                    func.coalesce(func.sum(CycleDraft.tokens_in), 0),
+                    func.coalesce(func.sum(CycleDraft.tokens_out), 0),
+                ).where(draft)
+            ).one()
+            page = (
+                select(CycleDraft).where(draft)
+                .order_by(col(CycleDraft.downloads).desc(), col(CycleDraft.fingerprint))
+                .limit(limit).offset(offset)
+            )  # fmt: skip
+            rows = list(sess.execute(page).scalars())
+        outcomes = {str(k): int(v) for k, v in by_outcome.items()}
+        items = [
+            {
+                "fingerprint": r.fingerprint, "model_id": r.model_id, "downloads": r.downloads,
+                "outcome": r.outcome, "agent_outcome": r.agent_outcome, "reason": r.reason or "",
+                "attempts": r.attempts, "tokens_in": r.tokens_in, "tokens_out": r.tokens_out,
+                "seconds": r.seconds, "session_id": r.session_id,
+                "adapter_path": r.adapter_path, "created_at": _when(r.created_at),
+            }
+            for r in rows
+        ]  # fmt: skip
+        return {
+            "cycle": cycle_id, "status": cycle.status, "sweep": cycle.sweep_id,
+            "fingerprints": sum(outcomes.values()), "outcomes": outcomes,
+            "accepted": outcomes.get(ACCEPTED, 0), "attempts": int(attempts),
+            "tokens": int(tokens_in) + int(tokens_out),
+            "total": sum(outcomes.values()), "limit": limit, "offset": offset, "items": items,
+        }  # fmt: skip
 
     # ---- cycles: the dashboard's series ----
 

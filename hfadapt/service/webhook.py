@@ -9,14 +9,23 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from hfadapt.errors import UsageError
+from hfadapt.service.drafting import ACCEPTED
 from hfadapt.untrusted import hide_url_credentials
 from hfadapt.version import __version__
 
-__all__ = ["TIMEOUT_S", "check_webhook", "post_summary", "regression_summary", "shown_url"]
+__all__ = [
+    "TIMEOUT_S",
+    "check_webhook",
+    "drafting_summary",
+    "post_summary",
+    "regression_summary",
+    "shown_url",
+]
 
 TIMEOUT_S = 15.0
 REGRESSIONS_SENT = 100  # the most downloaded first; ``regressions`` counts them all
@@ -49,6 +58,26 @@ def check_webhook(url: str) -> str:
     return url
 
 
+def drafting_summary(drafted: Any) -> dict[str, Any] | None:
+    """What a webhook hears of the cycle's drafting (hfadapt.service.drafting.DraftingResult):
+    its totals (new fingerprints, drafted, accepted, refused, ..., attempts and tokens spent)
+    against the budget, and each accepted adapter by fingerprint, model and folder name (never
+    the folder's path on this machine); None when the cycle did not draft."""
+    if drafted is None:
+        return None
+    accepted = [
+        {"fingerprint": r.fingerprint, "model_id": r.model_id,
+         "adapter": Path(r.adapter_path).name if r.adapter_path else None}
+        for r in drafted.rows if r.outcome == ACCEPTED
+    ]  # fmt: skip
+    return {
+        **drafted.summary(),
+        "budget": {"attempts": drafted.budget.attempts, "tokens": drafted.budget.tokens},
+        "note": " ".join(str(drafted.note).split())[:REASON_CHARS],
+        "accepted_adapters": accepted,
+    }
+
+
 def regression_summary(
     result: Any, database: str, *, limit: int = REGRESSIONS_SENT
 ) -> dict[str, Any]:
@@ -58,9 +87,16 @@ def regression_summary(
     comp = result.comparison
     changes = sorted(comp.regressions, key=lambda c: (-c.downloads, c.model_id)) if comp else []
     names = ", ".join(c.model_id for c in changes[:5]) + (", ..." if len(changes) > 5 else "")
+    drafting = drafting_summary(result.drafting)
+    drafted = (
+        f"; drafting: {drafting['accepted']} adapter(s) accepted for "
+        f"{drafting['new_fingerprints']} new fingerprint(s)"
+        if drafting
+        else ""
+    )
     return {
         "text": f"hfadapt cycle {result.cycle_id}: {len(changes)} model(s) that passed in cycle "
-        f"{result.baseline_cycle} fail now: {names}",
+        f"{result.baseline_cycle} fail now: {names}{drafted}",
         "event": "hfadapt.cycle.regressions",
         "hfadapt": __version__,
         "database": database,
@@ -71,6 +107,7 @@ def regression_summary(
         "regressions": len(changes),
         "counts": comp.counts if comp else {},
         "environment_changes": comp.environment_changes if comp else [],
+        "drafting": drafting,  # None: the cycle did not draft (no --draft)
         "models": [
             {"model_id": c.model_id, "before": c.before, "after": c.after,
              "downloads": c.downloads, "reason": " ".join(c.reason.split())[:REASON_CHARS]}

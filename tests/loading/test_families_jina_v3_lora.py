@@ -208,6 +208,10 @@ def test_every_task_is_judged_and_a_fault_in_one_task_fails_it_and_the_model(
     pipeline = healthy.evidence["pipeline"]
     assert pipeline.get("tasks") == {"declared": TASKS, "judged": TASKS}, pipeline
     assert healthy.evidence["task_lora"]["modules"] == 15, healthy.evidence["task_lora"]
+    # the model's margin is its closest task's: the largest share of a bound over the five
+    shares, margin = {t["task"]: t.get("bound_used") for t in tasks}, healthy.evidence["margin"]
+    assert None not in shares.values() and margin["share"] == max(shares.values()), (margin, shares)
+    assert shares[margin["task"]] == margin["share"], (margin["task"], shares)
 
     # 1. one task's adapter puts a merged weight past fp16's range (65504): only on the device
     real = task_lora.task_lora_of

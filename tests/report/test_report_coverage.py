@@ -227,8 +227,9 @@ def test_cli_failures_and_report(
     assert "architecture passes 1 (this model's shapes were not checked)" in out, out
     lines = table.read_text().splitlines()
     assert (
-        lines[0] == "rank,model_id,model_type,verdict,evidence_level,downloads,note,hub_url,run_id"
-    )
+        lines[0]
+        == "rank,model_id,model_type,verdict,evidence_level,downloads,note,hub_url,run_id,bound_used"
+    ), lines[0]
     five = next(line for line in lines if ",m/five," in line)
     assert five.startswith(
         "5,m/five,qwen3,pass,architecture,60,architecture passes; this model's shapes were not checked,https://huggingface.co/m/five,"

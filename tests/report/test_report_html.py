@@ -205,3 +205,40 @@ def test_verdict_and_type_bars_keep_architecture_passes_apart(html_file: Path) -
     assert types is not None
     assert "0.0% own, 50.0% arch., of 2 models" in types.group(0), types.group(0)
     assert types.group(0).count('data-part="beside"') == 1, "one type has architecture passes"
+
+
+@needs_chromium
+def test_chromium_draws_the_share_of_the_bound_used_and_a_dash_without_one(
+    report_engine: Any, tmp_path: Path
+) -> None:
+    """The per-model table's "bound used" column: m/one's recorded margin (norm error 1.28% of
+    1.5%: 85.3%) as a percent, a dash for the runs recorded without one."""
+    from hfadapt.judge.margin import margin_of
+    from hfadapt.judge.metrics import Metrics
+    from hfadapt.sweep.store import finish_sweep, open_sweep, write_rows
+
+    metrics = Metrics(
+        min_token_cosine=0.99994, mean_token_cosine=0.99999, pooled_cosine=0.99999,
+        max_abs_diff=0.01, has_nan=False, has_inf=False, tokens=40, nonfinite_tokens=0,
+        worst_token=(0, 1), max_norm_error=0.0128,
+    )  # fmt: skip
+    sweep, _ = open_sweep(report_engine, {"n": 3}, resume=False, mode="full", models=2, units=2)
+    assert sweep.id is not None
+    write_rows(report_engine, sweep.id, [
+        {"model_id": "m/one", "verdict": "pass", "reason": "", "model_type": "bert",
+         "evidence_level": "weights", "evidence": {"margin": margin_of(metrics).to_dict()}},
+        {"model_id": "m/two", "verdict": "pass", "reason": "", "model_type": "bert",
+         "evidence_level": "weights"},
+    ])  # fmt: skip
+    finish_sweep(report_engine, sweep.id, seconds=1.0)
+    path = tmp_path / "margin.html"
+    path.write_text(render_html(build_report(report_engine)), encoding="utf-8")
+    done = _chromium(tmp_path, "--dump-dom", path.as_uri())
+    assert done.returncode == 0, done.stderr[-2000:]
+    cells = {
+        model: re.findall(r'<td class="n">([^<]*)</td>', row)
+        for model, row in re.findall(r">(m/[a-z]+)</a></td>(.*?)</tr>", done.stdout, re.S)
+    }
+    # each row's numeric cells after the id: downloads, bound used
+    assert cells.get("m/one") == ["1,000", "85.3%"], cells
+    assert cells.get("m/two") == ["500", "\u2014"], cells
