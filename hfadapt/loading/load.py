@@ -35,6 +35,7 @@ from hfadapt.hub.resolve import (
 from hfadapt.hub.resolve import download as _download
 from hfadapt.loading.pooling import PoolingSpec, pooling_from_folder
 from hfadapt.loading.remote import (
+    declared_pooling,
     load_translated,
     refuse_untranslatable,
     text_tower_model,
@@ -275,7 +276,7 @@ def load(
         model=model,
         config=config,
         tokenizer=tokenizer,
-        pooling=pooling_from_folder(source.folder),
+        pooling=declared_pooling(translation) or pooling_from_folder(source.folder),
         source=source.kind,
         revision=source.revision,
         path=str(source.folder),

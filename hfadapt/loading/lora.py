@@ -1,6 +1,8 @@
-"""Task LoRA adapters of a translated remote-code family (jina-embeddings-v3): read from the
-checkpoint's parametrization tensors (full mode) or drawn as seeded stand-ins of the declared
-rank (structural mode), and merged into a copy of the native model one task at a time.
+"""Task LoRA adapters of a translated remote-code family: read from the checkpoint's
+parametrization tensors (jina-embeddings-v3) or from one PEFT adapter folder per task
+(jina-embeddings-v5 nano: ``adapters/<task>/``) in full mode, or drawn as seeded stand-ins of
+the declared rank (structural mode), and merged into a copy of the native model one task at a
+time.
 
 Merging (``W + scaling * B @ A``; an Embedding's ``A @ B``) is what the remote code itself
 computes for a selected task: its LoRA is a parametrization of the weight, applied before the
@@ -11,6 +13,8 @@ in float64 and rounded once to the model's dtype."""
 from __future__ import annotations
 
 import copy
+import dataclasses
+import json
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +33,7 @@ __all__ = [
     "LoRASpec",
     "LowRank",
     "TaskLoRA",
+    "read_peft_task_lora",
     "read_task_lora",
     "stand_in_task_lora",
     "task_lora_of",
@@ -194,16 +199,25 @@ def _draw(shape: tuple[int, ...], seed: int, name: str) -> torch.Tensor:
     return torch.randn(shape, generator=gen, dtype=torch.float64)
 
 
+def _targeted(path: str, module: torch.nn.Module, targets: list[str] | None) -> bool:
+    """Whether the remote code puts an adapter on ``module``: every Linear and Embedding (jina
+    v3), or the Linears whose name is one of the family's PEFT ``targets`` (jina v5)."""
+    if targets is None:
+        return isinstance(module, (torch.nn.Linear, torch.nn.Embedding))
+    return isinstance(module, torch.nn.Linear) and path.rsplit(".", 1)[-1] in targets
+
+
 def stand_in_task_lora(model: torch.nn.Module, spec: LoRASpec, seed: int) -> TaskLoRA:
-    """Seeded stand-in adapters of the declared tasks and rank on every Linear and Embedding
-    weight of ``model`` (where the remote code registers them; a fused group such as q/k/v
-    shares one A, as the remote Wqkv does), each task's change STAND_IN_RATIO of the weight's
-    rms."""
+    """Seeded stand-in adapters of the declared tasks and rank on every weight the remote code
+    adapts (every Linear and Embedding, or the family's ``targets``; a fused group such as
+    q/k/v shares one A, as the remote Wqkv does), each task's change STAND_IN_RATIO of the
+    weight's rms."""
     tasks, rank = len(spec.tasks), spec.rank
     fused = [tuple(g) for g in spec.table.get("fused", [])]
+    targets = spec.table.get("targets")
     factors: dict[str, LowRank] = {}
     for path, module in model.named_modules():
-        if not isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
+        if not _targeted(path, module, targets):
             continue
         group = next((g for g in fused if path.endswith(g[0])), None)
         if any(path.endswith(m) for g in fused for m in g[1:]):
@@ -242,8 +256,114 @@ def task_lora_of(loaded: LoadedModel, seed: int = 0) -> tuple[TaskLoRA | None, s
 
     if loaded.path is None:
         raise WeightsError(f"{loaded.model_id} has no folder to read its task adapters from")
+    if spec.table.get("format") == "peft":
+        folder = Path(loaded.path) / str(spec.table["adapters"])
+        found = read_peft_task_lora(folder, spec, loaded.model)
+        if found is None:
+            return None, (
+                f"no adapter folder {folder.name}/<task>/ beside the weights: every task computes "
+                "the base weights"
+            )
+        return found, None
     files = check_weights(Path(loaded.path), loaded.model_id)
     found = read_task_lora(files, spec, loaded.model)
     if found is None:
         return None, "the checkpoint holds no task adapters: every task computes the base weights"
     return found, None
+
+
+# PEFT LoraConfig fields whose non-default value changes what the adapter computes: read, so an
+# adapter hfadapt would merge differently is refused rather than merged wrong.
+_PEFT_PLAIN = {
+    "use_dora": (False, None),
+    "use_rslora": (False, None),
+    "fan_in_fan_out": (False, None),
+    "bias": ("none", None),
+    "lora_bias": (False, None),
+    "modules_to_save": (None,),
+    "layers_to_transform": (None,),
+    "rank_pattern": ({}, None),
+    "alpha_pattern": ({}, None),
+    "layer_replication": (None,),
+    "trainable_token_indices": (None,),
+    "alora_invocation_tokens": (None,),
+    "target_parameters": (None, []),
+    "use_qalora": (False, None),
+}
+
+
+def _peft_scaling(folder: Path, task: str) -> tuple[int, float]:
+    """(rank, alpha) of one task's ``adapter_config.json``; WeightsError for an adapter that
+    is not a plain LoRA (DoRA, rsLoRA, a bias, per-module ranks, saved modules, ...)."""
+    path = folder / task / "adapter_config.json"
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise WeightsError(f"task {task!r}: {path.name} is unreadable: {exc}") from exc
+    if not isinstance(cfg, dict) or cfg.get("peft_type") != "LORA":
+        raise WeightsError(f"task {task!r}: {path} is not a PEFT LORA adapter config")
+    for key, plain in _PEFT_PLAIN.items():
+        if key in cfg and not any(cfg[key] == p and type(cfg[key]) is type(p) for p in plain):
+            raise WeightsError(
+                f"task {task!r}: adapter {key}={cfg[key]!r} is not a plain LoRA merge"
+            )
+    rank, alpha = cfg.get("r"), cfg.get("lora_alpha")
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise WeightsError(f"task {task!r}: adapter r={rank!r} is not a positive integer")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
+        raise WeightsError(f"task {task!r}: adapter lora_alpha={alpha!r} is not a number")
+    return rank, float(alpha)
+
+
+def read_peft_task_lora(folder: Path, spec: LoRASpec, model: torch.nn.Module) -> TaskLoRA | None:
+    """Every task's PEFT adapter from ``folder/<task>/`` (``adapter_config.json``,
+    ``adapter_model.safetensors``: ``base_model.model.<module>.lora_A.weight`` [r, fan_in] and
+    ``lora_B.weight`` [fan_out, r]) on ``model``'s native weight names; None when ``folder``
+    does not exist. The spec's rank and alpha are the adapters' own (every task the same); a
+    weight one task does not adapt gets a zero change for it."""
+    if not folder.is_dir():
+        return None
+    from safetensors import safe_open
+
+    fam = next(f for f in translate.families() if f.name == spec.family)
+    ckpt = spec.table["checkpoint"]
+    prefix, a_end, b_end, weight_end = (ckpt[k] for k in ("prefix", "A", "B", "weight"))
+    scalings = {task: _peft_scaling(folder, task) for task in spec.tasks}
+    if len(set(scalings.values())) != 1:
+        raise WeightsError(f"the task adapters differ in rank or alpha: {scalings}")
+    rank, alpha = scalings[spec.tasks[0]]
+    params = dict(model.named_parameters(remove_duplicate=False))
+    pairs: dict[str, dict[int, tuple[torch.Tensor, torch.Tensor]]] = {}
+    for index, task in enumerate(spec.tasks):
+        path = folder / task / "adapter_model.safetensors"
+        if not path.is_file():
+            raise WeightsError(f"task {task!r} has no {path.name} in {path.parent}")
+        with safe_open(str(path), framework="pt") as fh:
+            found = {k: fh.get_tensor(k) for k in fh.keys()}  # noqa: SIM118
+        for a_key in sorted(k for k in found if k.endswith(a_end)):
+            base = a_key[: -len(a_end)]
+            if base + b_end not in found:
+                raise WeightsError(f"task {task!r}: {a_key} without {base + b_end}")
+            names = translate.native_keys(fam, base.removeprefix(prefix) + weight_end)
+            if len(names) != 1 or names[0] not in params:
+                raise WeightsError(f"task {task!r}: {a_key} is the adapter of no native weight")
+            pairs.setdefault(names[0], {})[index] = (found.pop(a_key), found.pop(base + b_end))
+        if found:
+            raise WeightsError(f"task {task!r}: {sorted(found)[0]} is not a LoRA A/B pair tensor")
+    factors: dict[str, LowRank] = {}
+    for name, by_task in sorted(pairs.items()):
+        rows, cols = params[name].shape
+        left = torch.zeros(len(spec.tasks), rows, rank)
+        right = torch.zeros(len(spec.tasks), rank, cols)
+        for index, (a, b) in by_task.items():  # F.linear(x, W + scaling * B @ A)
+            if tuple(a.shape) != (rank, cols) or tuple(b.shape) != (rows, rank):
+                raise WeightsError(
+                    f"task {spec.tasks[index]!r}: adapter of {name} does not fit: A "
+                    f"{tuple(a.shape)}, B {tuple(b.shape)} at rank {rank} on a weight {(rows, cols)}"
+                )
+            left[index], right[index] = b.float(), a.float()
+        factors[name] = LowRank(left, right)
+    if not factors:
+        raise WeightsError(f"the adapter files in {folder} hold no LoRA A/B tensors")
+    read = dataclasses.replace(spec, rank=rank, alpha=alpha)
+    return TaskLoRA(read, factors, f"PEFT adapters ({len(factors)} native weights adapted)")

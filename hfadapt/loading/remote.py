@@ -8,18 +8,22 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
-from hfadapt.errors import CustomCodeError, WeightsError, option
+from hfadapt.errors import ConfigError, CustomCodeError, WeightsError, option
 from hfadapt.hub.resolve import snapshot_row
 from hfadapt.loading import translate
 from hfadapt.loading.signature import config_from_dict
+
+if TYPE_CHECKING:
+    from hfadapt.loading.pooling import PoolingSpec
 
 # Missing checkpoint keys that are expected: a pooler embedding models do not use.
 _OPTIONAL_KEYS = ("pooler.",)
 SNAPSHOT_REASON = "the Hub marks it custom_code (bundled snapshot)"
 
 __all__ = [
+    "declared_pooling",
     "load_translated",
     "refuse_untranslatable",
     "snapshot_custom_row",
@@ -113,6 +117,26 @@ def translation_note(translation: translate.Translation) -> str:
     )
 
 
+def declared_pooling(translation: translate.Translation | None) -> PoolingSpec | None:
+    """The pooling a translated family's remote code computes itself (jina v5 nano's
+    ``custom_st.py``: the last real token, then L2 normalize), which no ``1_Pooling`` folder
+    declares; None when the translation declares none (the folder's modules.json says)."""
+    from hfadapt.loading.pooling import POOLING_MODES, PoolingSpec
+
+    if translation is None or not translation.pooling:
+        return None
+    mode = translation.pooling.get("mode")
+    if mode not in POOLING_MODES:
+        raise ConfigError(
+            f"family {translation.family} declares pooling {mode!r}: not one of {POOLING_MODES}"
+        )
+    return PoolingSpec(
+        mode=str(mode),
+        normalize=bool(translation.pooling.get("normalize")),
+        source=f"the remote code of {translation.family}",
+    )
+
+
 def _read_checkpoint(files: list[Path]) -> dict[str, Any]:
     import torch
 
@@ -160,6 +184,11 @@ def load_translated(
             f"task LoRA tensors: {len(lora)}, judged one task at a time, merged into the "
             "weights (hfadapt.loading.lora)"
         )
+    if translation.task_lora and (folder := _adapter_folder(translation, files)) is not None:
+        notes.append(
+            f"task adapters: one PEFT folder per task in {folder.name}/, judged one task at a "
+            "time, merged into the weights (hfadapt.loading.lora)"
+        )
     if len(dropped) > len(lora):
         notes.append(f"remote-only checkpoint tensors not used: {len(dropped) - len(lora)}")
     if info.unexpected_keys:
@@ -167,3 +196,13 @@ def load_translated(
             f"unexpected checkpoint keys left unloaded: {len(info.unexpected_keys)}, e.g. {info.unexpected_keys[0]}"
         )
     return model, config, notes
+
+
+def _adapter_folder(translation: translate.Translation, files: list[Path]) -> Path | None:
+    """The PEFT adapter folder of a family keeping its task adapters beside the weights."""
+    fam = next((f for f in translate.families() if f.name == translation.family), None)
+    table = fam.task_lora if fam is not None else None
+    if not table or table.get("format") != "peft" or not files:
+        return None
+    folder = files[0].parent / str(table["adapters"])
+    return folder if folder.is_dir() else None

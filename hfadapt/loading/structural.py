@@ -402,7 +402,9 @@ def build(
         notes.append(_at_trained_scale(model, built, seed, tokenizer))
     model.eval()
     folder = found.folder
-    pooling = pooling_from_folder(folder) if folder is not None else PoolingSpec()
+    pooling = remote.declared_pooling(found.translation) or (
+        pooling_from_folder(folder) if folder is not None else PoolingSpec()
+    )
     revision = folder.name if found.where in ("cache", "hub") and folder is not None else None
     return LoadedModel(
         model_id=text,

@@ -79,6 +79,17 @@ class Family:
     # fields declare them, how they sit on the native modules, where they were read
     # (hfadapt.loading.lora); None: the family has none
     task_lora: dict[str, Any] | None = None
+    # fields the remote config must state (its base config class's own: jina v5 nano's EuroBERT
+    # mask_token_id), so a config of another base with the same class name is never taken
+    own_fields: tuple[str, ...] = ()
+    # fields that mark a config of another base sharing the remote class (jina v5 small's
+    # Qwen3 fields), each with the reason it keeps custom_code
+    foreign_fields: dict[str, str] = field(default_factory=dict)
+    # snapshot parameter counts of the class known to be another base, with the reason
+    refused_shapes: dict[str, str] = field(default_factory=dict)
+    # the pooling the remote code computes itself (jina v5's custom_st.py: last token +
+    # normalize), recorded on the translation; None: the model folder's modules.json says
+    pooling: dict[str, Any] | None = None
 
 
 @dataclass
@@ -95,6 +106,8 @@ class Translation:
     notes: list[str] = field(default_factory=list)
     # the task adapters the config declares (``task_lora_spec``): judged one task at a time
     task_lora: dict[str, Any] | None = None
+    # the pooling the family's remote code computes (Family.pooling), None: the folder's own
+    pooling: dict[str, Any] | None = None
 
     def evidence(self) -> dict[str, Any]:
         """What a run records as ``evidence["translated_from"]``."""
@@ -109,6 +122,8 @@ class Translation:
         }
         if self.task_lora is not None:
             out["task_lora"] = dict(self.task_lora)
+        if self.pooling is not None:
+            out["pooling"] = dict(self.pooling)
         return out
 
 
@@ -163,6 +178,10 @@ def families() -> tuple[Family, ...]:
                 auto_repos=tuple(entry.get("auto_repos", ())),
                 shared_model_type=entry.get("shared_model_type"),
                 task_lora=entry.get("task_lora"),
+                own_fields=tuple(entry.get("own_fields", ())),
+                foreign_fields=dict(entry.get("foreign_fields", {})),
+                refused_shapes=dict(entry.get("refused_shapes", {})),
+                pooling=entry.get("pooling"),
             )
         )
     return tuple(out)
@@ -288,6 +307,20 @@ def _rope(fam: Family, raw: dict[str, Any], head_dim: int) -> dict[str, Any] | R
     return Refusal("rope", f"family {fam.name} has an unknown rope rewrite {fam.rope!r}")
 
 
+def _other_base(fam: Family, raw: dict[str, Any]) -> Refusal | None:
+    """A config of another base sharing the family's remote class (jina v5: EuroBERT nano, Qwen3
+    small): a field only the other base's config has, or one of the family's own not stated."""
+    for key, why in fam.foreign_fields.items():
+        if key in raw:
+            return Refusal(key, why)
+    for key in fam.own_fields:
+        if key not in raw:
+            return Refusal(
+                key, f"not stated: every {fam.name} config states it (its base class's own field)"
+            )
+    return None
+
+
 def translate(raw: dict[str, Any], fam: Family | None = None) -> Translation | Refusal:
     """Translate a remote config.json dict to the native config of its family, or say why not."""
     fam = fam or family_for(raw)
@@ -314,6 +347,8 @@ def translate(raw: dict[str, Any], fam: Family | None = None) -> Translation | R
                 f"code of {code or 'the model repository itself'} is not the code "
                 f"{fam.name} re-implements ({', '.join(fam.auto_repos)})",
             )
+    if (base := _other_base(fam, raw)) is not None:
+        return base
     for key in fam.stated:
         if key not in raw:
             return Refusal(
@@ -364,13 +399,15 @@ def translate(raw: dict[str, Any], fam: Family | None = None) -> Translation | R
         ignored=ignored,
         notes=_lora_notes(fam, lora),
         task_lora=lora,
+        pooling=dict(fam.pooling) if fam.pooling else None,
     )
 
 
 def _lora_fields(fam: Family) -> set[str]:
     """The remote config fields of the family's task adapters (its ``task_lora`` roles)."""
     roles = ("tasks", "rank", "alpha", "instructions", "trained")
-    return {fam.task_lora[r] for r in roles} if fam.task_lora else set()
+    table = fam.task_lora or {}
+    return {str(table[r]) for r in roles if table.get(r)}
 
 
 def _lora_notes(fam: Family, lora: dict[str, Any] | None) -> list[str]:
@@ -386,19 +423,27 @@ def task_lora_spec(fam: Family, raw: dict[str, Any]) -> dict[str, Any] | Refusal
     table = fam.task_lora
     if table is None or raw.get(table["tasks"]) is None:
         return None
-    tasks, rank, alpha = (raw.get(table[k]) for k in ("tasks", "rank", "alpha"))
+    # a family whose config names no rank/alpha field (jina v5: PEFT adapter folders) declares
+    # the published adapters' values; full mode reads each adapter's own (hfadapt.loading.lora)
+    declared = table.get("declared") or {}
+    tasks = raw.get(table["tasks"])
+    rank, alpha = (
+        raw.get(table[k]) if table.get(k) else declared.get(k) for k in ("rank", "alpha")
+    )
+    rank_field, alpha_field = (table.get(k) or f"{k} (declared)" for k in ("rank", "alpha"))
     if not isinstance(tasks, list) or not tasks or not all(isinstance(t, str) for t in tasks):
         return Refusal(table["tasks"], f"{tasks!r} is not a list of task names")
     if len(set(tasks)) != len(tasks):
         return Refusal(table["tasks"], f"{tasks!r} names a task twice")
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
-        return Refusal(table["rank"], f"{rank!r}: the adapters' rank must be a positive integer")
+        return Refusal(rank_field, f"{rank!r}: the adapters' rank must be a positive integer")
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
-        return Refusal(table["alpha"], f"{alpha!r}: the adapters' alpha must be a number")
-    instructions = raw.get(table["instructions"]) or {}
+        return Refusal(alpha_field, f"{alpha!r}: the adapters' alpha must be a number")
+    instructions = (raw.get(table["instructions"]) if table.get("instructions") else None) or {}
     if not isinstance(instructions, dict) or not set(instructions) <= set(tasks):
         return Refusal(table["instructions"], f"{instructions!r} is not a map of the tasks")
-    trained = raw.get(table["trained"], True)  # absent: the checkpoint says (full mode)
+    # absent: the checkpoint says (full mode)
+    trained = raw.get(table["trained"], True) if table.get("trained") else True
     if not isinstance(trained, bool):
         return Refusal(table["trained"], f"{trained!r} is not true or false")
     return {
@@ -448,6 +493,8 @@ def translate_row(
                     f"whose parameter count matches the snapshot's"
                 )
             return got
+    if str(parameters) in fam.refused_shapes:
+        return Refusal("parameters", fam.refused_shapes[str(parameters)])
     shapes = ", ".join(f"{v['name']} {v['parameters']}" for v in fam.variants)
     return Refusal(
         "parameters",

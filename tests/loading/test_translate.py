@@ -137,9 +137,9 @@ def test_unknown_rope_scaling_and_unmapped_class_are_named() -> None:
     raw["rope_scaling"] = {"type": "ntk", "factor": 2.0, "mixed_b": 0.5}
     got = translate.translate(raw)
     assert isinstance(got, translate.Refusal) and got.field == "rope_scaling.mixed_b"
-    jina5 = {"auto_map": {"AutoConfig": "jinaai/jina-embeddings-v5--configuration.JinaEmbeddingsV5Config"}}  # fmt: skip
-    got = translate.translate(jina5)
-    assert isinstance(got, translate.Refusal) and "jina-embeddings-v5" in got.reason, got
+    mistral = {"auto_map": {"AutoConfig": "org/bidi--configuration.MistralBiDirectionalConfig"}}
+    got = translate.translate(mistral)
+    assert isinstance(got, translate.Refusal) and "native mistral is causal" in got.reason, got
 
 
 def test_snapshot_rows_match_a_published_shape_by_parameter_count() -> None:
