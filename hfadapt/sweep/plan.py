@@ -6,6 +6,7 @@ first (estimated cost), so two workers finish together instead of one waiting on
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -200,12 +201,13 @@ class _Planner:
         native = self._native(model, raw, source)
         if native is False:
             return
+        judged_as = ""
         if native is not None:
-            raw, error = native, None
-        self._unit(model, raw, crawled, error)
+            raw, error, judged_as = native.config, None, _judged_as(native)
+        self._unit(model, raw, crawled, error, judged_as)
 
     def _native(self, model: HubModel, raw: dict[str, Any] | None, source: str | None) -> Any:
-        """For a model that needs its own code: the config of its native translation, or False
+        """For a model that needs its own code: its native translation (``Translation``), or False
         (recorded ``custom_code`` here); None for a model that needs no code of its own."""
         from hfadapt.loading.load import remote_code_reason
         from hfadapt.loading.translate import Translation, translated
@@ -225,7 +227,7 @@ class _Planner:
             self.plan.direct.append(_direct(model, verdicts.CUSTOM_CODE, reason, self.mode, source))
             return False
         self.plan.translated[model.id] = native.evidence()
-        return native.config
+        return native
 
     def _unit(
         self,
@@ -233,8 +235,11 @@ class _Planner:
         raw: dict[str, Any] | None,
         crawled: dict[str, Any] | None,
         error: str | None,
+        judged_as: str = "",
     ) -> None:
-        """The model joins the unit of its signature (or is judged alone)."""
+        """The model joins the unit of its signature (or is judged alone). ``judged_as``: what
+        a translation judges besides the config (``_judged_as``); models share a unit only when
+        it is the same too."""
         signature: str | None = None
         cost = 1.0
         small: Narrowed | None = None
@@ -243,7 +248,7 @@ class _Planner:
                 signature, cost, small = self.signer(raw)
             except Exception as exc:  # a config the signature cannot read: judged alone
                 error = f"{type(exc).__name__}: {exc}"
-        key = signature if (signature and self.dedupe) else MODEL_KEY + model.id
+        key = signature + judged_as if (signature and self.dedupe) else MODEL_KEY + model.id
         unit = self.units.get(key)
         if unit is None:
             unit = Unit(key, signature, [], crawled, cost if signature else 1.0, small)
@@ -251,6 +256,19 @@ class _Planner:
         unit.members.append(model.id)
         if error and len(unit.members) == 1:
             unit.cost = _OVERHEAD / 5  # fails at the config: cheap
+
+
+def _judged_as(native: Any) -> str:
+    """What a translation judges that its native config does not say: its task adapters (each
+    task judged on its own) and the pooling its remote code computes. A translated model never
+    shares a unit (and so a verdict) with a plain model of its native type unless both match:
+    a plain EuroBERT ranked above jina-embeddings-v5-text-nano would otherwise give the nano a
+    verdict judged without its tasks. "" when there is nothing besides the config."""
+    extra = {"task_lora": native.task_lora, "pooling": native.pooling}
+    if not any(extra.values()):
+        return ""
+    blob = json.dumps(extra, sort_keys=True, default=str)
+    return "+" + hashlib.sha256(blob.encode()).hexdigest()[:8]
 
 
 def _config_of(

@@ -141,3 +141,33 @@ def test_translated_families_pass_with_adapters(tmp_path: Path, family: str, sha
             assert d.verdict == "lowering_failed", f"{shape} passes without adapters: {d.reason}"
     assert d.verdict == "pass", f"{shape}: {d.verdict}: {d.reason}; adapters {d.adapters}"
     assert d.metrics is not None and d.metrics.min_token_cosine >= 0.99
+
+
+def test_a_task_adapter_model_never_shares_a_plain_native_models_verdict(
+    tmp_path: Path, fake_worker: str
+) -> None:
+    """jina-embeddings-v5-text-nano translates to the config of a plain EuroBERT, but it is
+    judged per task with its own pooling: a plain EuroBERT of that very config, ranked above
+    it, must not be the representative whose verdict the nano takes."""
+    from hfadapt.db.engine import get_engine
+    from hfadapt.hub.catalog import HubRecord
+
+    fam = next(f for f in translate.families() if f.name == "jina_embeddings_v5_nano")
+    nano = translate.translated("jinaai/jina-embeddings-v5-text-nano", fam.variants[0]["config"])
+    assert isinstance(nano, translate.Translation) and nano.task_lora, nano
+    engine = get_engine(str(tmp_path / "runs.db"))
+    records = [
+        HubRecord(id="org/plain-eurobert", downloads=900, config=copy.deepcopy(nano.config)),
+        HubRecord(id="org/plain-eurobert-twin", downloads=800, config=copy.deepcopy(nano.config)),
+        HubRecord(id="jinaai/jina-embeddings-v5-text-nano", downloads=500,
+                  config=copy.deepcopy(fam.variants[0]["config"]), is_custom_code=True),
+    ]  # fmt: skip
+    store_crawl(engine, records)
+    result = run_sweep(engine, SweepOptions(workers=1, resume=False), worker=fake_worker)
+    with session(engine, write=False) as sess:
+        runs = {r.model_id: r for r in sess.exec(select(Run))}
+    engine.dispose()
+    assert result.units == 2, f"{result.units} units: the nano and the plain twins share one"
+    nano_run = runs["jinaai/jina-embeddings-v5-text-nano"]
+    assert (nano_run.evidence or {}).get("translated_from", {}).get("task_lora"), nano_run.evidence
+    assert nano_run.signature == runs["org/plain-eurobert"].signature, "same config, same signature"
