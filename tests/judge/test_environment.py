@@ -5,11 +5,11 @@ then decide), and how two recorded environments are compared."""
 from __future__ import annotations
 
 import json
-import os
 import platform
-import subprocess
-import sys
 from importlib import metadata
+
+import pytest
+from support.native_loaders import loaders_not_run, loaders_run
 
 from hfadapt.judge.environment import (
     ABSENT,
@@ -20,6 +20,7 @@ from hfadapt.judge.environment import (
     describe_changes,
     distinct,
     environment,
+    numeric_path,
     summary,
     unrecorded_keys,
 )
@@ -51,44 +52,39 @@ def test_environment_names_every_package_and_the_numeric_path() -> None:
     assert env["numeric.cpu"] and env["numeric.matmul_precision"] in ("highest", "high", "medium")
 
 
-# Run in a fresh process (this one may have loaded the kernels already): the numeric path as
-# predicted under each switch, that asking loaded nothing, then what the loaders decide.
-_PROBE = """
-import json, os
-from hfadapt.judge.environment import numeric_path
-from hfadapt.spyre.numerics import dl16_native
+def test_numeric_path_is_predicted_without_building_then_read_from_the_loaders(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under each switch, the numeric path as predicted before any kernel loader ran (asking
+    runs none), then what the loaders decide once they have."""
+    from hfadapt.spyre.numerics import dl16_native
 
-out = {}
-for name, env in [("default", {}), ("no_dl16", {"HFADAPT_NATIVE_DL16": "0"}),
-                  ("no_amx", {"HFADAPT_NATIVE_AMX": "0"}), ("no_cc", {"CC": "/nonexistent/cc"})]:
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    out[name] = numeric_path()
-    for k, v in saved.items():
-        os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
-out["loaded_by_asking"] = dl16_native.load.cache_info().currsize
-dl16_native.available()  # builds (or loads) the kernels: now the loaders decide
-out["decided"] = numeric_path()
-print(json.dumps(out))
-"""
-
-
-def test_numeric_path_is_predicted_without_building_then_read_from_the_loaders() -> None:
-    env = {k: v for k, v in os.environ.items() if k not in ("HFADAPT_NATIVE_DL16", "CC")}
-    env.pop("HFADAPT_NATIVE_AMX", None)
-    done = subprocess.run(
-        [sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    out = json.loads(done.stdout.strip().splitlines()[-1])
-    print("\n" + json.dumps(out, indent=1))
-    assert out["loaded_by_asking"] == 0, out  # asking built and loaded nothing
-    assert (out["no_dl16"]["numeric.dl16"], out["no_dl16"]["numeric.amx"]) == ("torch", "fp32")
-    assert out["no_amx"]["numeric.amx"] == "fp32", out["no_amx"]
-    assert out["no_amx"]["numeric.dl16"] == out["default"]["numeric.dl16"], out
-    assert (out["no_cc"]["numeric.dl16"], out["no_cc"]["numeric.amx"]) == ("torch", "fp32")
+    for name in ("HFADAPT_NATIVE_DL16", "HFADAPT_NATIVE_AMX", "CC"):
+        monkeypatch.delenv(name, raising=False)
+    switches = {
+        "default": {},
+        "no_dl16": {"HFADAPT_NATIVE_DL16": "0"},
+        "no_amx": {"HFADAPT_NATIVE_AMX": "0"},
+        "no_cc": {"CC": "/nonexistent/cc"},
+    }
+    paths: dict[str, dict[str, str]] = {}
+    with loaders_not_run():
+        for name, env in switches.items():
+            with monkeypatch.context() as m:
+                for key, value in env.items():
+                    m.setenv(key, value)
+                paths[name] = numeric_path()
+        run_by_asking = loaders_run()
+        dl16_native.available()  # builds (or loads) the kernels: now the loaders decide
+        paths["decided"] = numeric_path()
+    print(f"\nloaders run by asking: {run_by_asking}\n" + json.dumps(paths, indent=1))
+    assert run_by_asking == 0, f"asking ran {run_by_asking} kernel loaders"
+    assert (paths["no_dl16"]["numeric.dl16"], paths["no_dl16"]["numeric.amx"]) == ("torch", "fp32")
+    assert paths["no_amx"]["numeric.amx"] == "fp32", paths["no_amx"]
+    assert paths["no_amx"]["numeric.dl16"] == paths["default"]["numeric.dl16"], paths
+    assert (paths["no_cc"]["numeric.dl16"], paths["no_cc"]["numeric.amx"]) == ("torch", "fp32")
     # the prediction is what the loaders then decide (this machine has a compiler)
-    assert out["decided"] == out["default"], (out["decided"], out["default"])
+    assert paths["decided"] == paths["default"], (paths["decided"], paths["default"])
 
 
 BEFORE = {"hfadapt": "0.1.0", "transformers": "5.24.0", "kernels": ABSENT, "numeric.amx": "tiles"}

@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import copy
-import subprocess
-import sys
 import tomllib
 import warnings
 from pathlib import Path
@@ -110,43 +108,58 @@ def test_device_warnings_show_once_per_call_site_and_are_counted(device_minilm) 
 
 # ---- 9: adapt, then .to("spyre") and torch.compile ---------------------------------------------
 
-_FRESH_PROCESS = """
-import sys, warnings, torch
-warnings.simplefilter("ignore")
-from transformers import BertConfig, BertModel
-import hfadapt
-from hfadapt.errors import DeviceError
-torch.manual_seed(0)
-model = BertModel(BertConfig(hidden_size=64, num_attention_heads=2, intermediate_size=128,
-                             num_hidden_layers=1, vocab_size=100)).eval()
-ids = torch.randint(1, 100, (2, 9))
-with torch.no_grad():
-    ref = model(input_ids=ids).last_hidden_state
-hfadapt.adapt(model)                       # hfadapt.load never ran in this process
-model.to("spyre")
-try:
-    model(input_ids=ids.to("spyre"))
-    print("fp32: no error")
-except DeviceError as exc:
-    print("fp32:", exc)
-model.half()
-with torch.no_grad():
-    out = model(input_ids=ids.to("spyre")).last_hidden_state.cpu().float()
-print("max diff:", (out - ref).abs().max().item())
-"""
 
+def test_adapt_registers_the_device_and_refuses_fp32_with_a_hint(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``adapt`` alone (no ``hfadapt.load``) registers the device and the compile backend; a
+    float32 model on the device is refused with a one-line hint, and after ``model.half()`` it
+    runs close to the CPU's float32 output."""
+    from transformers import BertConfig, BertModel
 
-def test_adapt_registers_the_device_and_refuses_fp32_with_a_hint() -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", _FRESH_PROCESS], capture_output=True, text=True, timeout=600
+    from hfadapt.errors import DeviceError
+    from hfadapt.spyre.compile import backend
+    from hfadapt.spyre.eager import device
+
+    registered: list[str] = []
+    for part in (device, backend):
+        monkeypatch.setattr(part, "register", _noting(part.register, part.__name__, registered))
+    torch.manual_seed(0)
+    config = BertConfig(
+        hidden_size=64,
+        num_attention_heads=2,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        vocab_size=100,
     )
-    print(done.stdout, done.stderr[-2000:])
-    assert done.returncode == 0, done.stderr[-2000:]
-    lines = dict(line.split(":", 1) for line in done.stdout.strip().splitlines())
-    hint = lines["fp32"].strip()
+    model = BertModel(config).eval()
+    ids = torch.randint(1, 100, (2, 9))
+    with torch.no_grad():
+        ref = model(input_ids=ids).last_hidden_state
+    hfadapt.adapt(model)
+    assert registered == [device.__name__, backend.__name__], registered
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the device's int64 downcast
+        model.to("spyre")
+        with pytest.raises(DeviceError) as refused:
+            model(input_ids=ids.to("spyre"))
+        model.half()
+        out = model(input_ids=ids.to("spyre")).last_hidden_state.cpu().float()
+    hint = str(refused.value)
     assert "model.half()" in hint and "\n" not in hint, hint
-    diff = float(lines["max diff"])
+    diff = (out - ref).abs().max().item()
+    print(f"fp16 device vs fp32 CPU max diff {diff}")
     assert diff < 0.05, f"fp16 device vs fp32 CPU max diff {diff}"
+
+
+def _noting(register: Any, name: str, calls: list[str]) -> Any:
+    """``register``, noting ``name`` in ``calls`` each time it runs."""
+
+    def noted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(name)
+        return register(*args, **kwargs)
+
+    return noted
 
 
 @pytest.mark.slow

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import torch
+from support.native_loaders import loaders_not_run
 
 from hfadapt.spyre.numerics import amx, dl16_native, kernels
 from hfadapt.spyre.numerics.dl16 import DEFAULT_FORMAT, optional_rounding_args, round_dl16
@@ -332,17 +333,23 @@ def test_a_compiled_linear_is_made_on_the_tiles() -> None:
     assert torch.equal(compiled, eager), float((compiled - eager).abs().max())
 
 
-def test_the_setting_turns_the_tiles_off() -> None:
-    """HFADAPT_NATIVE_AMX=0: no product takes the tiles in that process."""
-    import os
-    import subprocess
-    import sys
-
-    code = "from hfadapt.spyre.numerics import amx; print(amx.available())"
-    env = {**os.environ, "HFADAPT_NATIVE_AMX": "0"}
-    off = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    on = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert (off.stdout.strip(), on.stdout.strip()) == ("False", "True"), (off, on)
+def test_the_setting_turns_the_tiles_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """HFADAPT_NATIVE_AMX=0: no product takes the tiles in that process (read, as a new process
+    reads it, by loaders that have not run yet)."""
+    g = torch.Generator().manual_seed(9)
+    a = round_dl16(torch.randn(128, 256, generator=g))  # big enough for the tiles (MIN_MACS)
+    b = round_dl16(torch.randn(256, 128, generator=g))
+    seen = {}
+    for setting in ("0", "1"):
+        monkeypatch.setenv("HFADAPT_NATIVE_AMX", setting)
+        with loaders_not_run():
+            seen[setting] = (
+                amx.available(),
+                amx.product(a, b, CHUNK, BITS, None, None) is not None,
+            )
+    assert seen == {"0": (False, False), "1": (True, True)}, (
+        f"(available, tiled) by setting: {seen}"
+    )
 
 
 def _amx_kernels() -> tuple[Callable[..., int], Callable[..., None]]:

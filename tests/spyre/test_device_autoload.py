@@ -59,42 +59,62 @@ def test_opt_out_variables(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not autoload.enabled()
 
 
-def test_import_torch_registers_the_simulator_unless_told_not_to(tmp_path: Path) -> None:
+def test_import_torch_registers_the_simulator(tmp_path: Path) -> None:
+    """A fresh interpreter's ``import torch`` alone registers the device (through the declared
+    entry point; the opt-outs are read by the same entry point, in process below)."""
     meta = _dist_info(tmp_path / "meta", _declared())
-    fake_card = tmp_path / "card"
-    (fake_card / "torch_spyre").mkdir(parents=True)
-    (fake_card / "torch_spyre" / "__init__.py").write_text("")  # importable, registers nothing
-    base = {
+    env = {
         k: v
         for k, v in os.environ.items()
         if k not in (autoload.ENV, "TORCH_DEVICE_BACKEND_AUTOLOAD")
     }
-    path = os.pathsep.join([str(ROOT), str(meta)])
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(meta)])
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "DEVICE spyre:0", (done.stdout, done.stderr[-500:])
+
+
+def test_the_entry_point_registers_nothing_when_told_not_to(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the entry point does when ``import torch`` calls it: register the device by
+    default; nothing under either opt-out or with the real torch_spyre importable."""
+    from hfadapt.spyre.eager import device
+
+    fake_card = tmp_path / "card"
+    (fake_card / "torch_spyre").mkdir(parents=True)
+    (fake_card / "torch_spyre" / "__init__.py").write_text("")  # importable, registers nothing
+    calls: list[str] = []
+    monkeypatch.setattr(device, "register", lambda force=False: calls.append("register"))
+    monkeypatch.setattr(autoload, "_stepped_aside", None)
+    monkeypatch.delenv(autoload.ENV, raising=False)
+    monkeypatch.delenv("TORCH_DEVICE_BACKEND_AUTOLOAD", raising=False)
     cases = {
-        "default": {**base, "PYTHONPATH": path},
-        "hfadapt opt-out": {**base, "PYTHONPATH": path, autoload.ENV: "0"},
-        "torch opt-out": {**base, "PYTHONPATH": path, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"},
-        "real torch_spyre": {**base, "PYTHONPATH": os.pathsep.join([path, str(fake_card)])},
+        "default": {},
+        "hfadapt opt-out": {autoload.ENV: "0"},
+        "torch opt-out": {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"},
+        "real torch_spyre": {"card": str(fake_card)},
     }
-    procs = {
-        name: subprocess.Popen(
-            [sys.executable, "-c", _PROBE],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for name, env in cases.items()
-    }
-    outs = {}
-    for name, proc in procs.items():
-        out, err = proc.communicate(timeout=600)
-        assert proc.returncode == 0, (name, err[-2000:])
-        outs[name] = out.strip()
-    print(outs)
-    assert outs["default"] == "DEVICE spyre:0", outs
-    for name in ("hfadapt opt-out", "torch opt-out", "real torch_spyre"):
-        assert outs[name].startswith("NO DEVICE"), (name, outs[name])
+    registered = {}
+    for name, env in cases.items():
+        with monkeypatch.context() as m:
+            for key, value in env.items():
+                if key == "card":
+                    m.syspath_prepend(value)
+                else:
+                    m.setenv(key, value)
+            calls.clear()
+            autoload._autoload()
+            registered[name] = len(calls)
+    print(f"register() calls by case: {registered}")
+    assert registered == {
+        "default": 1,
+        "hfadapt opt-out": 0,
+        "torch opt-out": 0,
+        "real torch_spyre": 0,
+    }, registered
 
 
 def test_hfadapt_importing_torch_first_keeps_torch_importable(tmp_path: Path) -> None:

@@ -14,9 +14,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from support.cli_runner import run_cli
+from support.native_loaders import loaders, loaders_not_run
 
-from hfadapt.spyre.numerics import dl16_native, native_build
+from hfadapt.spyre.numerics import dl16, dl16_native, native_build
 
 COMPILER_SAYS = "dl16.c:1:10: fatal error: stdint.h: No such file or directory"
 
@@ -56,38 +58,13 @@ print(json.dumps({"found": found, "same": same, "status": status}))
 
 
 def _process(env: dict[str, str]) -> tuple[dict[str, object], list[str]]:
-    """A fresh interpreter's kernels, rounding and status; and its warning lines about them."""
+    """A new interpreter's kernels, rounding and status; and its warning lines about them."""
     done = subprocess.run(
         [sys.executable, "-c", A_PROCESS], env=env, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr[-2000:]
     warned = [line for line in done.stderr.splitlines() if "native DL16 kernels" in line]
     return json.loads(done.stdout.strip().splitlines()[-1]), warned
-
-
-def test_a_failed_build_warns_once_with_the_compilers_message_and_is_not_retried(
-    tmp_path: Path,
-) -> None:
-    cc, calls = _failing(tmp_path / "bin")
-    cache = tmp_path / "cache"
-    env = {**os.environ, "CC": str(cc), "HFADAPT_CACHE_DIR": str(cache), "HFADAPT_NATIVE_DL16": "1"}
-    first, warned = _process(env)
-    print(first, warned, sep="\n")
-    assert len(_calls(calls)) == 1, f"the compiler ran {_calls(calls)}"
-    assert len(warned) == 1 and COMPILER_SAYS in warned[0], warned
-    [record] = cache.glob("dl16-*.failed.json")
-    assert f"recorded in {record}" in warned[0] and "hfadapt cache clear" in warned[0], warned
-    assert len(first["found"]) >= 9 and not any(first["found"].values()), first["found"]  # type: ignore[attr-defined]
-    assert first["same"] is True, "the torch path did not round as itself"
-    saved = json.loads(record.read_text())
-    assert COMPILER_SAYS in saved["stderr"] and saved["compiler"] == str(cc), saved
-    assert saved["source_sha256"] and "-fopenmp" in saved["command"], saved
-
-    second, warned = _process(env)
-    assert len(_calls(calls)) == 1, f"the second process ran the compiler again: {_calls(calls)}"
-    assert len(warned) == 1 and COMPILER_SAYS in warned[0] and str(record) in warned[0], warned
-    assert second["status"] == {**first["status"]}, (first["status"], second["status"])
-    assert second["status"]["kernels"] == "failed" and second["status"]["record"] == str(record)  # type: ignore[index]
 
 
 @pytest.fixture
@@ -100,6 +77,49 @@ def fresh_process(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     monkeypatch.delenv("HFADAPT_NATIVE_DL16", raising=False)
     monkeypatch.delenv("HFADAPT_NATIVE_AMX", raising=False)
     return tmp_path / "cache"
+
+
+def _this_process(caplog: pytest.LogCaptureFixture) -> tuple[dict[str, object], list[str]]:
+    """What A_PROCESS finds, asked here with no kernel loader run yet (and the fresh_process
+    fixture's state of native_build); and the warnings about the kernels logged meanwhile."""
+    with caplog.at_level(logging.WARNING, logger=native_build.__name__), loaders_not_run():
+        found = {loader.__name__: loader() is not None for loader in loaders()}
+        x = torch.randn(64, 300) * 1e3
+        rounded = dl16.round_dl16_(x.clone())
+        same = torch.equal(rounded, dl16._round_inplace(x.clone(), dl16.DEFAULT_FORMAT))
+        status = dl16_native.native_status().as_dict()
+    warned = [r.getMessage() for r in caplog.records if "native DL16 kernels" in r.getMessage()]
+    return {"found": found, "same": same, "status": status}, warned
+
+
+def test_a_failed_build_warns_once_with_the_compilers_message_and_is_not_retried(
+    fresh_process: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The first process (this one, as a new process finds it) runs the failing compiler once
+    and warns once; a second interpreter reads the record and runs no compiler."""
+    cc, calls = _failing(tmp_path / "bin")
+    monkeypatch.setenv("CC", str(cc))
+    monkeypatch.setenv("HFADAPT_NATIVE_DL16", "1")
+    first, warned = _this_process(caplog)
+    print(first, warned, sep="\n")
+    assert len(_calls(calls)) == 1, f"the compiler ran {_calls(calls)}"
+    assert len(warned) == 1 and COMPILER_SAYS in warned[0], warned
+    [record] = fresh_process.glob("dl16-*.failed.json")
+    assert f"recorded in {record}" in warned[0] and "hfadapt cache clear" in warned[0], warned
+    assert len(first["found"]) >= 9 and not any(first["found"].values()), first["found"]  # type: ignore[attr-defined]
+    assert first["same"] is True, "the torch path did not round as itself"
+    saved = json.loads(record.read_text())
+    assert COMPILER_SAYS in saved["stderr"] and saved["compiler"] == str(cc), saved
+    assert saved["source_sha256"] and "-fopenmp" in saved["command"], saved
+
+    second, warned = _process(dict(os.environ))
+    assert len(_calls(calls)) == 1, f"the second process ran the compiler again: {_calls(calls)}"
+    assert len(warned) == 1 and COMPILER_SAYS in warned[0] and str(record) in warned[0], warned
+    assert second["status"] == {**first["status"]}, (first["status"], second["status"])
+    assert second["status"]["kernels"] == "failed" and second["status"]["record"] == str(record)  # type: ignore[index]
 
 
 def test_cache_info_shows_the_failure_and_cache_clear_asks_for_another_try(
