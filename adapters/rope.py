@@ -9,6 +9,16 @@
   one input times +-1 plus exact zeros (in fp32, which the device cannot matmul, the halves are
   taken along a new non-stick axis instead). The attention forward runs as stock code with
   ``apply_rotary_pos_emb`` seeing this ``rotate_half``.
+- A head that is not a whole number of sticks (granite-embedding-small-english-r2: 32) cannot
+  be rotated by ``x @ R`` (its K, 32, is off the stick: rule layout.matmul_k), by slicing (an
+  offset of 16 into the stick: layout.stick_slice), nor by taking the halves along a new axis
+  (the stick split into [2, 16], torch-spyre#3138: layout.interleaved_stick_split). It is
+  zero-padded on the right to whole sticks first (``constant_pad_nd``) and multiplied by R with
+  zero rows for the padding, ``[.., 64] @ [64, 32]``: K is a whole stick, the product has the
+  head's own width (no slice back), and each output is still one input times +-1 plus exact
+  zeros. Those heads get the ``rope-rotate-padded-*`` adapters (proven at head size 32), the
+  others ``rope-rotate-matmul-*`` (proven at 128): one rotation, two scopes, each proven where
+  it applies.
 - ModernBERT rotates in fp32 (``q.float() * cos ...``, then ``.to(q.dtype)``): on the card's
   eager path that fp32 -> fp16 cast returns its elements scrambled (torch-spyre #2314,
   defect.eager_fp32_cast). Its rotation runs in the model's dtype instead, cos/sin being in
@@ -22,8 +32,9 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
+from torch.nn import functional as F
 
-from hfadapt.adapters.api import STICK, adapter, host_constant, host_copy, on_host
+from hfadapt.adapters.api import STICK, adapter, head_dim, host_constant, host_copy, on_host
 from hfadapt.adapters.rebind import rebind, stock_method
 
 
@@ -75,15 +86,20 @@ ROPE_FORMS: dict[str, RopeForm] = {
 }
 
 
-def rotation_matrix(dim: int, dtype: torch.dtype, device: torch.device) -> Tensor:
-    """R with x @ R == rotate_half(x) == cat(-x[..., d/2:], x[..., :d/2]). Built on the host
-    once per (size, dtype, device); a compiled graph then sees it as a constant."""
-    return host_constant("rope.rotate_half", _rotation, dim, dtype, back_to=device)
+def rotation_matrix(
+    dim: int, dtype: torch.dtype, device: torch.device, rows: int | None = None
+) -> Tensor:
+    """R[rows, dim] with pad(x, rows - dim) @ R == rotate_half(x) == cat(-x[..., d/2:],
+    x[..., :d/2]): the rows past ``dim`` (``rows`` defaults to ``dim``) meet the zero padding
+    and are zero. Built on the host once per (size, rows, dtype, device); a compiled graph then
+    sees it as a constant."""
+    width = dim if rows is None else rows
+    return host_constant("rope.rotate_half", _rotation, dim, width, dtype, back_to=device)
 
 
-def _rotation(dim: int, dtype: torch.dtype) -> Tensor:
+def _rotation(dim: int, rows: int, dtype: torch.dtype) -> Tensor:
     half = dim // 2
-    r = torch.zeros(dim, dim, dtype=dtype)
+    r = torch.zeros(rows, dim, dtype=dtype)
     idx = torch.arange(half)
     r[idx + half, idx] = -1
     r[idx, idx + half] = 1
@@ -93,16 +109,27 @@ def _rotation(dim: int, dtype: torch.dtype) -> Tensor:
 _STICK_FP16 = STICK  # elements of a 128-byte stick in fp16/bf16 (the profile's)
 
 
+def stick_width(size: int) -> int:
+    """``size`` rounded up to whole fp16/bf16 sticks."""
+    return -(-size // _STICK_FP16) * _STICK_FP16
+
+
 def rotate_half_matmul(x: Tensor) -> Tensor:
     """rotate_half without slicing the stick dimension. fp16/bf16: ``x @ R`` (hf-adapters'
-    rewrite). fp32 (the device has no fp32 matmul), and a head size that is not a whole number
-    of sticks (the matmul's K would be off the stick boundary: granite-embedding-small's 32):
-    the halves are selected along a new second-to-last axis, negated and concatenated back."""
-    if x.dtype == torch.float32 or x.shape[-1] % _STICK_FP16 != 0:
-        halves = x.unflatten(-1, (2, x.shape[-1] // 2))
+    rewrite); a head size that is not a whole number of sticks (granite-embedding-small's 32)
+    is zero-padded to whole sticks first and R has zero rows for the padding, so the matmul's
+    K is on the stick boundary and its output has the head's own width. fp32 (the device has no
+    fp32 matmul): the halves are selected along a new second-to-last axis, negated and
+    concatenated back."""
+    size = x.shape[-1]
+    if x.dtype == torch.float32:
+        halves = x.unflatten(-1, (2, size // 2))
         x1, x2 = halves.select(-2, 0), halves.select(-2, 1)
         return torch.cat((-x2, x1), dim=-1)
-    return torch.matmul(x, rotation_matrix(x.shape[-1], x.dtype, x.device))
+    width = stick_width(size)
+    if width != size:
+        x = F.pad(x, (0, width - size))
+    return torch.matmul(x, rotation_matrix(size, x.dtype, x.device, rows=width))
 
 
 def _rotation_in_model_dtype(
@@ -152,7 +179,10 @@ def _rotary_example(form: RopeForm):
     return make
 
 
-def _attention_example(form: RopeForm):
+def _attention_example(form: RopeForm, head_size: int = 128):
+    """The family's attention at 64 tokens, hidden size 256 in heads of ``head_size``."""
+    heads = 256 // head_size
+
     def make(seed: int):
         import importlib
 
@@ -162,9 +192,9 @@ def _attention_example(form: RopeForm):
         cfg = AutoConfig.for_model(
             form.model_type,
             hidden_size=256,
-            num_attention_heads=2,
-            num_key_value_heads=2,
-            head_dim=128,
+            num_attention_heads=heads,
+            num_key_value_heads=heads,
+            head_dim=head_size,
             attn_implementation=form.attention,
             attention_dropout=0.0,
         )
@@ -207,8 +237,28 @@ def _rotated_forward(module: torch.nn.Module) -> Any:
     return rebind(stock_method(type(module), "forward"), apply_rotary_pos_emb=apply)
 
 
+def _head_on_sticks(module: torch.nn.Module, config: Any) -> bool:
+    """Whether the module's head size (the rotated width) is a whole number of sticks."""
+    size = getattr(module, "head_dim", None)
+    if not isinstance(size, int):
+        size = head_dim(config)
+    return size is None or size % _STICK_FP16 == 0
+
+
 def _with_rotated_forward(module: torch.nn.Module, config: Any) -> bool:
-    """applies(): every attention module of the family; its rotated forward is built now."""
+    """applies() of rope-rotate-matmul-*: every attention module of the family whose head is a
+    whole number of sticks; its rotated forward is built now."""
+    if not _head_on_sticks(module, config):
+        return False
+    object.__setattr__(module, _ROTATED_FORWARD, _rotated_forward(module))
+    return True
+
+
+def _with_padded_rotated_forward(module: torch.nn.Module, config: Any) -> bool:
+    """applies() of rope-rotate-padded-*: the attention modules whose head is not a whole
+    number of sticks (the rotation pads it); its rotated forward is built now."""
+    if _head_on_sticks(module, config):
+        return False
     object.__setattr__(module, _ROTATED_FORWARD, _rotated_forward(module))
     return True
 
@@ -237,10 +287,26 @@ def _register(family: str, form: RopeForm) -> None:
     )
     def attention_rotate_matmul(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         """The stock attention forward, its rotary step using rotate_half as a matmul."""
-        forward = getattr(self, _ROTATED_FORWARD, None)
-        if forward is None:  # called without the registry (a proof on its example)
-            forward = _rotated_forward(self)
-        return forward(self, *args, **kwargs)
+        return _run_rotated(self, *args, **kwargs)
+
+    @adapter(
+        name=f"rope-rotate-padded-{family}",
+        target=f"{form.module}:{form.prefix}Attention.forward",
+        rule="layout.stick_slice",
+        applies=_with_padded_rotated_forward,
+        example=_attention_example(form, head_size=32),
+    )
+    def attention_rotate_padded(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        """The stock attention forward for heads off a stick (16, 32 wide...), its rotate_half
+        a matmul on the head zero-padded to whole sticks (never a [2, n/2] split)."""
+        return _run_rotated(self, *args, **kwargs)
+
+
+def _run_rotated(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+    forward = getattr(module, _ROTATED_FORWARD, None)
+    if forward is None:  # called without the registry (a proof on its example)
+        forward = _rotated_forward(module)
+    return forward(module, *args, **kwargs)
 
 
 for _family, _form in ROPE_FORMS.items():
