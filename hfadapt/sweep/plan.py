@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from hfadapt import verdicts
@@ -196,14 +197,14 @@ class _Planner:
             reason = f"not a Hub model id: {bad_id}"
             plan.direct.append(_direct(model, verdicts.LOAD_FAILED, reason, mode, None))
             return
-        raw, source, error = _config_of(model, crawled)
+        raw, source, error, folder = _config_of(model, crawled)
         plan.sources[model.id] = source
         native = self._native(model, raw, source)
         if native is False:
             return
-        judged_as = ""
+        judged_as = _heads_judged(folder, model.id)
         if native is not None:
-            raw, error, judged_as = native.config, None, _judged_as(native)
+            raw, error, judged_as = native.config, None, judged_as + _judged_as(native)
         self._unit(model, raw, crawled, error, judged_as)
 
     def _native(self, model: HubModel, raw: dict[str, Any] | None, source: str | None) -> Any:
@@ -271,16 +272,38 @@ def _judged_as(native: Any) -> str:
     return "+" + hashlib.sha256(blob.encode()).hexdigest()[:8]
 
 
+def _heads_judged(folder: Path | None, model_id: str) -> str:
+    """The heads a model's users run after its transformer, as far as the plan can see them
+    (its folder's ``modules.json``, BGE-M3's head files or a repository known to ship them;
+    hfadapt.loading.pipeline): a unit's representative is judged with its own heads, so models
+    share a unit only when these match too (a BGE-M3 with sparse and ColBERT heads never gives
+    its verdict to a plain XLM-R of its config). Pooling and Normalize do not split units. ""
+    when there are no such heads."""
+    from hfadapt.loading.pipeline import read_pipeline
+
+    pipeline = read_pipeline(folder, model_id)
+    heads = [
+        {"kind": m.kind, "config": m.config if m.kind == "dense" else {}}
+        for m in pipeline.modules
+        if m.kind not in ("transformer", "pooling", "normalize")
+    ]
+    if not heads and not pipeline.multi_vector:
+        return ""
+    blob = json.dumps([heads, pipeline.multi_vector], sort_keys=True, default=str)
+    return "+heads:" + hashlib.sha256(blob.encode()).hexdigest()[:8]
+
+
 def _config_of(
     model: HubModel, crawled: dict[str, Any] | None
-) -> tuple[dict[str, Any] | None, str | None, str | None]:
-    """(the config to plan with, where it came from, why there is none)."""
+) -> tuple[dict[str, Any] | None, str | None, str | None, Path | None]:
+    """(the config to plan with, where it came from, why there is none, the folder holding
+    the model's files when the plan found one)."""
     from hfadapt.loading.structural import find_config
 
     if crawled is not None:
-        return crawled, "structural:crawl" if crawled else None, None
+        return crawled, "structural:crawl" if crawled else None, None, None
     try:
-        raw, where, _ = find_config(model.id)
+        raw, where, folder = find_config(model.id)
     except HfadaptError as exc:
-        return None, None, exc.one_line()
-    return raw, f"structural:{where}", None
+        return None, None, exc.one_line(), None
+    return raw, f"structural:{where}", None, folder
