@@ -163,12 +163,24 @@ def test_agent_eval_against_the_scripted_endpoint(
 
 
 @pytest.mark.slow
-def test_every_known_good_solution_is_accepted(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
-) -> None:
-    code, out, err = run_cli(
-        ["agent-eval", "--reference", "--json", "--db", str(tmp_path / "r.db")], monkeypatch, capsys
+def test_every_known_good_solution_is_accepted(tmp_path: Path) -> None:
+    """The command as users run it: a fresh process (nothing earlier tests left in this one:
+    registries, caches, torch state), its own HFADAPT_HOME."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HFADAPT_HOME": str(tmp_path / "home")}
+    args = ["agent-eval", "--reference", "--json", "--db", str(tmp_path / "r.db")]
+    done = subprocess.run(
+        [sys.executable, "-m", "hfadapt", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1500,
     )
+    code, out, err = done.returncode, done.stdout, done.stderr[-4000:]
+    assert out.strip(), (code, err)
     data = json.loads(out)
     failed = {
         r["case"]: (r["outcome"], r["reason"], r.get("steps"))

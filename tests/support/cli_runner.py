@@ -1,9 +1,10 @@
 """Running the real ``hfadapt`` entry point (``hfadapt.cli.main``, what the console script
 calls) inside a test: argv set, a wide terminal unless a test asks for a narrow one,
-SystemExit turned into an exit code."""
+SystemExit turned into an exit code; the garbage collector left as it was."""
 
 from __future__ import annotations
 
+import gc
 import sys
 
 import pytest
@@ -28,9 +29,13 @@ def run_cli(
     for c in (console, err_console):
         monkeypatch.setattr(c, "_width", columns)  # rich's own field: undo restores "unset"
     code = 0
+    threshold = gc.get_threshold()
     try:
         main()
     except SystemExit as exc:
         code = int(exc.code or 0)
+    finally:  # the command tunes its own process's collector (hfadapt.cli._process): not ours
+        gc.set_threshold(*threshold)
+        gc.unfreeze()
     out, err = capsys.readouterr()
     return code, out, err
