@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 import torch
@@ -98,6 +98,19 @@ class TrainedScale:
         0.0  # the start token's value there at the embeddings (word + position)
     )
     massive_value: float = 0.0  # its value entering a norm after an FFN (0: not modelled)
+    # The attention sink (Xiao et al. 2024, "Efficient streaming language models with attention
+    # sinks"; Sun et al. 2024 section 4: the token with the massive activation draws attention
+    # from every query): past the first layer, every query's logit on the start token stands this
+    # far above the row's mean (0: not modelled). Concentrated attention onto one key is what
+    # makes the device's attention error large: fed the same reference inputs, the real
+    # all-MiniLM-L6-v2's attention outputs come out 7-14x further off on the device (max
+    # per-token norm error 0.16-0.33%) than a stand-in's without it (0.02%); with it, 0.06%.
+    attention_sink_gap: float = 0.0
+    # ... and its value is nearly empty (Kobayashi et al. 2020, "Attention is not only a
+    # weight": BERT's heavily attended [CLS]/[SEP] carry small transformed vectors): the start
+    # token's value norm over an ordinary token's, so the attention's output is a small sum of
+    # the other tokens' values, whose device rounding weighs more (1.0: not modelled)
+    attention_sink_value: float = 1.0
 
     def describe(self) -> str:
         return ", ".join(f"{k} {v:.3g}" for k, v in asdict(self).items())
@@ -116,6 +129,14 @@ OUTLIER_NORM_BIAS_MINILM = 0.4948
 # rms is 0.69: 318x)
 MASSIVE_EMBEDDING_MINILM = 2.923
 MASSIVE_VALUE_MINILM = 212.3
+# all-MiniLM-L6-v2's attention sink (``sink_statistics``): [CLS]'s logit over the row's mean,
+# the median over queries and heads, largest over layers: 5.49 on the seeded row (on the probe
+# sentences 5.8, 5.5, 4.5, 4.3, 3.3 in layers 1-5 and 1.5 in layer 0, where a median 0.30-0.42 of
+# every query's attention sits on [CLS] from layer 1 on)
+ATTENTION_SINK_GAP_MINILM = 5.495
+# ... and [CLS]'s value norm over an ordinary token's (median over heads, smallest over layers):
+# 0.0273 on the seeded row (layers 0-5: 0.19, 0.05, 0.03, 0.03, 0.03, 0.07; the same on the probes)
+ATTENTION_SINK_VALUE_MINILM = 0.0273
 
 # Measured on all-MiniLM-L6-v2 (6 layers; the pooler left out: it is not on the judged path):
 # medians over its 36 Linear layers and 13 LayerNorms; the outliers as ``minilm_statistics``
@@ -134,6 +155,8 @@ MINILM = TrainedScale(
     outlier_norm_bias=OUTLIER_NORM_BIAS_MINILM,
     massive_embedding=MASSIVE_EMBEDDING_MINILM,
     massive_value=MASSIVE_VALUE_MINILM,
+    attention_sink_gap=ATTENTION_SINK_GAP_MINILM,
+    attention_sink_value=ATTENTION_SINK_VALUE_MINILM,
 )
 
 
@@ -159,7 +182,10 @@ def minilm_statistics(model: nn.Module) -> TrainedScale:
         other = float(position.weight.std()) if position is not None else 0.0
     share, row_gain, norm_ratio, norm_bias = outlier_statistics(model)
     massive_embedding, massive_value = massive_statistics(model)
+    sink_gap, sink_value = sink_statistics(model)
     return TrainedScale(
+        attention_sink_gap=sink_gap,
+        attention_sink_value=sink_value,
         massive_embedding=massive_embedding,
         massive_value=massive_value,
         outlier_share=share,
@@ -211,6 +237,94 @@ def massive_statistics(model: nn.Module, start_id: int = BERT_CLS_ID) -> tuple[f
             for h in handles:
                 h.remove()
     return float(start[channel].abs()), max(seen, default=0.0)
+
+
+# The query, key and value projections of one attention, by the names the families give them.
+_QKV_NAMES = (
+    ("query", "key", "value"),
+    ("q_proj", "k_proj", "v_proj"),
+    ("q_lin", "k_lin", "v_lin"),
+    ("q", "k", "v"),
+)
+
+
+def _query_keys(model: nn.Module) -> list[tuple[nn.Linear, nn.Linear, nn.Linear]]:
+    """Each attention's (query, key, value) projections, in layer order."""
+    found = []
+    for module in model.modules():
+        children = dict(module.named_children())
+        for names in _QKV_NAMES:
+            q, k, v = (children.get(n) for n in names)
+            if isinstance(q, nn.Linear) and isinstance(k, nn.Linear) and isinstance(v, nn.Linear):
+                found.append((q, k, v))
+                break
+    return found
+
+
+def _head_dim(model: nn.Module) -> int | None:
+    config = getattr(model, "config", None)
+    dim = getattr(config, "head_dim", None)
+    heads = getattr(config, "num_attention_heads", None)
+    hidden = getattr(config, "hidden_size", None)
+    if isinstance(dim, int) and dim > 0:
+        return dim
+    if isinstance(heads, int) and isinstance(hidden, int) and heads > 0 and hidden % heads == 0:
+        return hidden // heads
+    return None
+
+
+def sink_statistics(
+    model: nn.Module,
+    start_id: int = BERT_CLS_ID,
+    inputs: Mapping[str, torch.Tensor] | None = None,
+) -> tuple[float, float]:
+    """(the start token's attention logit over the row's mean logit: the median over the other
+    real queries of every row and the heads, the largest over layers; its value's norm over
+    the median other real token's: the median over rows and heads, the smallest over layers)
+    of a model, on ``inputs`` (input_ids and attention_mask, each row starting with the start
+    token), else on massive_statistics's seeded row; (0.0, 1.0) when its attentions cannot
+    be found."""
+    embeddings = getattr(model, "embeddings", None)
+    words = getattr(embeddings, "word_embeddings", None)
+    triples, dim = _query_keys(model), _head_dim(model)
+    if not isinstance(words, nn.Embedding) or not triples or dim is None:
+        return 0.0, 1.0
+    seen: dict[int, torch.Tensor] = {}
+    handles = [
+        lin.register_forward_hook(lambda m, _a, out: seen.__setitem__(id(m), out))
+        for triple in triples
+        for lin in triple
+    ]
+    if inputs is None:
+        gen = torch.Generator().manual_seed(0)
+        ids = torch.randint(1000, words.num_embeddings, (1, MASSIVE_PROBE_LENGTH), generator=gen)
+        ids[0, 0] = start_id
+        inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    real = inputs["attention_mask"].bool()
+    try:
+        with torch.no_grad():
+            model(**inputs)
+    finally:
+        for h in handles:
+            h.remove()
+    gaps, values = [], []
+    others = real.clone()
+    others[:, 0] = False  # the start token's own row
+    for q, k, v in triples:
+        if not all(id(m) in seen for m in (q, k, v)):
+            continue
+        # [batch, heads, seq, dim]; grouped keys repeated over their queries' heads
+        qs, ks, vs = (seen[id(m)].unflatten(-1, (-1, dim)).transpose(1, 2) for m in (q, k, v))
+        ks = ks.repeat_interleave(qs.shape[1] // ks.shape[1], dim=1)
+        scores = qs @ ks.transpose(-1, -2) / math.sqrt(dim)
+        keys = real[:, None, None, :]
+        mean = scores.masked_fill(~keys, 0).sum(-1) / keys.sum(-1)
+        gap = (scores[..., 0] - mean).transpose(1, 2)  # [batch, seq, heads]
+        gaps.append(float(gap[others].median()))
+        norms = vs.norm(dim=-1).transpose(1, 2)  # [batch, seq, kv heads]
+        typical = torch.stack([n[o].median(0).values for n, o in zip(norms, others, strict=True)])
+        values.append(float((norms[:, 0] / typical).median()))
+    return max(gaps, default=0.0), min(values, default=1.0)
 
 
 def _is_norm(module: nn.Module) -> bool:
@@ -285,7 +399,9 @@ def draw_trained_scale(
                     _normal_(bias, scale.norm_bias_std, gen)
                     redrawn += 1
         index = _draw_outliers(model, scale, gen, centred_norms)
-        _draw_massive(model, scale, gen, index, vocab_size, start_ids)
+        channel = _draw_massive(model, scale, gen, index, vocab_size, start_ids)
+        if channel is not None:
+            _draw_sink(model, scale, channel)
     return redrawn
 
 
@@ -376,19 +492,20 @@ def _draw_massive(
     outliers: torch.Tensor | None,
     vocab_size: int | None,
     start_ids: Sequence[int],
-) -> None:
+) -> int | None:
     """The start token's massive activation (Sun et al. 2024), as all-MiniLM-L6-v2 has it: one
     channel (not an outlier channel) that the start and delimiter tokens' rows of the token
     table and position 0's row carry at ``massive_embedding`` (split between the two tables),
     and that one neuron of every FFN, reading that channel past MASSIVE_THRESHOLD ordinary
-    deviations (so it fires on the start token only), writes at about ``massive_value``."""
+    deviations (so it fires on the start token only), writes at about ``massive_value``.
+    Returns the channel (None: not drawn)."""
     hidden = _hidden_width(model)
     if scale.massive_value <= 0 or hidden is None:
-        return
+        return None
     taken = set() if outliers is None else {int(i) for i in outliers}
     free = [int(i) for i in torch.randperm(hidden, generator=gen) if int(i) not in taken]
     if not free:
-        return
+        return None
     channel = free[0]
     token_table = next(
         (
@@ -424,3 +541,35 @@ def _draw_massive(
                 up.bias[neuron] = -threshold
         down.weight[:, neuron].zero_()
         down.weight[channel, neuron] = scale.massive_value / reach
+    return channel
+
+
+def _draw_sink(model: nn.Module, scale: TrainedScale, channel: int) -> None:
+    """The attention sink on the start token, past the first attention (the first FFN writes
+    the massive channel): entering an attention, the start token's normalized state is about
+    sqrt(hidden) * norm_gain_mean on the massive channel and little elsewhere, so its key in
+    each head is about that times the key projection's column for the channel; every query's
+    bias gains the head's share of that direction that lifts its logit on the start token by
+    ``attention_sink_gap``, and the value projection's column for the channel shrinks to
+    ``attention_sink_value`` of its draw (the sink's value nearly empty). An attention without
+    a query bias (Llama, Qwen3, T5) is left as it is; a rotary model's queries turn with
+    position, so its sink is exact at position 0 only."""
+    dim = _head_dim(model)
+    hidden = _hidden_width(model)
+    if scale.attention_sink_gap <= 0 or dim is None or hidden is None:
+        return
+    for q, k, v in _query_keys(model)[1:]:
+        if q.bias is None or q.in_features != hidden or k.in_features != hidden:
+            continue
+        if v.in_features == hidden:
+            v.weight[:, channel] *= scale.attention_sink_value
+        if q.out_features % dim or k.out_features % dim or q.out_features % k.out_features:
+            continue
+        groups = q.out_features // k.out_features
+        key = k.weight[:, channel] * (math.sqrt(hidden) * scale.norm_gain_mean)
+        for head in range(q.out_features // dim):
+            part = key[(head // groups) * dim : (head // groups + 1) * dim]
+            power = float(part.pow(2).sum())
+            if power > 0:
+                lift = scale.attention_sink_gap * math.sqrt(dim) / power
+                q.bias[head * dim : (head + 1) * dim] += part * lift

@@ -97,3 +97,31 @@ def test_the_massive_activation_is_measured_and_carried(minilm_path: Path) -> No
           f"ordinary rms {others:.2f} ({start / others:.0f}x; real 318x)")  # fmt: skip
     assert start > 50 and start / others > 50, (start, others)
     assert float(x[1:].abs().max()) < start / 5, float(x[1:].abs().max())
+
+
+def test_the_attention_sink_is_measured_and_carried(minilm_path: Path) -> None:
+    """From layer 1 on, all-MiniLM-L6-v2's queries put their attention on [CLS] (its logit
+    ~5.5 above a row's mean) and [CLS]'s value is nearly empty (~3% of an ordinary token's
+    norm): Xiao et al. 2024, Kobayashi et al. 2020. The stand-in's second layer has a sink at
+    least that steep on its start token, with a smaller value than an ordinary token's; drawn
+    without it (gap 0), no sink."""
+    from dataclasses import replace
+
+    from transformers import AutoModel
+
+    from hfadapt.loading import structural
+    from hfadapt.loading.trained_scale import draw_trained_scale, sink_statistics
+
+    real = sink_statistics(AutoModel.from_pretrained(minilm_path).eval())
+    stand_in = structural.build(minilm_path).model
+    drawn = sink_statistics(stand_in)
+    plain = structural.build(minilm_path).model
+    draw_trained_scale(plain, 0, replace(MINILM, attention_sink_gap=0.0), plain.config.vocab_size, [101, 102])  # fmt: skip
+    without = sink_statistics(plain)
+    print(f"real: gap {real[0]:.3f}, value {real[1]:.4f}; bundled {MINILM.attention_sink_gap}, "
+          f"{MINILM.attention_sink_value}; stand-in {drawn[0]:.2f}, {drawn[1]:.3f}; "
+          f"without the sink {without[0]:.2f}, {without[1]:.3f}")  # fmt: skip
+    assert real[0] == pytest.approx(MINILM.attention_sink_gap, rel=0.01)
+    assert real[1] == pytest.approx(MINILM.attention_sink_value, rel=0.01)
+    assert drawn[0] >= real[0] and drawn[1] < 0.5, drawn
+    assert without[0] < 1.0 and without[1] > drawn[1], without
