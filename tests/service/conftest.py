@@ -2,19 +2,23 @@
 and ``hfadapt serve`` (the read-only API and dashboard). The shared fixtures this part's tests
 use: the stand-in sweep worker; ``history_db``, three completed cycles (tests/support); and
 ``two_real_cycles``, the issue's two real ``hfadapt cycle --offline --top 30`` on one database,
-run once per session for the slow tests that check them (test_cycle.py, test_serve.py)."""
+run once per session for the slow tests that check them (test_cycle.py, test_serve.py), once
+under pytest-xdist too (the first worker to need them runs them, a later one reads what they
+returned)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+from filelock import FileLock
 from support.cycle_history import write_history
 from support.sweeps import fake_worker
 
@@ -60,16 +64,14 @@ def _cycle(args: list[str], env: dict[str, str]) -> CycleRun:
     return CycleRun(done.returncode, done.stdout, done.stderr, time.perf_counter() - started)
 
 
-@pytest.fixture(scope="session")
-def two_real_cycles(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TwoCycles]:
-    """Two real cycles, as real processes, on one new database (module doc of TwoCycles):
-    the first with ``--json``, the second with an adapter left out (exit 4 expected, the
-    tests check it). They run with CYCLE_WORKERS workers and the compile and CPU reference
-    caches on (in a folder of their own): the second cycle reuses the first's graphs and
-    references wherever leaving the adapter out changes nothing, as a weekly cycle does.
-    The environment is the tests' (tests/conftest.py): HF folders of its own, no HF token,
-    $HFADAPT_HOME in the session folder."""
-    root = tmp_path_factory.mktemp("two-cycles")
+def _two_cycles(root: Path) -> TwoCycles:
+    """The two cycles, as real processes, on one new database in ``root``: the first with
+    ``--json``, the second with an adapter left out (exit 4 expected, the tests check it). They
+    run with CYCLE_WORKERS workers and the compile cache on (in a folder of their own): the
+    second cycle reuses the first's graphs wherever leaving the adapter out changes nothing, as
+    a weekly cycle does (a sweep never reads the CPU reference cache: each model is judged once
+    per sweep). The environment is the tests' (tests/conftest.py): HF folders of its own, no HF
+    token, $HFADAPT_HOME in the session folder."""
     hf_home = root / "hf_home"
     env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")}
     env.update(
@@ -85,4 +87,32 @@ def two_real_cycles(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TwoCyc
     base = ["--offline", "--top", "30", "--workers", str(CYCLE_WORKERS), "--db", str(db)]
     first = _cycle([*base, "--json"], env)
     second = _cycle([*base, "--without-adapter", LEFT_OUT, "--html", str(html)], env)
-    yield TwoCycles(db, html, LEFT_OUT, first, second)
+    return TwoCycles(db, html, LEFT_OUT, first, second)
+
+
+def _read(record: Path) -> TwoCycles:
+    data: dict[str, Any] = json.loads(record.read_text())
+    return TwoCycles(Path(data["db"]), Path(data["html"]), data["left_out"],
+                     CycleRun(**data["first"]), CycleRun(**data["second"]))  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def two_real_cycles(tmp_path_factory: pytest.TempPathFactory) -> TwoCycles:
+    """The two cycles of ``_two_cycles``, once per test session. Under pytest-xdist each worker
+    has its own session, and worksteal may hand test_cycle.py and test_serve.py to different
+    workers: the first worker to need the cycles runs them in the session's shared temp folder
+    under a lock and writes what they returned beside them; a worker that needs them later
+    waits for that lock and reads the record (pytest-xdist's recipe for a session fixture run
+    once), instead of running two more cycles (~3 minutes of both cores)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return _two_cycles(tmp_path_factory.mktemp("two-cycles"))
+    shared = tmp_path_factory.getbasetemp().parent / "two-cycles"  # the workers' common folder
+    record = shared / "cycles.json"
+    with FileLock(f"{shared}.lock"):
+        if record.exists():
+            return _read(record)
+        shared.mkdir(exist_ok=True)
+        cycles = _two_cycles(shared)
+        data = {**asdict(cycles), "db": str(cycles.db), "html": str(cycles.html)}
+        record.write_text(json.dumps(data))
+        return cycles
