@@ -187,3 +187,19 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if has is not None:
         report.outcome = "failed"
         report.longrepr = f"skipped under CI=true, but this machine {has}: {reason}"
+
+
+# The longest items first: two pytest-xdist workers under ``--dist worksteal`` each take half the
+# list and steal from the end of the other's queue, so a long test left near the end makes the
+# tail where one core waits. The real-cycle tests (their session fixture runs two cycles, about
+# three minutes) go first, then the ``slow`` ones; the order within each group is kept.
+LONGEST_FIXTURE = "two_real_cycles"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    def weight(item: pytest.Item) -> int:
+        if LONGEST_FIXTURE in getattr(item, "fixturenames", ()):
+            return 0
+        return 1 if item.get_closest_marker("slow") else 2
+
+    items.sort(key=weight)  # stable
