@@ -19,8 +19,16 @@ GEMMA = "google__embeddinggemma-300m"
 CHECKPOINTS = {
     "Qwen/Qwen3-Embedding-0.6B": ("Qwen__Qwen3-Embedding-0.6B.json", "qwen3"),
     "intfloat/e5-mistral-7b-instruct": ("intfloat__e5-mistral-7b-instruct.json", "mistral"),
-    "Salesforce/SFR-Embedding-Mistral": ("Salesforce__SFR-Embedding-Mistral.json", "mistral"),
     "google/embeddinggemma-300m": (GEMMA, "gemma3"),
+}
+# Salesforce/SFR-Embedding-Mistral publishes e5-mistral-7b-instruct's shapes (its config differs
+# only in torch_dtype, use_cache and pad_token_id, none of which a structural judge reads): a
+# sweep judges the two as one unit, and so does this file (the test at the end checks they are).
+TWINS = {
+    "Salesforce/SFR-Embedding-Mistral": (
+        "Salesforce__SFR-Embedding-Mistral.json",
+        "intfloat/e5-mistral-7b-instruct",
+    )
 }
 
 
@@ -51,3 +59,22 @@ def test_card_verified_checkpoint_passes_at_its_published_shapes(
     assert m is not None and m.min_token_cosine >= 0.99, f"{model_id}: {m}"
     assert rope <= set(d.adapters), f"{model_id}: RoPE rewrites not applied: {d.adapters}"
     assert not d.evidence.get("adapters_ineffective"), d.evidence.get("adapters_ineffective")
+
+
+@pytest.mark.parametrize("model_id", list(TWINS))
+def test_a_card_verified_twin_shares_its_judged_checkpoints_signature(model_id: str) -> None:
+    """The twin's config signs as the checkpoint judged above (the sweep's unit of work), and
+    every field where the two configs differ is one the signature leaves out."""
+    import json
+
+    from hfadapt.loading.signature import signature_fields, structural_signature
+
+    name, judged = TWINS[model_id]
+    twin = json.loads(_config(name).read_text())
+    base = json.loads(_config(CHECKPOINTS[judged][0]).read_text())
+    differ = sorted(k for k in set(twin) | set(base) if twin.get(k) != base.get(k))
+    assert structural_signature(twin) == structural_signature(base), (
+        signature_fields(twin),
+        signature_fields(base),
+    )
+    assert differ == ["pad_token_id", "torch_dtype", "use_cache"], differ
