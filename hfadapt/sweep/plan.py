@@ -266,10 +266,7 @@ def _judged_as(native: Any) -> str:
     a plain EuroBERT ranked above jina-embeddings-v5-text-nano would otherwise give the nano a
     verdict judged without its tasks. "" when there is nothing besides the config."""
     extra = {"task_lora": native.task_lora, "pooling": native.pooling}
-    if not any(extra.values()):
-        return ""
-    blob = json.dumps(extra, sort_keys=True, default=str)
-    return "+" + hashlib.sha256(blob.encode()).hexdigest()[:8]
+    return _key_part("+", extra) if any(extra.values()) else ""
 
 
 def _heads_judged(folder: Path | None, model_id: str) -> str:
@@ -289,8 +286,13 @@ def _heads_judged(folder: Path | None, model_id: str) -> str:
     ]
     if not heads and not pipeline.multi_vector:
         return ""
-    blob = json.dumps([heads, pipeline.multi_vector], sort_keys=True, default=str)
-    return "+heads:" + hashlib.sha256(blob.encode()).hexdigest()[:8]
+    return _key_part("+heads:", [heads, pipeline.multi_vector])
+
+
+def _key_part(prefix: str, payload: Any) -> str:
+    """``prefix`` and 8 hex of a stable hash of ``payload``: a suffix of a unit's key."""
+    blob = json.dumps(payload, sort_keys=True, default=str)
+    return prefix + hashlib.sha256(blob.encode()).hexdigest()[:8]
 
 
 def _config_of(

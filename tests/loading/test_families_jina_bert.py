@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from support.families import bundled_family
 
 from hfadapt.hub.snapshot import bundled_config, read_snapshot
 from hfadapt.loading import translate
@@ -20,10 +21,6 @@ from hfadapt.loading.signature import config_from_dict
 
 TINY = {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
         "intermediate_size": 256, "vocab_size": 1000}  # fmt: skip
-
-
-def _family() -> translate.Family:
-    return next(f for f in translate.families() if f.name == "jina_bert_v2")
 
 
 def _base_en() -> dict[str, Any]:
@@ -107,7 +104,7 @@ def test_alibi_slopes_are_the_papers() -> None:
 def test_published_shapes_have_the_snapshot_parameter_counts() -> None:
     rows = {r.model_id: r for r in read_snapshot()}
     counts = {}
-    for variant in _family().variants:
+    for variant in bundled_family("jina_bert_v2").variants:
         got = translate.translate(copy.deepcopy(variant["config"]))
         assert isinstance(got, translate.Translation), got.one_line()
         with torch.device("meta"):

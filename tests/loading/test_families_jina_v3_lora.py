@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from support.families import bundled_family, diagnose_tiny
 
 from hfadapt.judge import task_judging
 from hfadapt.loading import lora as task_lora
@@ -26,17 +27,12 @@ TASKS = ["retrieval.query", "retrieval.passage", "separation", "classification",
 
 
 def _raw(**change: Any) -> dict[str, Any]:
-    fam = next(f for f in translate.families() if f.name == "jina_embeddings_v3")
+    fam = bundled_family("jina_embeddings_v3")
     return {**copy.deepcopy(fam.variants[0]["config"]), **TINY, **change}
 
 
 def _diagnose(ref: str | LoadedModel, **kwargs: Any) -> Any:
-    from hfadapt.judge.diagnose import diagnose
-
-    config = None if isinstance(ref, LoadedModel) else _raw()
-    mode = "full" if isinstance(ref, LoadedModel) and not ref.structural else "structural"
-    return diagnose(ref, config=config, mode=mode, record=False, localize_failures=False,
-                    execution="eager", **kwargs)  # fmt: skip
+    return diagnose_tiny(ref, _raw(), **kwargs)
 
 
 def test_the_translation_keeps_the_declared_task_adapters() -> None:

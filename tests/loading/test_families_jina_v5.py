@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import torch
+from support.families import bundled_family, diagnose_tiny
 
 from hfadapt.errors import WeightsError
 from hfadapt.hub.snapshot import read_snapshot
@@ -32,12 +33,8 @@ TINY = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
         "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2, "mask_token_id": 3}  # fmt: skip
 
 
-def _family() -> translate.Family:
-    return next(f for f in translate.families() if f.name == FAMILY)
-
-
 def _published() -> dict[str, Any]:
-    return copy.deepcopy(_family().variants[0]["config"])
+    return copy.deepcopy(bundled_family(FAMILY).variants[0]["config"])
 
 
 def _raw(**change: Any) -> dict[str, Any]:
@@ -49,12 +46,7 @@ def _row(model_id: str) -> Any:
 
 
 def _diagnose(ref: str | LoadedModel, **kwargs: Any) -> Any:
-    from hfadapt.judge.diagnose import diagnose
-
-    config = None if isinstance(ref, LoadedModel) else _raw()
-    mode = "full" if isinstance(ref, LoadedModel) and not ref.structural else "structural"
-    return diagnose(ref, config=config, mode=mode, record=False, localize_failures=False,
-                    execution="eager", **kwargs)  # fmt: skip
+    return diagnose_tiny(ref, _raw(), **kwargs)
 
 
 def test_the_published_nano_config_is_native_eurobert_with_four_task_adapters() -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch
+from support.families import bundled_family
 
 from hfadapt.hub.snapshot import read_snapshot
 from hfadapt.loading import translate
@@ -38,10 +39,6 @@ TINY_METACLIP_2: dict[str, Any] = {
 TINY_DECODER = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
                 "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
                 "vocab_size": 100, "max_position_embeddings": 64}  # fmt: skip
-
-
-def _family(name: str) -> translate.Family:
-    return next(f for f in translate.families() if f.name == name)
 
 
 def _composite(raw: dict[str, Any]) -> Any:
@@ -89,7 +86,7 @@ def test_a_config_of_no_known_composite_has_no_text_tower() -> None:
 
 
 def _tiny_translation(family: str, raw: dict[str, Any]) -> dict[str, Any]:
-    got = translate.translate(raw, _family(family))
+    got = translate.translate(raw, bundled_family(family))
     assert isinstance(got, translate.Translation), got.one_line()
     return {**got.config, **TINY_DECODER}
 
@@ -109,7 +106,7 @@ def _token0_moves_with_last_token(native: dict[str, Any]) -> float:
 
 
 BIDIRECTIONAL = [
-    ("gte_qwen2", lambda: copy.deepcopy(_family("gte_qwen2").variants[0]["config"])),
+    ("gte_qwen2", lambda: copy.deepcopy(bundled_family("gte_qwen2").variants[0]["config"])),
     ("llama_bidirec", lambda: {
         "model_type": "llama_bidirec", "architectures": ["LlamaBidirectionalModel"],
         "auto_map": {"AutoConfig": "llama_bidirectional_model.LlamaBidirectionalConfig",
@@ -142,7 +139,7 @@ def test_bidirectional_decoder_is_the_native_class_with_is_causal_false(
 
 
 def test_bidirectionality_must_be_the_models_own_statement() -> None:
-    raw = copy.deepcopy(_family("gte_qwen2").variants[0]["config"])
+    raw = copy.deepcopy(bundled_family("gte_qwen2").variants[0]["config"])
     unstated = {k: v for k, v in raw.items() if k != "is_causal"}
     got = translate.translate(unstated)
     assert isinstance(got, translate.Refusal) and got.field == "is_causal", got
@@ -160,7 +157,7 @@ def test_bidirectionality_must_be_the_models_own_statement() -> None:
 def test_gte_qwen2_shape_has_the_snapshot_parameter_count() -> None:
     from transformers import AutoModel
 
-    variant = _family("gte_qwen2").variants[0]
+    variant = bundled_family("gte_qwen2").variants[0]
     native = translate.translate(copy.deepcopy(variant["config"]))
     assert isinstance(native, translate.Translation)
     with torch.device("meta"):

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from support.families import bundled_family
 
 from hfadapt.errors import CustomCodeError
 from hfadapt.hub.snapshot import read_snapshot
@@ -19,12 +20,8 @@ from hfadapt.loading import translate
 from hfadapt.loading.signature import config_from_dict
 
 
-def _family(name: str) -> translate.Family:
-    return next(f for f in translate.families() if f.name == name)
-
-
 def _variant(family: str, name: str) -> dict[str, Any]:
-    fam = _family(family)
+    fam = bundled_family(family)
     return copy.deepcopy(next(v for v in fam.variants if v["name"] == name))
 
 
@@ -68,7 +65,7 @@ def test_each_family_translates_to_the_published_parameter_count(
     variant = _variant(family, shape)
     got = translate.translate(variant["config"])
     assert isinstance(got, translate.Translation), f"{shape}: {got}"
-    assert got.family == family and got.native_type == _family(family).native
+    assert got.family == family and got.native_type == bundled_family(family).native
     native = _native_parameters(got.config)
     if extra is None:  # jina v3: the LoRA task adapters are counted by the Hub, not used
         extra = _jina_lora_parameters(variant["config"])
@@ -190,7 +187,7 @@ def _tiny(family: str, shape: str) -> dict[str, Any]:
     raw = _variant(family, shape)["config"]
     small = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2}
     small |= {"num_attention_heads": 4, "vocab_size": 128}
-    names = {v: k for k, v in _family(family).renames.items()}
+    names = {v: k for k, v in bundled_family(family).renames.items()}
     for native_name, value in small.items():
         raw[names.get(native_name, native_name)] = value
     raw.pop("head_dim", None)

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from sqlmodel import select
+from support.families import bundled_family
 from support.sweeps import store_crawl
 
 from hfadapt.db.engine import session
@@ -22,7 +23,7 @@ from hfadapt.sweep.run import run_sweep
 
 
 def _nomic(**changes: Any) -> dict[str, Any]:
-    fam = next(f for f in translate.families() if f.name == "nomic_bert")
+    fam = bundled_family("nomic_bert")
     raw = copy.deepcopy(fam.variants[0]["config"])
     raw.update(changes)
     return raw
@@ -127,7 +128,7 @@ def test_translated_families_pass_with_adapters(tmp_path: Path, family: str, sha
 
     from hfadapt.judge.diagnose import diagnose
 
-    fam = next(f for f in translate.families() if f.name == family)
+    fam = bundled_family(family)
     raw = next(v for v in fam.variants if v["name"] == shape)["config"]
     (tmp_path / "config.json").write_text(json.dumps(raw))
     # Without adapters judged eagerly (its first violations decide the verdict, a third of the
@@ -152,7 +153,7 @@ def test_a_task_adapter_model_never_shares_a_plain_native_models_verdict(
     from hfadapt.db.engine import get_engine
     from hfadapt.hub.catalog import HubRecord
 
-    fam = next(f for f in translate.families() if f.name == "jina_embeddings_v5_nano")
+    fam = bundled_family("jina_embeddings_v5_nano")
     nano = translate.translated("jinaai/jina-embeddings-v5-text-nano", fam.variants[0]["config"])
     assert isinstance(nano, translate.Translation) and nano.task_lora, nano
     engine = get_engine(str(tmp_path / "runs.db"))
