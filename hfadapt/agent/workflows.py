@@ -263,16 +263,21 @@ def draft_targets(
             diag, cases = cases_for_model(target.model, target.judge, workdir=Path(work), db=db)
             cases, missing = wanted_cases(cases, target.fingerprints)
             if missing:
-                note(f"{target.model}: fingerprint(s) {', '.join(missing)} did not occur now "
-                     f"({diag.verdict})")  # fmt: skip
+                note(
+                    f"{target.model}: fingerprint(s) {', '.join(missing)} did not occur now "
+                    f"({diag.verdict})"
+                )
             if not cases:
                 note(f"{target.model}: nothing to draft ({diag.verdict}: {diag.reason})")
                 continue
             for case in cases:
-                note(f"drafting for {case.fingerprint} ({case.rule_id}, {case.op}) in "
-                     f"{target.model} ...")  # fmt: skip
-                outcome = draft_adapter(case, client, options, recorder=recorder,
-                                        model_id=target.model)  # fmt: skip
+                note(
+                    f"drafting for {case.fingerprint} ({case.rule_id}, {case.op}) in "
+                    f"{target.model} ..."
+                )
+                outcome = draft_adapter(
+                    case, client, options, recorder=recorder, model_id=target.model
+                )
                 outcomes.append(outcome)
                 if outcome.outcome == ENDPOINT_ERROR:
                     note(f"stopped: {outcome.reason}")

@@ -135,8 +135,12 @@ def _invoke(args: list[str], verbose: bool) -> int:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except KeyboardInterrupt:
         hint = hide_url_credentials(interrupt_hint())
-        err_console.print("interrupted" + (f": {hint}" if hint else ""), highlight=False,
-                          soft_wrap=True, markup=False)  # fmt: skip
+        err_console.print(
+            "interrupted" + (f": {hint}" if hint else ""),
+            highlight=False,
+            soft_wrap=True,
+            markup=False,
+        )
         return INTERRUPTED
     except typer.Exit as exc:
         return exc.exit_code

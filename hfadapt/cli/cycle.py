@@ -39,71 +39,113 @@ REASON_CHARS = 200  # of a regression's reason on stdout (--json holds it whole)
 def cycle(
     top: Annotated[
         int | None,
-        count_option("--top", "Sweep only the N best-ranked models (default: every crawled one).",
-                     show_default=False),
+        count_option(
+            "--top",
+            "Sweep only the N best-ranked models (default: every crawled one).",
+            show_default=False,
+        ),
     ] = None,
     offline: Annotated[
         bool,
-        typer.Option("--offline/--online",
-                     help="--offline: rank the bundled snapshot. --online (default): the Hub, or fail (exit 3)."),
+        typer.Option(
+            "--offline/--online",
+            help="--offline: rank the bundled snapshot. --online (default): the Hub, or fail (exit 3).",
+        ),
     ] = False,
     endpoint: Annotated[
         str | None,
-        typer.Option("--endpoint", metavar="URL", help="Hub API URL (a mirror).", show_default=False),
+        typer.Option(
+            "--endpoint", metavar="URL", help="Hub API URL (a mirror).", show_default=False
+        ),
     ] = None,
     limit: Annotated[int, count_option("--limit", "How many models the crawl ranks.")] = 10_000,
-    mode: Annotated[Mode, typer.Option("--mode", help="structural or full (as hfadapt sweep).")] = Mode.STRUCTURAL,
+    mode: Annotated[
+        Mode, typer.Option("--mode", help="structural or full (as hfadapt sweep).")
+    ] = Mode.STRUCTURAL,
     workers: Annotated[
-        int | None, count_option("--workers", "Parallel worker processes (as hfadapt sweep).", show_default=False)
+        int | None,
+        count_option(
+            "--workers", "Parallel worker processes (as hfadapt sweep).", show_default=False
+        ),
     ] = None,
     timeout: Annotated[
         float,
-        typer.Option("--timeout", metavar="SECONDS", callback=finite_seconds("--timeout"),
-                     help="Seconds per unit of work before worker_timeout."),
+        typer.Option(
+            "--timeout",
+            metavar="SECONDS",
+            callback=finite_seconds("--timeout"),
+            help="Seconds per unit of work before worker_timeout.",
+        ),
     ] = 600.0,
     executor: Annotated[
-        Executor, typer.Option("--executor", help="local (spawned processes) or ray (needs the ray extra: pip install '.[ray]').")
+        Executor,
+        typer.Option(
+            "--executor",
+            help="local (spawned processes) or ray (needs the ray extra: pip install '.[ray]').",
+        ),
     ] = Executor.LOCAL,
     address: Annotated[
         str | None,
-        typer.Option("--address", metavar="HOST:PORT", help="Ray cluster address.", show_default=False),
+        typer.Option(
+            "--address", metavar="HOST:PORT", help="Ray cluster address.", show_default=False
+        ),
     ] = None,
     without_adapter: WithoutAdapterOption = None,
     profile: ProfileOption = None,
     fresh: Annotated[
-        bool, typer.Option("--fresh", help="Start a new cycle instead of resuming an unfinished one.")
+        bool,
+        typer.Option("--fresh", help="Start a new cycle instead of resuming an unfinished one."),
     ] = False,
     allow_env_change: Annotated[
-        bool, typer.Option("--allow-env-change", help="Resume a sweep recorded in another environment.")
+        bool,
+        typer.Option("--allow-env-change", help="Resume a sweep recorded in another environment."),
     ] = False,
     html: Annotated[
         Path | None,
-        typer.Option("--html", metavar="PATH", help="Write the HTML report (against the last cycle) here.",
-                     show_default=False),
+        typer.Option(
+            "--html",
+            metavar="PATH",
+            help="Write the HTML report (against the last cycle) here.",
+            show_default=False,
+        ),
     ] = None,
     webhook: Annotated[
         str | None,
-        typer.Option("--webhook", metavar="URL",
-                     help="When something regressed, POST a JSON summary here (a chat or alerting "
-                     "webhook); a failure to deliver is a warning. Only its host is ever printed.",
-                     show_default=False),
+        typer.Option(
+            "--webhook",
+            metavar="URL",
+            help="When something regressed, POST a JSON summary here (a chat or alerting "
+            "webhook); a failure to deliver is a warning. Only its host is ever printed.",
+            show_default=False,
+        ),
     ] = None,
     draft: Annotated[
         bool,
-        typer.Option("--draft", help="Draft adapters for the failure fingerprints new since the "
-                     "last completed cycle, within the budget (needs an endpoint, as hfadapt draft)."),
+        typer.Option(
+            "--draft",
+            help="Draft adapters for the failure fingerprints new since the "
+            "last completed cycle, within the budget (needs an endpoint, as hfadapt draft).",
+        ),
     ] = False,
     draft_attempts: Annotated[
         int | None,
-        typer.Option("--draft-attempts", metavar="N", show_default=False,
-                     help="With --draft: drafts asked of the endpoint in the whole cycle, 1-1000 "
-                     "(default 8; at most 4 per fingerprint)."),
+        typer.Option(
+            "--draft-attempts",
+            metavar="N",
+            show_default=False,
+            help="With --draft: drafts asked of the endpoint in the whole cycle, 1-1000 "
+            "(default 8; at most 4 per fingerprint).",
+        ),
     ] = None,
     draft_tokens: Annotated[
         int | None,
-        typer.Option("--draft-tokens", metavar="N", show_default=False,
-                     help="With --draft: prompt + completion tokens in the whole cycle, "
-                     "1,000-100,000,000 (default 200,000)."),
+        typer.Option(
+            "--draft-tokens",
+            metavar="N",
+            show_default=False,
+            help="With --draft: prompt + completion tokens in the whole cycle, "
+            "1,000-100,000,000 (default 200,000).",
+        ),
     ] = None,
     base_url: BaseUrlOption = None,
     agent_model: AgentModelOption = None,
@@ -111,7 +153,7 @@ def cycle(
     unsafe_no_isolation: UnsafeOption = False,
     db: DbOption = None,
     as_json: JsonOption = False,
-) -> None:  # fmt: skip
+) -> None:
     """One pass of the whole job, for a scheduler: crawl, sweep, compare with the last completed
     cycle, draft for new failure fingerprints (--draft), report. Exit 4 when a model that passed
     then fails now (the regressions are printed); an interrupted cycle resumes; a second cycle on
@@ -125,16 +167,29 @@ def cycle(
             "--offline ranks the bundled snapshot; it cannot be combined with --endpoint"
         )
     check_output(html, "--html")
-    drafting = _drafting(draft, draft_attempts, draft_tokens, base_url, agent_model, api_key,
-                         unsafe_no_isolation)  # fmt: skip
+    drafting = _drafting(
+        draft, draft_attempts, draft_tokens, base_url, agent_model, api_key, unsafe_no_isolation
+    )
     if webhook is not None:
         from hfadapt.service.webhook import check_webhook
 
         check_webhook(webhook)
-    judging = JudgeOptions(mode=mode, profile=profile, without_adapters=left_out(False, without_adapter),
-                           localize=False)  # fmt: skip
-    sweep = SweepOptions(judge=judging, top=top, workers=workers, timeout=timeout, executor=executor,
-                         address=address, resume=not fresh, allow_env_change=allow_env_change)  # fmt: skip
+    judging = JudgeOptions(
+        mode=mode,
+        profile=profile,
+        without_adapters=left_out(False, without_adapter),
+        localize=False,
+    )
+    sweep = SweepOptions(
+        judge=judging,
+        top=top,
+        workers=workers,
+        timeout=timeout,
+        executor=executor,
+        address=address,
+        resume=not fresh,
+        allow_env_change=allow_env_change,
+    )
     from hfadapt.cli.sweep import _check_before_work, _Display, _resume_command
 
     _check_before_work(sweep)
@@ -154,17 +209,31 @@ def cycle(
         display.update(p)
         on_interrupt(hint[0])  # the cycle's command resumes the sweep too
 
-    options = CycleOptions(sweep=sweep, offline=offline, endpoint=endpoint, limit=limit,
-                           drafting=drafting)  # fmt: skip
+    options = CycleOptions(
+        sweep=sweep, offline=offline, endpoint=endpoint, limit=limit, drafting=drafting
+    )
     if drafting is not None and not as_json:
         _note(f"accepted drafts are written to {drafting.home()} and apply to every later model")
     try:
         with display:
-            result = run_cycle(engine, options, progress=progress, started_cycle=claimed,
-                               note=(lambda _: None) if as_json else _note)  # fmt: skip
+            result = run_cycle(
+                engine,
+                options,
+                progress=progress,
+                started_cycle=claimed,
+                note=(lambda _: None) if as_json else _note,
+            )
     except HubUnreachableError as exc:  # the library names no flag; the CLI names its own
         raise HubUnreachableError(f"{exc.one_line(flags=True)} with --offline") from exc
     on_interrupt("")
+    _conclude(engine, result, html=html, webhook=webhook, as_json=as_json)
+
+
+def _conclude(
+    engine: Any, result: Any, *, html: Path | None, webhook: str | None, as_json: bool
+) -> None:
+    """What a finished cycle leaves: the HTML report, the webhook told of regressions, the
+    summary (or its JSON) and the exit code (4 when something regressed)."""
     _report(engine, result, html)
     code = REGRESSIONS_FOUND if result.regressions else 0
     plan_exit(code)
@@ -191,9 +260,14 @@ def _drafting(
     every value checked here, before any work: the budgets' bounds, bubblewrap (exit 3 unless
     --unsafe-no-isolation), the endpoint's settings as ``hfadapt draft`` takes them (flags,
     then $OPENAI_BASE_URL, $OPENAI_API_KEY, $HFADAPT_AGENT_MODEL; never a default endpoint)."""
-    given = {"--draft-attempts": attempts is not None, "--draft-tokens": tokens is not None,
-             "--base-url": base_url is not None, "--model": agent_model is not None,
-             "--api-key": api_key is not None, "--unsafe-no-isolation": unsafe}  # fmt: skip
+    given = {
+        "--draft-attempts": attempts is not None,
+        "--draft-tokens": tokens is not None,
+        "--base-url": base_url is not None,
+        "--model": agent_model is not None,
+        "--api-key": api_key is not None,
+        "--unsafe-no-isolation": unsafe,
+    }
     if not draft:
         stray = [flag for flag, set_ in given.items() if set_]
         if stray:
@@ -208,8 +282,10 @@ def _drafting(
         DraftBudget,
     )
 
-    budget = DraftBudget(DEFAULT_ATTEMPTS if attempts is None else attempts,
-                         DEFAULT_TOKENS if tokens is None else tokens)  # fmt: skip
+    budget = DraftBudget(
+        DEFAULT_ATTEMPTS if attempts is None else attempts,
+        DEFAULT_TOKENS if tokens is None else tokens,
+    )
     require_isolation(unsafe=unsafe)
     settings = AgentSettings.from_env(model=agent_model, base_url=base_url, api_key=api_key)
     return CycleDrafting(settings=settings, budget=budget, unsafe_no_isolation=unsafe)
@@ -246,16 +322,25 @@ def _json(result: Any, engine: Any) -> dict[str, Any]:
 
     comp = result.comparison
     return {
-        "cycle": result.cycle_id, "resumed": result.resumed, "crawl": result.crawl_id,
-        "crawled": result.crawled, "sweep": result.sweep.sweep_id,
-        "baseline_cycle": result.baseline_cycle, "regressions_found": result.regressions,
-        "counts": result.sweep.counts, "comparison": comp.to_dict() if comp else None,
+        "cycle": result.cycle_id,
+        "resumed": result.resumed,
+        "crawl": result.crawl_id,
+        "crawled": result.crawled,
+        "sweep": result.sweep.sweep_id,
+        "baseline_cycle": result.baseline_cycle,
+        "regressions_found": result.regressions,
+        "counts": result.sweep.counts,
+        "comparison": comp.to_dict() if comp else None,
         "drafting": result.drafting.to_dict() if result.drafting else None,
-        "seconds": {"total": round(result.seconds, 3), "crawl": round(result.crawl_seconds, 3),
-                    "sweep": round(result.sweep_seconds, 3), "compare": round(result.compare_seconds, 3),
-                    "draft": round(result.draft_seconds, 3)},
+        "seconds": {
+            "total": round(result.seconds, 3),
+            "crawl": round(result.crawl_seconds, 3),
+            "sweep": round(result.sweep_seconds, 3),
+            "compare": round(result.compare_seconds, 3),
+            "draft": round(result.draft_seconds, 3),
+        },
         "db": describe(engine),
-    }  # fmt: skip
+    }
 
 
 def _print(result: Any) -> None:
@@ -266,7 +351,10 @@ def _print(result: Any) -> None:
         f"cycle {result.cycle_id}{' (resumed)' if result.resumed else ''}: sweep {swept.sweep_id}, "
         f"{plural(swept.models, 'model')} in {result.seconds:.0f} s "
         f"(crawl {result.crawl_seconds:.1f} s, sweep {result.sweep_seconds:.0f} s, "
-        f"compare {result.compare_seconds:.2f} s)", highlight=False, soft_wrap=True)  # fmt: skip
+        f"compare {result.compare_seconds:.2f} s)",
+        highlight=False,
+        soft_wrap=True,
+    )
     if comp is None:
         err_console.print(
             "  first cycle on this database: nothing to compare with", highlight=False

@@ -211,6 +211,7 @@ def _write_files(
 def _print_report(rep: Any) -> None:
     """The report's tables on stdout."""
     from hfadapt.report.charts import fmt_count
+    from hfadapt.report.coverage import TYPE_COLUMNS
 
     where = f"sweep {rep.sweep['id']}" if rep.sweep else "latest run of every model"
     console.print(
@@ -241,17 +242,7 @@ def _print_report(rep: Any) -> None:
             fmt_count(lv.passed_downloads),
         )
     console.print(levels)
-    table = Table(
-        "model_type",
-        "models",
-        "pass",
-        "arch. pass",
-        "pass rate",
-        "downloads",
-        "pass rate (downloads)",
-        title="by model_type (top 15)",
-        title_justify="left",
-    )
+    table = Table(*TYPE_COLUMNS, title="by model_type (top 15)", title_justify="left")
     for t in rep.by_model_type[:15]:
         table.add_row(
             escape(t.model_type),

@@ -39,13 +39,18 @@ def _listen(host: str, port: int) -> socket.socket:
 def serve(
     host: Annotated[
         str,
-        typer.Option("--host", metavar="ADDRESS",
-                     help="Address to listen on. Anything but loopback exposes the API without "
-                     "authentication: put a reverse proxy with auth in front (docs/service.md)."),
+        typer.Option(
+            "--host",
+            metavar="ADDRESS",
+            help="Address to listen on. Anything but loopback exposes the API without "
+            "authentication: put a reverse proxy with auth in front (docs/service.md).",
+        ),
     ] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", min=1, max=65535, metavar="N", help="TCP port.")] = 8000,
+    port: Annotated[
+        int, typer.Option("--port", min=1, max=65535, metavar="N", help="TCP port.")
+    ] = 8000,
     db: DbOption = None,
-) -> None:  # fmt: skip
+) -> None:
     """Serve the results database read-only: a JSON API (/api/..., described at /docs and
     /openapi.json) and a dashboard (/) of coverage across cycles, the latest regressions,
     failure fingerprints, and a page per model. Ctrl-C stops it."""
@@ -60,18 +65,29 @@ def serve(
         sock = _listen(host, port)
         results = Results(engine)
         server = uvicorn.Server(
-            uvicorn.Config(create_app(results), log_config=None, log_level="warning",
-                           access_log=False, lifespan="off")
-        )  # fmt: skip
+            uvicorn.Config(
+                create_app(results),
+                log_config=None,
+                log_level="warning",
+                access_log=False,
+                lifespan="off",
+            )
+        )
         shown = f"[{host}]" if ":" in host else host
         err_console.print(
             f"serving http://{escape(shown)}:{port}/ (API: /docs) read-only over "
-            f"{escape(results.where)}; Ctrl-C stops", highlight=False, soft_wrap=True)  # fmt: skip
+            f"{escape(results.where)}; Ctrl-C stops",
+            highlight=False,
+            soft_wrap=True,
+        )
         if host not in LOOPBACK:
             err_console.print(
                 f"note: listening on {escape(host)}, not loopback: anyone who reaches this port "
                 "reads the results (no authentication; docs/service.md says how to put it "
-                "behind a proxy)", highlight=False, soft_wrap=True)  # fmt: skip
+                "behind a proxy)",
+                highlight=False,
+                soft_wrap=True,
+            )
         server.run(sockets=[sock])
     finally:
         engine.dispose()

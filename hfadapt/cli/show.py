@@ -16,8 +16,9 @@ from hfadapt.judge.environment import summary
 
 
 def _say(label: str, text: Any, style: str | None = None) -> None:
-    console.print(f"  [bold]{label}:[/bold] {escape(str(text))}", highlight=False,
-                  soft_wrap=True, style=style)  # fmt: skip
+    console.print(
+        f"  [bold]{label}:[/bold] {escape(str(text))}", highlight=False, soft_wrap=True, style=style
+    )
 
 
 @app.command()
@@ -82,8 +83,12 @@ def show(
             console.print(f"    {escape(line)}", highlight=False, soft_wrap=True)
             if v["site"]:
                 code = f"  `{v['code']}`" if v["code"] else ""
-                console.print(f"      at {escape(v['site'])}{escape(code)}", highlight=False,
-                              soft_wrap=True, style="dim")  # fmt: skip
+                console.print(
+                    f"      at {escape(v['site'])}{escape(code)}",
+                    highlight=False,
+                    soft_wrap=True,
+                    style="dim",
+                )
     if card["fallbacks"]:
         _say("cpu fallbacks", ", ".join(f"{op} x{n}" for op, n in card["fallbacks"].items()))
     _say("rested on", summary(card["versions"]))

@@ -23,9 +23,12 @@ from hfadapt.hub.resolve import hf_cache_dir, remote_code_reason
 __all__ = ["CONFIG_ERROR_KEY", "REASONS", "ConfigFetch", "config_error", "fetch_configs"]
 
 CONFIG_ERROR_KEY = "_hfadapt_config_error"
-GATED, MISSING, NOT_JSON, NO_MODEL_TYPE, CUSTOM_CODE, UNREACHABLE = (
-    "gated", "missing", "not JSON", "no model_type", "custom code", "unreachable",
-)  # fmt: skip
+GATED = "gated"
+MISSING = "missing"
+NOT_JSON = "not JSON"
+NO_MODEL_TYPE = "no model_type"
+CUSTOM_CODE = "custom code"
+UNREACHABLE = "unreachable"
 REASONS = (GATED, MISSING, NOT_JSON, NO_MODEL_TYPE, CUSTOM_CODE, UNREACHABLE)
 WORKERS = 8
 RETRIES = 2  # after the first try
@@ -95,8 +98,9 @@ def _one(model_id: str, endpoint: str, token: str | bool | None) -> tuple[dict[s
     retries = 0
     while True:
         try:
-            path = hf_hub_download(model_id, "config.json", cache_dir=hf_cache_dir(),
-                                   endpoint=endpoint, token=token)  # fmt: skip
+            path = hf_hub_download(
+                model_id, "config.json", cache_dir=hf_cache_dir(), endpoint=endpoint, token=token
+            )
             break
         except Exception as exc:
             if _transient(exc) and retries < RETRIES:

@@ -46,9 +46,18 @@ if TYPE_CHECKING:
 DEFAULT_LIMIT = 10_000
 EMBEDDING_PIPELINE_TAGS = ("feature-extraction", "sentence-similarity")
 EXPAND: list[ExpandModelProperty_T] = [
-    "config", "downloads", "likes", "library_name", "safetensors", "sha", "tags", "gated",
-    "pipeline_tag", "createdAt", "siblings",
-]  # fmt: skip
+    "config",
+    "downloads",
+    "likes",
+    "library_name",
+    "safetensors",
+    "sha",
+    "tags",
+    "gated",
+    "pipeline_tag",
+    "createdAt",
+    "siblings",
+]
 SNAPSHOT = "snapshot"
 
 __all__ = [
@@ -287,8 +296,9 @@ def crawl(
             ranked = list_hub_models(api, limit=limit, missing=missing, refused=refused)
             prefilter.apply(ranked)
             if configs:
-                fetched = fetch_configs(ranked, endpoint=api.endpoint, token=api.token,
-                                        progress=config_progress)  # fmt: skip
+                fetched = fetch_configs(
+                    ranked, endpoint=api.endpoint, token=api.token, progress=config_progress
+                )
         stored = catalog.save_crawl(engine, crawl_id, ranked, source=source)
     except BaseException as exc:
         message = exc.one_line() if isinstance(exc, HubError) else f"{type(exc).__name__}: {exc}"

@@ -32,10 +32,30 @@ MOE_MODEL_TYPES = frozenset(
 MOE_MODEL_TYPE_PREFIXES = ("deepseek_v2", "deepseek_v3", "deepseek_v4")
 MOE_ARCH_MARKERS = ("mixtral", "moe", "dbrx", "jamba", "arctic", "olmoe", "deepseek", "gptoss")
 MULTIMODAL_MARKERS = (
-    "clip", "vision", "_vl", "vl_", "vit", "blip", "audio", "wav2vec", "hubert", "wavlm", "mimi",
-    "encodec", "whisper", "speecht5", "sew", "unispeech", "data2vec-audio", "videoprism", "video",
-    "owlvit", "groupvit", "_omni", "omni",
-)  # fmt: skip
+    "clip",
+    "vision",
+    "_vl",
+    "vl_",
+    "vit",
+    "blip",
+    "audio",
+    "wav2vec",
+    "hubert",
+    "wavlm",
+    "mimi",
+    "encodec",
+    "whisper",
+    "speecht5",
+    "sew",
+    "unispeech",
+    "data2vec-audio",
+    "videoprism",
+    "video",
+    "owlvit",
+    "groupvit",
+    "_omni",
+    "omni",
+)
 MULTIMODAL_TAGS = frozenset({"image-feature-extraction", "multimodal", "vision", "audio"})
 
 # Weights transformers loads itself; anything else (ONNX, GGUF, an adapter) needs another runtime.

@@ -16,6 +16,7 @@ from hfadapt.errors import (
     ConfigError,
     CustomCodeError,
     HubError,
+    HubUnreachableError,
     ModelNotFoundError,
     did_you_mean,
     option,
@@ -202,6 +203,7 @@ def download(repo_id: str, filename: str, hub: HubOptions | None = None) -> Path
     from huggingface_hub.errors import (
         EntryNotFoundError,
         GatedRepoError,
+        LocalEntryNotFoundError,
         RepositoryNotFoundError,
         RevisionNotFoundError,
     )
@@ -229,6 +231,11 @@ def download(repo_id: str, filename: str, hub: HubOptions | None = None) -> Path
     except RevisionNotFoundError as exc:
         raise ModelNotFoundError(
             f"{repo_id} has no revision {hub.revision!r} on {hub_endpoint()}"
+        ) from exc
+    except LocalEntryNotFoundError as exc:  # a subclass of EntryNotFoundError: the Hub not asked
+        raise HubUnreachableError(
+            f"cannot reach {hub_endpoint()} for {filename} of {repo_id}, and the HF cache has no "
+            "copy: check the network (or HF_HUB_OFFLINE with a filled cache)"
         ) from exc
     except EntryNotFoundError as exc:
         raise ConfigError(f"{repo_id} has no {filename} on {hub_endpoint()}") from exc

@@ -6,6 +6,7 @@ with the full evidence. ``diagnose`` is what ``hfadapt diagnose`` calls; the pha
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -57,6 +58,19 @@ def check_adapter_names(names: Sequence[str], registry: Registry | None = None) 
             "see 'hfadapt adapters list'"
         )
     return wanted
+
+
+@dataclasses.dataclass(frozen=True)
+class _RunInputs:
+    """What a run takes besides its options: the device runner, the adapters to apply, a given
+    config.json (structural) with its source label, and which caches it may use."""
+
+    runner: Runner | None = None
+    registry: Registry | None = None
+    config: dict[str, Any] | None = None
+    config_source: str | None = None
+    reuse_reference: bool = False
+    caches: bool = True
 
 
 def diagnose(
@@ -120,25 +134,30 @@ def diagnose(
     ProfileError for an unknown profile; every other outcome is a verdict in the Diagnosis.
     """
     options = JudgeOptions(
-        mode=Mode.parse(mode, "mode"), execution=Execution.parse(execution, "execution"),
-        dtype=dtype_option(dtype), profile=profile, adapters=adapters,
-        without_adapters=tuple(without_adapters), localize=localize_failures,
-        trust_remote_code=trust_remote_code, unsafe_no_isolation=unsafe_no_isolation,
-    )  # fmt: skip
-    if config is not None and not options.structural:
-        raise UsageError("config= builds a structural model: it needs mode='structural'")
-    without = check_adapter_names(options.without_adapters, registry)
-    options = options.but(without_adapters=without)
-    hub = HubOptions(
-        revision=revision,
-        token=token,
-        cache_dir=os.fspath(cache_dir) if cache_dir is not None else None,
-        local_files_only=local_files_only,
+        mode=Mode.parse(mode, "mode"),
+        execution=Execution.parse(execution, "execution"),
+        dtype=dtype_option(dtype),
+        profile=profile,
+        adapters=adapters,
+        without_adapters=tuple(without_adapters),
+        localize=localize_failures,
+        trust_remote_code=trust_remote_code,
+        unsafe_no_isolation=unsafe_no_isolation,
     )
-    return _diagnose_and_record(
-        model_ref, options, db, record=record, hub=hub, runner=runner, registry=registry,
-        config=config, config_source=config_source, reuse_reference=reuse_reference, caches=caches,
-    )  # fmt: skip
+    inputs = _RunInputs(runner, registry, config, config_source, reuse_reference, caches)
+    options = _checked_options(options, inputs)
+    path = os.fspath(cache_dir) if cache_dir is not None else None
+    hub = HubOptions(revision, token, path, local_files_only)
+    return _diagnose_and_record(model_ref, options, db, record=record, hub=hub, inputs=inputs)
+
+
+def _checked_options(options: JudgeOptions, inputs: _RunInputs) -> JudgeOptions:
+    """``options`` with its adapter names checked against the registry the run applies
+    (UsageError for an unknown one, or for a config given to a judging that is not structural)."""
+    if inputs.config is not None and not options.structural:
+        raise UsageError("config= builds a structural model: it needs mode='structural'")
+    without = check_adapter_names(options.without_adapters, inputs.registry)
+    return options.but(without_adapters=without)
 
 
 def _diagnose_and_record(
@@ -148,12 +167,7 @@ def _diagnose_and_record(
     *,
     record: bool,
     hub: HubOptions,
-    runner: Runner | None,
-    registry: Registry | None,
-    config: dict[str, Any] | None,
-    config_source: str | None,
-    reuse_reference: bool = False,
-    caches: bool = True,
+    inputs: _RunInputs,
 ) -> Diagnosis:
     from hfadapt.spyre.rules.profile import load_profile
 
@@ -164,17 +178,14 @@ def _diagnose_and_record(
         if options.trust_remote_code and not isinstance(model_ref, LoadedModel):
             from hfadapt.judge import sandboxed
 
-            if registry is not None or config is not None:
+            if inputs.registry is not None or inputs.config is not None:
                 raise UsageError(
                     "registry= and config= stay in this process: they cannot cross into the "
                     "sandbox that trust_remote_code=True judges in"
                 )
+            runner = inputs.runner
             return sandboxed.judge_and_record(model_ref, engine, options, runner=runner, hub=hub)
-        return _diagnose(
-            model_ref, options, prof, engine, hub=hub, runner=runner, registry=registry,
-            config=config, config_source=config_source, reuse_reference=reuse_reference,
-            caches=caches,
-        )  # fmt: skip
+        return _diagnose(model_ref, options, prof, engine, hub=hub, inputs=inputs)
     finally:
         if engine is not None and engine is not db:
             engine.dispose()
@@ -205,12 +216,7 @@ def _diagnose(
     engine: Any,
     *,
     hub: HubOptions | None = None,
-    runner: Runner | None = None,
-    registry: Registry | None = None,
-    config: dict[str, Any] | None = None,
-    config_source: str | None = None,
-    reuse_reference: bool = False,
-    caches: bool = True,
+    inputs: _RunInputs = _RunInputs(),
 ) -> Diagnosis:
     phases = Phases()
     ref_name = model_ref.model_id if isinstance(model_ref, LoadedModel) else os.fspath(model_ref)
@@ -227,13 +233,16 @@ def _diagnose(
         profile_version=prof.version,
         timings=phases.seconds,
     )
+    runner, registry = inputs.runner, inputs.registry
     state = judging.Judging(options, diag, phases, hub=hub, runner=runner, registry=registry)
-    state.use_caches = caches
-    if reuse_reference and caches and not options.trust_remote_code:  # own code: never
+    state.use_caches = inputs.caches
+    if (
+        inputs.reuse_reference and inputs.caches and not options.trust_remote_code
+    ):  # own code: never
         from hfadapt.judge.reference_cache import default_cache
 
         state.reference_cache = default_cache()
-    verdict, reason, error = judging.judge(state, model_ref, config, config_source)
+    verdict, reason, error = judging.judge(state, model_ref, inputs.config, inputs.config_source)
     diag.versions = versions_of(prof)  # again: the numeric path the device took, not a guess
     diag.verdict = verdict
     diag.reason = ("[structural] " if diag.structural else "") + reason

@@ -58,9 +58,13 @@ class BoundUse:
 
     def to_dict(self) -> BoundUseEvidence:
         return {
-            "metric": self.metric, "value": self.value, "bound": self.bound,
-            "at_least": self.at_least, "share": self.share, "headroom": self.headroom,
-        }  # fmt: skip
+            "metric": self.metric,
+            "value": self.value,
+            "bound": self.bound,
+            "at_least": self.at_least,
+            "share": self.share,
+            "headroom": self.headroom,
+        }
 
 
 def _percent(share: float) -> str:
@@ -130,9 +134,14 @@ def margin_of(metrics: Metrics, task: str | None = None) -> Margin:
         nonfinite = nonfinite or bool(data.get("nonfinite"))
         for c in data.get("checks", []):
             value = c.get("value")
-            checks.append((f"{output.output}: {c['name']}",
-                           None if value is None else float(value), float(c["bound"]),
-                           bool(c["at_least"])))  # fmt: skip
+            checks.append(
+                (
+                    f"{output.output}: {c['name']}",
+                    None if value is None else float(value),
+                    float(c["bound"]),
+                    bool(c["at_least"]),
+                )
+            )
     uses, unmeasured = [], []
     for name, value, bound, at_least in checks:
         if value is None:

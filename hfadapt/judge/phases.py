@@ -20,6 +20,7 @@ from hfadapt import verdicts
 from hfadapt.errors import (
     CustomCodeError,
     HfadaptError,
+    HubUnreachableError,
     ModelNotFoundError,
     SpyreLoweringError,
     SpyreOpNotImplementedError,
@@ -193,7 +194,7 @@ def load(
                 config=config,
                 config_source=config_source,
             )
-        except ModelNotFoundError:
+        except (ModelNotFoundError, HubUnreachableError):  # not the model's verdict: said, not kept
             raise
         except CustomCodeError as exc:
             return verdicts.CUSTOM_CODE, exc.one_line(), exc

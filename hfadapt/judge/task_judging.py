@@ -116,8 +116,17 @@ def judge_each_task(
         merged = dataclasses.replace(loaded, model=lora.merged(loaded.model, task))
         outcome = judge_one(merged)
         del merged  # one task's weights at a time
-        runs.append(_TaskRun(task, outcome, diag.metrics, diag.report, diag.divergence,
-                             list(diag.adapters), diag.evidence))  # fmt: skip
+        runs.append(
+            _TaskRun(
+                task,
+                outcome,
+                diag.metrics,
+                diag.report,
+                diag.divergence,
+                list(diag.adapters),
+                diag.evidence,
+            )
+        )
         if outcome[0] in _SAME_GRAPH:
             break
     chosen = worst(runs)
@@ -139,9 +148,16 @@ def judge_each_task(
 
 def _not_run(task: str, refused: str) -> TaskEvidence:
     why = f"not run: the device refused task {refused!r}'s graph, which every task shares"
-    return {"task": task, "verdict": "not run", "reason": why, "min_token_cosine": None,
-            "max_norm_error": None, "pooled_cosine": None, "outputs": {},
-            "device_seconds": None}  # fmt: skip
+    return {
+        "task": task,
+        "verdict": "not run",
+        "reason": why,
+        "min_token_cosine": None,
+        "max_norm_error": None,
+        "pooled_cosine": None,
+        "outputs": {},
+        "device_seconds": None,
+    }
 
 
 def _model_outcome(chosen: _TaskRun, runs: list[_TaskRun], declared: int) -> Outcome:

@@ -6,6 +6,7 @@ unless ``trust_remote_code`` is given."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -20,11 +21,13 @@ from hfadapt.errors import (
     WeightsError,
     option,
 )
+from hfadapt.hub.client import hub_error
 from hfadapt.hub.resolve import (
     HubOptions,
     ModelSource,
     env_offline,
     hf_cache_dir,
+    hub_endpoint,
     hub_status,
     read_config,
     refuse_snapshot_custom_code,
@@ -43,7 +46,8 @@ from hfadapt.loading.remote import (
     translation_of,
 )
 from hfadapt.loading.signature import ENCODER_ONLY
-from hfadapt.loading.translate import text_model_class
+from hfadapt.loading.task_adapter_files import peft_adapter_files
+from hfadapt.loading.translate import Translation, text_model_class
 
 # Any one of these makes a folder's tokenizer loadable; tokenizer_config.json alone does not
 # (AutoTokenizer then builds an empty tokenizer instead of failing).
@@ -97,6 +101,9 @@ class LoadedModel:
     raw_config: dict[str, Any] | None = None  # config.json as read: what the signature hashes
     # A remote-code model judged as its native translation: hfadapt.loading.translate's evidence.
     translated_from: dict[str, Any] | None = None
+    # Repository files an online load asked the Hub for and got 404 (a task adapter of jina v5
+    # nano), each with where it was asked: hfadapt.loading.lora refuses to judge without them.
+    absent_on_hub: dict[str, str] = field(default_factory=dict)
 
     @property
     def model_type(self) -> str | None:
@@ -254,8 +261,7 @@ def load(
         )
 
     name, kwargs = _load_kwargs(source, online, hub)
-    if translation is not None and not any(any(source.folder.glob(g)) for g in WEIGHT_GLOBS):
-        _download(source.model_id, "model.safetensors")  # online: the cache has only the config
+    absent = _fetch_translated(source, translation, hub) if translation and online else {}
     with quiet_transformers():
         if translation is not None:
             model, config, notes = load_translated(
@@ -283,6 +289,7 @@ def load(
         notes=notes,
         raw_config=raw,
         translated_from=judged_as.evidence() if (judged_as := translation or tower) else None,
+        absent_on_hub=absent,
     )
 
 
@@ -348,6 +355,50 @@ def _load_stock(
         config,
         ([f"unexpected checkpoint keys ignored: {len(unexpected)}"] if unexpected else []),
     )
+
+
+def _fetch_translated(
+    source: ModelSource, translation: Translation, hub: HubOptions
+) -> dict[str, str]:
+    """Online, the files a translated model is loaded from besides config.json, into the
+    snapshot its config came from (that commit, with ``hub``'s token and cache): the weights
+    when the snapshot has none, and every task's PEFT adapter files when the family keeps them
+    beside the weights (jina v5 nano: ``adapters/<task>/``). Returns the adapter files the Hub
+    answered 404 for, each with where it was asked; raises for any other failure."""
+    pinned = dataclasses.replace(hub, revision=source.revision or hub.revision)
+    if not any(any(source.folder.glob(g)) for g in WEIGHT_GLOBS):
+        _download(source.model_id, "model.safetensors", pinned)
+    absent: dict[str, str] = {}
+    for filename in peft_adapter_files(translation.evidence()):
+        if not (source.folder / filename).is_file() and not _hub_file(source, filename, pinned):
+            absent[filename] = f"404 at {hub_endpoint()}, revision {pinned.revision}"
+    return absent
+
+
+def _hub_file(source: ModelSource, filename: str, hub: HubOptions) -> bool:
+    """Download one file of ``source``'s repository (hf_hub_download, the weights' endpoint,
+    token and cache); False when the Hub answers that the repository has no such file. Any
+    other failure is a HubUnreachableError (no answer) or HubResponseError (an HTTP error)."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import LocalEntryNotFoundError, RemoteEntryNotFoundError
+
+    endpoint = hub_endpoint()
+    try:
+        hf_hub_download(
+            source.model_id,
+            filename,
+            revision=hub.revision,
+            cache_dir=hub.cache(),
+            endpoint=endpoint,
+            token=hub.token,
+        )
+    except RemoteEntryNotFoundError:
+        return False
+    except (OSError, ValueError) as exc:
+        # no answer: huggingface_hub reports it as "not in the local cache", the cause inside
+        cause = exc.__cause__ if isinstance(exc, LocalEntryNotFoundError) else None
+        raise hub_error(cause or exc, endpoint, f"{filename} of {source.model_id}") from exc
+    return True
 
 
 def _fetch_pooling_files(source: ModelSource, hub: HubOptions) -> None:

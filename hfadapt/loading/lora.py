@@ -1,8 +1,8 @@
 """Task LoRA adapters of a translated remote-code family: read from the checkpoint's
 parametrization tensors (jina-embeddings-v3) or from one PEFT adapter folder per task
-(jina-embeddings-v5 nano: ``adapters/<task>/``) in full mode, or drawn as seeded stand-ins of
-the declared rank (structural mode), and merged into a copy of the native model one task at a
-time.
+(jina-embeddings-v5 nano: ``adapters/<task>/``, which an online load downloads with the
+weights) in full mode, or drawn as seeded stand-ins of the declared rank (structural mode), and
+merged into a copy of the native model one task at a time.
 
 Merging (``W + scaling * B @ A``; an Embedding's ``A @ B``) is what the remote code itself
 computes for a selected task: its LoRA is a parametrization of the weight, applied before the
@@ -24,6 +24,7 @@ import torch
 
 from hfadapt.errors import WeightsError
 from hfadapt.loading import translate
+from hfadapt.loading.task_adapter_files import PEFT_FILES, task_folder
 
 if TYPE_CHECKING:
     from hfadapt.loading.load import LoadedModel
@@ -73,9 +74,15 @@ class LoRASpec:
         fam = next((f for f in translate.families() if f.name == family), None)
         if fam is None or fam.task_lora is None:
             return None
-        return cls(family, tuple(spec["tasks"]), int(spec["rank"]), float(spec["alpha"]),
-                   bool(spec["trained"]), dict(spec.get("instructions") or {}),
-                   fam.task_lora)  # fmt: skip
+        return cls(
+            family,
+            tuple(spec["tasks"]),
+            int(spec["rank"]),
+            float(spec["alpha"]),
+            bool(spec["trained"]),
+            dict(spec.get("instructions") or {}),
+            fam.task_lora,
+        )
 
 
 @dataclass(frozen=True)
@@ -257,12 +264,17 @@ def task_lora_of(loaded: LoadedModel, seed: int = 0) -> tuple[TaskLoRA | None, s
     if loaded.path is None:
         raise WeightsError(f"{loaded.model_id} has no folder to read its task adapters from")
     if spec.table.get("format") == "peft":
+        _refuse_absent_on_hub(loaded, spec)
         folder = Path(loaded.path) / str(spec.table["adapters"])
         found = read_peft_task_lora(folder, spec, loaded.model)
         if found is None:
+            where = (
+                "in the HF cache (offline, so the Hub was not asked; judge it online to fetch them)"
+                if loaded.source == "cache"
+                else "beside the weights"
+            )
             return None, (
-                f"no adapter folder {folder.name}/<task>/ beside the weights: every task computes "
-                "the base weights"
+                f"no adapter folder {folder.name}/<task>/ {where}: every task computes the base weights"
             )
         return found, None
     files = check_weights(Path(loaded.path), loaded.model_id)
@@ -270,6 +282,24 @@ def task_lora_of(loaded: LoadedModel, seed: int = 0) -> tuple[TaskLoRA | None, s
     if found is None:
         return None, "the checkpoint holds no task adapters: every task computes the base weights"
     return found, None
+
+
+def _refuse_absent_on_hub(loaded: LoadedModel, spec: LoRASpec) -> None:
+    """WeightsError naming the task adapter files the Hub answered 404 for: the remote code
+    loads every declared task's adapter, so without one the model does not load as users run
+    it, and judging base weights in its place would be silently wrong."""
+    root = str(spec.table["adapters"]) + "/"
+    absent = {f: why for f, why in loaded.absent_on_hub.items() if f.startswith(root)}
+    if not absent:
+        return
+    tasks = [t for t in spec.tasks if any(f.startswith(f"{root}{t}/") for f in absent)]
+    first, why = next(iter(absent.items()))
+    more = f" and {len(absent) - 1} more" if len(absent) > 1 else ""
+    raise WeightsError(
+        f"{loaded.model_id}: task adapter(s) of {', '.join(map(repr, tasks))} not on the Hub: "
+        f"{first} ({why}){more}; its code loads every declared task's adapter, so it does not "
+        "load as users run it"
+    )
 
 
 # PEFT LoraConfig fields whose non-default value changes what the adapter computes: read, so an
@@ -295,7 +325,7 @@ _PEFT_PLAIN = {
 def _peft_scaling(folder: Path, task: str) -> tuple[int, float]:
     """(rank, alpha) of one task's ``adapter_config.json``; WeightsError for an adapter that
     is not a plain LoRA (DoRA, rsLoRA, a bias, per-module ranks, saved modules, ...)."""
-    path = folder / task / "adapter_config.json"
+    path = folder / task_folder(task) / PEFT_FILES[0]
     try:
         cfg = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
@@ -335,7 +365,7 @@ def read_peft_task_lora(folder: Path, spec: LoRASpec, model: torch.nn.Module) ->
     params = dict(model.named_parameters(remove_duplicate=False))
     pairs: dict[str, dict[int, tuple[torch.Tensor, torch.Tensor]]] = {}
     for index, task in enumerate(spec.tasks):
-        path = folder / task / "adapter_model.safetensors"
+        path = folder / task_folder(task) / PEFT_FILES[1]
         if not path.is_file():
             raise WeightsError(f"task {task!r} has no {path.name} in {path.parent}")
         with safe_open(str(path), framework="pt") as fh:

@@ -58,9 +58,12 @@ def refuse_untranslatable(ref: str | os.PathLike[str], trust_remote_code: bool) 
         return
     if translate.family_for_row(row.config_class, row.model_type, row.architectures) is None:
         got = translate.translate_row(
-            os.fspath(ref), row.config_class, row.model_type, row.parameters,
+            os.fspath(ref),
+            row.config_class,
+            row.model_type,
+            row.parameters,
             architectures=row.architectures,
-        )  # fmt: skip
+        )
         _refuse(
             os.fspath(ref),
             SNAPSHOT_REASON,
@@ -74,10 +77,7 @@ def translation_of(
     """The native translation of a remote-code config (of a snapshot ``row`` when there is no
     config.json); CustomCodeError naming the field that keeps it custom_code otherwise."""
     if row is not None:
-        got = translate.translate_row(
-            where, row.config_class, row.model_type, row.parameters,
-            approximate=row.parameters_from_name, architectures=row.architectures,
-        )  # fmt: skip
+        got = translate.translate_snapshot_row(where, row)
     else:
         got = translate.translate(raw)
     if isinstance(got, translate.Refusal):

@@ -42,6 +42,7 @@ __all__ = [
     "tower_of",
     "translate",
     "translate_row",
+    "translate_snapshot_row",
     "translated",
 ]
 
@@ -457,9 +458,14 @@ def task_lora_spec(fam: Family, raw: dict[str, Any]) -> dict[str, Any] | Refusal
 
 
 def translate_row(
-    model_id: str, config_class: str | None, model_type: str | None, parameters: int | None,
-    *, approximate: bool = False, architectures: tuple[str, ...] = (),
-) -> Translation | Refusal:  # fmt: skip
+    model_id: str,
+    config_class: str | None,
+    model_type: str | None,
+    parameters: int | None,
+    *,
+    approximate: bool = False,
+    architectures: tuple[str, ...] = (),
+) -> Translation | Refusal:
     """Translate a snapshot row with no config.json: the family's published shape whose
     parameter count equals the row's (within 2% when the count was read off the model's name;
     plus a classification head of 1-16 labels when the row names a *Classification class)."""
@@ -525,10 +531,20 @@ def translated(model_id: str, raw: dict[str, Any] | None) -> Translation | Refus
     row = snapshot_row(model_id)
     if row is None:
         return Refusal("config.json", "none to read, and the bundled snapshot does not list it")
+    return translate_snapshot_row(model_id, row)
+
+
+def translate_snapshot_row(model_id: str, row: Any) -> Translation | Refusal:
+    """translate_row of a bundled snapshot row (hfadapt.hub.resolve.snapshot_row): its parameter
+    count approximate where the snapshot read it off the model's name."""
     return translate_row(
-        model_id, row.config_class, row.model_type, row.parameters,
-        approximate=row.parameters_from_name, architectures=row.architectures,
-    )  # fmt: skip
+        model_id,
+        row.config_class,
+        row.model_type,
+        row.parameters,
+        approximate=row.parameters_from_name,
+        architectures=row.architectures,
+    )
 
 
 # ---- text towers of multimodal embedders ---------------------------------------------------
@@ -552,26 +568,56 @@ _M = "transformers/models/"
 _TEXT_TOWERS: dict[str, TextTower] = {
     t.composite: t
     for t in (
-        TextTower("qwen3_vl", "qwen3_vl_text", "Qwen3VLTextModel", "language_model",
-                  _M + "qwen3_vl/modeling_qwen3_vl.py, Qwen3VLModel.__init__: "
-                  "self.language_model = AutoModel.from_config(config.text_config)"),
-        TextTower("qwen2_vl", "qwen2_vl_text", "Qwen2VLTextModel", "language_model",
-                  _M + "qwen2_vl/modeling_qwen2_vl.py, Qwen2VLModel.__init__: "
-                  "self.language_model = Qwen2VLTextModel._from_config(config.text_config)"),
-        TextTower("llava_next", None, None, "language_model",
-                  _M + "llava_next/modeling_llava_next.py, LlavaNextModel.__init__: "
-                  "self.language_model = AutoModel.from_config(config.text_config)"),
-        TextTower("metaclip_2", "metaclip_2_text_model", "MetaClip2TextModel", "text_model",
-                  _M + "metaclip_2/modeling_metaclip_2.py, MetaClip2Model.__init__: "
-                  "self.text_model = MetaClip2TextModel._from_config(text_config)"),
-        TextTower("clip", "clip_text_model", "CLIPTextModel", "text_model",
-                  _M + "clip/modeling_clip.py, CLIPModel.__init__: "
-                  "self.text_model = CLIPTextModel._from_config(text_config)"),
-        TextTower("siglip", "siglip_text_model", "SiglipTextModel", "text_model",
-                  _M + "siglip/modeling_siglip.py, SiglipModel.__init__: "
-                  "self.text_model = SiglipTextModel._from_config(text_config)"),
+        TextTower(
+            composite="qwen3_vl",
+            text_type="qwen3_vl_text",
+            model_class="Qwen3VLTextModel",
+            attribute="language_model",
+            source=_M + "qwen3_vl/modeling_qwen3_vl.py, Qwen3VLModel.__init__: "
+            "self.language_model = AutoModel.from_config(config.text_config)",
+        ),
+        TextTower(
+            composite="qwen2_vl",
+            text_type="qwen2_vl_text",
+            model_class="Qwen2VLTextModel",
+            attribute="language_model",
+            source=_M + "qwen2_vl/modeling_qwen2_vl.py, Qwen2VLModel.__init__: "
+            "self.language_model = Qwen2VLTextModel._from_config(config.text_config)",
+        ),
+        TextTower(
+            composite="llava_next",
+            text_type=None,
+            model_class=None,
+            attribute="language_model",
+            source=_M + "llava_next/modeling_llava_next.py, LlavaNextModel.__init__: "
+            "self.language_model = AutoModel.from_config(config.text_config)",
+        ),
+        TextTower(
+            composite="metaclip_2",
+            text_type="metaclip_2_text_model",
+            model_class="MetaClip2TextModel",
+            attribute="text_model",
+            source=_M + "metaclip_2/modeling_metaclip_2.py, MetaClip2Model.__init__: "
+            "self.text_model = MetaClip2TextModel._from_config(text_config)",
+        ),
+        TextTower(
+            composite="clip",
+            text_type="clip_text_model",
+            model_class="CLIPTextModel",
+            attribute="text_model",
+            source=_M + "clip/modeling_clip.py, CLIPModel.__init__: "
+            "self.text_model = CLIPTextModel._from_config(text_config)",
+        ),
+        TextTower(
+            composite="siglip",
+            text_type="siglip_text_model",
+            model_class="SiglipTextModel",
+            attribute="text_model",
+            source=_M + "siglip/modeling_siglip.py, SiglipModel.__init__: "
+            "self.text_model = SiglipTextModel._from_config(text_config)",
+        ),
     )
-}  # fmt: skip
+}
 
 
 def text_towers() -> dict[str, TextTower]:

@@ -113,11 +113,18 @@ def cumulative_chart(
         series.append(Series(name, colour, line, area, top + 10 + 18 * index))
     last = points[-1] if points else None
     return CumulativeChart(
-        title=title, width=width, height=height, left=left, top=top, plot_width=w,
-        plot_height=h, grid=[(y(s), f"{s:.0%}") for s in (0.25, 0.5, 0.75, 1.0)],
-        decades=decades, series=series,
+        title=title,
+        width=width,
+        height=height,
+        left=left,
+        top=top,
+        plot_width=w,
+        plot_height=h,
+        grid=[(y(s), f"{s:.0%}") for s in (0.25, 0.5, 0.75, 1.0)],
+        decades=decades,
+        series=series,
         last=(left + w - 4, y(last[2]) - 6, f"{last[2]:.1%} of downloads pass") if last else None,
-    )  # fmt: skip
+    )
 
 
 @dataclass(frozen=True)

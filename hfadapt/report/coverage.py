@@ -47,6 +47,7 @@ __all__ = [
     "IMPROVED",
     "LABELS",
     "PASS",
+    "TYPE_COLUMNS",
     "XFAIL",
     "AdapterImpact",
     "Agreement",
@@ -113,6 +114,18 @@ class TypeRow:
     passed_architecture: int = 0
     passed_unknown: int = 0
     passed_architecture_downloads: int = 0
+
+
+# The headings of a TypeRow table, in the terminal and in the HTML report alike.
+TYPE_COLUMNS = (
+    "model_type",
+    "models",
+    "pass",
+    "arch. pass",
+    "pass rate",
+    "downloads",
+    "pass rate (downloads)",
+)
 
 
 @dataclass

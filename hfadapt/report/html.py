@@ -20,7 +20,7 @@ from hfadapt.report.charts import (
     fmt_count,
     plural,
 )
-from hfadapt.report.coverage import FAIL, IMPROVED, LABELS, PASS, XFAIL, Report
+from hfadapt.report.coverage import FAIL, IMPROVED, LABELS, PASS, TYPE_COLUMNS, XFAIL, Report
 from hfadapt.report.html_models import (
     SHOWN,
     blockers_context,
@@ -110,40 +110,67 @@ def _verdicts(r: Report) -> BarChart:
             continue
         for label, count, downloads, colour in (
             ("pass: own weights or config", r.passed, r.passed_downloads, VERDICT_COLOURS["pass"]),
-            ("pass: architecture only", r.passed_architecture, r.passed_architecture_downloads,
-             ARCHITECTURE_COLOUR),
-            ("pass: no evidence level", r.passed_unknown, r.passed_unknown_downloads, UNKNOWN_COLOUR),
-        ):  # fmt: skip
+            (
+                "pass: architecture only",
+                r.passed_architecture,
+                r.passed_architecture_downloads,
+                ARCHITECTURE_COLOUR,
+            ),
+            (
+                "pass: no evidence level",
+                r.passed_unknown,
+                r.passed_unknown_downloads,
+                UNKNOWN_COLOUR,
+            ),
+        ):
             if count:
                 rows.append((label, count, downloads, colour))
     rows.sort(key=lambda t: (-t[1], t[0]))
     return bars(
-        [(v, float(n), f"{plural(n, 'model')}, {_pct(d, r.downloads)} of downloads") for v, n, d, _ in rows],
+        [
+            (v, float(n), f"{plural(n, 'model')}, {_pct(d, r.downloads)} of downloads")
+            for v, n, d, _ in rows
+        ],
         colours=[c for *_, c in rows],
         name="verdicts",
         title="models by verdict (passes by what they rest on)",
-    )  # fmt: skip
+    )
 
 
 def _types(r: Report, top: int = 20) -> dict[str, Any]:
     shown = r.by_model_type[:top]
     chart = bars(
-        [(t.model_type, t.passed_downloads / t.downloads if t.downloads else 0.0,
-          f"{_pct(t.passed, t.models)} own, {_pct(t.passed_architecture, t.models)} arch., "
-          f"of {plural(t.models, 'model')}") for t in shown],
+        [
+            (
+                t.model_type,
+                t.passed_downloads / t.downloads if t.downloads else 0.0,
+                f"{_pct(t.passed, t.models)} own, {_pct(t.passed_architecture, t.models)} arch., "
+                f"of {plural(t.models, 'model')}",
+            )
+            for t in shown
+        ],
         scale=1.0,
         colours=[PALETTE[0]],
-        beside=[t.passed_architecture_downloads / t.downloads if t.downloads else 0.0 for t in shown],
+        beside=[
+            t.passed_architecture_downloads / t.downloads if t.downloads else 0.0 for t in shown
+        ],
         beside_colour=ARCHITECTURE_COLOUR,
         name="model-types",
         title="pass rate by downloads, per model_type: own weights or config (green), "
         "architecture only (amber, beside it)",
-    )  # fmt: skip
+    )
     rows: list[list[Any]] = [
-        [t.model_type, t.models, t.passed, t.passed_architecture, _pct(t.passed, t.models),
-         fmt_count(t.downloads), _pct(t.passed_downloads, t.downloads)]
+        [
+            t.model_type,
+            t.models,
+            t.passed,
+            t.passed_architecture,
+            _pct(t.passed, t.models),
+            fmt_count(t.downloads),
+            _pct(t.passed_downloads, t.downloads),
+        ]
         for t in r.by_model_type[:40]
-    ]  # fmt: skip
+    ]
     rest = r.by_model_type[40:]
     if rest:
         n, p, pa, d, pd = (
@@ -151,24 +178,37 @@ def _types(r: Report, top: int = 20) -> dict[str, Any]:
             for a in ("models", "passed", "passed_architecture", "downloads", "passed_downloads")
         )
         rows.append([f"{len(rest)} other types", n, p, pa, _pct(p, n), fmt_count(d), _pct(pd, d)])
-    head = ["model_type", "models", "pass", "arch. pass", "pass rate", "downloads",
-            "pass rate (downloads)"]  # fmt: skip
-    return {"chart": chart, **_table(head, rows, {1, 2, 3, 4, 5, 6})}
+    return {"chart": chart, **_table(list(TYPE_COLUMNS), rows, {1, 2, 3, 4, 5, 6})}
 
 
 def _fingerprints(r: Report) -> dict[str, Any] | None:
     if not r.fingerprints:
         return None
     chart = bars(
-        [(f"{f.fingerprint} {f.rule_id} {f.op}", float(f.downloads), f"{plural(f.count, 'model')}, {fmt_count(f.downloads)} downloads") for f in r.fingerprints],
+        [
+            (
+                f"{f.fingerprint} {f.rule_id} {f.op}",
+                float(f.downloads),
+                f"{plural(f.count, 'model')}, {fmt_count(f.downloads)} downloads",
+            )
+            for f in r.fingerprints
+        ],
         colours=[PALETTE[1]],
         name="fingerprints",
         title="downloads blocked per failure fingerprint",
-    )  # fmt: skip
+    )
     rows: list[list[Any]] = [
-        [Code(f.fingerprint), f.rule_id, f.op, f.site, f.count, fmt_count(f.downloads), ", ".join(f.models[:3])]
+        [
+            Code(f.fingerprint),
+            f.rule_id,
+            f.op,
+            f.site,
+            f.count,
+            fmt_count(f.downloads),
+            ", ".join(f.models[:3]),
+        ]
         for f in r.fingerprints
-    ]  # fmt: skip
+    ]
     head = ["fingerprint", "rule", "op", "call site", "models", "downloads", "e.g."]
     return {"chart": chart, **_table(head, rows, {4, 5})}
 
@@ -177,12 +217,24 @@ def _adapters(r: Report) -> dict[str, Any] | None:
     if not r.adapters:
         return None
     rows: list[list[Any]] = [
-        [a.name, a.unblocked, fmt_count(a.unblocked_downloads), _pct(a.unblocked_downloads, r.downloads),
-         a.applied, fmt_count(a.applied_downloads)]
+        [
+            a.name,
+            a.unblocked,
+            fmt_count(a.unblocked_downloads),
+            _pct(a.unblocked_downloads, r.downloads),
+            a.applied,
+            fmt_count(a.applied_downloads),
+        ]
         for a in r.adapters
-    ]  # fmt: skip
-    head = ["adapter", "models it unblocked", "their downloads", "share", "applied, passing",
-            "downloads"]  # fmt: skip
+    ]
+    head = [
+        "adapter",
+        "models it unblocked",
+        "their downloads",
+        "share",
+        "applied, passing",
+        "downloads",
+    ]
     return _table(head, rows, {1, 2, 3, 4, 5})
 
 
@@ -218,9 +270,15 @@ def _diff(r: Report) -> dict[str, Any] | None:
         for name in LABELS
     ]
     rows: list[list[Any]] = [
-        [Chip(c.label, LABEL_COLOURS[c.label]), c.model_id, c.before, c.after, fmt_count(c.downloads)]
+        [
+            Chip(c.label, LABEL_COLOURS[c.label]),
+            c.model_id,
+            c.before,
+            c.after,
+            fmt_count(c.downloads),
+        ]
         for c in d.changed[:200]
-    ]  # fmt: skip
+    ]
     head = ["label", "model", f"sweep {d.baseline}", f"sweep {d.current}", "downloads"]
     return {
         "current": d.current,
@@ -264,16 +322,27 @@ def render_html(r: Report) -> str:
     """The report as one self-contained HTML page."""
     title, sub = _heading(r)
     values = {
-        "r": r, "title": title, "sub": sub, "shown": SHOWN,
+        "r": r,
+        "title": title,
+        "sub": sub,
+        "shown": SHOWN,
         "structural": (r.sweep or {}).get("mode") == "structural",
-        "cards": _cards(r), "evidence": evidence_context(r),
+        "cards": _cards(r),
+        "evidence": evidence_context(r),
         "architecture_downloads": fmt_count(r.passed_architecture_downloads),
         "verdict_chart": _verdicts(r),
-        "cumulative": cumulative_chart(r.cumulative, title="cumulative share of downloads against rank"),
-        "types": _types(r), "blockers": blockers_context(r), "fingerprints": _fingerprints(r),
-        "other": _other(r), "translated": _translated(r),
+        "cumulative": cumulative_chart(
+            r.cumulative, title="cumulative share of downloads against rank"
+        ),
+        "types": _types(r),
+        "blockers": blockers_context(r),
+        "fingerprints": _fingerprints(r),
+        "other": _other(r),
+        "translated": _translated(r),
         "ineffective": [(name, n, fmt_count(d)) for name, n, d in r.ineffective],
-        "adapters": _adapters(r), "agreement": _agreement(r), "diff": _diff(r),
+        "adapters": _adapters(r),
+        "agreement": _agreement(r),
+        "diff": _diff(r),
         "models": models_context(r),
-    }  # fmt: skip
+    }
     return _env().get_template("report.html.j2").render(values)

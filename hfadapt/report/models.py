@@ -94,9 +94,13 @@ def by_evidence(runs: list[ModelRun]) -> list[LevelRow]:
 def _what_to_do(r: ModelRun) -> str:
     """A failing run's next step, in plain words (``hfadapt show`` prints the same)."""
     step = plain_next_step(
-        r.model_id, r.verdict, r.evidence_level, recorded=r.next_step,
-        fingerprints=r.fingerprints, no_adapters=r.no_adapters,
-    )  # fmt: skip
+        r.model_id,
+        r.verdict,
+        r.evidence_level,
+        recorded=r.next_step,
+        fingerprints=r.fingerprints,
+        no_adapters=r.no_adapters,
+    )
     return shorten(step, 240)
 
 

@@ -112,8 +112,10 @@ def _api_routes(app: FastAPI) -> None:
     @app.get("/api/models/{model_id:path}", tags=["models"])
     def model(
         request: Request,
-        model_id: Annotated[str, Path(max_length=MAX_MODEL_ID, description="Hub id, e.g. BAAI/bge-small-en-v1.5")],
-    ) -> dict[str, Any]:  # fmt: skip
+        model_id: Annotated[
+            str, Path(max_length=MAX_MODEL_ID, description="Hub id, e.g. BAAI/bge-small-en-v1.5")
+        ],
+    ) -> dict[str, Any]:
         """Does this model run? Its latest verdict and evidence level, the adapters applied,
         the violations, the next step, and its verdict in each completed cycle."""
         return _results(request).model(model_id)

@@ -138,42 +138,103 @@ def run_cycle(
     try:
         if started_cycle is not None:
             started_cycle(cycle.id, resumed)
-        crawl_id, crawled = _crawl(engine, cycle, options, resumed)
-        baseline = last_done_cycle(engine, before=cycle.id)
-        heartbeat(engine, cycle.id, crawl_id=crawl_id,
-                  baseline_cycle_id=baseline.id if baseline else None,
-                  baseline_sweep_id=baseline.sweep_id if baseline else None)  # fmt: skip
-        crawl_seconds = time.perf_counter() - started
-        sweep_opts = replace(options.sweep, resume=resume, offline=None)
-        swept = run_sweep(engine, sweep_opts, progress=_beating(engine, cycle.id, progress),
-                          **sweep_kwargs)  # fmt: skip
-        sweep_done = time.perf_counter()
-        comparison = None
-        if baseline is not None and baseline.sweep_id is not None:
-            comparison = compare_sweeps(engine, swept.sweep_id, baseline.sweep_id)
-        compare_seconds = time.perf_counter() - sweep_done
-        drafted = None
-        if options.drafting is not None:
-            cycle_id = cycle.id
-            drafted = draft_new_fingerprints(
-                engine, cycle_id, comparison, options.drafting, options.sweep.judge,
-                note=note, beat=lambda: heartbeat(engine, cycle_id),
-            )  # fmt: skip
-        draft_seconds = time.perf_counter() - sweep_done - compare_seconds
+        result = _run_stages(
+            engine,
+            cycle,
+            options,
+            started,
+            resume=resume,
+            resumed=resumed,
+            progress=progress,
+            note=note,
+            **sweep_kwargs,
+        )
     except BaseException as exc:
-        stopped = isinstance(exc, KeyboardInterrupt)
-        finish_cycle(engine, cycle.id, seconds=time.perf_counter() - started,
-                     status=INTERRUPTED if stopped else FAILED,
-                     error=None if stopped else f"{type(exc).__name__}: {exc}")  # fmt: skip
+        _record_stopped(engine, cycle.id, exc, seconds=time.perf_counter() - started)
         raise
-    seconds = time.perf_counter() - started
-    finish_cycle(engine, cycle.id, seconds=seconds, sweep_id=swept.sweep_id,
-                 regressions=len(comparison.regressions) if comparison else 0,
-                 summary=comparison.to_dict() if comparison else None)  # fmt: skip
+    comparison = result.comparison
+    finish_cycle(
+        engine,
+        cycle.id,
+        seconds=result.seconds,
+        sweep_id=result.sweep.sweep_id,
+        regressions=result.regressions,
+        summary=comparison.to_dict() if comparison else None,
+    )
+    return result
+
+
+def _run_stages(
+    engine: Engine,
+    cycle: Any,
+    options: CycleOptions,
+    started: float,
+    *,
+    resume: bool,
+    resumed: bool,
+    progress: Callable[[SweepProgress], None] | None,
+    note: Callable[[str], None],
+    **sweep_kwargs: Any,
+) -> CycleResult:
+    """The claimed cycle's stages in order, each timed from ``started``: the crawl (or the
+    resumed cycle's), the sweep (``resume``: the cycle's), the comparison with the last
+    completed cycle, the drafting."""
+    crawl_id, crawled = _crawl(engine, cycle, options, resumed)
+    baseline = last_done_cycle(engine, before=cycle.id)
+    heartbeat(
+        engine,
+        cycle.id,
+        crawl_id=crawl_id,
+        baseline_cycle_id=baseline.id if baseline else None,
+        baseline_sweep_id=baseline.sweep_id if baseline else None,
+    )
+    crawl_seconds = time.perf_counter() - started
+    sweep_opts = replace(options.sweep, resume=resume, offline=None)
+    swept = run_sweep(
+        engine, sweep_opts, progress=_beating(engine, cycle.id, progress), **sweep_kwargs
+    )
+    sweep_done = time.perf_counter()
+    comparison = None
+    if baseline is not None and baseline.sweep_id is not None:
+        comparison = compare_sweeps(engine, swept.sweep_id, baseline.sweep_id)
+    compare_seconds = time.perf_counter() - sweep_done
+    drafted = None
+    if options.drafting is not None:
+        cycle_id = cycle.id
+        drafted = draft_new_fingerprints(
+            engine,
+            cycle_id,
+            comparison,
+            options.drafting,
+            options.sweep.judge,
+            note=note,
+            beat=lambda: heartbeat(engine, cycle_id),
+        )
+    draft_seconds = time.perf_counter() - sweep_done - compare_seconds
     return CycleResult(
-        cycle_id=cycle.id, resumed=resumed, crawl_id=crawl_id, crawled=crawled, sweep=swept,
-        baseline_cycle=baseline.id if baseline else None, comparison=comparison,
-        seconds=seconds, crawl_seconds=crawl_seconds,
-        sweep_seconds=sweep_done - started - crawl_seconds, compare_seconds=compare_seconds,
-        drafting=drafted, draft_seconds=draft_seconds,
-    )  # fmt: skip
+        cycle_id=cycle.id,
+        resumed=resumed,
+        crawl_id=crawl_id,
+        crawled=crawled,
+        sweep=swept,
+        baseline_cycle=baseline.id if baseline else None,
+        comparison=comparison,
+        seconds=time.perf_counter() - started,
+        crawl_seconds=crawl_seconds,
+        sweep_seconds=sweep_done - started - crawl_seconds,
+        compare_seconds=compare_seconds,
+        drafting=drafted,
+        draft_seconds=draft_seconds,
+    )
+
+
+def _record_stopped(engine: Engine, cycle_id: int, exc: BaseException, *, seconds: float) -> None:
+    """The cycle recorded interrupted (Ctrl-C: no error) or failed (with the error)."""
+    stopped = isinstance(exc, KeyboardInterrupt)
+    finish_cycle(
+        engine,
+        cycle_id,
+        seconds=seconds,
+        status=INTERRUPTED if stopped else FAILED,
+        error=None if stopped else f"{type(exc).__name__}: {exc}",
+    )

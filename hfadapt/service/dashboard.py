@@ -68,12 +68,19 @@ def coverage_chart(points: list[dict[str, Any]]) -> dict[str, Any]:
         dots.append({**p, "x": round(x, 1), "y": round(y, 1)})
     every = max(1, (n + 11) // 12)
     return {
-        "width": WIDTH, "height": HEIGHT, "left": LEFT, "top": TOP, "bottom": HEIGHT - BOTTOM,
-        "dots": dots, "line": " ".join(f"{d['x']},{d['y']}" for d in dots),
+        "width": WIDTH,
+        "height": HEIGHT,
+        "left": LEFT,
+        "top": TOP,
+        "bottom": HEIGHT - BOTTOM,
+        "dots": dots,
+        "line": " ".join(f"{d['x']},{d['y']}" for d in dots),
         "ticks": [d for i, d in enumerate(dots) if i % every == 0 or i == n - 1],
-        "grid": [{"y": round(TOP + plot * (1 - f), 1), "label": f"{int(f * 100)}%"}
-                 for f in (0.0, 0.25, 0.5, 0.75, 1.0)],
-    }  # fmt: skip
+        "grid": [
+            {"y": round(TOP + plot * (1 - f), 1), "label": f"{int(f * 100)}%"}
+            for f in (0.0, 0.25, 0.5, 0.75, 1.0)
+        ],
+    }
 
 
 def _results(request: Request) -> Results:

@@ -126,17 +126,33 @@ class DraftingResult:
 
     def summary(self) -> dict[str, int]:
         return {
-            "new_fingerprints": len(self.rows), "drafted": self.drafted,
-            "accepted": self.count(ACCEPTED), "refused": self.count(REFUSED),
-            "not_reproduced": self.count(NOT_REPRODUCED), "errors": self.count(ERROR),
+            "new_fingerprints": len(self.rows),
+            "drafted": self.drafted,
+            "accepted": self.count(ACCEPTED),
+            "refused": self.count(REFUSED),
+            "not_reproduced": self.count(NOT_REPRODUCED),
+            "errors": self.count(ERROR),
             "skipped_budget": self.count(SKIPPED_BUDGET),
             "skipped_endpoint": self.count(SKIPPED_ENDPOINT),
-            "attempts": self.attempts, "tokens": self.tokens,
-        }  # fmt: skip
+            "attempts": self.attempts,
+            "tokens": self.tokens,
+        }
 
     def to_dict(self) -> dict[str, Any]:
-        keys = ("fingerprint", "model_id", "downloads", "outcome", "agent_outcome", "reason",
-                "attempts", "tokens_in", "tokens_out", "seconds", "session_id", "adapter_path")  # fmt: skip
+        keys = (
+            "fingerprint",
+            "model_id",
+            "downloads",
+            "outcome",
+            "agent_outcome",
+            "reason",
+            "attempts",
+            "tokens_in",
+            "tokens_out",
+            "seconds",
+            "session_id",
+            "adapter_path",
+        )
         return {
             **self.summary(),
             "budget": {"attempts": self.budget.attempts, "tokens": self.budget.tokens},
@@ -179,8 +195,9 @@ def _save(engine: Engine, row: CycleDraft) -> CycleDraft:
 class _Drafter:
     """One cycle's drafting, fingerprint by fingerprint, against what is left of the budget."""
 
-    def __init__(self, engine: Engine, drafting: CycleDrafting, judge: Any,
-                 note: Callable[[str], None]) -> None:  # fmt: skip
+    def __init__(
+        self, engine: Engine, drafting: CycleDrafting, judge: Any, note: Callable[[str], None]
+    ) -> None:
         self.engine, self.drafting, self.judge, self.note = engine, drafting, judge, note
         self.attempts = self.tokens = 0
         self.endpoint_down: str | None = None
@@ -236,10 +253,15 @@ class _Drafter:
         try:
             targets = plan_drafts(self.engine, self.judge, fingerprint=row.fingerprint)
             outcomes = draft_targets(
-                targets, client,
-                DraftOptions(unsafe_no_isolation=d.unsafe_no_isolation, adapters_dir=d.adapters_dir),
-                recorder=Recorder(self.engine, settings.secrets()), db=self.engine, note=hear,
-            )  # fmt: skip
+                targets,
+                client,
+                DraftOptions(
+                    unsafe_no_isolation=d.unsafe_no_isolation, adapters_dir=d.adapters_dir
+                ),
+                recorder=Recorder(self.engine, settings.secrets()),
+                db=self.engine,
+                note=hear,
+            )
         except Exception as exc:  # one fingerprint's failure is its row, not the cycle's end
             row.outcome, row.seconds = ERROR, time.monotonic() - started
             text = hide_url_credentials(one_line(f"{type(exc).__name__}: {exc}", 500))

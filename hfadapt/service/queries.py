@@ -52,13 +52,15 @@ def _changes(value: Any) -> list[dict[str, Any]]:
     for row in rows:
         if not isinstance(row, dict) or not isinstance(row.get("model_id"), str):
             continue
-        out.append({
-            "model_id": row["model_id"],
-            "before": str(row.get("before") or ""),
-            "after": str(row.get("after") or ""),
-            "reason": str(row.get("reason") or ""),
-            "downloads": row["downloads"] if isinstance(row.get("downloads"), int) else 0,
-        })  # fmt: skip
+        out.append(
+            {
+                "model_id": row["model_id"],
+                "before": str(row.get("before") or ""),
+                "after": str(row.get("after") or ""),
+                "reason": str(row.get("reason") or ""),
+                "downloads": row["downloads"] if isinstance(row.get("downloads"), int) else 0,
+            }
+        )
     return out
 
 
@@ -97,22 +99,35 @@ class Results:
 
     def history(self, model_id: str) -> list[dict[str, Any]]:
         stmt = (
-            select(col(Cycle.id), col(Cycle.finished_at), col(Run.sweep_id), col(Run.id),
-                   col(Run.verdict), col(Run.evidence_level), col(Run.reason))
+            select(
+                col(Cycle.id),
+                col(Cycle.finished_at),
+                col(Run.sweep_id),
+                col(Run.id),
+                col(Run.verdict),
+                col(Run.evidence_level),
+                col(Run.reason),
+            )
             .join(Run, col(Run.sweep_id) == col(Cycle.sweep_id))
             .where(col(Run.model_id) == model_id, col(Cycle.status) == DONE)
             .order_by(col(Cycle.id))
-        )  # fmt: skip
+        )
         out: list[dict[str, Any]] = []
         with session(self.engine, write=False) as sess:
             for cycle_id, finished, sweep_id, run_id, verdict, level, reason in sess.execute(stmt):
                 before = out[-1]["verdict"] if out else None
-                out.append({
-                    "cycle": cycle_id, "finished_at": _when(finished), "sweep": sweep_id,
-                    "run": run_id, "verdict": verdict, "evidence_level": level_label(level),
-                    "reason": reason or "",
-                    "label": label(before, verdict) if before is not None else None,
-                })  # fmt: skip
+                out.append(
+                    {
+                        "cycle": cycle_id,
+                        "finished_at": _when(finished),
+                        "sweep": sweep_id,
+                        "run": run_id,
+                        "verdict": verdict,
+                        "evidence_level": level_label(level),
+                        "reason": reason or "",
+                        "label": label(before, verdict) if before is not None else None,
+                    }
+                )
         return out
 
     # ---- sweeps ----
@@ -132,13 +147,20 @@ class Results:
             )
         items = [
             {
-                "id": r.id, "cycle": owners.get(r.id), "status": r.status, "mode": r.mode,
-                "execution": r.execution, "top": r.top, "models": r.models,
-                "counts": _counts(r.counts), "seconds": r.seconds,
-                "started_at": _when(r.started_at), "finished_at": _when(r.finished_at),
+                "id": r.id,
+                "cycle": owners.get(r.id),
+                "status": r.status,
+                "mode": r.mode,
+                "execution": r.execution,
+                "top": r.top,
+                "models": r.models,
+                "counts": _counts(r.counts),
+                "seconds": r.seconds,
+                "started_at": _when(r.started_at),
+                "finished_at": _when(r.finished_at),
             }
             for r in rows
-        ]  # fmt: skip
+        ]
         return {"total": total, "limit": limit, "offset": offset, "items": items}
 
     def diff(self, sweep_id: int, other: int) -> dict[str, Any]:
@@ -178,29 +200,46 @@ class Results:
                 ).where(draft)
             ).one()
             page = (
-                select(CycleDraft).where(draft)
+                select(CycleDraft)
+                .where(draft)
                 .order_by(col(CycleDraft.downloads).desc(), col(CycleDraft.fingerprint))
-                .limit(limit).offset(offset)
-            )  # fmt: skip
+                .limit(limit)
+                .offset(offset)
+            )
             rows = list(sess.execute(page).scalars())
         outcomes = {str(k): int(v) for k, v in by_outcome.items()}
         items = [
             {
-                "fingerprint": r.fingerprint, "model_id": r.model_id, "downloads": r.downloads,
-                "outcome": r.outcome, "agent_outcome": r.agent_outcome, "reason": r.reason or "",
-                "attempts": r.attempts, "tokens_in": r.tokens_in, "tokens_out": r.tokens_out,
-                "seconds": r.seconds, "session_id": r.session_id,
-                "adapter_path": r.adapter_path, "created_at": _when(r.created_at),
+                "fingerprint": r.fingerprint,
+                "model_id": r.model_id,
+                "downloads": r.downloads,
+                "outcome": r.outcome,
+                "agent_outcome": r.agent_outcome,
+                "reason": r.reason or "",
+                "attempts": r.attempts,
+                "tokens_in": r.tokens_in,
+                "tokens_out": r.tokens_out,
+                "seconds": r.seconds,
+                "session_id": r.session_id,
+                "adapter_path": r.adapter_path,
+                "created_at": _when(r.created_at),
             }
             for r in rows
-        ]  # fmt: skip
+        ]
         return {
-            "cycle": cycle_id, "status": cycle.status, "sweep": cycle.sweep_id,
-            "fingerprints": sum(outcomes.values()), "outcomes": outcomes,
-            "accepted": outcomes.get(ACCEPTED, 0), "attempts": int(attempts),
+            "cycle": cycle_id,
+            "status": cycle.status,
+            "sweep": cycle.sweep_id,
+            "fingerprints": sum(outcomes.values()),
+            "outcomes": outcomes,
+            "accepted": outcomes.get(ACCEPTED, 0),
+            "attempts": int(attempts),
             "tokens": int(tokens_in) + int(tokens_out),
-            "total": sum(outcomes.values()), "limit": limit, "offset": offset, "items": items,
-        }  # fmt: skip
+            "total": sum(outcomes.values()),
+            "limit": limit,
+            "offset": offset,
+            "items": items,
+        }
 
     # ---- cycles: the dashboard's series ----
 
@@ -208,23 +247,34 @@ class Results:
         """Each completed cycle, oldest first: when, its sweep, how many models passed of how
         many judged, and how many regressed against the cycle before."""
         stmt = (
-            select(col(Cycle.id), col(Cycle.finished_at), col(Cycle.sweep_id),
-                   col(Cycle.regressions), col(Sweep.counts))
+            select(
+                col(Cycle.id),
+                col(Cycle.finished_at),
+                col(Cycle.sweep_id),
+                col(Cycle.regressions),
+                col(Sweep.counts),
+            )
             .join(Sweep, col(Sweep.id) == col(Cycle.sweep_id))
             .where(col(Cycle.status) == DONE)
             .order_by(col(Cycle.id))
-        )  # fmt: skip
+        )
         out = []
         with session(self.engine, write=False) as sess:
             for cycle_id, finished, sweep_id, regressions, counts in sess.execute(stmt):
                 tally = _counts(counts)
                 judged = sum(tally.values())
                 passed = tally.get(verdicts.PASS, 0)
-                out.append({
-                    "cycle": cycle_id, "finished_at": _when(finished), "sweep": sweep_id,
-                    "models": judged, "passed": passed,
-                    "share": passed / judged if judged else 0.0, "regressions": regressions,
-                })  # fmt: skip
+                out.append(
+                    {
+                        "cycle": cycle_id,
+                        "finished_at": _when(finished),
+                        "sweep": sweep_id,
+                        "models": judged,
+                        "passed": passed,
+                        "share": passed / judged if judged else 0.0,
+                        "regressions": regressions,
+                    }
+                )
         return out
 
     def latest_cycle(self) -> dict[str, Any] | None:
@@ -247,12 +297,16 @@ class Results:
         )
         env = summary.get("environment_line")
         return {
-            "cycle": row.id, "sweep": row.sweep_id, "finished_at": _when(row.finished_at),
-            "baseline_cycle": row.baseline_cycle_id, "baseline_sweep": row.baseline_sweep_id,
-            "regressions": regressions, "counts": _counts(summary.get("counts")),
+            "cycle": row.id,
+            "sweep": row.sweep_id,
+            "finished_at": _when(row.finished_at),
+            "baseline_cycle": row.baseline_cycle_id,
+            "baseline_sweep": row.baseline_sweep_id,
+            "regressions": regressions,
+            "counts": _counts(summary.get("counts")),
             "new_failures": len(_changes(summary.get("new_failures"))),
             "environment_line": env if isinstance(env, str) else "",
-        }  # fmt: skip
+        }
 
     def fingerprints(self, sweep_id: int, top: int = FINGERPRINTS_SHOWN) -> list[dict[str, Any]]:
         """The failure fingerprints of sweep ``sweep_id`` by the downloads they block."""
@@ -260,12 +314,16 @@ class Results:
             sweep, runs = scope_runs(self.engine, sweep_id)
             found = [
                 {
-                    "fingerprint": f.fingerprint, "downloads": f.downloads, "models": f.count,
-                    "examples": f.models[:3], "rule_id": f.rule_id, "op": f.op,
+                    "fingerprint": f.fingerprint,
+                    "downloads": f.downloads,
+                    "models": f.count,
+                    "examples": f.models[:3],
+                    "rule_id": f.rule_id,
+                    "op": f.op,
                     "share": f.share,
                 }
                 for f in census(runs, top)
-            ]  # fmt: skip
+            ]
             if sweep is None or sweep.status != DONE:
                 return found  # still changing: not kept
             self._census[sweep_id] = found

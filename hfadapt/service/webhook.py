@@ -66,10 +66,14 @@ def drafting_summary(drafted: Any) -> dict[str, Any] | None:
     if drafted is None:
         return None
     accepted = [
-        {"fingerprint": r.fingerprint, "model_id": r.model_id,
-         "adapter": Path(r.adapter_path).name if r.adapter_path else None}
-        for r in drafted.rows if r.outcome == ACCEPTED
-    ]  # fmt: skip
+        {
+            "fingerprint": r.fingerprint,
+            "model_id": r.model_id,
+            "adapter": Path(r.adapter_path).name if r.adapter_path else None,
+        }
+        for r in drafted.rows
+        if r.outcome == ACCEPTED
+    ]
     return {
         **drafted.summary(),
         "budget": {"attempts": drafted.budget.attempts, "tokens": drafted.budget.tokens},
@@ -109,11 +113,16 @@ def regression_summary(
         "environment_changes": comp.environment_changes if comp else [],
         "drafting": drafting,  # None: the cycle did not draft (no --draft)
         "models": [
-            {"model_id": c.model_id, "before": c.before, "after": c.after,
-             "downloads": c.downloads, "reason": " ".join(c.reason.split())[:REASON_CHARS]}
+            {
+                "model_id": c.model_id,
+                "before": c.before,
+                "after": c.after,
+                "downloads": c.downloads,
+                "reason": " ".join(c.reason.split())[:REASON_CHARS],
+            }
             for c in changes[:limit]
         ],
-    }  # fmt: skip
+    }
 
 
 def post_summary(url: str, summary: dict[str, Any], *, timeout: float = TIMEOUT_S) -> str | None:
@@ -121,9 +130,11 @@ def post_summary(url: str, summary: dict[str, Any], *, timeout: float = TIMEOUT_
     warning to print (the URL shown as scheme and host only)."""
     body = json.dumps(summary, default=str).encode()
     request = urllib.request.Request(
-        url, data=body, method="POST",
+        url,
+        data=body,
+        method="POST",
         headers={"Content-Type": "application/json", "User-Agent": f"hfadapt/{__version__}"},
-    )  # fmt: skip
+    )
     try:
         with urllib.request.urlopen(
             request, timeout=timeout

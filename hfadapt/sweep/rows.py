@@ -18,10 +18,25 @@ __all__ = ["SHARED", "member_rows", "unit_rows"]
 
 # Columns a member's row shares with its representative's (the verdict and its evidence).
 SHARED = (
-    "verdict", "reason", "mode", "execution", "dtype", "min_token_cosine", "mean_token_cosine",
-    "pooled_cosine", "max_abs_diff", "has_nan", "has_inf", "violations", "fallbacks", "adapters",
-    "fingerprints", "divergence", "versions", "profile_version",
-)  # fmt: skip
+    "verdict",
+    "reason",
+    "mode",
+    "execution",
+    "dtype",
+    "min_token_cosine",
+    "mean_token_cosine",
+    "pooled_cosine",
+    "max_abs_diff",
+    "has_nan",
+    "has_inf",
+    "violations",
+    "fallbacks",
+    "adapters",
+    "fingerprints",
+    "divergence",
+    "versions",
+    "profile_version",
+)
 
 
 def _member_level(template: dict[str, Any], source: str | None) -> str | None:

@@ -481,3 +481,22 @@ def test_ids_a_lying_endpoint_sends_are_refused_and_counted(
     code, out, err = run_cli(["crawl", "--endpoint", fake_hub.url, "--db", db], monkeypatch, capsys)
     assert code == 0 and out == "", (code, out, err)
     assert f"note: refused {len(LYING_IDS)} listing entries" in err and "\x1b" not in err, err
+
+
+def test_a_download_the_hub_cannot_answer_is_unreachable_not_a_missing_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """huggingface_hub turns a refused connection into LocalEntryNotFoundError, a subclass of
+    EntryNotFoundError: it must not read as "the repository has no such file"."""
+    import huggingface_hub.utils._http as hf_http
+
+    from hfadapt.hub.resolve import HubOptions, download
+
+    down = refused_url()
+    monkeypatch.setenv("HF_ENDPOINT", down)
+    monkeypatch.setattr(hf_http.time, "sleep", lambda _s: None)  # its retries, not waited out
+    with pytest.raises(HubUnreachableError) as exc:
+        download("acme/x", "model.safetensors", HubOptions(cache_dir=tmp_path))
+    message = exc.value.one_line()
+    assert message.startswith(f"cannot reach {down} for model.safetensors of acme/x"), message
+    assert not isinstance(exc.value, ConfigError), message

@@ -15,6 +15,7 @@ from sqlmodel import select
 from hfadapt import verdicts
 from hfadapt.db.tables import Run
 from hfadapt.errors import (
+    HubUnreachableError,
     ModelNotFoundError,
     SpyreLoweringError,
     SpyreUnsupportedModelError,
@@ -278,6 +279,20 @@ def test_no_model_at_all_raises_and_records_nothing(
         with pytest.raises(ModelNotFoundError):
             diagnose(ref, runner=lambda *a, **k: None)
     assert rows() == []
+
+
+def test_an_unreachable_hub_raises_and_is_not_the_models_verdict(
+    tiny_bert: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import hfadapt.judge.phases as phases
+
+    def unreachable(*_a: Any, **_k: Any) -> None:
+        raise HubUnreachableError("cannot reach http://127.0.0.1:9 for model.safetensors of x/y")
+
+    monkeypatch.setattr(phases, "load_model", unreachable)
+    with pytest.raises(HubUnreachableError):
+        diagnose(tiny_bert, runner=lambda *a, **k: None)
+    assert [r.verdict for r in rows()] == [], "a network failure was recorded as a verdict"
 
 
 def test_custom_code_verdict(tiny_bert: Path) -> None:

@@ -3,13 +3,16 @@ published one, as github.com/oaustegard/jina-v5-nano-mirror holds it byte-identi
 to native EuroBERT with the snapshot's parameter count, last-token pooling + normalize and four
 PEFT task adapters; a Qwen3-based v5 config (text-small) is refused naming why; full mode reads
 the PEFT adapter folders (``adapters/<task>/``) and merging a task equals PEFT's low-rank path;
-a structural run draws stand-ins on the adapters' target Linears only and passes every task.
-A tiny nano-shaped model built here: no Hub, no remote code."""
+a structural run draws stand-ins on the adapters' target Linears only and passes every task;
+online, the adapter folders come from the Hub with the weights and judge each task exactly as the
+folder does, and an adapter file the Hub lacks (404) is the verdict's reason. A tiny nano-shaped
+model built here, served by a loopback Hub: no remote code."""
 
 from __future__ import annotations
 
 import copy
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +26,7 @@ from hfadapt.loading import lora as task_lora
 from hfadapt.loading import structural, translate
 from hfadapt.loading.load import LoadedModel
 from hfadapt.loading.signature import config_from_dict
+from hfadapt.loading.task_adapter_files import PEFT_FILES, peft_adapter_files
 
 FAMILY = "jina_embeddings_v5_nano"
 TASKS = ["retrieval", "text-matching", "clustering", "classification"]
@@ -257,3 +261,148 @@ def test_a_structural_judge_runs_each_task_with_last_token_pooling() -> None:
     assert diag.verdict == "pass" and [t["task"] for t in tasks] == TASKS, diag.reason
     assert diag.evidence["pooling"].startswith("lasttoken + normalize"), diag.evidence["pooling"]
     assert diag.evidence["translated_from"]["family"] == FAMILY, diag.evidence["translated_from"]
+
+
+def test_the_adapter_files_an_online_load_fetches_stay_inside_the_adapters_folder() -> None:
+    got = translate.translate(_raw())
+    assert isinstance(got, translate.Translation), got
+    files = peft_adapter_files(got.evidence())
+    print(files)
+    assert files[:2] == ["adapters/retrieval/adapter_config.json",
+                         "adapters/retrieval/adapter_model.safetensors"], files  # fmt: skip
+    assert len(files) == 2 * len(TASKS), files
+    bad = translate.translate(_raw(task_names=["retrieval", "../../secrets"]))
+    assert isinstance(bad, translate.Translation), bad
+    with pytest.raises(WeightsError, match=r"'\.\./\.\./secrets' is not a folder name"):
+        peft_adapter_files(bad.evidence())
+
+
+# ---- online: the adapters come from the Hub (a loopback one) with the weights -----------------
+
+NANO_ID = "acme/tiny-jina-v5-nano"
+
+
+def _serve_nano(
+    hub: Any, folder: Path, monkeypatch: pytest.MonkeyPatch, *, leave_out: str = ""
+) -> None:
+    """``folder`` served as NANO_ID (its files and adapters/**, minus ``leave_out``), with
+    huggingface_hub pointed at ``hub`` (its endpoint constants are read at import)."""
+    import huggingface_hub.constants as hf_constants
+    from support.hub_server import FakeModel
+
+    files = {p.relative_to(folder).as_posix(): p.read_bytes()
+             for p in [*folder.glob("*"), *folder.glob("adapters/**/*")] if p.is_file()}  # fmt: skip
+    assert "adapters/retrieval/adapter_model.safetensors" in files, sorted(files)
+    files.pop(leave_out, None)
+    hub.add(FakeModel(NANO_ID, files=files))
+    # transformers lists additional_chat_templates/ with the tree API: answer as for none
+    hub.script(f"/api/models/{NANO_ID}/tree/", status=200, body="[]", times=1000)
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    monkeypatch.setattr(hf_constants, "ENDPOINT", hub.url)
+    monkeypatch.setattr(hf_constants, "HUGGINGFACE_CO_URL_TEMPLATE",
+                        hub.url + "/{repo_id}/resolve/{revision}/{filename}")  # fmt: skip
+
+
+def _judge_eagerly(ref: str | LoadedModel) -> Any:
+    from hfadapt.judge.diagnose import diagnose
+
+    return diagnose(ref, mode="full", record=False, localize_failures=False, execution="eager")
+
+
+def test_an_online_load_fetches_every_task_adapter_and_judges_each_task_with_it(
+    fake_hub: Any, nano_folder: tuple[Path, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hfadapt.loading.load import load
+
+    folder, _ = nano_folder
+    _serve_nano(fake_hub, folder, monkeypatch)
+    online = load(NANO_ID)
+    sha = fake_hub.models[NANO_ID].sha
+    fetched = sorted(r[1].split(f"/resolve/{sha}/")[-1] for r in fake_hub.requests
+                     if f"/resolve/{sha}/adapters/" in r[1] and r[3] == 200)  # fmt: skip
+    print(f"{online.source} at {online.revision}: adapter files fetched {fetched}")
+    wanted = sorted(f"adapters/{t}/{f}" for t in TASKS for f in PEFT_FILES)
+    assert (online.source, online.revision) == ("hub", sha), (online.source, online.revision)
+    assert sorted(set(fetched)) == wanted and online.absent_on_hub == {}, fetched
+    assert any("one PEFT folder per task" in n for n in online.notes), online.notes
+
+    offline = load(folder)
+    on, _ = task_lora.task_lora_of(online)
+    off, _ = task_lora.task_lora_of(offline)
+    assert on is not None and off is not None, "no adapters read"
+    assert on.origin == off.origin and on.origin.startswith("PEFT adapters"), on.origin
+    ids = torch.tensor([[101, 2023, 2003, 1037, 3231, 102]])
+    base = _last_hidden(online.model, ids)
+    for task in TASKS:
+        got = _last_hidden(on.merged(online.model, task), ids)
+        same = float((got - _last_hidden(off.merged(offline.model, task), ids)).abs().max())
+        moved = float((got - base).abs().max())
+        print(f"{task}: online vs folder max |diff| {same:.3g}; vs base weights {moved:.3g}")
+        assert same == 0.0, f"{task}: the online adapters differ from the folder's by {same}"
+        assert moved > 1e-2, f"{task}: the online run moved off the base weights by {moved} only"
+
+    by_hub, by_folder = _judge_eagerly(NANO_ID), _judge_eagerly(folder)
+    hub_tasks = {t["task"]: t["min_token_cosine"] for t in by_hub.evidence.get("tasks") or []}
+    folder_tasks = {t["task"]: t["min_token_cosine"] for t in by_folder.evidence.get("tasks") or []}
+    print(f"online {by_hub.verdict}: {hub_tasks}\nfolder {by_folder.verdict}: {folder_tasks}")
+    assert list(hub_tasks) == TASKS and hub_tasks == folder_tasks, (hub_tasks, folder_tasks)
+    assert by_hub.verdict == by_folder.verdict == "pass", (by_hub.reason, by_folder.reason)
+    assert by_hub.evidence["task_lora"]["origin"].startswith("PEFT adapters"), by_hub.evidence
+    assert "task_lora_note" not in by_hub.evidence, by_hub.evidence["task_lora_note"]
+
+
+def test_a_task_adapter_the_hub_lacks_is_the_verdicts_reason_not_base_weights(
+    fake_hub: Any, nano_folder: tuple[Path, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hfadapt.loading.load import load
+
+    folder, _ = nano_folder
+    lost = "adapters/clustering/adapter_model.safetensors"
+    _serve_nano(fake_hub, folder, monkeypatch, leave_out=lost)
+    loaded = load(NANO_ID)
+    print(loaded.absent_on_hub)
+    assert list(loaded.absent_on_hub) == [lost], loaded.absent_on_hub
+    assert loaded.absent_on_hub[lost].startswith(f"404 at {fake_hub.url}"), loaded.absent_on_hub
+    with pytest.raises(WeightsError, match=r"'clustering' not on the Hub: adapters/clustering/"):
+        task_lora.task_lora_of(loaded)
+
+    diag = _judge_eagerly(NANO_ID)
+    print(f"{diag.verdict}: {diag.reason}")
+    assert diag.verdict == "load_failed", (diag.verdict, diag.reason, diag.evidence.get("tasks"))
+    assert lost in diag.reason and "404 at http://127.0.0.1" in diag.reason, diag.reason
+    assert "\n" not in diag.reason and not diag.evidence.get("tasks"), diag.evidence.get("tasks")
+
+    # offline, the cached snapshot is what there is: the missing file, then no adapters at all
+    import huggingface_hub.constants as hf_constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
+    cached = load(NANO_ID)
+    assert cached.source == "cache" and cached.absent_on_hub == {}, cached.source
+    with pytest.raises(WeightsError, match=r"task 'clustering' has no adapter_model\.safetensors"):
+        task_lora.task_lora_of(cached)
+    shutil.rmtree(Path(str(cached.path)) / "adapters")
+    found, note = task_lora.task_lora_of(load(NANO_ID))
+    print(note)
+    assert found is None and note is not None and "in the HF cache (offline" in note, note
+
+
+def test_an_adapter_download_that_fails_is_a_one_line_hub_error(
+    fake_hub: Any, nano_folder: tuple[Path, dict[str, Any]], monkeypatch: pytest.MonkeyPatch,
+    sleeps: list[float],
+) -> None:  # fmt: skip
+    from hfadapt.errors import HubResponseError
+    from hfadapt.loading.load import load
+
+    folder, _ = nano_folder
+    _serve_nano(fake_hub, folder, monkeypatch)
+    sha = fake_hub.models[NANO_ID].sha
+    failing = f"/{NANO_ID}/resolve/{sha}/adapters/text-matching/adapter_config.json"
+    fake_hub.script(failing, status=403, body='{"error": "Forbidden"}', times=1000)
+    with pytest.raises(HubResponseError) as caught:
+        load(NANO_ID)
+    line = caught.value.one_line()
+    print(line)
+    assert "adapters/text-matching/adapter_config.json of acme/tiny-jina-v5-nano" in line, line
+    assert "HTTP 403" in line and "\n" not in str(caught.value), line
+    assert sum(sleeps) == 0, f"slept {sleeps} s: a refusal is not retried"

@@ -124,9 +124,10 @@ class JinaBertV2Embeddings(nn.Module):
         # BERT's buffer: all-zero token types when none are passed (hfadapt's
         # token-type-ids-host adapter passes them from the host instead)
         self.register_buffer(
-            "token_type_ids", torch.zeros((1, config.max_position_embeddings), dtype=torch.long),
+            "token_type_ids",
+            torch.zeros((1, config.max_position_embeddings), dtype=torch.long),
             persistent=False,
-        )  # fmt: skip
+        )
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
         batch, length = input_ids.shape
@@ -138,9 +139,15 @@ class JinaBertV2Embeddings(nn.Module):
 
 
 def eager_attention(
-    module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
-    scaling: float, dropout: float = 0.0, **kwargs: Any,
-) -> tuple[Tensor, Tensor]:  # fmt: skip
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[Tensor, Tensor]:
     """softmax(Q K^T * scaling + bias) V, [B, H, L, D] in, [B, L, H, D] out (transformers'
     attention-function convention)."""
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling
@@ -173,9 +180,15 @@ class JinaBertV2SelfAttention(nn.Module):
             self.config._attn_implementation, eager_attention
         )
         out, _ = attention(
-            self, query, key, value, attention_bias,
-            dropout=self.dropout.p if self.training else 0.0, scaling=self.scaling, **kwargs,
-        )  # fmt: skip
+            self,
+            query,
+            key,
+            value,
+            attention_bias,
+            dropout=self.dropout.p if self.training else 0.0,
+            scaling=self.scaling,
+            **kwargs,
+        )
         return out.reshape(*hidden_states.shape[:-1], -1).contiguous()  # type: ignore[no-any-return]
 
 

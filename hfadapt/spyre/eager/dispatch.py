@@ -55,7 +55,9 @@ aten = torch.ops.aten
 # convert a whole embedding table per call).
 _MOVE_ONLY_FALLBACKS = frozenset({"aten::embedding", "aten::tril", "aten::triu"})
 # Index ops accept host index tensors next to device tensors, as on any torch device.
-_HOST_INDEX_OK = frozenset({"aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_"})  # fmt: skip
+_HOST_INDEX_OK = frozenset(
+    {"aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_"}
+)
 
 
 @dataclasses.dataclass

@@ -361,13 +361,17 @@ def _run(program: _Program) -> None:
             made.append((t, data))
         count = len(nodes)
         _kernel(
-            program.rows, program.cols, count,
+            program.rows,
+            program.cols,
+            count,
             (ctypes.c_int64 * len(desc))(*desc),
             (ctypes.c_int64 * max(1, len(program.inputs)))(*[x.data_ptr() for x in program.inputs]),
             (ctypes.c_float * max(1, len(program.numbers)))(*program.numbers),
             (ctypes.c_int64 * count)(*outs),
-            _lanes or 8, *native_rounding_args(program.fmt), torch.get_num_threads(),
-        )  # fmt: skip
+            _lanes or 8,
+            *native_rounding_args(program.fmt),
+            torch.get_num_threads(),
+        )
         for t, data in made:
             t._data = data
             t._node = None

@@ -84,9 +84,8 @@ def product(
         return None
     out = torch.empty((*a.shape[:-1], n), dtype=torch.float32)
     matmul(
-        tiles, right, m, n, k, per, mantissa_bits, bias, optional_rounding_args(fmt), out,
-        threads,
-    )  # fmt: skip
+        tiles, right, m, n, k, per, mantissa_bits, bias, optional_rounding_args(fmt), out, threads
+    )
     return out
 
 

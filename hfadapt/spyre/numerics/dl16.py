@@ -252,9 +252,11 @@ def _native_round(x: torch.Tensor, fmt: DL16Format, transfer: bool = False) -> b
     ):
         return False
     _native(  # type: ignore[operator]
-        x, native_rounding_args(fmt), _constants(fmt).host_inf if transfer else 0.0,
+        x,
+        native_rounding_args(fmt),
+        _constants(fmt).host_inf if transfer else 0.0,
         torch.get_num_threads(),
-    )  # fmt: skip
+    )
     return True
 
 

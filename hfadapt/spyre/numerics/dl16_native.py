@@ -82,11 +82,23 @@ class ProgramNode(ctypes.Structure):
 
 # the C file's enums of the row program ABI, by name
 PROGRAM_CODES: dict[str, int] = {
-    "BINARY_FULL": 0, "BINARY_COLUMN": 1, "BINARY_ROW": 2, "BINARY_SCALAR": 3,
+    # how an operand broadcasts against a row of the result (or a gather of rows)
+    "BINARY_FULL": 0,
+    "BINARY_COLUMN": 1,
+    "BINARY_ROW": 2,
+    "BINARY_SCALAR": 3,
     "PROGRAM_GATHER": 4,
-    "OP_ADD": 0, "OP_SUB": 1, "OP_MUL": 2, "OP_DIV": 3, "OP_SUM": 4,
-    "FROM_INPUT": 0, "FROM_NODE": 1, "FROM_NUMBER": 2,
-}  # fmt: skip
+    # a node's op
+    "OP_ADD": 0,
+    "OP_SUB": 1,
+    "OP_MUL": 2,
+    "OP_DIV": 3,
+    "OP_SUM": 4,
+    # where an operand comes from
+    "FROM_INPUT": 0,
+    "FROM_NODE": 1,
+    "FROM_NUMBER": 2,
+}
 FROM_INPUT = PROGRAM_CODES["FROM_INPUT"]
 FROM_NODE = PROGRAM_CODES["FROM_NODE"]
 FROM_NUMBER = PROGRAM_CODES["FROM_NUMBER"]
@@ -176,6 +188,14 @@ def _optional(kernel: str, name: str, t: object, numel: int) -> int | None:
         return None
     _tensor(kernel, name, t, numel=numel)
     return int(t.data_ptr())  # type: ignore[attr-defined]
+
+
+def _epilogue(kernel: str, bias: object, columns: int, rounding: object) -> tuple[Any, ...]:
+    """The kernel arguments ``bias, cols, maxf, lam, rdrop, over`` of a product's epilogue: an
+    optional bias over the last dimension's ``columns``, then an optional DL16 rounding
+    (dl16.optional_rounding_args), each checked."""
+    bias_ptr = _optional(kernel, "bias", bias, columns)
+    return (bias_ptr, columns, *_rounding(kernel, rounding, required=False))
 
 
 def _integer(kernel: str, name: str, value: object, low: int, high: int | None = None) -> int:
@@ -281,9 +301,18 @@ AMX_PACK = "hfadapt_amx_pack"
 AMX_MATMUL = "hfadapt_amx_matmul"
 # every kernel this module calls (each must be declared in the C file's exports block)
 KERNELS = (
-    ROUND, SUM_TRUNCATED, SUM_TRUNCATED_ROUND, ACCUMULATE_TRUNCATED, SOFTMAX_FLOOR, LAYER_NORM,
-    ATEN_SUM, ROW_PROGRAM, AMX_READY, AMX_PACK, AMX_MATMUL,
-)  # fmt: skip
+    ROUND,
+    SUM_TRUNCATED,
+    SUM_TRUNCATED_ROUND,
+    ACCUMULATE_TRUNCATED,
+    SOFTMAX_FLOOR,
+    LAYER_NORM,
+    ATEN_SUM,
+    ROW_PROGRAM,
+    AMX_READY,
+    AMX_PACK,
+    AMX_MATMUL,
+)
 
 
 def refused(name: str, status: int) -> NativeArgumentError:
@@ -368,9 +397,15 @@ def load_sum_truncated() -> Callable[[torch.Tensor, int, torch.Tensor, int], Non
         dropped = _dropped(name, mantissa_bits)
         _tensor(name, "out", out, numel=n)
         _checked(
-            SUM_TRUNCATED, fn, parts.data_ptr(), pieces, n, dropped, out.data_ptr(),
+            SUM_TRUNCATED,
+            fn,
+            parts.data_ptr(),
+            pieces,
+            n,
+            dropped,
+            out.data_ptr(),
             _threads(name, threads),
-        )  # fmt: skip
+        )
 
     return sum_truncated
 
@@ -399,14 +434,20 @@ def load_sum_truncated_round() -> (
         dropped = _dropped(name, mantissa_bits)
         columns = parts.shape[-1] if parts.dim() > 1 else 1
         _tensor(name, "out", out, numel=n)
-        bias_ptr = _optional(name, "bias", bias, columns)
-        args = _rounding(name, rounding, required=False)
+        epilogue = _epilogue(name, bias, columns, rounding)
         if n == 0:
             return
         _checked(
-            SUM_TRUNCATED_ROUND, fn, parts.data_ptr(), pieces, n, dropped, bias_ptr, columns,
-            *args, out.data_ptr(), _threads(name, threads),
-        )  # fmt: skip
+            SUM_TRUNCATED_ROUND,
+            fn,
+            parts.data_ptr(),
+            pieces,
+            n,
+            dropped,
+            *epilogue,
+            out.data_ptr(),
+            _threads(name, threads),
+        )
 
     return sum_truncated_round
 
@@ -448,14 +489,21 @@ def load_accumulate_truncated() -> (
         if not isinstance(first, bool):
             raise NativeArgumentError(f"{name}: first must be a bool, got {first!r}")
         columns = acc.shape[-1] if acc.dim() > 0 else 1
-        bias_ptr = _optional(name, "bias", bias, columns)
-        args = _rounding(name, rounding, required=False)
+        epilogue = _epilogue(name, bias, columns, rounding)
         if n == 0:
             return
         _checked(
-            ACCUMULATE_TRUNCATED, fn, acc.data_ptr(), parts.data_ptr(), pieces, n, dropped,
-            int(first), bias_ptr, columns, *args, _threads(name, threads),
-        )  # fmt: skip
+            ACCUMULATE_TRUNCATED,
+            fn,
+            acc.data_ptr(),
+            parts.data_ptr(),
+            pieces,
+            n,
+            dropped,
+            int(first),
+            *epilogue,
+            _threads(name, threads),
+        )
 
     return accumulate
 
@@ -501,9 +549,18 @@ def load_softmax_floor() -> (
         if rows == 0:
             return
         _checked(
-            SOFTMAX_FLOOR, fn, x.data_ptr(), out.data_ptr(), top.data_ptr(), rows, columns,
-            floor, code, *args, _threads(name, threads),
-        )  # fmt: skip
+            SOFTMAX_FLOOR,
+            fn,
+            x.data_ptr(),
+            out.data_ptr(),
+            top.data_ptr(),
+            rows,
+            columns,
+            floor,
+            code,
+            *args,
+            _threads(name, threads),
+        )
 
     return softmax
 
@@ -564,9 +621,20 @@ def load_layer_norm() -> (
         if rows == 0:
             return
         _checked(
-            LAYER_NORM, fn, x.data_ptr(), rows, columns, weight_ptr, bias_ptr, eps, *args,
-            out.data_ptr(), mean.data_ptr(), rstd.data_ptr(), _threads(name, threads),
-        )  # fmt: skip
+            LAYER_NORM,
+            fn,
+            x.data_ptr(),
+            rows,
+            columns,
+            weight_ptr,
+            bias_ptr,
+            eps,
+            *args,
+            out.data_ptr(),
+            mean.data_ptr(),
+            rstd.data_ptr(),
+            _threads(name, threads),
+        )
 
     return layer_norm
 
@@ -603,10 +671,12 @@ def _flat(structure: Any, field: str) -> int:
 # where each operand's fields sit in a node's int64s (read by position: this check runs on
 # every program, and a list slice costs a fraction of a ctypes field access)
 _OPERAND_FIELDS = [
-    [_flat(ProgramNode, "operand") + k * PROGRAM_FIELDS_PER_OPERAND + _flat(ProgramOperand, f)
-     for f in ("source", "kind", "index", "at")]
+    [
+        _flat(ProgramNode, "operand") + k * PROGRAM_FIELDS_PER_OPERAND + _flat(ProgramOperand, f)
+        for f in ("source", "kind", "index", "at")
+    ]
     for k in range(2)
-]  # fmt: skip
+]
 
 
 def _program_refs(name: str, desc: Any, inputs: Any, numbers: Any, nodes: int) -> None:
@@ -685,9 +755,19 @@ def load_row_program() -> Callable[..., None] | None:
         if len(outs) != nodes:
             raise NativeArgumentError(f"{name}: outs holds {len(outs)} entries for {nodes} nodes")
         _checked(
-            ROW_PROGRAM, fn, rows, columns, nodes, desc, inputs, numbers, outs, lanes, *args,
+            ROW_PROGRAM,
+            fn,
+            rows,
+            columns,
+            nodes,
+            desc,
+            inputs,
+            numbers,
+            outs,
+            lanes,
+            *args,
             threads,
-        )  # fmt: skip
+        )
 
     return row_program
 
@@ -732,6 +812,11 @@ def load_amx() -> tuple[AmxPack, AmxMatmul] | None:
     ready, pack_fn, matmul_fn = _kernel(AMX_READY), _kernel(AMX_PACK), _kernel(AMX_MATMUL)
     if ready is None or pack_fn is None or matmul_fn is None or not ready():
         return None
+    return _amx_pack(pack_fn), _amx_matmul(matmul_fn)
+
+
+def _amx_pack(pack_fn: Any) -> AmxPack:
+    """load_amx's ``pack``: its arguments checked, then the kernel ``pack_fn`` called."""
 
     def pack(lines: torch.Tensor, role: int, out: torch.Tensor, threads: int) -> int:
         name = AMX_PACK
@@ -747,13 +832,26 @@ def load_amx() -> tuple[AmxPack, AmxMatmul] | None:
         _tensor(name, "out", out, dtype=torch.int16, at_least=2 * rows_p * depth_p)
         bad = int(
             pack_fn(
-                lines.data_ptr(), rows, depth, *lines.stride(), role, rows_p, depth_p,
-                out.data_ptr(), _threads(name, threads),
+                lines.data_ptr(),
+                rows,
+                depth,
+                *lines.stride(),
+                role,
+                rows_p,
+                depth_p,
+                out.data_ptr(),
+                _threads(name, threads),
             )
-        )  # fmt: skip
+        )
         if bad < 0:
             raise refused(AMX_PACK, bad)
         return bad
+
+    return pack
+
+
+def _amx_matmul(matmul_fn: Any) -> AmxMatmul:
+    """load_amx's ``matmul``: its arguments checked, then the kernel ``matmul_fn`` called."""
 
     def matmul(
         a_tiles: torch.Tensor,
@@ -783,11 +881,22 @@ def load_amx() -> tuple[AmxPack, AmxMatmul] | None:
         args = _rounding(name, rounding, required=False)
         _tensor(name, "out", out, numel=m * n)
         _checked(
-            AMX_MATMUL, matmul_fn, a_tiles.data_ptr(), b_tiles.data_ptr(), m, n, depth_p, piece,
-            dropped, bias_ptr, *args, out.data_ptr(), _threads(name, threads),
-        )  # fmt: skip
+            AMX_MATMUL,
+            matmul_fn,
+            a_tiles.data_ptr(),
+            b_tiles.data_ptr(),
+            m,
+            n,
+            depth_p,
+            piece,
+            dropped,
+            bias_ptr,
+            *args,
+            out.data_ptr(),
+            _threads(name, threads),
+        )
 
-    return pack, matmul
+    return matmul
 
 
 def available() -> bool:
@@ -839,6 +948,12 @@ def native_status() -> NativeStatus:
         ready = _kernel(AMX_READY)
         amx = "available" if ready is not None and ready() else "unavailable"
     return NativeStatus(
-        state.state, state.library, state.record, state.compiler, state.message, amx,
-        cache_dir(), len(native_build.failure_records()),
-    )  # fmt: skip
+        state.state,
+        state.library,
+        state.record,
+        state.compiler,
+        state.message,
+        amx,
+        cache_dir(),
+        len(native_build.failure_records()),
+    )

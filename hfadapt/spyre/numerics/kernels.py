@@ -111,14 +111,25 @@ def _layer_norm_rows(
     mean = torch.empty(stats, dtype=torch.float32)
     rstd = torch.empty(stats, dtype=torch.float32)
     kernel(
-        x, cols, weight, bias, float(eps), native_rounding_args(fmt), out, mean, rstd,
+        x,
+        cols,
+        weight,
+        bias,
+        float(eps),
+        native_rounding_args(fmt),
+        out,
+        mean,
+        rstd,
         torch.get_num_threads(),
-    )  # fmt: skip
+    )
     return out, mean, rstd
 
 
-def native_layer_norm(args: Sequence[Any], kwargs: dict[str, Any], fmt: DL16Format) -> Any:
-    """aten::native_layer_norm(input, normalized_shape, weight, bias, eps) -> (out, mean, rstd)."""
+def native_layer_norm(
+    args: Sequence[Any], kwargs: dict[str, Any], fmt: DL16Format
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """aten::native_layer_norm(input, normalized_shape, weight, bias, eps) -> (out, mean, rstd);
+    aten::layer_norm's arguments begin with the same five."""
     return _layer_norm_dl16(
         args[0],
         _arg(args, kwargs, 1, "normalized_shape", ()),
@@ -129,16 +140,9 @@ def native_layer_norm(args: Sequence[Any], kwargs: dict[str, Any], fmt: DL16Form
     )
 
 
-def layer_norm(args: Sequence[Any], kwargs: dict[str, Any], fmt: DL16Format) -> Any:
+def layer_norm(args: Sequence[Any], kwargs: dict[str, Any], fmt: DL16Format) -> torch.Tensor:
     """aten::layer_norm(input, normalized_shape, weight, bias, eps, cudnn_enable) -> out."""
-    return _layer_norm_dl16(
-        args[0],
-        _arg(args, kwargs, 1, "normalized_shape", ()),
-        _arg(args, kwargs, 2, "weight", None),
-        _arg(args, kwargs, 3, "bias", None),
-        float(_arg(args, kwargs, 4, "eps", 1e-5)),
-        fmt,
-    )[0]
+    return native_layer_norm(args, kwargs, fmt)[0]
 
 
 @dataclass(frozen=True)
@@ -350,8 +354,9 @@ def _softmax_rows(
         return None
     out = torch.empty_like(x)
     top = torch.empty((*x.shape[:-1], 1), dtype=torch.float32)
-    kernel(x, out, top, float(floor), float(code), optional_rounding_args(fmt),
-           torch.get_num_threads())  # fmt: skip
+    kernel(
+        x, out, top, float(floor), float(code), optional_rounding_args(fmt), torch.get_num_threads()
+    )
     return out, top
 
 
@@ -663,9 +668,15 @@ def _accumulated(
             torch.matmul(a[..., start : start + per], b[..., start : start + per, :], out=parts[i])
         tail = first + group >= len(starts)
         step(
-            out, parts, len(pieces), mantissa_bits, first == 0, bias if tail else None,
-            optional_rounding_args(fmt if tail else None), threads,
-        )  # fmt: skip
+            out,
+            parts,
+            len(pieces),
+            mantissa_bits,
+            first == 0,
+            bias if tail else None,
+            optional_rounding_args(fmt if tail else None),
+            threads,
+        )
     return out
 
 
@@ -694,9 +705,15 @@ def _epilogue_into(
 ) -> None:
     """_epilogue written into ``out`` (contiguous, ``product``'s size)."""
     step(
-        out, product, 1, mantissa_bits, True, bias, optional_rounding_args(fmt),
+        out,
+        product,
+        1,
+        mantissa_bits,
+        True,
+        bias,
+        optional_rounding_args(fmt),
         torch.get_num_threads(),
-    )  # fmt: skip
+    )
 
 
 # Bytes of one-piece products made at a time by _epilogue_blocked: a group of batch items this
@@ -744,8 +761,12 @@ def _epilogue_blocked(
 # -- binary pointwise ops: what the row programs (hfadapt.spyre.eager.fusion) read ------------
 
 # op name -> the C kernel's op code (dl16_kernels.c: OP_ADD, OP_SUB, OP_MUL, OP_DIV)
-BINARY_OPS = {"aten::add.Tensor": 0, "aten::sub.Tensor": 1, "aten::mul.Tensor": 2,
-              "aten::div.Tensor": 3}  # fmt: skip
+BINARY_OPS = {
+    "aten::add.Tensor": 0,
+    "aten::sub.Tensor": 1,
+    "aten::mul.Tensor": 2,
+    "aten::div.Tensor": 3,
+}
 # how an operand broadcasts against a row of the result (dl16_kernels.c: BINARY_FULL,
 # BINARY_COLUMN, BINARY_ROW, BINARY_SCALAR); FULL and ROW are also a row program node's kinds
 FULL, COLUMN, ROW, SCALAR = 0, 1, 2, 3
@@ -815,8 +836,11 @@ _LAYER_NORM_OPS: dict[str, Kernel] = {
 _SOFTMAX_OPS = {"aten::_softmax": 0, "aten::softmax.int": 1}
 _MATMUL_OPS = frozenset({"aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm"})
 # ops whose sum the reduced-precision accumulator makes (NumericParams.accumulator)
-_ACCUMULATING = {"aten::mean": mean_kernel, "aten::mean.dim": mean_kernel,
-                 "aten::rms_norm": rms_norm_kernel}  # fmt: skip
+_ACCUMULATING = {
+    "aten::mean": mean_kernel,
+    "aten::mean.dim": mean_kernel,
+    "aten::rms_norm": rms_norm_kernel,
+}
 
 
 @lru_cache(maxsize=8)

@@ -43,9 +43,14 @@ SOURCE_FILE = "dl16_kernels.c"
 # torch's libgomp (same soname), so torch.set_num_threads bounds both. An exported function
 # without a declaration in the exports block is an error.
 FLAGS = (
-    "-O3", "-fPIC", "-shared", "-fopenmp", "-fno-fast-math", "-ffp-contract=off",
+    "-O3",
+    "-fPIC",
+    "-shared",
+    "-fopenmp",
+    "-fno-fast-math",
+    "-ffp-contract=off",
     "-Werror=missing-prototypes",
-)  # fmt: skip
+)
 OPENMP_FLAG = "-fopenmp"
 BUILD_TIMEOUT = 120.0  # seconds; a timeout is not recorded (a busy machine): the next process tries
 FAILED_SUFFIX = ".failed.json"
@@ -270,10 +275,16 @@ def _failed(plan: _Plan, message: str, recorded: bool, when: str = "") -> Librar
     where = f"recorded in {plan.record}" if recorded else "not recorded"
     log.warning(
         "native DL16 kernels not built: %s failed%s: %s (%s; the torch ops compute the same "
-        "values, slower; %s)", plan.compiler, when, message, where, _RETRY,
-    )  # fmt: skip
-    return LibraryState("failed", plan.library, plan.record if recorded else None,
-                        plan.compiler, message)  # fmt: skip
+        "values, slower; %s)",
+        plan.compiler,
+        when,
+        message,
+        where,
+        _RETRY,
+    )
+    return LibraryState(
+        "failed", plan.library, plan.record if recorded else None, plan.compiler, message
+    )
 
 
 def _open(plan: _Plan) -> tuple[ctypes.CDLL | None, LibraryState]:

@@ -196,8 +196,9 @@ def _interleaved_stick_split(
         return None
     rank = len(new)
     text = spec["text"].format(expr=f"{half}*d{rank - 2} + d{rank - 1}", stick=stick)
-    return _violation(spec["rule"], op, p.message("compile_unsupported", what=text), "layout",
-                      [x], None)  # fmt: skip
+    return _violation(
+        spec["rule"], op, p.message("compile_unsupported", what=text), "layout", [x], None
+    )
 
 
 _RESHAPES = frozenset({"aten::view", "aten::_unsafe_view", "aten::reshape"})
