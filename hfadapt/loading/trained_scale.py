@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 from torch import nn
@@ -111,6 +111,15 @@ class TrainedScale:
     # token's value norm over an ordinary token's, so the attention's output is a small sum of
     # the other tokens' values, whose device rounding weighs more (1.0: not modelled)
     attention_sink_value: float = 1.0
+    # The last layer (what a 2-layer stand-in misses of a deep model): its FFN writes a few of
+    # the outlier channels at many times its other channels' rms and the final norm removes
+    # them (scale 0), so the final norm's input is mostly channels its output leaves out and the
+    # device's error on them moves every token's length. all-MiniLM-L6-v2 without that removal
+    # (its last LayerNorm's scale on them set to the median) falls from 1.28% per-token norm
+    # error to 0.24% on the device (compiled); its layers 0-4 write those channels at 0.7-5.1x.
+    final_outlier_share: float = 0.0  # share of hidden channels the last FFN writes so
+    final_outlier_gain: float = 1.0  # its output there over the rms of its other channels
+    final_norm_outlier_ratio: float = 1.0  # the final norm's scale there over its median scale
 
     def describe(self) -> str:
         return ", ".join(f"{k} {v:.3g}" for k, v in asdict(self).items())
@@ -138,6 +147,15 @@ ATTENTION_SINK_GAP_MINILM = 5.495
 # 0.0273 on the seeded row (layers 0-5: 0.19, 0.05, 0.03, 0.03, 0.03, 0.07; the same on the probes)
 ATTENTION_SINK_VALUE_MINILM = 0.0273
 
+# all-MiniLM-L6-v2's last layer (``final_layer_statistics``, on the probe sentences): its FFN's
+# down projection writes 3 of 384 channels (127, 223, 319: rows 4.0-5.0x the median) at a median
+# 57.2x its other channels' rms (55.2 on the seeded row; layers 0-4: 0.7-5.1x), and its last
+# LayerNorm scales them by 0 (its median scale 0.65); entering that LayerNorm they hold a median
+# 91% of a token's centred variance
+FINAL_OUTLIER_SHARE_MINILM = 3 / 384
+FINAL_OUTLIER_GAIN_MINILM = 57.17
+FINAL_NORM_OUTLIER_RATIO_MINILM = 0.0
+
 # Measured on all-MiniLM-L6-v2 (6 layers; the pooler left out: it is not on the judged path):
 # medians over its 36 Linear layers and 13 LayerNorms; the outliers as ``minilm_statistics``
 # defines them. tests/judge/test_structural_verdicts.py measures again.
@@ -158,10 +176,27 @@ MINILM = TrainedScale(
     attention_sink_gap=ATTENTION_SINK_GAP_MINILM,
     attention_sink_value=ATTENTION_SINK_VALUE_MINILM,
 )
+# ... and with its last layer (``_draw_final_outliers``): measured and drawable, not what
+# structural runs draw. On all-MiniLM-L6-v2's own stand-in (compiled) it lifts the max per-token
+# norm error from 0.25% to 1.25% (the real weights: 1.28%; 1 - min cosine stays 2.5e-5 against
+# 5.4e-5), but drawn into every stand-in of a top-300 structural sweep (2026-12-05) it failed 11
+# models that pass (233M downloads) in two units: the MiniLM-shaped one at 1.56% (7 models,
+# all-MiniLM-L6-v2 among them, whose real weights pass at 1.28%) and the T5 one in bf16 at 6.1%
+# (4 models; 0.96% before); a stand-in at a model's own error sits on the 1.5% bound, and which
+# side it lands on is the draw's. docs/design.md, structural stand-ins.
+MINILM_LAST_LAYER = replace(
+    MINILM,
+    final_outlier_share=FINAL_OUTLIER_SHARE_MINILM,
+    final_outlier_gain=FINAL_OUTLIER_GAIN_MINILM,
+    final_norm_outlier_ratio=FINAL_NORM_OUTLIER_RATIO_MINILM,
+)
 
 
-def minilm_statistics(model: nn.Module) -> TrainedScale:
-    """The statistics of a BERT-style model's trained weights, as MINILM holds them."""
+def minilm_statistics(
+    model: nn.Module, inputs: Mapping[str, torch.Tensor] | None = None
+) -> TrainedScale:
+    """The statistics of a BERT-style model's trained weights, as MINILM holds them; the last
+    layer's measured on ``inputs`` (MINILM: the probe sentences, tokenized)."""
     gains, biases, means, spreads, norm_biases = [], [], [], [], []
     with torch.no_grad():
         for name, module in model.named_modules():
@@ -183,7 +218,11 @@ def minilm_statistics(model: nn.Module) -> TrainedScale:
     share, row_gain, norm_ratio, norm_bias = outlier_statistics(model)
     massive_embedding, massive_value = massive_statistics(model)
     sink_gap, sink_value = sink_statistics(model)
+    final_share, final_gain, final_norm = final_layer_statistics(model, inputs)
     return TrainedScale(
+        final_outlier_share=final_share,
+        final_outlier_gain=final_gain,
+        final_norm_outlier_ratio=final_norm,
         attention_sink_gap=sink_gap,
         attention_sink_value=sink_value,
         massive_embedding=massive_embedding,
@@ -327,6 +366,60 @@ def sink_statistics(
     return max(gaps, default=0.0), min(values, default=1.0)
 
 
+def _final_norm(model: nn.Module, hidden: int) -> nn.Module | None:
+    """The last norm of the hidden width in module order: the norm the last hidden state leaves
+    (a post-norm encoder's last layer norm, a pre-norm model's final norm)."""
+    found = [
+        m for m in model.modules() if (w := _norm_weight(m)) is not None and w.numel() == hidden
+    ]
+    return found[-1] if found else None
+
+
+def final_layer_statistics(
+    model: nn.Module, inputs: Mapping[str, torch.Tensor] | None = None
+) -> tuple[float, float, float]:
+    """(share of hidden channels the last down projection writes as outliers: rows past
+    OUTLIER_ROW_RATIO times the median row's norm; its output there over the rms of its other
+    channels: the median over those channels of the median over real tokens; the final norm's
+    scale there over its median scale) of a model, on ``inputs`` (input_ids, attention_mask),
+    else on massive_statistics's seeded row; (0.0, 1.0, 1.0) when it has no such channels."""
+    downs = _down_projections(model)
+    if not downs:
+        return 0.0, 1.0, 1.0
+    last, hidden = downs[-1], downs[-1].out_features
+    with torch.no_grad():
+        rows = last.weight.norm(dim=1)
+        index = (rows / rows.median() > OUTLIER_ROW_RATIO).nonzero().flatten()
+    norm = _final_norm(model, hidden)
+    if not len(index) or norm is None:
+        return 0.0, 1.0, 1.0
+    if inputs is None:
+        words = getattr(getattr(model, "embeddings", None), "word_embeddings", None)
+        if not isinstance(words, nn.Embedding):
+            return 0.0, 1.0, 1.0
+        gen = torch.Generator().manual_seed(0)
+        ids = torch.randint(1000, words.num_embeddings, (1, MASSIVE_PROBE_LENGTH), generator=gen)
+        ids[0, 0] = BERT_CLS_ID
+        inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    seen: list[torch.Tensor] = []
+    handle = last.register_forward_hook(lambda _m, _a, out: seen.append(out))
+    try:
+        with torch.no_grad():
+            model(**inputs)
+    finally:
+        handle.remove()
+    out = seen[-1][inputs["attention_mask"].bool()]  # [real tokens, hidden]
+    others = torch.ones(hidden, dtype=torch.bool)
+    others[index] = False
+    rms = out[:, others].pow(2).mean(-1).sqrt()
+    gain = float((out[:, index].abs() / rms[:, None]).median(0).values.median())
+    weight = _norm_weight(norm)
+    assert weight is not None
+    with torch.no_grad():
+        ratio = float(weight.abs()[index].mean() / weight.abs().median())
+    return len(index) / hidden, gain, ratio
+
+
 def _is_norm(module: nn.Module) -> bool:
     """A normalization layer with a per-channel scale: nn.LayerNorm, nn.RMSNorm and the model
     families' own (Qwen3RMSNorm, T5LayerNorm, Gemma3RMSNorm...)."""
@@ -399,6 +492,7 @@ def draw_trained_scale(
                     _normal_(bias, scale.norm_bias_std, gen)
                     redrawn += 1
         index = _draw_outliers(model, scale, gen, centred_norms)
+        _draw_final_outliers(model, scale, index, centred_norms)
         channel = _draw_massive(model, scale, gen, index, vocab_size, start_ids)
         if channel is not None:
             _draw_sink(model, scale, channel)
@@ -445,6 +539,41 @@ def _draw_outliers(
                 signs = torch.randint(0, 2, (len(index),), generator=gen) * 2 - 1
                 bias[index] = signs.to(bias.dtype) * scale.outlier_norm_bias
     return index
+
+
+def _draw_final_outliers(
+    model: nn.Module, scale: TrainedScale, outliers: torch.Tensor | None, centred: set[nn.Module]
+) -> None:
+    """The last layer's outliers: ``final_outlier_share`` of the hidden channels (the first of
+    the outlier channels) get rows of the last down projection at ``final_outlier_gain`` times
+    its median row's norm (a random row's output is its norm ratio times the others' rms), and
+    the final norm's scale there at ``final_norm_outlier_ratio`` times ``norm_gain_mean``, its
+    bias 0 (all-MiniLM-L6-v2 removes them from its last hidden state)."""
+    hidden = _hidden_width(model)
+    if outliers is None or hidden is None or scale.final_outlier_share <= 0:
+        return
+    index = outliers[: max(1, round(scale.final_outlier_share * hidden))]
+    downs = []  # each down projection's weight as [out, in] (a view of Conv1D's [in, out])
+    for name, m in model.named_modules():
+        if "pooler" in name or m._parameters.get("weight") is None or m.weight.is_meta:
+            continue
+        if isinstance(m, nn.Linear) or type(m).__name__ == "Conv1D":
+            rows = m.weight if isinstance(m, nn.Linear) else m.weight.t()
+            if rows.shape[0] == hidden < rows.shape[1]:
+                downs.append(rows)
+    norm = _final_norm(model, hidden)
+    if not downs or norm is None:
+        return
+    rows = downs[-1]  # scaling the view scales the module's weight
+    norms = rows.norm(dim=1)
+    rows[index] *= (scale.final_outlier_gain * norms.median() / norms[index])[:, None]
+    weight = norm._parameters["weight"]
+    assert weight is not None
+    offset = 1.0 if norm in centred else 0.0  # a zero-centred norm's scale is 1 + w
+    weight[index] = scale.norm_gain_mean * scale.final_norm_outlier_ratio - offset
+    bias = norm._parameters.get("bias")
+    if bias is not None:
+        bias[index] = 0.0
 
 
 # An FFN neuron that writes the massive channel reads it past this many standard deviations of

@@ -8,6 +8,8 @@ from __future__ import annotations
 import functools
 import json
 import math
+import statistics
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,7 @@ import torch
 from hfadapt import verdicts
 from hfadapt.errors import UsageError
 from hfadapt.judge.diagnose import diagnose
-from hfadapt.loading.trained_scale import MINILM, minilm_statistics
+from hfadapt.loading.trained_scale import MINILM, MINILM_LAST_LAYER, minilm_statistics
 
 HANDOFF = "post-ln-handoff-clone"
 
@@ -25,15 +27,31 @@ HANDOFF = "post-ln-handoff-clone"
 def test_trained_scale_is_measured_on_the_real_minilm(minilm_path: Path) -> None:
     from transformers import AutoModel
 
-    real = minilm_statistics(AutoModel.from_pretrained(minilm_path))
-    print(f"measured: {real.describe()}\nbundled:  {MINILM.describe()}")
+    from hfadapt.loading.load import load
+    from hfadapt.loading.probes import build_probes
+
+    probes = build_probes(load(minilm_path)).inputs  # the last layer's statistics: on sentences
+    inputs = {k: probes[k] for k in ("input_ids", "attention_mask")}
+    real = minilm_statistics(AutoModel.from_pretrained(minilm_path), inputs)
+    print(f"measured: {real.describe()}\nbundled:  {MINILM_LAST_LAYER.describe()}")
     for field, value in vars(real).items():
-        assert getattr(MINILM, field) == pytest.approx(value, rel=0.01), field
+        assert getattr(MINILM_LAST_LAYER, field) == pytest.approx(value, rel=0.01, abs=1e-6), field
+    # what structural runs draw: the same, without the last layer's (see the test below)
+    assert (
+        replace(
+            MINILM_LAST_LAYER,
+            final_outlier_share=0.0,
+            final_outlier_gain=1.0,
+            final_norm_outlier_ratio=1.0,
+        )
+        == MINILM
+    )
 
 
 def test_a_structural_model_is_drawn_at_that_scale(minilm_path: Path) -> None:
     """The initializer's weights (std 0.02: gain 0.39 at fan-in 384, norms at 1) are 3-4x
-    smaller than a trained model's; the structural stand-in has the trained statistics."""
+    smaller than a trained model's; the structural stand-in has the trained statistics (the
+    median Linear: the last down projection's few outlier rows at 57x lift its own gain)."""
     from hfadapt.loading import structural
 
     loaded = structural.build(minilm_path)
@@ -44,8 +62,9 @@ def test_a_structural_model_is_drawn_at_that_scale(minilm_path: Path) -> None:
         if isinstance(m, torch.nn.Linear)
     ]
     norms = [float(m.weight.mean()) for m in model.modules() if isinstance(m, torch.nn.LayerNorm)]
-    print(f"linear gain {sum(gains) / len(gains):.3f}, norm scale {sum(norms) / len(norms):.3f}")
-    assert sum(gains) / len(gains) == pytest.approx(MINILM.linear_gain, rel=0.05)
+    gain = statistics.median(gains)
+    print(f"linear gain {gain:.3f} (median), norm scale {sum(norms) / len(norms):.3f}")
+    assert gain == pytest.approx(MINILM.linear_gain, rel=0.05)
     assert sum(norms) / len(norms) == pytest.approx(MINILM.norm_gain_mean, rel=0.05)
     assert any("trained scale" in n for n in loaded.notes), loaded.notes
     again = structural.build(minilm_path).model
@@ -94,17 +113,21 @@ def test_minilm_without_the_handoff_clone_fails_structurally_too(minilm_path: Pa
 
 # A structural run should be at least as hard for the device as the trained model it stands for.
 # Measured 2026-12-05 (compiled): structural 0.25% / 2.6e-5 (0.29% / 2.8e-5 before the attention
-# sink was drawn), real 1.28% / 5.4e-5. The stand-in keeps 2 of MiniLM's 6 layers; the real
-# weights cut to their first 2 layers give 0.27% (eager), and the real model's error grows in
-# its last two layers (0.27% after layer 3, 0.57% after layer 4, 1.10% after layer 5, eager),
-# where 62% of the tokens peak on outlier channel 223 at a median 12.7x their rms and the last
-# LayerNorm scales 3 of the 4 outlier channels by 0. A 6-layer stand-in reaches 0.58-0.75% and
-# 2-3e-4 (eager): harder in cosine, not in norm.
+# sink was drawn), real 1.28% / 5.4e-5. The real model's norm error is its last layer's: its FFN
+# writes 3 channels at 57x its other channels' rms, its last LayerNorm scales them by 0, and
+# the device's error on them (91% of a token's variance there) moves every token's length
+# (restored to the median scale, the real weights give 0.24%). Drawn into the stand-in
+# (MINILM_LAST_LAYER), that gives 1.25% / 2.5e-5 (the test below), but flips 11 passes of a
+# top-300 sweep, so structural runs do not draw it. The cosine gap is the real attention's: its
+# per-head device error reaches 2.9-4.5% in every layer (a previous-token head in layer 0 with
+# logits 50 above the row's mean; query rows at 10-15 in layers 1-4) against 0.4-0.8% in the
+# stand-in's. Layers 3-6 with the last layer drawn: 1.8-3.3% (the stand-in fails).
 @pytest.mark.slow
 @pytest.mark.xfail(
     strict=True,
-    reason="the 2-layer stand-in misses the error the real model's last layers add (0.25% "
-    "against 1.28% norm error): docs/design.md, structural stand-ins",
+    reason="the stand-in structural runs draw misses the real model's last-layer norm error "
+    "(0.25% against 1.28%) and its attention's cosine error (2.6e-5 against 5.4e-5): "
+    "docs/design.md, structural stand-ins",
 )
 def test_structural_errors_are_at_least_the_real_weights(minilm_path: Path) -> None:
     real = _judge(minilm_path, "full")
@@ -114,6 +137,30 @@ def test_structural_errors_are_at_least_the_real_weights(minilm_path: Path) -> N
     print(f"max per-token norm error: structural {st_norm:.4%}, real {real_norm:.4%}")
     print(f"1 - min per-token cosine: structural {st_cos:.2e}, real {real_cos:.2e}")
     assert st_norm >= real_norm and st_cos >= real_cos, (st_norm, real_norm, st_cos, real_cos)
+
+
+@pytest.mark.slow
+def test_the_last_layer_drawn_brings_the_norm_error_to_the_real_weights(minilm_path: Path) -> None:
+    """With all-MiniLM-L6-v2's last layer drawn (its FFN's outlier channels, removed by the last
+    LayerNorm), the 2-layer stand-in's norm error is within 10% of the real weights' (1.25%
+    against 1.28%), five times the stand-in's without it; its cosine error does not move."""
+    from hfadapt.loading import structural
+    from hfadapt.loading.trained_scale import draw_trained_scale
+
+    real, plain = _judge(minilm_path, "full"), _judge(minilm_path, "structural")
+    loaded = structural.build(minilm_path)
+    ids = structural.start_ids(loaded.config, loaded.tokenizer)
+    draw_trained_scale(loaded.model, 0, MINILM_LAST_LAYER, loaded.config.vocab_size, ids)
+    deep = diagnose(loaded, mode="structural", record=False, localize_failures=False, caches=False)
+    for name, d in (("real", real), ("stand-in", plain), ("with the last layer", deep)):
+        norm, cos = _errors(d)
+        print(f"{name}: {d.verdict}, max norm error {norm:.4%}, 1 - min cosine {cos:.2e}")
+    (real_norm, real_cos), (plain_norm, _), (deep_norm, deep_cos) = map(
+        _errors, (real, plain, deep)
+    )
+    assert deep.verdict == verdicts.PASS, deep.reason
+    assert deep_norm >= 0.9 * real_norm and deep_norm > 3 * plain_norm, (deep_norm, real_norm)
+    assert deep_cos < real_cos, (deep_cos, real_cos)  # the gap the strict test above still shows
 
 
 # The adapters whose removal moves MiniLM's verdict with its real weights (measured 2026-12-05,

@@ -125,3 +125,62 @@ def test_the_attention_sink_is_measured_and_carried(minilm_path: Path) -> None:
     assert real[1] == pytest.approx(MINILM.attention_sink_value, rel=0.01)
     assert drawn[0] >= real[0] and drawn[1] < 0.5, drawn
     assert without[0] < 1.0 and without[1] > drawn[1], without
+
+
+def _removed_share(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> tuple[float, int]:
+    """(median over real tokens of the share of the final norm's centred input variance in the
+    channels that norm scales by 0; how many channels it scales by 0)."""
+    from hfadapt.loading.trained_scale import _final_norm
+
+    norm = _final_norm(model, model.config.hidden_size)
+    assert norm is not None
+    removed = (norm.weight.abs() < 1e-6).nonzero().flatten()
+    seen: list[torch.Tensor] = []
+    handle = norm.register_forward_hook(lambda _m, args, _o: seen.append(args[0]))
+    with torch.no_grad():
+        model(**inputs)
+    handle.remove()
+    x = seen[0][inputs["attention_mask"].bool()]
+    x = x - x.mean(-1, keepdim=True)
+    share = x[:, removed].pow(2).sum(-1) / x.pow(2).sum(-1)
+    return float(share.median()), len(removed)
+
+
+def test_the_last_layer_outliers_are_measured_and_carried(minilm_path: Path) -> None:
+    """all-MiniLM-L6-v2's last FFN writes 3 channels at ~57x its other channels' rms and its last
+    LayerNorm scales them by 0: entering it, they hold a median 91% of a token's variance. A
+    stand-in drawn with MINILM_LAST_LAYER does the same to its first outlier channels (90%);
+    the stand-in structural runs draw (MINILM) removes nothing."""
+    from transformers import AutoModel
+
+    from hfadapt.loading import structural
+    from hfadapt.loading.load import load
+    from hfadapt.loading.probes import build_probes
+    from hfadapt.loading.trained_scale import (
+        MINILM_LAST_LAYER,
+        draw_trained_scale,
+        final_layer_statistics,
+    )
+
+    probes = build_probes(load(minilm_path)).inputs
+    inputs = {k: probes[k] for k in ("input_ids", "attention_mask")}
+    real_model = AutoModel.from_pretrained(minilm_path).eval()
+    real = final_layer_statistics(real_model, inputs)
+    real_share, real_removed = _removed_share(real_model, inputs)
+    built = structural.build(minilm_path)
+    stand_in, folded = built.model, dict(build_probes(built).inputs)  # ids folded into its vocab
+    starts = structural.start_ids(built.config, built.tokenizer)
+    draw_trained_scale(stand_in, 0, MINILM_LAST_LAYER, built.config.vocab_size, starts)
+    folded = {k: folded[k] for k in ("input_ids", "attention_mask")}
+    drawn_share, drawn_removed = _removed_share(stand_in, folded)
+    plain = structural.build(minilm_path).model  # what structural runs draw
+    print(f"real: share {real[0] * 384:.0f}/384, gain {real[1]:.2f}, norm ratio {real[2]:.2g}; "
+          f"removed {real_removed} channels holding {real_share:.2f}; stand-in: {drawn_removed} "
+          f"holding {drawn_share:.2f}")  # fmt: skip
+    assert real[0] == pytest.approx(MINILM_LAST_LAYER.final_outlier_share) and real_removed == 3
+    assert real[1] == pytest.approx(MINILM_LAST_LAYER.final_outlier_gain, rel=0.01)
+    assert real[2] == pytest.approx(MINILM_LAST_LAYER.final_norm_outlier_ratio, abs=1e-6)
+    assert real_share > 0.85, real_share
+    assert drawn_removed == 3 and drawn_share >= 0.8 * real_share, (drawn_removed, drawn_share)
+    assert float(stand_in.encoder.layer[-1].output.LayerNorm.weight.detach().abs().min()) == 0.0
+    assert float(plain.encoder.layer[-1].output.LayerNorm.weight.detach().abs().min()) > 0.0
