@@ -49,7 +49,7 @@ def register_device() -> None:
     backend.register()
 
 
-def applied(model: Any) -> AppliedAdapters | None:
+def applied(model: torch.nn.Module) -> AppliedAdapters | None:
     """The adapters ``adapt`` (or ``load``) applied to this model instance: a handle with
     ``.names``, ``.applied`` (adapter name -> the modules it patched) and ``.remove()``; None
     when nothing was applied."""
@@ -63,7 +63,9 @@ def _first_float_parameter(model: torch.nn.Module) -> torch.Tensor | None:
     return None
 
 
-def _refuse_fp32(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+def _refuse_fp32(
+    model: torch.nn.Module, args: tuple[object, ...], kwargs: dict[str, object]
+) -> None:
     """A forward pre-hook: fp32 weights on the device fail deep inside (``aten::addmm on
     DataFormats.IEEE_FP32``); say what to do before the first op."""
     if torch.compiler.is_compiling():
@@ -125,7 +127,7 @@ def _is_sentence_transformer(folder: Path | None) -> bool:
     return folder is not None and (folder / "modules.json").is_file()
 
 
-def _host_float32(value: Any) -> Any:
+def _host_float32(value: object) -> Any:
     """What stock sentence-transformers on CPU returns: float32, on the host. Integer and
     binary outputs (``precision="int8"``...) pass through unchanged."""
     import numpy as np
@@ -141,7 +143,7 @@ def _host_float32(value: Any) -> Any:
     return value
 
 
-def _features_to_host(module: Any, args: Any, output: Any) -> Any:
+def _features_to_host(module: torch.nn.Module, args: object, output: object) -> Any:
     """Inside ``encode``: the forward's output features, computed on the device, handed to
     encode's own post-processing on the host (selecting token embeddings by the attention mask
     is host work: on the device it is an int -> bool cast and a boolean index, which the card
@@ -160,7 +162,7 @@ def _float32_encode(model: Any) -> None:
     stock = type(model).encode
     model.register_forward_hook(_features_to_host)
 
-    def encode(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def encode(self: object, *args: object, **kwargs: object) -> Any:
         self.__dict__["_hfadapt_in_encode"] = True
         try:
             return _host_float32(stock(self, *args, **kwargs))

@@ -24,7 +24,6 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 __all__ = ["STALE_SECONDS", "TMP_PREFIX", "BoundedFolder"]
 
@@ -153,7 +152,7 @@ class BoundedFolder:
                 continue
         return sizes
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> dict[str, object]:
         """Where the folder is, its entries and their bytes, its bound, and the temporary files
         in it (``leftovers``, ``leftover_bytes``)."""
         sizes = self._sizes(self.entries())

@@ -704,14 +704,14 @@ def guard(*writable: str) -> None:
     and writes outside ``writable``."""
     roots = tuple(os.path.realpath(w) + os.sep for w in writable if w)
 
-    def inside(path: Any) -> bool:
+    def inside(path: object) -> bool:
         if isinstance(path, int):
             return True  # an already-open descriptor
         if isinstance(path, bytes):
             path = path.decode(errors="replace")
         return os.path.realpath(str(path)).startswith(roots) or str(path) == os.devnull
 
-    def hook(event: str, args: tuple[Any, ...]) -> None:
+    def hook(event: str, args: tuple[object, ...]) -> None:
         if event in _DENIED_EVENTS:
             raise PermissionError(f"sandbox: {event} is not allowed")
         if event == "open" and args:

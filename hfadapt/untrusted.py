@@ -64,20 +64,20 @@ SECRET_NAME = re.compile(
 )
 
 
-def strip_control(value: Any) -> str:
+def strip_control(value: object) -> str:
     """``value`` as a string without control characters: escape sequences removed whole,
     CRLF and a lone CR turned into a newline, newlines and tabs kept, nothing cut."""
     return _CONTROL.sub("", _CR.sub("\n", str(value)))
 
 
-def clean_text(value: Any, max_len: int = MAX_STRING) -> str:
+def clean_text(value: object, max_len: int = MAX_STRING) -> str:
     """``value`` as a string without control characters (:func:`strip_control`: newlines and
     tabs kept), cut to ``max_len`` characters (with an ellipsis)."""
     text = strip_control(value)
     return text if len(text) <= max_len else text[: max(0, max_len - 3)] + "..."
 
 
-def one_line(value: Any, max_len: int = 300) -> str:
+def one_line(value: object, max_len: int = 300) -> str:
     """``value`` as one clean line (whitespace runs folded), cut to ``max_len``."""
     return clean_text(" ".join(str(value).split()), max_len)
 
@@ -124,7 +124,7 @@ def parse_json(
 
 
 def bounded(
-    value: Any,
+    value: object,
     *,
     max_depth: int = 8,
     max_string: int = MAX_STRING,
@@ -202,7 +202,7 @@ def redact(text: str, secrets: Iterable[str] = ()) -> str:
     return hide_url_credentials(_TOKENS.sub(REDACTED, text))
 
 
-def redact_value(value: Any, secrets: Iterable[str] = ()) -> Any:
+def redact_value(value: object, secrets: Iterable[str] = ()) -> Any:
     """:func:`redact` applied to every string inside a JSON-like value (keys included)."""
     secrets = list(secrets)
     if isinstance(value, str):

@@ -75,7 +75,7 @@ STICK = STICK_ELEMENTS
 MASKED = float(torch.finfo(torch.float16).min) / 2
 
 
-def head_dim(config: Any) -> int | None:
+def head_dim(config: object) -> int | None:
     """The attention head size: ``config.head_dim`` when set, else hidden_size over
     num_attention_heads; None when the config says neither."""
     hd = getattr(config, "head_dim", None)
@@ -163,13 +163,13 @@ class Adapter:
         qual = self.target.partition(":")[2]
         return qual.split(".", 1)[1] if "." in qual else "forward"
 
-    def original(self) -> Callable[..., Any]:
+    def original(self) -> Callable[..., object]:
         """The stock code this adapter replaces (for equivalence proofs). For a method, the
         instance's own class method: a subclass's override is what that instance runs."""
         if self.kind == "method":
             method = self.method_name
 
-            def stock(module: Any, *args: Any, **kwargs: Any) -> Any:
+            def stock(module: torch.nn.Module, *args: object, **kwargs: object) -> Any:
                 return stock_bound(module, method)(*args, **kwargs)
 
             return stock
@@ -238,7 +238,7 @@ def adapter(
         )
     prov = provenance if isinstance(provenance, Provenance) else Provenance(**(provenance or {}))
 
-    def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def register(fn: Callable[..., object]) -> Callable[..., Any]:
         made = Adapter(
             name=name,
             kind=kind,
@@ -270,7 +270,9 @@ def _position(module: Any, name: str) -> int | None:
     return params.index(name) if name in params else None
 
 
-def forward_arg(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], name: str) -> Any:
+def forward_arg(
+    module: torch.nn.Module, args: tuple[object, ...], kwargs: dict[str, object], name: str
+) -> object:
     """The value of the forward argument ``name`` in a call ``module(*args, **kwargs)``,
     passed by keyword or by position; None when the call does not pass it."""
     if name in kwargs:
@@ -280,8 +282,12 @@ def forward_arg(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], name
 
 
 def replace_forward_arg(
-    module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], name: str, value: Any
-) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    module: torch.nn.Module,
+    args: tuple[object, ...],
+    kwargs: dict[str, object],
+    name: str,
+    value: object,
+) -> tuple[tuple[object, ...], dict[str, object]]:
     """``(args, kwargs)`` with the forward argument ``name`` set to ``value``, where the call
     passed it (by position or keyword), else as a keyword: what a pre_hook returns."""
     idx = _position(module, name)

@@ -96,8 +96,8 @@ class EquivalenceResult:
 
 
 def _calls(
-    adapter_or_fn: Adapter | Callable[..., Any],
-    original: Callable[..., Any] | None,
+    adapter_or_fn: Adapter | Callable[..., object],
+    original: Callable[..., object] | None,
     kind: str | None,
 ) -> tuple[Call, Call]:
     """(original call, replacement call), both ``(module, args, kwargs) -> output``."""
@@ -111,10 +111,10 @@ def _calls(
         fn, kind = adapter_or_fn, kind or "method"
     if kind == "pre_hook":
 
-        def stock(m: torch.nn.Module, a: tuple[Any, ...], k: dict[str, Any]) -> Any:
+        def stock(m: torch.nn.Module, a: tuple[object, ...], k: dict[str, object]) -> Any:
             return m(*a, **k)
 
-        def hooked(m: torch.nn.Module, a: tuple[Any, ...], k: dict[str, Any]) -> Any:
+        def hooked(m: torch.nn.Module, a: tuple[object, ...], k: dict[str, object]) -> Any:
             changed = fn(m, a, k)
             if changed is not None:
                 a, k = changed
@@ -125,10 +125,10 @@ def _calls(
         raise AdapterError("prove_equivalent needs the original function to compare against")
     orig = original
 
-    def run_original(m: torch.nn.Module, a: tuple[Any, ...], k: dict[str, Any]) -> Any:
+    def run_original(m: torch.nn.Module, a: tuple[object, ...], k: dict[str, object]) -> object:
         return orig(m, *a, **k)
 
-    def run_replacement(m: torch.nn.Module, a: tuple[Any, ...], k: dict[str, Any]) -> Any:
+    def run_replacement(m: torch.nn.Module, a: tuple[object, ...], k: dict[str, object]) -> Any:
         return fn(m, *a, **k)
 
     return run_original, run_replacement
@@ -139,10 +139,10 @@ def _model_calls(a: Adapter) -> tuple[Call, Call]:
     the model, run stock and with this adapter applied (enabled, so it runs on the CPU)."""
     from hfadapt.adapters.registry import Registry
 
-    def stock(m: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def stock(m: torch.nn.Module, args: tuple[object, ...], kwargs: dict[str, object]) -> Any:
         return m(*args, **kwargs)
 
-    def adapted(m: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def adapted(m: torch.nn.Module, args: tuple[object, ...], kwargs: dict[str, object]) -> Any:
         Registry(adapters=[a]).apply(m)  # m is a fresh copy per call (see _run)
         return m(*args, **kwargs)
 
@@ -152,7 +152,7 @@ def _model_calls(a: Adapter) -> tuple[Call, Call]:
 # -- inputs --------------------------------------------------------------------------------
 
 
-def _map_floats(value: Any, f: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+def _map_floats(value: object, f: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     if isinstance(value, torch.Tensor):
         return f(value) if value.is_floating_point() else value.clone()
     if isinstance(value, tuple):
@@ -174,7 +174,7 @@ _VARIANT_FNS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 
 def _prepare(
     example: ExampleFn, seed: int, dtype: torch.dtype
-) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+) -> tuple[object, tuple[object, ...], dict[str, object]]:
     module, args, kwargs = example(seed)
     if isinstance(module, torch.nn.Module):
         module = module.to(dtype).eval()
@@ -183,7 +183,7 @@ def _prepare(
     return module, args, kwargs
 
 
-def _leaves(value: Any) -> Iterator[Any]:
+def _leaves(value: object) -> Iterator[Any]:
     """Tensor and scalar leaves of an output (tuples, lists, dicts, ModelOutput)."""
     if isinstance(value, torch.Tensor):
         yield value
@@ -197,7 +197,7 @@ def _leaves(value: Any) -> Iterator[Any]:
         yield value
 
 
-def _shapes(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[list[int]]:
+def _shapes(args: tuple[object, ...], kwargs: dict[str, object]) -> list[list[int]]:
     return [list(t.shape) for t in _leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
 
 
@@ -205,7 +205,7 @@ def _shapes(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[list[int]]:
 
 
 def compare_outputs(
-    reference: Any, candidate: Any, rtol: float = RTOL, atol: float = ATOL
+    reference: object, candidate: object, rtol: float = RTOL, atol: float = ATOL
 ) -> tuple[bool, float, float, str]:
     """(within tolerance, max abs err, max rel err, why not). NaN and inf must sit at the same
     places with the same sign; finite values within ``atol + rtol * max|reference|``."""
@@ -279,18 +279,18 @@ def _inputs(
             yield seed, variant, module, _map_floats(args, f), _map_floats(kwargs, f)
 
 
-def _first_tensor(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def _first_tensor(args: tuple[object, ...], kwargs: dict[str, object]) -> torch.Tensor | None:
     for leaf in _leaves((args, kwargs)):
         if isinstance(leaf, torch.Tensor) and leaf.is_floating_point():
             return leaf
     return None
 
 
-def _zero_like(out: Any) -> Any:
+def _zero_like(out: object) -> Any:
     return _map_floats(out, torch.zeros_like)
 
 
-def _controls(reference_call: Call, first_output: Any) -> dict[str, Call]:
+def _controls(reference_call: Call, first_output: object) -> dict[str, Call]:
     """Wrong replacements the checker must reject (constant = the first input's true output;
     scaled = the true output off by 0.1 %, which a cosine alone would accept)."""
     frozen = copy.deepcopy(first_output)
@@ -303,8 +303,8 @@ def _controls(reference_call: Call, first_output: Any) -> dict[str, Call]:
 
 
 def prove_equivalent(
-    adapter_or_fn: Adapter | Callable[..., Any],
-    original: Callable[..., Any] | None = None,
+    adapter_or_fn: Adapter | Callable[..., object],
+    original: Callable[..., object] | None = None,
     example: ExampleFn | None = None,
     *,
     seeds: Sequence[int] = DEFAULT_SEEDS,

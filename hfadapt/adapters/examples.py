@@ -9,7 +9,7 @@ import torch
 
 
 def tiny_model(
-    model_type: str, seed: int, **overrides: Any
+    model_type: str, seed: int, **overrides: object
 ) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
     """(model, input_ids, attention_mask); ``overrides`` go into the config."""
     from transformers import AutoConfig, AutoModel
@@ -49,7 +49,9 @@ class ExpFeatures(torch.nn.Module):
         return torch.exp(self.proj(x))
 
 
-def bert_at_trained_scale(seed: int) -> tuple[torch.nn.Module, tuple[Any, ...], dict[str, Any]]:
+def bert_at_trained_scale(
+    seed: int,
+) -> tuple[torch.nn.Module, tuple[object, ...], dict[str, object]]:
     """An adapter example: a tiny BERT whose weights have the scale of trained attention
     (initializer 0.2; the default 0.02 leaves attention a rounding error next to the residual
     stream, where no corruption of its input would show), with its inputs."""

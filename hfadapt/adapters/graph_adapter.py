@@ -176,7 +176,7 @@ class GraphMethod:
         while Dynamo traces a call)."""
         _ = self.program
 
-    def __call__(self, module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, module: torch.nn.Module, *args: object, **kwargs: object) -> Any:
         program = self._program if self._program is not None else self.program
         bound = program.bind(module, args, kwargs)
         if isinstance(bound, str):
@@ -213,7 +213,7 @@ class GraphFunction(GraphMethod):
         method: str,
         name: str,
         function: str,
-        reads: dict[str, Any],
+        reads: dict[str, object],
     ) -> None:
         import inspect
 
@@ -251,7 +251,7 @@ class GraphFunction(GraphMethod):
         super().prepare()
         self.stock_function()
 
-    def _split(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _split(self, args: tuple[object, ...], kwargs: dict[str, object]) -> Any:
         """(graph keywords, held objects) of a call, or why it does not fit."""
         if len(args) > len(self._params):
             return "more positional arguments than the function names"
@@ -268,7 +268,7 @@ class GraphFunction(GraphMethod):
                 held[k] = v
         return graph, held
 
-    def _held_mismatch(self, held: dict[str, Any]) -> str:
+    def _held_mismatch(self, held: dict[str, object]) -> str:
         for path, value in self.reads.items():
             if path == "attn_implementation":
                 now: Any = getattr(held.get("config"), "_attn_implementation", None)
@@ -282,7 +282,7 @@ class GraphFunction(GraphMethod):
                 return f"{path} is {now!r} here, {value!r} where the graph was proven"
         return ""
 
-    def _run_function(self, *args: Any, **kwargs: Any) -> Any:
+    def _run_function(self, *args: object, **kwargs: object) -> Any:
         stock = self.stock_function()
         split = self._split(args, kwargs)
         why = split if isinstance(split, str) else self._held_mismatch(split[1])
@@ -297,7 +297,7 @@ class GraphFunction(GraphMethod):
         self._fell_back(why)
         return stock(*args, **kwargs)
 
-    def __call__(self, module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, module: torch.nn.Module, *args: object, **kwargs: object) -> Any:
         method = _with_function(type(module), self.method, self.function_name, self.runner)
         return method(module, *args, **kwargs)
 
@@ -362,7 +362,7 @@ def module_attributes(module: torch.nn.Module) -> dict[str, Any]:
     }
 
 
-def attribute_mismatch(module: torch.nn.Module, reads: dict[str, Any]) -> str:
+def attribute_mismatch(module: torch.nn.Module, reads: dict[str, object]) -> str:
     """Why a graph proven where ``reads`` held does not apply to ``module`` ("" when it does):
     a recorded read that differs, or a plain attribute of the module the proof never recorded
     (a folder from before attributes were recorded applies only to modules without any)."""
@@ -377,8 +377,8 @@ def attribute_mismatch(module: torch.nn.Module, reads: dict[str, Any]) -> str:
 
 
 def conditions_check(
-    cls: type | Callable[[], type | None], reads: dict[str, Any], name: str = ""
-) -> Callable[[Any, Any], bool]:
+    cls: type | Callable[[], type | None], reads: dict[str, object], name: str = ""
+) -> Callable[[object, object], bool]:
     """The ``applies`` predicate: exactly the target class (or the class a resolver gives,
     resolved on first use), every recorded read unchanged and every plain attribute of the
     module recorded (a mismatch is logged once per reason)."""
@@ -404,7 +404,7 @@ def graph_adapter(
     name: str,
     target: str,
     rule: str,
-    reads: dict[str, Any],
+    reads: dict[str, object],
     description: str = "",
     provenance: Provenance | None = None,
     path: str = "",
@@ -453,7 +453,7 @@ def _function_adapter(
     name: str,
     target: str,
     rule: str,
-    reads: dict[str, Any],
+    reads: dict[str, object],
     description: str,
     provenance: Provenance | None,
     path: str,
@@ -481,7 +481,7 @@ def _function_adapter(
     )
     said: set[str] = set()
 
-    def applies(module: Any, config: Any) -> bool:
+    def applies(module: torch.nn.Module, config: object) -> bool:
         cls = a.target_class()
         if cls is None or not isinstance(module, cls):
             return False

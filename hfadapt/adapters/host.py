@@ -26,7 +26,7 @@ __all__ = ["host_constant", "host_copy", "on_host", "to_device", "to_host"]
 HOST = torch.device("cpu")
 
 
-def to_device(value: Any, device: torch.device | str) -> Any:
+def to_device(value: object, device: torch.device | str) -> Any:
     """``value`` with every tensor (also inside tuples, lists and dicts) moved to ``device``;
     anything else is returned as it is."""
     if isinstance(value, torch.Tensor):
@@ -40,7 +40,7 @@ def to_device(value: Any, device: torch.device | str) -> Any:
     return value
 
 
-def to_host(value: Any) -> Any:
+def to_host(value: object) -> Any:
     """``value`` with every tensor moved to the host (the CPU)."""
     return to_device(value, HOST)
 
@@ -65,7 +65,7 @@ _CONSTANTS: dict[tuple[Any, ...], torch.Tensor] = {}
 
 
 def host_constant(
-    key: str, fn: Callable[..., torch.Tensor], /, *args: Any, back_to: torch.device | str
+    key: str, fn: Callable[..., torch.Tensor], /, *args: object, back_to: torch.device | str
 ) -> torch.Tensor:
     """``fn(*args)`` built on the host once per ``(key, args, back_to)`` and moved to
     ``back_to``; later calls return the cached tensor (a compiled graph sees it as a constant).

@@ -109,11 +109,11 @@ def _num(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.2e}"
 
 
-def _on_device(value: Any, dev: torch.device) -> Any:
+def _on_device(value: object, dev: torch.device) -> Any:
     return _map_floats(value, lambda t: t.half().to(dev)) if value is not None else value
 
 
-def _ints_to(value: Any, dev: torch.device) -> Any:
+def _ints_to(value: object, dev: torch.device) -> Any:
     if isinstance(value, torch.Tensor):
         return value.to(dev) if not value.is_floating_point() else value
     if isinstance(value, tuple):
@@ -123,7 +123,7 @@ def _ints_to(value: Any, dev: torch.device) -> Any:
     return value
 
 
-def _first_float(value: Any) -> torch.Tensor | None:
+def _first_float(value: object) -> torch.Tensor | None:
     if isinstance(value, torch.Tensor):
         return value if value.is_floating_point() else None
     if isinstance(value, (tuple, list)):
@@ -136,7 +136,7 @@ def _first_float(value: Any) -> torch.Tensor | None:
     return None
 
 
-def _rel_err(out: Any, ref: torch.Tensor) -> float:
+def _rel_err(out: object, ref: torch.Tensor) -> float:
     t = _first_float(out)
     if t is None:
         return float("inf")
@@ -145,7 +145,7 @@ def _rel_err(out: Any, ref: torch.Tensor) -> float:
     return float((t - ref).abs().max().item() / scale)
 
 
-def _whole_model(a: Adapter, module: Any) -> bool:
+def _whole_model(a: Adapter, module: torch.nn.Module) -> bool:
     """Judge the adapter on the whole model's forward (with the rest of the registry applied)
     rather than on the one call it replaces."""
     return (
@@ -169,7 +169,7 @@ def model_calls(a: Adapter, registry: Registry | None = None) -> tuple[Call, Cal
     reg = registry or default_registry()
 
     def run(with_it: bool) -> Call:
-        def call(m: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        def call(m: torch.nn.Module, args: tuple[object, ...], kwargs: dict[str, object]) -> Any:
             others = [x.name for x in reg.adapters if x.name != a.name]
             handle = reg.apply(m, device="spyre", only=[*others, a.name] if with_it else others)
             if with_it and a.name not in handle.applied and a not in reg.adapters:

@@ -52,7 +52,7 @@ def _copy(
     return new
 
 
-def _rebind(target: Any, replacements: dict[str, Any]) -> Any:
+def _rebind(target: object, replacements: dict[str, object]) -> Any:
     fn = _plain(target)
     inner = getattr(fn, "__wrapped__", None)
     cells = fn.__closure__ or ()
@@ -81,11 +81,11 @@ def _rebind(target: Any, replacements: dict[str, Any]) -> Any:
     return _copy(fn, globals_, fn.__closure__)
 
 
-def _name(fn: Any) -> str:
+def _name(fn: object) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
 
 
-def _plain(fn: Any) -> types.FunctionType:
+def _plain(fn: object) -> types.FunctionType:
     """``fn`` as a plain Python function: itself, or the stock function inside a hub-kernel
     ``Func`` module (an ``nn.Module`` whose class ``forward`` closes over exactly one
     function). Anything else cannot be rebound: ``AdapterError``."""
@@ -110,7 +110,7 @@ def _holds_function(cell: Any) -> bool:
         return False
 
 
-def innermost(fn: Any) -> types.FunctionType:
+def innermost(fn: object) -> types.FunctionType:
     """The function at the bottom of ``fn``'s decorator chain (hub-kernel wrappers and
     ``functools.wraps`` chains whose wrapper holds the wrapped function): the code a rebind
     swaps names in."""
@@ -122,7 +122,7 @@ def innermost(fn: Any) -> types.FunctionType:
     return plain
 
 
-def globals_read(fn: Any) -> set[str]:
+def globals_read(fn: object) -> set[str]:
     """The global names the code at the bottom of ``fn``'s decorator chain can read (its own
     and its nested functions' and comprehensions', which share its globals)."""
     code = innermost(fn).__code__
@@ -142,7 +142,7 @@ def _holds(cell: Any, value: Any) -> bool:
         return False
 
 
-def rebind(fn: Callable[..., Any], **replacements: Any) -> Callable[..., Any]:
+def rebind(fn: Callable[..., object], **replacements: object) -> Callable[..., object]:
     """A copy of ``fn`` (and of the functions its decorators wrap) that sees ``replacements``
     in place of the same-named globals. Cached per (fn, replacement objects). ``AdapterError``
     when the swap could not take effect (see the module text)."""
@@ -168,14 +168,14 @@ def _build(
     return found
 
 
-def stock_method(cls: type, name: str) -> Callable[..., Any]:
+def stock_method(cls: type, name: str) -> Callable[..., object]:
     """The class's own (unpatched) function for ``name``."""
     fn = getattr(cls, name)
     own: Callable[..., Any] = getattr(fn, "__func__", fn)
     return own
 
 
-def stock_bound(module: Any, name: str) -> Callable[..., Any]:
+def stock_bound(module: torch.nn.Module, name: str) -> Callable[..., object]:
     """The class's own ``name`` bound to ``module`` as Python binds it (an instance method gets
     ``module``, a classmethod its class, a staticmethod nothing), past any patch on the instance."""
     import inspect

@@ -303,7 +303,7 @@ class AdapterState:
         self.attn_original: str | None = None
 
 
-def _first_tensor(values: Iterable[Any], depth: int = 0) -> torch.Tensor | None:
+def _first_tensor(values: Iterable[object], depth: int = 0) -> torch.Tensor | None:
     """The first tensor among ``values``, looking one level into dicts, lists and tuples (a
     sentence-transformers module is handed a features dict)."""
     for v in values:
@@ -320,7 +320,7 @@ def _first_tensor(values: Iterable[Any], depth: int = 0) -> torch.Tensor | None:
     return None
 
 
-def runs_for_device(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+def runs_for_device(args: tuple[object, ...], kwargs: Mapping[str, object]) -> bool:
     """Whether this call runs for the device: its (first) tensor input is on ``spyre``, or
     torch.compile is tracing or running it (a compiled graph is what a device backend lowers;
     the dispatch glue below runs uncompiled between graphs). An eager CPU call is not: there
@@ -332,7 +332,7 @@ def runs_for_device(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
 
 
 def _method_dispatch(method: str, unbound: bool = False) -> Any:
-    def dispatch(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+    def dispatch(self: torch.nn.Module, *args: object, **kwargs: object) -> Any:
         stack: list[Adapter] = self._hfadapt_stack[method]  # type: ignore[index,assignment]
         if stack and (self._hfadapt_state.enabled or runs_for_device(args, kwargs)):  # type: ignore[union-attr]
             return stack[-1].fn(self, *args, **kwargs)
@@ -452,7 +452,7 @@ class AppliedAdapters:
 
         self._undo.append(undo)
 
-    def on_remove(self, undo: Any) -> None:
+    def on_remove(self, undo: object) -> None:
         """Run ``undo()`` when the adapters are removed (e.g. a hook the caller added)."""
         self._undo.append(undo)
 
@@ -489,7 +489,9 @@ class AppliedAdapters:
 
 
 def _attention_dispatch(a: Adapter) -> Any:
-    def attention(module: torch.nn.Module, query: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+    def attention(
+        module: torch.nn.Module, query: torch.Tensor, *args: object, **kwargs: object
+    ) -> Any:
         state = _find_state(module)
         if (
             (state is not None and state.enabled)
@@ -502,7 +504,7 @@ def _attention_dispatch(a: Adapter) -> Any:
     return attention
 
 
-def _mask_dispatch(*args: Any, **kwargs: Any) -> Any:
+def _mask_dispatch(*args: object, **kwargs: object) -> Any:
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
     config = kwargs.get("config")

@@ -35,7 +35,7 @@ from hfadapt.untrusted import bounded, clean_text
 ENDPOINT_MODEL = re.compile(r"^[A-Za-z0-9._:/@+\-]{1,128}$")
 
 
-def safe_model_name(value: Any, fallback: str = "unknown") -> str:
+def safe_model_name(value: object, fallback: str = "unknown") -> str:
     """An endpoint's model name as stored: letters, digits and ``._:/@+-``, at most 128; any
     other answer is replaced by ``fallback`` (never written through)."""
     return value if isinstance(value, str) and ENDPOINT_MODEL.match(value) else fallback

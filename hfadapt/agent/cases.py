@@ -12,9 +12,14 @@ import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hfadapt.spyre.rules.lowering_report import SourceLocation, Violation
+
+if TYPE_CHECKING:
+    from types import FrameType
+
+    import torch
 
 
 @dataclass
@@ -146,10 +151,10 @@ def locate(location: SourceLocation) -> tuple[str | None, str]:
 def from_violation(
     violation: Violation,
     *,
-    model: dict[str, Any] | None = None,
+    model: dict[str, object] | None = None,
     execution: str = "eager",
     profile: str | None = None,
-    evidence: dict[str, Any] | None = None,
+    evidence: dict[str, object] | None = None,
     example_file: str | None = None,
 ) -> FailureCase:
     """A case for one violation met on the device."""
@@ -213,7 +218,7 @@ def target_kind(target: str) -> str:
     return "method"
 
 
-def stock_call(target: str) -> Callable[..., Any]:
+def stock_call(target: str) -> Callable[..., object]:
     """The stock code at ``target`` as ``call(module, *args, **kwargs)``: a method (forward, a
     helper, a staticmethod or classmethod) as the module's class defines it, bound as Python
     binds it (a staticmethod gets no ``self``); a module-level function with the objects its
@@ -227,14 +232,14 @@ def stock_call(target: str) -> Callable[..., Any]:
 
         return call_function
 
-    def call_method(module: Any, *args: Any, **kwargs: Any) -> Any:
+    def call_method(module: torch.nn.Module, *args: object, **kwargs: object) -> Any:
         raw = inspect.getattr_static(type(module), name)
         return raw.__get__(module, type(module))(*args, **kwargs)
 
     return call_method
 
 
-def draft_call(fn: Callable[..., Any], kind: str) -> Callable[..., Any]:
+def draft_call(fn: Callable[..., object], kind: str) -> Callable[..., Any]:
     """A draft as ``call(module, *args, **kwargs)``, the form graphs are captured in: a method
     takes ``self``, a staticmethod its own arguments only, a classmethod the class, a
     module-level function its own arguments and the objects the site holds."""
@@ -247,7 +252,7 @@ def draft_call(fn: Callable[..., Any], kind: str) -> Callable[..., Any]:
     return fn
 
 
-def _homes(model: Any, name: str, fn: Any) -> list[Any]:
+def _homes(model: torch.nn.Module, name: str, fn: Any) -> list[object]:
     """The Python modules of the model's classes whose globals hold ``fn`` as ``name``: where
     the model's code reads it."""
     found: dict[str, Any] = {}
@@ -259,7 +264,9 @@ def _homes(model: Any, name: str, fn: Any) -> list[Any]:
     return list(found.values())
 
 
-def function_entry(model: Any, inputs: Any, file: str, function: str) -> tuple[str, str] | None:
+def function_entry(
+    model: torch.nn.Module, inputs: Any, file: str, function: str
+) -> tuple[str, str] | None:
     """(target "module:function", call site "module:Class.method") for code in a module-level
     function that the model runs: the function of that module the model's own code called
     (``create_bidirectional_mask`` for a failure in ``_preprocess_mask_arguments``), and the
@@ -270,7 +277,7 @@ def function_entry(model: Any, inputs: Any, file: str, function: str) -> tuple[s
     wanted = str(Path(file).resolve())
     found: list[tuple[str, str]] = []
 
-    def entry_of(frame: Any) -> tuple[str, str] | None:
+    def entry_of(frame: FrameType) -> tuple[str, str] | None:
         home = frame.f_globals
         f = frame
         while f.f_back is not None and f.f_back.f_globals is home:
@@ -294,7 +301,7 @@ def function_entry(model: Any, inputs: Any, file: str, function: str) -> tuple[s
         site = f"{caller.f_globals.get('__name__', '')}:{caller.f_code.co_qualname}"
         return target, site
 
-    def profile(frame: Any, event: str, arg: Any) -> None:
+    def profile(frame: FrameType, event: str, arg: object) -> None:
         if found or event != "call" or frame.f_code.co_name != function:
             return
         if str(Path(frame.f_code.co_filename).resolve()) == wanted:
@@ -312,7 +319,9 @@ def function_entry(model: Any, inputs: Any, file: str, function: str) -> tuple[s
     return found[0] if found else None
 
 
-def capture_calls(model: Any, runs: list[Any], target: str, *, per_run: int = 1, path: Path) -> int:
+def capture_calls(
+    model: torch.nn.Module, runs: list[Any], target: str, *, per_run: int = 1, path: Path
+) -> int:
     """Run ``model`` on CPU on each input set of ``runs`` and save the first ``per_run`` calls of
     the target (module, args, kwargs) to ``path``, for the equivalence proof: a forward's
     through a pre-hook on the target class's instances; a helper method's, staticmethod's or
@@ -361,7 +370,11 @@ def _clean_copy(module: Any) -> Any:
 
 
 def _take(
-    captured: list[Any], budget: list[int], module: Any, args: Any, kwargs: dict[str, Any]
+    captured: list[object],
+    budget: list[int],
+    module: torch.nn.Module,
+    args: object,
+    kwargs: dict[str, object],
 ) -> None:
     import copy
 
@@ -371,12 +384,14 @@ def _take(
 
 
 def _record_forward(
-    model: Any, cls_path: str, captured: list[Any], budget: list[int]
+    model: torch.nn.Module, cls_path: str, captured: list[Any], budget: list[int]
 ) -> Callable[[], Callable[[], None]]:
     cls = pkgutil.resolve_name(cls_path)
 
     def install() -> Callable[[], None]:
-        def hook(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        def hook(
+            module: torch.nn.Module, args: tuple[object, ...], kwargs: dict[str, object]
+        ) -> None:
             _take(captured, budget, module, args, kwargs)
 
         handles = [
@@ -395,7 +410,7 @@ def _record_forward(
 
 
 def _record_method(
-    model: Any, cls_path: str, name: str, captured: list[Any], budget: list[int]
+    model: torch.nn.Module, cls_path: str, name: str, captured: list[Any], budget: list[int]
 ) -> Callable[[], Callable[[], None]]:
     cls = pkgutil.resolve_name(cls_path)
     owner = next(k for k in cls.__mro__ if name in vars(k))
@@ -408,7 +423,7 @@ def _record_method(
         if isinstance(raw, staticmethod):
             fn = raw.__func__
 
-            def static(*args: Any, **kwargs: Any) -> Any:
+            def static(*args: object, **kwargs: object) -> Any:
                 _take(captured, budget, instance, args, kwargs)
                 return fn(*args, **kwargs)
 
@@ -423,7 +438,7 @@ def _record_method(
             wrapped = classmethod(klass)
         else:
 
-            def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+            def method(self: object, *args: object, **kwargs: object) -> Any:
                 if isinstance(self, cls):
                     _take(captured, budget, self, args, kwargs)
                 return raw(self, *args, **kwargs)
@@ -436,7 +451,7 @@ def _record_method(
 
 
 def _record_function(
-    model: Any, target: str, captured: list[Any], budget: list[int]
+    model: torch.nn.Module, target: str, captured: list[Any], budget: list[int]
 ) -> Callable[[], Callable[[], None]]:
     from hfadapt.graphs.capture import FunctionSite, split_function_call
 
@@ -446,7 +461,7 @@ def _record_function(
     if not homes:
         raise RuntimeError(f"no module of the model's classes reads {target}")
 
-    def recorder(*args: Any, **kwargs: Any) -> Any:
+    def recorder(*args: object, **kwargs: object) -> Any:
         if budget[0] > 0:
             import copy
 

@@ -279,13 +279,13 @@ MAX_ANSWER_CHARS = 64 * 1024
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9._:/@+\-]{1,128}$")
 
 
-def _model_name(value: Any, fallback: str) -> str:
+def _model_name(value: object, fallback: str) -> str:
     """The endpoint's model name as reported, if it is a plain name; else the configured one
     (an answer's fields are untrusted: a name becomes part of provenance and rows)."""
     return value if isinstance(value, str) and _MODEL_NAME.match(value) else fallback
 
 
-def _count(value: Any) -> int:
+def _count(value: object) -> int:
     """A token count from the answer: a non-negative int below 10^9, else 0."""
     return (
         value

@@ -12,7 +12,6 @@ import json
 import sys
 import time
 import traceback
-from typing import Any
 
 from hfadapt import settings
 from hfadapt.isolation import guard, limit_self, result_stream
@@ -25,7 +24,7 @@ def _one_line(exc: BaseException) -> str:
 def main(argv: list[str]) -> int:
     results = result_stream()
 
-    def emit(record: dict[str, Any]) -> None:
+    def emit(record: dict[str, object]) -> None:
         results.write(json.dumps(record, default=str) + "\n")
         results.flush()
 

@@ -44,7 +44,7 @@ def main_tensor(out: Any) -> torch.Tensor:
 
 
 def _rows(
-    ref: Any, cand: Any, mask: torch.Tensor | None
+    ref: object, cand: object, mask: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     a, b = main_tensor(ref).detach().cpu().double(), main_tensor(cand).detach().cpu().double()
     if a.shape != b.shape:
@@ -54,7 +54,7 @@ def _rows(
     return a.reshape(-1, a.shape[-1]), b.reshape(-1, b.shape[-1])
 
 
-def token_cosine(ref: Any, cand: Any, mask: torch.Tensor | None) -> float:
+def token_cosine(ref: object, cand: object, mask: torch.Tensor | None) -> float:
     """Minimum cosine over tokens (rows of the last dimension), pads excluded; two all-zero
     rows count as identical; NaN when the shapes differ."""
     rows = _rows(ref, cand, mask)
@@ -67,7 +67,7 @@ def token_cosine(ref: Any, cand: Any, mask: torch.Tensor | None) -> float:
     return float(cos.min()) if cos.numel() else float("nan")
 
 
-def relative_error(ref: Any, cand: Any, mask: torch.Tensor | None) -> float:
+def relative_error(ref: object, cand: object, mask: torch.Tensor | None) -> float:
     """||cand - ref|| / ||ref|| over the real tokens (inf for a shape mismatch or a non-finite
     candidate where the reference is finite)."""
     rows = _rows(ref, cand, mask)
@@ -190,7 +190,7 @@ class DeviceVerdict:
 
 
 def judge_device(
-    stock: Any, with_draft: Any, without_draft: Any, mask: torch.Tensor | None
+    stock: object, with_draft: object, without_draft: object, mask: torch.Tensor | None
 ) -> DeviceVerdict:
     """The device outputs with and without the draft, each against the stock CPU outputs."""
     return DeviceVerdict(

@@ -215,34 +215,34 @@ def _seeded(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def gelu_model(seed: int) -> tuple[nn.Module, dict[str, Any]]:
+def gelu_model(seed: int) -> tuple[nn.Module, dict[str, torch.Tensor]]:
     from transformers.activations import NewGELUActivation
 
     _seeded(seed)
     return Wrap(NewGELUActivation()), {"x": _x(seed, 2, 64, 64)}
 
 
-def rms_norm_model(seed: int) -> tuple[nn.Module, dict[str, Any]]:
+def rms_norm_model(seed: int) -> tuple[nn.Module, dict[str, torch.Tensor]]:
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
     _seeded(seed)
     return Wrap(LlamaRMSNorm(64)), {"x": _x(seed, 2, 64, 64)}
 
 
-def masked_scores_model(seed: int) -> tuple[nn.Module, dict[str, Any]]:
+def masked_scores_model(seed: int) -> tuple[nn.Module, dict[str, torch.Tensor]]:
     _seeded(seed)
     mask = torch.rand(2, 1, 64, 64, generator=_gen(seed)) > 0.3
     mask[..., 0] = True
     return Wrap(MaskedScores()), {"x": _x(seed, 2, 4, 64, 64), "extra": mask}
 
 
-def rotary_model(seed: int) -> tuple[nn.Module, dict[str, Any]]:
+def rotary_model(seed: int) -> tuple[nn.Module, dict[str, torch.Tensor]]:
     _seeded(seed)
     cos, sin = _rope_tables(64, 64, torch.float32)
     return Wrap(RotaryApply()), {"x": _x(seed, 2, 4, 64, 64), "extra": cos, "extra2": sin}
 
 
-def causal_model(seed: int) -> tuple[nn.Module, dict[str, Any]]:
+def causal_model(seed: int) -> tuple[nn.Module, dict[str, torch.Tensor]]:
     _seeded(seed)
     return Wrap(CausalSoftmax()), {"x": _x(seed, 2, 4, 64, 64)}
 
@@ -258,12 +258,12 @@ class _QKV(nn.Module):
         return torch.cat((out, out), dim=-1)
 
 
-def small_head_model(seed: int) -> tuple[nn.Module, dict[str, Any]]:
+def small_head_model(seed: int) -> tuple[nn.Module, dict[str, torch.Tensor]]:
     _seeded(seed)
     return _QKV(), {"x": _x(seed, 2, 4, 64, 64)}
 
 
-def token_type_model(seed: int) -> tuple[nn.Module, dict[str, Any]]:
+def token_type_model(seed: int) -> tuple[nn.Module, dict[str, torch.Tensor]]:
     _seeded(seed)
     return Wrap(TokenTypeAdd(64)), {
         "x": _x(seed, 2, 64, 64),
@@ -271,17 +271,17 @@ def token_type_model(seed: int) -> tuple[nn.Module, dict[str, Any]]:
     }
 
 
-def l2_model(seed: int) -> tuple[nn.Module, dict[str, Any]]:
+def l2_model(seed: int) -> tuple[nn.Module, dict[str, torch.Tensor]]:
     _seeded(seed)
     return Wrap(L2Normalize()), {"x": _x(seed, 2, 64, 64)}
 
 
-def softsign_model(seed: int) -> tuple[nn.Module, dict[str, Any]]:
+def softsign_model(seed: int) -> tuple[nn.Module, dict[str, torch.Tensor]]:
     _seeded(seed)
     return Wrap(Softsign()), {"x": _x(seed, 2, 64, 64)}
 
 
-def padding_mask_model(seed: int) -> tuple[nn.Module, dict[str, Any]]:
+def padding_mask_model(seed: int) -> tuple[nn.Module, dict[str, torch.Tensor]]:
     _seeded(seed)
     mask = torch.ones(2, 64, dtype=torch.long)
     mask[1, 50:] = 0
@@ -317,7 +317,7 @@ class CorruptedSoftsign(nn.Module):
         return out
 
 
-def corrupted_softsign_model(seed: int) -> tuple[nn.Module, dict[str, Any]]:
+def corrupted_softsign_model(seed: int) -> tuple[nn.Module, dict[str, torch.Tensor]]:
     """The softsign failure in a model whose device run is already wrong without any draft (a
     baseline that fails end to end for another reason)."""
     _seeded(seed)
@@ -342,12 +342,12 @@ def erf_gelu_example(seed: int) -> Example:
     return ErfGELU(), (x,), {}
 
 
-def erf_gelu_model(seed: int) -> tuple[nn.Module, dict[str, Any]]:
+def erf_gelu_model(seed: int) -> tuple[nn.Module, dict[str, torch.Tensor]]:
     _seeded(seed)
     return Wrap(ErfGELU()), {"x": _x(seed, 2, 64, 64)}
 
 
-def _tiny_config(model_type: str, **fields: Any) -> Any:
+def _tiny_config(model_type: str, **fields: object) -> Any:
     """A one-layer model of ``model_type`` with widths on sticks (no download: from a config)."""
     from transformers import AutoConfig
 

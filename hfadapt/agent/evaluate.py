@@ -120,7 +120,7 @@ class EvalReport:
         }
 
 
-def _bare_row(spec: SuiteCase, outcome: str, reason: str, seconds: float) -> dict[str, Any]:
+def _bare_row(spec: SuiteCase, outcome: str, reason: str, seconds: float) -> dict[str, object]:
     """A row for a case no draft was judged on (pending, or the case itself failed)."""
     return {
         "case": spec.name,
@@ -145,7 +145,7 @@ def _bare_row(spec: SuiteCase, outcome: str, reason: str, seconds: float) -> dic
 
 def _row(
     spec: SuiteCase, outcome: DraftOutcome, watch: PromptWatch, seconds: float
-) -> dict[str, Any]:
+) -> dict[str, object]:
     row = outcome.to_dict()
     last = outcome.attempts[-1] if outcome.attempts else None
     row.update(

@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -69,6 +69,12 @@ from hfadapt.errors import GraphError
 from hfadapt.graphs import GraphArtifact, GraphProgram
 from hfadapt.graphs.capture import call_template, module_tensors
 from hfadapt.graphs.reads import read_value, record_reads
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+
+    from hfadapt.adapters.registry import Registry
+    from hfadapt.spyre.rules.lowering_report import DefectFiring
 
 PROOF_SEEDS = (0, 1, 2)
 FRESH_BATCHES = (1, 8)
@@ -144,7 +150,7 @@ def stock_callable(target: str) -> Callable[..., Any]:
 def graph_call(program: GraphProgram) -> Callable[..., Any]:
     """``fn(module, *args, **kwargs)`` running the graph; raises when the call does not fit."""
 
-    def run(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+    def run(module: torch.nn.Module, *args: object, **kwargs: object) -> Any:
         bound = program.bind(module, args, kwargs)
         if isinstance(bound, str):
             raise GraphError(f"the graph does not take this call: {bound}")
@@ -161,7 +167,7 @@ def step_graph(
     case: FailureCase,
     name: str,
     rule: str,
-    draft_reads: Any,
+    draft_reads: object,
     *,
     build: bool = True,
     static: bool = True,
@@ -241,7 +247,7 @@ def step_graph(
 # -- sizes --------------------------------------------------------------------------------------
 
 
-def extent_limit(module: torch.nn.Module, args: Any, kwargs: Any) -> int:
+def extent_limit(module: torch.nn.Module, args: object, kwargs: object) -> int:
     """The largest size a graph may declare for this case: ``SIZE_FACTOR`` times the largest
     extent (or element count) among the module's tensors, the call's and the fresh sizes."""
     tensors = [t for _, t in module_tensors(module).values()] + _tensors((args, kwargs))
@@ -249,7 +255,9 @@ def extent_limit(module: torch.nn.Module, args: Any, kwargs: Any) -> int:
     return SIZE_FACTOR * largest
 
 
-def oversized(artifact: GraphArtifact, module: torch.nn.Module, args: Any, kwargs: Any) -> str:
+def oversized(
+    artifact: GraphArtifact, module: torch.nn.Module, args: object, kwargs: object
+) -> str:
     """Why the graph's declared sizes exceed what the case needs ("" when they do not)."""
     limit = extent_limit(module, args, kwargs)
     for i in artifact.inputs:
@@ -308,8 +316,8 @@ class _Largest:
 def fake_oversized(
     program: GraphProgram,
     module: torch.nn.Module,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
+    args: tuple[object, ...],
+    kwargs: dict[str, object],
     stock_largest: int,
 ) -> str:
     """Runs the graph on fake tensors (shapes only: nothing allocated) for this call; why it
@@ -332,7 +340,7 @@ def fake_oversized(
             for i in art.inputs
         ]
 
-        def sub(v: Any) -> Any:
+        def sub(v: object) -> Any:
             if isinstance(v, values.Ref):
                 return env[v.index]
             if isinstance(v, values.Symbol):
@@ -365,7 +373,7 @@ def fake_oversized(
 # -- equivalence ----------------------------------------------------------------------------------
 
 
-def _f64(value: Any) -> Any:
+def _f64(value: object) -> Any:
     if isinstance(value, torch.Tensor):
         return value.double() if value.is_floating_point() else value
     if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
@@ -388,7 +396,7 @@ def _resize(t: torch.Tensor, dim: int, size: int, g: torch.Generator) -> torch.T
 
 
 def _resized(
-    value: Any, batch: tuple[int, int], seq: tuple[int, int] | None, g: torch.Generator
+    value: object, batch: tuple[int, int], seq: tuple[int, int] | None, g: torch.Generator
 ) -> Any:
     if isinstance(value, torch.Tensor):
         t = value
@@ -414,7 +422,7 @@ def max_positions(module: torch.nn.Module) -> int | None:
     return None
 
 
-def batched_tensor(given: tuple[Any, ...]) -> torch.Tensor | None:
+def batched_tensor(given: tuple[object, ...]) -> torch.Tensor | None:
     """The call's batched tensor: the first of two or more dimensions whose first is not 1 (a
     leading 1 is a broadcast table's, such as RoFormer's [1, 1, n, d] sinusoidal positions),
     else the first of two or more dimensions."""
@@ -423,8 +431,8 @@ def batched_tensor(given: tuple[Any, ...]) -> torch.Tensor | None:
 
 
 def fresh_sizes(
-    module: torch.nn.Module, args: tuple[Any, ...]
-) -> tuple[list[tuple[int, int | None]], dict[str, Any]]:
+    module: torch.nn.Module, args: tuple[object, ...]
+) -> tuple[list[tuple[int, int | None]], dict[str, object]]:
     """(batch, length) pairs to prove at, and the bound stated with them. Batch is dim 0 of the
     call's first tensor, length its second-to-last dim (when it has three or more)."""
     first = batched_tensor(args)
@@ -487,7 +495,7 @@ def _fresh_calls(
     return calls, bound
 
 
-def _tensors(value: Any) -> list[torch.Tensor]:
+def _tensors(value: object) -> list[torch.Tensor]:
     if isinstance(value, torch.Tensor):
         return [value]
     if isinstance(value, (list, tuple)):
@@ -537,7 +545,7 @@ def _shape_like(t: torch.Tensor, variant: str, rng: secrets.SystemRandom) -> tor
     return x.to(t.dtype)
 
 
-def _map_args(value: Any, f: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+def _map_args(value: object, f: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     if isinstance(value, torch.Tensor):
         return f(value)
     if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
@@ -548,7 +556,7 @@ def _map_args(value: Any, f: Callable[[torch.Tensor], torch.Tensor]) -> Any:
 
 
 def _shaped_call(
-    args: Any, kwargs: Any, variant: str, rng: secrets.SystemRandom
+    args: object, kwargs: object, variant: str, rng: secrets.SystemRandom
 ) -> tuple[Any, Any]:
     def shape(t: torch.Tensor) -> torch.Tensor:
         return _shape_like(t, variant, rng)
@@ -589,7 +597,7 @@ def shaped_inputs(
     return rows, ""
 
 
-def _low_error(ref: Any, got: Any) -> float:
+def _low_error(ref: object, got: object) -> float:
     """Max abs error of ``got`` against the float64 ``ref``, over its largest magnitude, on
     the elements where ``ref`` is finite (inf where ``got`` is not finite there)."""
     refs, gots = _tensors(ref), _tensors(got)
@@ -745,7 +753,7 @@ def step_equivalence(proof: Proof, case: FailureCase) -> StepReport:
 # -- device ---------------------------------------------------------------------------------------
 
 
-def _rounded(value: Any, dtype: torch.dtype) -> Any:
+def _rounded(value: object, dtype: torch.dtype) -> Any:
     if isinstance(value, torch.Tensor):
         return value.to(dtype) if value.is_floating_point() else value
     if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
@@ -755,7 +763,7 @@ def _rounded(value: Any, dtype: torch.dtype) -> Any:
     return value
 
 
-def _to(value: Any, device: Any) -> Any:
+def _to(value: Any, device: torch.device | str) -> Any:
     if isinstance(value, torch.Tensor):
         return value.to(device)
     if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
@@ -831,7 +839,7 @@ def _module_error(
     return worst_cos, worst_rel
 
 
-def case_registry(case: FailureCase, adapter: Adapter | None, proving: str = "") -> Any:
+def case_registry(case: FailureCase, adapter: Adapter | None, proving: str = "") -> Registry:
     """The case's registry (its baseline: the adapters it left out stay out, and so does the
     adapter being proven, which a re-proof finds among the accepted ones), with ``adapter``."""
     from hfadapt.adapters.registry import Registry, discover
@@ -978,12 +986,12 @@ def _same_module(a: str, b: str) -> bool:
     return a == b or a.endswith("." + b) or b.endswith("." + a)
 
 
-def _firing_text(f: Any) -> str:
+def _firing_text(f: DefectFiring) -> str:
     return f"{f.defect_id} in {f.module or 'the model'} ({f.module_class}, {f.op})"
 
 
 def _defect_gone(
-    proof: Proof, case: FailureCase, output: dict[str, Any], at_module: dict[str, Any]
+    proof: Proof, case: FailureCase, output: dict[str, object], at_module: dict[str, object]
 ) -> StepReport:
     """A silent device defect's case: the model compiled on the device without and with the
     graph; the defect no longer fires where the case found it, nothing new fires or fails, and
@@ -997,7 +1005,7 @@ def _defect_gone(
     proof.device_outputs, proof.baseline_outputs = after.outputs, before.outputs
     where = [str(f.get("module", "")) for f in case.evidence.get("firings") or []]
 
-    def here(f: Any) -> bool:
+    def here(f: DefectFiring) -> bool:
         return f.defect_id == defect and (
             not where or any(_same_module(f.module, m) for m in where)
         )
@@ -1206,7 +1214,7 @@ def child_main(fd: int) -> None:
     _child(conn, job)
 
 
-def _child(conn: Any, job: dict[str, Any]) -> None:
+def _child(conn: Connection, job: dict[str, Any]) -> None:
     """The graph step again (deterministic, it rebuilds the proof), then the steps asked for;
     each report is sent as it is made."""
     limits = ProofLimits(**job["limits"])

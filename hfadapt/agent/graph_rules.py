@@ -189,7 +189,9 @@ def _schema(op: str) -> Any:
     return getattr(found, "_schema", None)
 
 
-def _positions(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[str, Any]]:
+def _positions(
+    op: str, args: tuple[object, ...], kwargs: dict[str, object]
+) -> list[tuple[str, object]]:
     """(schema type text, argument) for each argument of a node: what decides whether a size
     there is a shape (``SymInt[]``, ``int``) or a value (``Tensor``, ``Scalar``)."""
     schema = _schema(op)
@@ -204,7 +206,7 @@ def _is_value_position(type_text: str) -> bool:
     return any(word in type_text for word in ("Tensor", "Scalar", "float", "number"))
 
 
-def _arg(op: str, args: tuple[Any, ...], kwargs: dict[str, Any], name: str) -> Any:
+def _arg(op: str, args: tuple[object, ...], kwargs: dict[str, object], name: str) -> object:
     if name in kwargs:
         return kwargs[name]
     schema = _schema(op)
@@ -289,7 +291,9 @@ class _Flow:
         elif sized and (packet in _SIZE_ARITH or (packet in ("mul", "add") and len(sized) == 2)):
             self.arith[me] = f"{op} at node {j}"
 
-    def _node(self, me: int, j: int, op: str, args: tuple[Any, ...], kw: dict[str, Any]) -> None:
+    def _node(
+        self, me: int, j: int, op: str, args: tuple[object, ...], kw: dict[str, object]
+    ) -> None:
         refs = values.refs_in((args, kw))
         packet = _packet(op)
         self._constants(j, op, (args, kw))
@@ -317,7 +321,13 @@ class _Flow:
                 self._use(SIZE_VALUE, j, op, "reduces a tensor made from sizes alone to a value")
 
     def _size_enters(
-        self, j: int, op: str, packet: str, args: tuple[Any, ...], kw: dict[str, Any], data: bool
+        self,
+        j: int,
+        op: str,
+        packet: str,
+        args: tuple[object, ...],
+        kw: dict[str, object],
+        data: bool,
     ) -> bool:
         """Counts (and says True) where a symbolic size becomes a value: it meets the call's
         values, fills a tensor, or, after arithmetic beyond scaling, enters any value."""
@@ -340,7 +350,7 @@ class _Flow:
         return False
 
     def _categories(
-        self, j: int, op: str, packet: str, args: tuple[Any, ...], kw: dict[str, Any]
+        self, j: int, op: str, packet: str, args: tuple[object, ...], kw: dict[str, object]
     ) -> None:
         if packet in _SELECT:
             self._use(SELECTION, j, op)
@@ -353,7 +363,7 @@ class _Flow:
             if any(r in self.data for r in values.refs_in(index)):
                 self._use(INDEXING, j, op, "indices computed from the call's values")
 
-    def _constants(self, j: int, op: str, value: Any) -> None:
+    def _constants(self, j: int, op: str, value: object) -> None:
         for found in _walk(value):
             if isinstance(found, values.Symbol) and found.name in values.FINFO_ATTRS:
                 self._use(DTYPE_CONSTANT, j, op, f"finfo(dtype).{found.name}")
@@ -361,7 +371,7 @@ class _Flow:
                 self._use(DTYPE_CONSTANT, j, op, f"a cast to {str(found).removeprefix('torch.')}")
 
 
-def _walk(value: Any) -> list[Any]:
+def _walk(value: object) -> list[object]:
     if isinstance(value, (list, tuple)):
         return [x for v in value for x in _walk(v)]
     if isinstance(value, dict):
@@ -407,10 +417,10 @@ _STOCK_GRAPHS: dict[str, GraphArtifact | str] = {}
 
 def stock_graph(
     key: str,
-    stock: Callable[..., Any],
+    stock: Callable[..., object],
     module: torch.nn.Module,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
+    args: tuple[object, ...],
+    kwargs: dict[str, object],
 ) -> GraphArtifact | str:
     """The stock code's graph on the case's call, captured as a draft's is (trusted library
     code, here in the parent), once per ``key``; why not, when it cannot be one graph."""
@@ -430,10 +440,10 @@ def stock_graph(
 def static_rule(
     draft: GraphArtifact,
     key: str,
-    stock: Callable[..., Any],
+    stock: Callable[..., object],
     module: torch.nn.Module,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
+    args: tuple[object, ...],
+    kwargs: dict[str, object],
 ) -> tuple[str, dict[str, Any]]:
     """(why the draft is refused or "", what the rule found). When the stock code does not
     capture as one graph there is nothing to compare with: the rule is not applied, and the

@@ -49,7 +49,7 @@ def _build(spec: dict[str, Any]) -> CaseModel:
     return CaseModel(loaded.model.float().eval(), inputs, batch.attention_mask)
 
 
-def case_model(spec: dict[str, Any] | None) -> CaseModel:
+def case_model(spec: dict[str, object] | None) -> CaseModel:
     """A fresh copy of the case's model with its inputs (UsageError when the case names none)."""
     if not spec:
         raise UsageError("this case names no model to judge on")

@@ -223,7 +223,7 @@ def _adapter_call(dec: ast.expr) -> ast.Call | None:
     return None
 
 
-def _resolve(value: Any, attr: str) -> tuple[bool, Any]:
+def _resolve(value: object, attr: str) -> tuple[bool, Any]:
     """The attribute of an allowed module, looked up without running any draft code."""
     try:
         return True, getattr(value, attr)
@@ -234,7 +234,7 @@ def _resolve(value: Any, attr: str) -> tuple[bool, Any]:
 class _Body(ast.NodeVisitor):
     """Checks one top-level function (and what is nested in it)."""
 
-    def __init__(self, known: dict[str, Any], method: str | None, cls: str | None) -> None:
+    def __init__(self, known: dict[str, object], method: str | None, cls: str | None) -> None:
         self.problems: list[str] = []
         self.known = known  # top-level name -> module object, or None for a constant/function
         self.method, self.cls = method, cls

@@ -18,7 +18,7 @@ from hfadapt.db.tables import AgentAttempt, DraftSession
 from hfadapt.untrusted import strip_control
 
 
-def _scrub(value: Any, secrets: list[str]) -> Any:
+def _scrub(value: object, secrets: list[str]) -> Any:
     from hfadapt.agent.client import redact
 
     if isinstance(value, str):

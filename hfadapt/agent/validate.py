@@ -77,7 +77,7 @@ class Validation:
 
 def _policy(
     source: str, case: FailureCase, taken_names: dict[str, str] | None
-) -> tuple[StepReport, dict[str, Any]]:
+) -> tuple[StepReport, dict[str, object]]:
     policy = check_policy(source, expected_target=case.target)
     problems = list(policy.problems)
     name = policy.adapter.get("name")

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from hfadapt.agent.loop import DraftOutcome
 
 
-def _odd_inputs(inputs: dict[str, Any]) -> dict[str, Any]:
+def _odd_inputs(inputs: dict[str, Any]) -> dict[str, object]:
     """A smaller batch of odd length cut from the probes, so proofs also see odd sizes."""
     out: dict[str, Any] = {}
     for k, v in inputs.items():

@@ -9,7 +9,7 @@ import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -18,6 +18,9 @@ from hfadapt.cli._console import console, err_console
 from hfadapt.errors import UsageError
 from hfadapt.options import DType
 from hfadapt.version import __version__
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
 
 __all__ = ["EXIT_CODES", "REGRESSIONS_FOUND", "app", "console", "err_console"]
 
@@ -149,7 +152,7 @@ def count_option(flag: str, help: str, *, minimum: int = 1, **kwargs: Any) -> An
 _opened: list[Any] = []
 
 
-def existing_engine(db: str | None, *, hint: str) -> Any:
+def existing_engine(db: str | None, *, hint: str) -> Engine:
     """The engine of a read-only command (hfadapt.db.readonly): a database that must already
     exist, opened so that nothing is created or written. ``hint`` says which command makes it."""
     from hfadapt.db.readonly import open_readonly
@@ -159,7 +162,7 @@ def existing_engine(db: str | None, *, hint: str) -> Any:
     return engine
 
 
-def writing_engine(db: str | None) -> Any:
+def writing_engine(db: str | None) -> Engine:
     """The engine of a command that records something: created when missing (in an existing
     folder), refused in one line when damaged (hfadapt.db.engine.get_engine)."""
     from hfadapt.db.engine import get_engine
@@ -176,7 +179,7 @@ def close_engines() -> None:
 
 
 @contextmanager
-def new_database_removed_on_failure(db: str | None) -> Iterator[Any]:
+def new_database_removed_on_failure(db: str | None) -> Iterator[Engine]:
     """The writing engine of a command whose failure leaves nothing worth keeping (a crawl
     that could not reach the Hub): when the database file did not exist before and the command
     fails, the file it created (and SQLite's files beside it) is removed again."""

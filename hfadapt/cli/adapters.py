@@ -9,7 +9,7 @@ import inspect
 import json
 import textwrap
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -29,6 +29,11 @@ from hfadapt.cli._console import plan_exit
 from hfadapt.errors import NotFoundError, UsageError, did_you_mean
 from hfadapt.report.charts import plural
 
+if TYPE_CHECKING:
+    from hfadapt.adapters.api import Adapter
+    from hfadapt.adapters.registry import Registry
+    from hfadapt.spyre.rules.profile import Profile
+
 adapters_app = typer.Typer(
     help="The adapter registry: list, show, re-prove, export and remove adapters.",
     no_args_is_help=True,
@@ -43,7 +48,7 @@ def _first_sentence(text: str) -> str:
     return flat if end < 0 else flat[: end + 1]
 
 
-def markdown_table(adapters: list[Any]) -> str:
+def markdown_table(adapters: list[Adapter]) -> str:
     """The adapters as the README's Markdown table: one row per (rule, what it does), every
     adapter named, in registry order (``hfadapt adapters list --markdown``)."""
     rows: dict[tuple[str, str], list[str]] = {}
@@ -212,7 +217,7 @@ def remove_adapters(
     default_registry(reload=True)
 
 
-def _named(reg: Any, name: str) -> Any:
+def _named(reg: Registry, name: str) -> Adapter:
     """The adapter called ``name``; NotFoundError (exit 2, as every "not found") otherwise."""
     for a in reg.adapters:
         if a.name == name:
@@ -234,7 +239,7 @@ def _source(obj: Any) -> str | None:
     return "".join(lines[start:])
 
 
-def _stock(a: Any) -> tuple[str, str | None]:
+def _stock(a: Adapter) -> tuple[str, str | None]:
     """(what the adapter replaces, in words; the stock code's source, when there is one)."""
     if a.kind == "method":
         cls = a.target_class()
@@ -247,7 +252,7 @@ def _stock(a: Any) -> tuple[str, str | None]:
     return f"nothing: runs before the forward of each {a.target}", None
 
 
-def change_diff(a: Any) -> str:
+def change_diff(a: Adapter) -> str:
     """The adapter's code as a unified diff against the stock code it replaces (its code
     alone, as added lines, when it replaces no single function)."""
     ours = _source_of(a)
@@ -263,7 +268,7 @@ def change_diff(a: Any) -> str:
     )
 
 
-def _rule_source(profile: Any, rule: str) -> str:
+def _rule_source(profile: Profile, rule: str) -> str:
     """The public source the profile cites for ``rule`` (a device defect's too)."""
     found = profile.rule_source(rule)
     if not found:
@@ -324,7 +329,7 @@ def show(
         console.print(Text(f"    {line}", style=style), highlight=False, soft_wrap=True)
 
 
-def _source_of(a: Any) -> str:
+def _source_of(a: Adapter) -> str:
     """The code people read for an adapter: its Python, or for a graph adapter the drafted
     source kept beside the graph (text; it is not what runs)."""
     if a.form == "graph":
@@ -451,7 +456,7 @@ def verify(
         raise typer.Exit(1)
 
 
-def _unproven_graph(name: str) -> Any:
+def _unproven_graph(name: str) -> Adapter | None:
     """The graph adapter folder named ``name`` in the user folders that the registry refused
     as not proven on this machine (loaded without that check, graph not parsed), or None."""
     from hfadapt.adapters.graph_adapter import is_graph_folder, load_graph_adapter, read_manifest

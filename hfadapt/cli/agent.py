@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -28,6 +28,13 @@ from hfadapt.cli._files import check_output, write_output
 from hfadapt.errors import UsageError
 from hfadapt.options import Execution, Mode
 from hfadapt.report.charts import plural
+
+if TYPE_CHECKING:
+    from hfadapt.agent.client import AgentSettings
+    from hfadapt.agent.evaluate import EvalReport
+    from hfadapt.agent.loop import DraftOutcome
+    from hfadapt.agent.suite import SuiteCase
+    from hfadapt.db.census import FailureFingerprint
 
 BaseUrlOption = Annotated[
     str | None,
@@ -63,7 +70,9 @@ UnsafeOption = Annotated[
 ]
 
 
-def _settings(base_url: str | None, model: str | None, api_key: str | None, attempts: int) -> Any:
+def _settings(
+    base_url: str | None, model: str | None, api_key: str | None, attempts: int
+) -> AgentSettings:
     from hfadapt.agent.client import AgentSettings
 
     return AgentSettings.from_env(
@@ -71,7 +80,7 @@ def _settings(base_url: str | None, model: str | None, api_key: str | None, atte
     )
 
 
-def _outcome_table(outcomes: list[Any]) -> Table:
+def _outcome_table(outcomes: list[DraftOutcome]) -> Table:
     table = Table(
         "fingerprint", "case", "outcome", "attempts", "tokens in/out", "seconds", "adapter / reason"
     )
@@ -257,7 +266,7 @@ def _ready(
     return settings
 
 
-def _closing(outcomes: list[Any], home: Path) -> str:
+def _closing(outcomes: list[DraftOutcome], home: Path) -> str:
     """How many failures were fixed, where the accepted drafts are, and how to undo them."""
     fixed = [o for o in outcomes if o.accepted]
     text = f"{len(fixed)} of {plural(len(outcomes), 'failure')} fixed"
@@ -281,7 +290,7 @@ def _note_unless_drafting(text: str) -> None:
         _note(text)
 
 
-def _print_top(entries: list[Any], as_json: bool) -> None:
+def _print_top(entries: list[FailureFingerprint], as_json: bool) -> None:
     if as_json:
         typer.echo(json.dumps([e.to_dict() for e in entries], indent=2, default=str))
         return
@@ -384,7 +393,9 @@ def agent_eval(
         raise typer.Exit(1)
 
 
-def _print_eval(report: Any, data: dict[str, Any], reference: bool, output: Path | None) -> None:
+def _print_eval(
+    report: EvalReport, data: dict[str, Any], reference: bool, output: Path | None
+) -> None:
     console.print(_eval_table(report.rows, reference))
     who = (
         "the reference solutions (self-check, no endpoint)"
@@ -462,5 +473,5 @@ def _steps_text(steps: dict[str, str]) -> str:
     return ", ".join(bad) if bad else f"all {len(steps)} steps pass"
 
 
-def _case_brief(case: Any) -> dict[str, str]:
+def _case_brief(case: SuiteCase) -> dict[str, str]:
     return {"case": case.name, "rule": case.rule_id, "description": case.description}

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -31,6 +31,11 @@ from hfadapt.cli.agent import AgentModelOption, ApiKeyOption, BaseUrlOption, Uns
 from hfadapt.errors import HubUnreachableError, UsageError
 from hfadapt.options import Executor, Mode
 from hfadapt.report.charts import plural
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
+    from hfadapt.service.cycle import CycleResult
 
 REASON_CHARS = 200  # of a regression's reason on stdout (--json holds it whole)
 
@@ -205,7 +210,7 @@ def cycle(
         if resumed and not as_json:
             err_console.print(f"resuming cycle {cycle_id}", highlight=False)
 
-    def progress(p: Any) -> None:
+    def progress(p: object) -> None:
         display.update(p)
         on_interrupt(hint[0])  # the cycle's command resumes the sweep too
 
@@ -230,7 +235,7 @@ def cycle(
 
 
 def _conclude(
-    engine: Any, result: Any, *, html: Path | None, webhook: str | None, as_json: bool
+    engine: Engine, result: CycleResult, *, html: Path | None, webhook: str | None, as_json: bool
 ) -> None:
     """What a finished cycle leaves: the HTML report, the webhook told of regressions, the
     summary (or its JSON) and the exit code (4 when something regressed)."""
@@ -295,7 +300,7 @@ def _note(text: str) -> None:
     err_console.print(escape(text), highlight=False, soft_wrap=True)
 
 
-def _notify(webhook: str, result: Any, engine: Any) -> None:
+def _notify(webhook: str, result: CycleResult, engine: Engine) -> None:
     """The regressions to the webhook; a failure is one line on stderr, nothing more."""
     from hfadapt.db.engine import describe
     from hfadapt.service.webhook import post_summary, regression_summary
@@ -305,7 +310,7 @@ def _notify(webhook: str, result: Any, engine: Any) -> None:
         err_console.print(escape(warning), highlight=False, soft_wrap=True)
 
 
-def _report(engine: Any, result: Any, html: Path | None) -> None:
+def _report(engine: Engine, result: CycleResult, html: Path | None) -> None:
     if html is None:
         return
     from hfadapt.report.coverage import build_report
@@ -317,7 +322,7 @@ def _report(engine: Any, result: Any, html: Path | None) -> None:
     err_console.print(f"wrote {escape(str(html))}", highlight=False, soft_wrap=True)
 
 
-def _json(result: Any, engine: Any) -> dict[str, Any]:
+def _json(result: CycleResult, engine: Engine) -> dict[str, object]:
     from hfadapt.db.engine import describe
 
     comp = result.comparison
@@ -343,7 +348,7 @@ def _json(result: Any, engine: Any) -> dict[str, Any]:
     }
 
 
-def _print(result: Any) -> None:
+def _print(result: CycleResult) -> None:
     """The regressions on stdout, one a line; the rest of the comparison on stderr."""
     comp = result.comparison
     swept = result.sweep

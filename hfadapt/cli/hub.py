@@ -27,7 +27,7 @@ from hfadapt.report.charts import plural
 WIDE = 120
 
 
-def _echo_json(data: Any) -> None:
+def _echo_json(data: object) -> None:
     # Plain print, not rich: JSON output is for pipes and must not be wrapped or coloured.
     typer.echo(json.dumps(data, indent=2, default=str))
 

@@ -6,7 +6,7 @@ environment it ran in, next step), read from runs.db without judging it again. T
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.markup import escape
@@ -15,7 +15,7 @@ from hfadapt.cli._app import DbOption, JsonOption, app, console, existing_engine
 from hfadapt.judge.environment import summary
 
 
-def _say(label: str, text: Any, style: str | None = None) -> None:
+def _say(label: str, text: object, style: str | None = None) -> None:
     console.print(
         f"  [bold]{label}:[/bold] {escape(str(text))}", highlight=False, soft_wrap=True, style=style
     )

@@ -9,7 +9,7 @@ import importlib.util
 import json
 import shlex
 import sys
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import RenderableType
@@ -38,6 +38,11 @@ from hfadapt.cli.progress_log import ProgressLog
 from hfadapt.errors import MissingDependencyError, UsageError, option
 from hfadapt.options import Execution, Executor, Mode
 from hfadapt.report.charts import plural
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
+    from hfadapt.sweep.run import SweepResult
 
 
 def _log_line(text: str) -> None:
@@ -380,7 +385,7 @@ class _Display:
         self.bar.update(self.task, completed=p.done, total=p.total, **fields)
 
 
-def _summary(result: Any, engine: Any) -> None:
+def _summary(result: SweepResult, engine: Engine) -> None:
     """What the sweep did is a summary (stderr); its data is `hfadapt report`'s."""
     from hfadapt.db.engine import describe
 
@@ -411,7 +416,7 @@ def _summary(result: Any, engine: Any) -> None:
     )
 
 
-def _snapshot_note(engine: Any) -> str:
+def _snapshot_note(engine: Engine) -> str:
     """Where the sweep's model list came from, when it is the bundled snapshot."""
     from hfadapt.hub.catalog import latest_crawl
     from hfadapt.hub.snapshot import SNAPSHOT_DATE

@@ -151,19 +151,19 @@ def _list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-def _family(evidence: Any) -> str | None:
+def _family(evidence: object) -> str | None:
     translated = evidence.get("translated_from") if isinstance(evidence, dict) else None
     family = translated.get("family") if isinstance(translated, dict) else None
     return family if isinstance(family, str) else None
 
 
-def _recorded(evidence: Any, key: str, default: Any) -> Any:
+def _recorded(evidence: object, key: str, default: object) -> Any:
     """One value of a run's evidence, of the default's type, or the default."""
     value = evidence.get(key) if isinstance(evidence, dict) else None
     return value if isinstance(value, type(default)) else default
 
 
-def _bound_used(evidence: Any) -> float | None:
+def _bound_used(evidence: object) -> float | None:
     margin = evidence.get("margin") if isinstance(evidence, dict) else None
     share = margin.get("share") if isinstance(margin, dict) else None
     if not isinstance(share, (int, float)) or isinstance(share, bool):
@@ -171,7 +171,7 @@ def _bound_used(evidence: Any) -> float | None:
     return float(share) if math.isfinite(share) and share >= 0 else None
 
 
-def _ineffective(evidence: Any) -> list[str]:
+def _ineffective(evidence: object) -> list[str]:
     found = evidence.get("adapters_ineffective") if isinstance(evidence, dict) else None
     names = [d.get("adapter") for d in _list(found) if isinstance(d, dict)]
     return [n for n in names if isinstance(n, str)]

@@ -80,7 +80,7 @@ def quick_check(engine: Engine, where: str | None = None) -> None:
         )
 
 
-def _depth(value: Any) -> int:
+def _depth(value: object) -> int:
     """How deeply ``value`` nests (iteratively: a deep value must not recurse here either)."""
     deepest = 0
     stack: list[tuple[Any, int]] = [(value, 1)]

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
 
 from sqlalchemy import Column, MetaData, String, Table, inspect, select
 from sqlalchemy.engine import Connection, Engine
@@ -59,7 +58,7 @@ def migration(fn: Migration) -> Migration:
     return fn
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> int:
     # Computed, so appending a migration is all it takes to bump the version.
     if name == "SCHEMA_VERSION":
         return len(MIGRATIONS)
@@ -117,7 +116,7 @@ def add_columns(conn: Connection, model: type[SQLModel] | Table, *names: str) ->
     return added
 
 
-def _sql_default(col: Column[Any], conn: Connection) -> str | None:
+def _sql_default(col: Column[object], conn: Connection) -> str | None:
     default = col.default
     value = getattr(default, "arg", None)
     if default is None or callable(value) or value is None:

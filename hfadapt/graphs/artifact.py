@@ -83,8 +83,8 @@ class GraphArtifact:
 
     # -- JSON ---------------------------------------------------------------------------------
 
-    def to_json(self) -> dict[str, Any]:
-        def ref_of(_: Any) -> None:
+    def to_json(self) -> dict[str, object]:
+        def ref_of(_: object) -> None:
             return None
 
         return {
@@ -112,7 +112,7 @@ class GraphArtifact:
 
     @classmethod
     def from_json(
-        cls, data: Any, constants: dict[str, torch.Tensor] | None = None
+        cls, data: object, constants: dict[str, torch.Tensor] | None = None
     ) -> GraphArtifact:
         """Validate and decode; GraphError naming the first thing wrong."""
         if not isinstance(data, dict) or data.get("format") != FORMAT:
@@ -229,7 +229,7 @@ def read_plain_file(path: Path, max_bytes: int) -> bytes:
         return fh.read(max_bytes + 1)[:max_bytes]
 
 
-def _symbols(raw: Any) -> dict[str, tuple[int, int | None]]:
+def _symbols(raw: object) -> dict[str, tuple[int, int | None]]:
     if not isinstance(raw, dict) or len(raw) > MAX_SYMBOLS:
         raise GraphError(f"symbols must be an object of at most {MAX_SYMBOLS}")
     out: dict[str, tuple[int, int | None]] = {}
@@ -253,7 +253,7 @@ def _symbols(raw: Any) -> dict[str, tuple[int, int | None]]:
     return out
 
 
-def _inputs(raw: Any, symbols: dict[str, tuple[int, int | None]]) -> list[TensorInput]:
+def _inputs(raw: object, symbols: dict[str, tuple[int, int | None]]) -> list[TensorInput]:
     if not isinstance(raw, list) or len(raw) > MAX_INPUTS:
         raise GraphError(f"inputs must be a list of at most {MAX_INPUTS}")
     out: list[TensorInput] = []
@@ -289,7 +289,7 @@ def _inputs(raw: Any, symbols: dict[str, tuple[int, int | None]]) -> list[Tensor
     return out
 
 
-def _encode_call(value: Any) -> Any:
+def _encode_call(value: object) -> Any:
     if isinstance(value, Slot):
         return {"tensor": value.index}
     if isinstance(value, (list, tuple)):
@@ -299,7 +299,7 @@ def _encode_call(value: Any) -> Any:
     return {"value": values.encode(value, lambda _: None)}
 
 
-def _decode_call(raw: Any, n_args: int, seen: set[int], depth: int = 0) -> Any:
+def _decode_call(raw: object, n_args: int, seen: set[int], depth: int = 0) -> Any:
     if depth > 4 or not isinstance(raw, dict) or len(raw) != 1:
         raise GraphError("the call template is malformed")
     tag, body = next(iter(raw.items()))

@@ -31,13 +31,13 @@ _SKIP = (torch.ops.aten._assert_tensor_metadata.default,)
 
 
 def call_template(
-    args: tuple[Any, ...], kwargs: dict[str, Any]
+    args: tuple[object, ...], kwargs: dict[str, object]
 ) -> tuple[Any, Any, list[torch.Tensor]]:
     """(args template, kwargs template, the call's tensors in order): tensors become slots,
     plain values stay as they are; anything else cannot be part of a graph's call."""
     tensors: list[torch.Tensor] = []
 
-    def walk(v: Any, depth: int = 0) -> Any:
+    def walk(v: object, depth: int = 0) -> Any:
         if isinstance(v, torch.Tensor):
             tensors.append(v)
             return Slot(len(tensors) - 1)
@@ -87,13 +87,13 @@ class _Call(torch.nn.Module):
     inputs (the module is held outside the module tree: its tensors come in as inputs)."""
 
     def __init__(
-        self, inner: torch.nn.Module, fn: Callable[..., Any], args_t: Any, kwargs_t: Any
+        self, inner: torch.nn.Module, fn: Callable[..., object], args_t: object, kwargs_t: object
     ) -> None:
         super().__init__()
         object.__setattr__(self, "inner", inner)
         self.fn, self.args_t, self.kwargs_t = fn, args_t, kwargs_t
 
-    def forward(self, state: dict[str, torch.Tensor], tensors: list[torch.Tensor]) -> Any:
+    def forward(self, state: dict[str, torch.Tensor], tensors: list[torch.Tensor]) -> object:
         args = fill_template(self.args_t, tensors)
         kwargs = fill_template(self.kwargs_t, tensors)
         inner: torch.nn.Module = self.__dict__["inner"]
@@ -109,7 +109,7 @@ class FunctionSite(torch.nn.Module):
     attributes a graph was proven with are the conditions it applies under, and a mask for
     ``sdpa`` is not a mask for ``eager``."""
 
-    def __init__(self, context: dict[str, Any] | None = None) -> None:
+    def __init__(self, context: dict[str, object] | None = None) -> None:
         super().__init__()
         self._context_names: tuple[str, ...] = tuple(sorted(context or {}))
         for name, value in (context or {}).items():
@@ -119,14 +119,14 @@ class FunctionSite(torch.nn.Module):
         if isinstance(impl, str):
             self.attn_implementation = impl
 
-    def context(self) -> dict[str, Any]:
+    def context(self) -> dict[str, object]:
         """The held objects, by the parameter name they are passed as."""
         return {name: self.__dict__[name] for name in self._context_names}
 
 
 def split_function_call(
-    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[dict[str, Any], dict[str, Any]]:
+    fn: Callable[..., object], args: tuple[object, ...], kwargs: dict[str, object]
+) -> tuple[dict[str, object], dict[str, object]]:
     """A call of a module-level function as (graph keywords: tensors and plain values, held
     objects: everything else, by parameter name); every argument is passed by name. Raises
     GraphError when the call cannot be split (a ``*args`` parameter)."""
@@ -165,11 +165,11 @@ def _to(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def export_once(
     module: torch.nn.Module,
-    fn: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
+    fn: Callable[..., object],
+    args: tuple[object, ...],
+    kwargs: dict[str, object],
     dtype: torch.dtype,
-) -> Any:
+) -> torch.export.ExportedProgram:
     """``torch.export`` of ``fn(module, *args, **kwargs)`` on meta tensors in ``dtype``,
     functionalized (``run_decompositions({})``)."""
     args_t, kwargs_t, tensors = call_template(args, kwargs)
@@ -182,14 +182,15 @@ def export_once(
     program = torch.export.export(
         _Call(module, fn, args_t, kwargs_t), (state, moved), dynamic_shapes=dynamic, strict=False
     )
-    return program.run_decompositions({})
+    functional: torch.export.ExportedProgram = program.run_decompositions({})  # untyped in torch
+    return functional
 
 
 def capture_method(
     module: torch.nn.Module,
-    fn: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
+    fn: Callable[..., object],
+    args: tuple[object, ...],
+    kwargs: dict[str, object],
     *,
     dtypes: tuple[torch.dtype, torch.dtype] = EXPORT_DTYPES,
 ) -> GraphArtifact:
@@ -233,7 +234,7 @@ _WATCHED = (
 )
 
 
-def global_bindings() -> dict[str, Any]:
+def global_bindings() -> dict[str, object]:
     """Every attribute of the modules model code calls into (and of ``torch.Tensor``), by
     name: what a draft could rebind for the whole process."""
     import importlib
@@ -273,7 +274,7 @@ def _first_difference(a: Any, b: Any) -> str:
         return f"{len(na)} vs {len(nb)} graph nodes"
     pos = {n: i for i, n in enumerate(na)} | {n: i for i, n in enumerate(nb)}
 
-    def same(x: Any, y: Any) -> bool:
+    def same(x: object, y: object) -> bool:
         if isinstance(x, torch.fx.Node) or isinstance(y, torch.fx.Node):
             return (
                 isinstance(x, torch.fx.Node)
@@ -302,7 +303,7 @@ def _first_difference(a: Any, b: Any) -> str:
 # -- turning two exports into one artifact -------------------------------------------------------
 
 
-def _sym_names(programs: list[Any]) -> list[dict[str, str]]:
+def _sym_names(programs: list[torch.export.ExportedProgram]) -> list[dict[str, str]]:
     """Per program: export's symbol name -> the artifact's canonical name (s0, s1, ... in order
     of first appearance among the inputs)."""
     out = []
@@ -326,11 +327,11 @@ def _sym_names(programs: list[Any]) -> list[dict[str, str]]:
     return out
 
 
-def _shape(val: Any, names: dict[str, str]) -> tuple[int | str, ...]:
+def _shape(val: torch.Tensor, names: dict[str, str]) -> tuple[int | str, ...]:
     return tuple(_size(s, names) for s in val.shape)
 
 
-def _size(s: Any, names: dict[str, str]) -> int | str:
+def _size(s: int | torch.SymInt, names: dict[str, str]) -> int | str:
     if isinstance(s, torch.SymInt):
         expr = s.node.expr
         if getattr(expr, "is_number", False):
@@ -400,11 +401,11 @@ class _Merged:
 
     def __init__(
         self,
-        a: Any,
-        b: Any,
+        a: torch.export.ExportedProgram,
+        b: torch.export.ExportedProgram,
         dtypes: tuple[torch.dtype, torch.dtype],
         kinds: dict[str, str],
-        sym: Any,
+        sym: list[dict[str, str]],
     ) -> None:
         from torch.export.graph_signature import InputKind
 
@@ -418,7 +419,7 @@ class _Merged:
         self.nodes: list[Node] = []
         self.user_seen = 0
 
-    def placeholder(self, na: Any, nb: Any) -> None:
+    def placeholder(self, na: torch.fx.Node, nb: torch.fx.Node) -> None:
         from torch.export.graph_signature import InputKind
 
         spec = self.specs[na.name]
@@ -451,7 +452,7 @@ class _Merged:
         dtype = _dtype_name((ca.dtype, ca.dtype), self.dtypes, name)
         self.inputs.append(TensorInput(name, "constant", tuple(ca.shape), dtype))
 
-    def call(self, na: Any, nb: Any) -> None:
+    def call(self, na: torch.fx.Node, nb: torch.fx.Node) -> None:
         index, dtypes = self.index, self.dtypes
         name = ops.op_name(na.target)
         ops.resolve(name)
@@ -466,7 +467,9 @@ class _Merged:
         index[na] = index[nb] = len(self.inputs) + len(self.nodes) - 1
 
 
-def _ranges(a: Any, sym: Any) -> dict[str, tuple[int, int | None]]:
+def _ranges(
+    a: torch.export.ExportedProgram, sym: list[dict[str, str]]
+) -> dict[str, tuple[int, int | None]]:
     """The range of every symbolic size, as the export constrained it."""
     ranges = {}
     for export_name, ours in sym[0].items():
@@ -477,7 +480,7 @@ def _ranges(a: Any, sym: Any) -> dict[str, tuple[int, int | None]]:
     return ranges
 
 
-def _bound(value: Any) -> Any:
+def _bound(value: Any) -> int | None:
     """An int range bound, or None for an unbounded one (export's ``int_oo``)."""
     try:
         return int(value)
@@ -491,7 +494,7 @@ def _output(na: Any, nb: Any, index: dict[Any, int], program: Any) -> Any:
     spec = program.call_spec.out_spec
     tree = ti.pytree.tree_unflatten(flat, spec) if spec is not None else tuple(flat)
 
-    def check(v: Any) -> Any:
+    def check(v: object) -> Any:
         if isinstance(v, values.Ref) or v is None or isinstance(v, (bool, int, float)):
             return v
         if isinstance(v, (list, tuple)) and not hasattr(v, "_fields"):
@@ -505,7 +508,7 @@ def _output(na: Any, nb: Any, index: dict[Any, int], program: Any) -> Any:
 
 
 def _pair(
-    x: Any, y: Any, index: dict[Any, int], dtypes: tuple[torch.dtype, ...], where: str
+    x: object, y: object, index: dict[object, int], dtypes: tuple[torch.dtype, ...], where: str
 ) -> Any:
     """One argument from the two exports: the same value, or a symbol both stand for."""
     if isinstance(x, torch.fx.Node) or isinstance(y, torch.fx.Node):

@@ -237,7 +237,7 @@ _OVERLOAD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 ASSERT_OPS = frozenset({"aten::_assert_scalar.default", "aten::_assert_tensor_metadata.default"})
 
 
-def op_name(target: Any) -> str:
+def op_name(target: object) -> str:
     """The artifact's name for an fx node target; GraphError for anything not nameable."""
     if isinstance(target, ti.OpOverload):
         ns = target.namespace
@@ -258,7 +258,7 @@ ZERO_DROPOUT: dict[str, tuple[str, int]] = {
 }
 
 
-def check_node(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+def check_node(name: str, args: tuple[object, ...], kwargs: dict[str, object]) -> None:
     """Per-node conditions of the allowlist (attention only without dropout)."""
     if name in ZERO_DROPOUT:
         key, pos = ZERO_DROPOUT[name]

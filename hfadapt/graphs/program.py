@@ -58,7 +58,7 @@ class HostSegment(torch.nn.Module):
     def forward(self, *given: Any) -> tuple[Any, ...]:
         env: dict[int, Any] = dict(zip(self.input_ids, given, strict=True))
 
-        def sub(v: Any) -> Any:
+        def sub(v: object) -> Any:
             if isinstance(v, values.Ref):
                 return env[v.index]
             if isinstance(v, list):
@@ -172,7 +172,7 @@ class GraphProgram:
     # -- binding a call ---------------------------------------------------------------------------
 
     def bind(
-        self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+        self, module: torch.nn.Module, args: tuple[object, ...], kwargs: Mapping[str, object]
     ) -> BoundCall | str:
         """The call's tensors if ``module(*args, **kwargs)`` fits the graph, else why not."""
         art = self.artifact
@@ -269,7 +269,7 @@ class GraphProgram:
             else:
                 env[i] = graph.placeholder(f"in{i}")
 
-        def sub(v: Any) -> Any:
+        def sub(v: object) -> Any:
             if isinstance(v, values.Ref):
                 return env[v.index]
             if isinstance(v, values.Symbol):
@@ -346,7 +346,7 @@ def _getitem(seq: Any, k: int) -> Any:
     return seq[k]
 
 
-def _resolve_symbols(v: Any, dtype: torch.dtype, device: torch.device) -> Any:
+def _resolve_symbols(v: object, dtype: torch.dtype, device: torch.device) -> Any:
     if isinstance(v, values.Symbol):
         return v.resolve(dtype, device)
     if isinstance(v, list):
@@ -358,7 +358,7 @@ def _resolve_symbols(v: Any, dtype: torch.dtype, device: torch.device) -> Any:
     return v
 
 
-def _match(template: Any, value: Any, tensors: list[Any], where: str) -> str | None:
+def _match(template: object, value: object, tensors: list[object], where: str) -> str | None:
     """None when ``value`` has the template's form (its tensors noted in ``tensors``)."""
     if isinstance(template, Slot):
         if not isinstance(value, torch.Tensor):

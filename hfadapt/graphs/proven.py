@@ -21,7 +21,6 @@ import stat
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from hfadapt import settings
 from hfadapt.errors import GraphError
@@ -106,7 +105,7 @@ def _locked() -> Iterator[Path]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _read_record(path: Path) -> dict[str, Any]:
+def _read_record(path: Path) -> dict[str, object]:
     try:
         with open(path, "rb") as fh:
             data = json.loads(fh.read(MAX_RECORD_BYTES))

@@ -17,7 +17,7 @@ import torch
 MAX_VALUE_ITEMS = 16
 
 
-def is_plain(value: Any) -> bool:
+def is_plain(value: object) -> bool:
     """Whether a value is a plain literal a condition can compare (and a graph may bake)."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return not isinstance(value, str) or len(value) <= 200
@@ -26,15 +26,15 @@ def is_plain(value: Any) -> bool:
     return False
 
 
-def plain(value: Any) -> Any:
+def plain(value: object) -> object:
     """A plain value in JSON form (tuples as lists)."""
     return list(value) if isinstance(value, tuple) else value
 
 
-def _tracing_class(cls: type, prefix: str, seen: dict[str, Any]) -> type:
+def _tracing_class(cls: type, prefix: str, seen: dict[str, object]) -> type:
     getter: Any = cls.__getattribute__
 
-    def __getattribute__(self: Any, name: str) -> Any:
+    def __getattribute__(self: object, name: str) -> Any:
         value = getter(self, name)
         if not name.startswith("_") and is_plain(value):
             seen.setdefault(prefix + name, plain(value))

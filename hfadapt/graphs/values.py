@@ -71,7 +71,9 @@ class Symbol:
     name: str
     scale: float = 1.0
 
-    def resolve(self, dtype: torch.dtype, device: torch.device) -> Any:
+    def resolve(
+        self, dtype: torch.dtype, device: torch.device
+    ) -> float | torch.device | torch.dtype:
         if self.name == DTYPE_SYMBOL:
             return dtype
         if self.name == DEVICE_SYMBOL:
@@ -185,7 +187,7 @@ def decode(data: Any, n_values: int, depth: int = 0) -> Any:
     raise GraphError(f"unknown argument tag {str(tag)[:20]!r}")
 
 
-def _float(raw: Any) -> float:
+def _float(raw: object) -> float:
     if isinstance(raw, (int, float)) and not isinstance(raw, bool):
         return float(raw)
     if raw in ("inf", "-inf", "nan"):
@@ -199,7 +201,9 @@ def _lookup(table: dict[str, Any], raw: Any, what: str) -> Any:
     return table[raw]
 
 
-def substitute(value: Any, values: list[Any], dtype: torch.dtype, device: torch.device) -> Any:
+def substitute(
+    value: object, values: list[object], dtype: torch.dtype, device: torch.device
+) -> Any:
     """A decoded argument with refs replaced by their values and symbols resolved."""
     if isinstance(value, Ref):
         return values[value.index]
@@ -212,7 +216,7 @@ def substitute(value: Any, values: list[Any], dtype: torch.dtype, device: torch.
     return value
 
 
-def refs_in(value: Any) -> list[int]:
+def refs_in(value: object) -> list[int]:
     """Every Ref index inside a decoded argument."""
     if isinstance(value, Ref):
         return [value.index]

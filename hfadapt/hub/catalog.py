@@ -78,7 +78,7 @@ _ALWAYS = (
 _JSON_COLUMNS = ("config_json", "tags")
 
 
-def _row(rec: HubRecord, rank: int, source: str, crawl_id: int, now: Any) -> dict[str, Any]:
+def _row(rec: HubRecord, rank: int, source: str, crawl_id: int, now: object) -> dict[str, object]:
     return {
         "id": rec.id,
         "rank": rank,
@@ -106,7 +106,7 @@ def _row(rec: HubRecord, rank: int, source: str, crawl_id: int, now: Any) -> dic
     }
 
 
-def _upsert(conn: Connection, table: Table, rows: list[dict[str, Any]]) -> None:
+def _upsert(conn: Connection, table: Table, rows: list[dict[str, object]]) -> None:
     if conn.dialect.name != "sqlite":
         _upsert_portable(conn, table, rows)
         return

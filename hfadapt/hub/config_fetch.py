@@ -57,7 +57,7 @@ class ConfigFetch:
         )
 
 
-def config_error(config: Any) -> str | None:
+def config_error(config: object) -> str | None:
     """The reason recorded in place of a config that could not be had, else None."""
     return config.get(CONFIG_ERROR_KEY) if isinstance(config, dict) else None
 
@@ -91,7 +91,7 @@ def _classify(exc: BaseException) -> str:
     return UNREACHABLE
 
 
-def _one(model_id: str, endpoint: str, token: str | bool | None) -> tuple[dict[str, Any], int]:
+def _one(model_id: str, endpoint: str, token: str | bool | None) -> tuple[dict[str, object], int]:
     """(config, or the error record; retries used) of one model."""
     from huggingface_hub import hf_hub_download
 
@@ -161,7 +161,7 @@ def fetch_configs(
     return result
 
 
-def has_shapes(config: Any) -> bool:
+def has_shapes(config: object) -> bool:
     """Whether a crawled config is a model's own config.json (it names its sizes), not the
     listing's summary (model_type and architectures only)."""
     return (

@@ -50,7 +50,7 @@ def fetch_config(
     revision: str | None = None,
     offline: bool | None = None,
     token: str | bool | None = None,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """A model's config.json as a dict, without downloading weights.
 
     Online, ``hf_hub_download`` fetches it into the HF cache (a quick probe first, so a Hub that

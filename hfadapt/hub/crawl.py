@@ -26,7 +26,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from hfadapt import settings
 from hfadapt.errors import HubError, UsageError
@@ -131,7 +131,7 @@ def _params_from_name(model_id: str) -> int | None:
     return int(float(number) * (1_000_000_000 if unit == "b" else 1_000_000))
 
 
-def _int_field(value: Any, name: str, missing: Counter[str]) -> int:
+def _int_field(value: object, name: str, missing: Counter[str]) -> int:
     if isinstance(value, bool) or not isinstance(value, int | float):
         missing[name] += 1
         return 0

@@ -263,7 +263,7 @@ def read_config(folder: Path, where: str | None = None) -> dict[str, Any]:
 
 
 @functools.cache
-def snapshot_index() -> dict[str, Any]:
+def snapshot_index() -> dict[str, object]:
     from hfadapt.hub import snapshot
 
     try:

@@ -15,7 +15,6 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from hfadapt.errors import ConfigError
 
@@ -159,7 +158,7 @@ def bundled_config_dir(model_id: str) -> Path | None:
     return folder if (folder / "config.json").is_file() else None
 
 
-def bundled_config(model_id: str) -> dict[str, Any] | None:
+def bundled_config(model_id: str) -> dict[str, object] | None:
     """A model's bundled config.json as a dict, or None when hfadapt does not ship it."""
     folder = bundled_config_dir(model_id)
     if folder is None:

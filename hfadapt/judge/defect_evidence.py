@@ -3,8 +3,6 @@ firings inside one module (localize), and the reason a structural run fails on a
 
 from __future__ import annotations
 
-from typing import Any
-
 from hfadapt.judge.diagnosis import Diagnosis
 from hfadapt.judge.evidence_types import DefectEntry
 from hfadapt.spyre.rules.lowering_report import LoweringReport
@@ -36,7 +34,7 @@ def defect_evidence(report: LoweringReport) -> list[DefectEntry]:
     return list(out.values())
 
 
-def defects_in(report: LoweringReport, module: str) -> list[dict[str, Any]]:
+def defects_in(report: LoweringReport, module: str) -> list[dict[str, object]]:
     """The firings inside ``module`` (or below it; "" is the whole model)."""
     return [
         {"defect_id": f.defect_id, "source": f.source, "module": f.module, "op": f.op}

@@ -38,7 +38,7 @@ class Runner(Protocol):
     def __call__(
         self,
         model: torch.nn.Module,
-        inputs: Mapping[str, Any],
+        inputs: Mapping[str, object],
         /,
         *,
         execution: str = ...,

@@ -26,7 +26,10 @@ from hfadapt.options import DType, Execution, Mode
 from hfadapt.spyre.numerics.host_state import pinned
 
 if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
     from hfadapt.adapters.registry import Registry
+    from hfadapt.spyre.rules.profile import Profile
 
 __all__ = [
     "Diagnosis",
@@ -83,7 +86,7 @@ def diagnose(
     without_adapters: Sequence[str] = (),
     trust_remote_code: bool = False,
     profile: str | None = None,
-    db: Any = None,
+    db: str | Engine | None = None,
     runner: Runner | None = None,
     record: bool = True,
     localize_failures: bool = True,
@@ -93,7 +96,7 @@ def diagnose(
     local_files_only: bool = False,
     unsafe_no_isolation: bool = False,
     registry: Registry | None = None,
-    config: dict[str, Any] | None = None,
+    config: dict[str, object] | None = None,
     config_source: str | None = None,
     reuse_reference: bool = True,
     caches: bool = True,
@@ -163,7 +166,7 @@ def _checked_options(options: JudgeOptions, inputs: _RunInputs) -> JudgeOptions:
 def _diagnose_and_record(
     model_ref: str | os.PathLike[str] | LoadedModel,
     options: JudgeOptions,
-    db: Any,
+    db: str | Engine | None,
     *,
     record: bool,
     hub: HubOptions,
@@ -200,7 +203,7 @@ def judge_here(model_ref: str, options: JudgeOptions, hub: HubOptions) -> Diagno
     return _diagnose(model_ref, trusted, load_profile(options.profile), None, hub=hub)
 
 
-def _engine(db: Any) -> Any:
+def _engine(db: str | Engine | None) -> Engine:
     from sqlalchemy.engine import Engine
 
     from hfadapt.db import engine as store
@@ -212,8 +215,8 @@ def _engine(db: Any) -> Any:
 def _diagnose(
     model_ref: str | os.PathLike[str] | LoadedModel,
     options: JudgeOptions,
-    prof: Any,
-    engine: Any,
+    prof: Profile,
+    engine: Engine | None,
     *,
     hub: HubOptions | None = None,
     inputs: _RunInputs = _RunInputs(),

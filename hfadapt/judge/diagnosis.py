@@ -11,7 +11,7 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hfadapt import verdicts
 from hfadapt.db.tables import Run, utcnow
@@ -21,6 +21,11 @@ from hfadapt.judge.evidence_types import Evidence
 from hfadapt.judge.localize import Divergence
 from hfadapt.judge.metrics import Metrics
 from hfadapt.spyre.rules.lowering_report import LoweringReport
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
+    from hfadapt.loading.load import LoadedModel
 
 __all__ = [
     "Diagnosis",
@@ -74,7 +79,7 @@ class Diagnosis:
     def passed(self) -> bool:
         return self.verdict == verdicts.PASS
 
-    def set_signature(self, loaded: Any) -> None:
+    def set_signature(self, loaded: LoadedModel) -> None:
         from hfadapt.loading.signature import signature_fields, structural_signature
 
         source = getattr(loaded, "raw_config", None) or loaded.config
@@ -127,7 +132,7 @@ class Diagnosis:
         return data
 
 
-def _clean(value: Any) -> Any:
+def _clean(value: object) -> Any:
     """NaN/inf become None: JSON has no spelling for them, and SQLite would store NULL anyway."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
@@ -269,7 +274,7 @@ def run_row(diag: Diagnosis) -> Run:
     )
 
 
-def write_run(diag: Diagnosis, engine: Any) -> int | None:
+def write_run(diag: Diagnosis, engine: Engine) -> int | None:
     """Insert the diagnosis as one Run row (``engine`` from ``hfadapt.db.engine.get_engine``)."""
     from hfadapt.db import engine as store
 
@@ -298,7 +303,7 @@ class Phases:
             self.seconds[name] = round(self.seconds.get(name, 0.0) + time.perf_counter() - start, 4)
 
 
-def versions_of(profile: Any) -> dict[str, str]:
+def versions_of(profile: object) -> dict[str, str]:
     """What a verdict depends on besides the model: the run's environment
     (hfadapt.judge.environment: hfadapt, the device profile, python, every package that can
     move a verdict, the device's numeric path), the one source every recorded run uses."""
@@ -329,7 +334,7 @@ def device_warnings_recorded(diag: Diagnosis) -> Iterator[None]:
                 del diag.evidence["device_warnings"]
 
 
-def report_of_error(exc: Any, diag: Diagnosis) -> LoweringReport:
+def report_of_error(exc: object, diag: Diagnosis) -> LoweringReport:
     """A report for an eager op error that carries only its violations (SpyreOpError)."""
     report = LoweringReport(diag.profile_name or "", diag.profile_version or "", diag.execution)
     for violation in getattr(exc, "violations", ()):

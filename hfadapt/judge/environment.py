@@ -206,7 +206,7 @@ def _cpu_has_amx() -> bool:
 # ---- reading and comparing recorded environments (no torch) ---------------------------------
 
 
-def distinct(recorded: Iterable[Any]) -> list[dict[str, str]]:
+def distinct(recorded: Iterable[object]) -> list[dict[str, str]]:
     """The distinct environments among stored ``versions`` values, in the order first seen;
     values that are not a non-empty dict (rows that recorded none) are left out."""
     seen: dict[tuple[tuple[str, str], ...], dict[str, str]] = {}
@@ -241,7 +241,7 @@ def _values(envs: list[dict[str, str]], key: str) -> tuple[str, ...]:
 
 
 def changes(
-    before: Iterable[Mapping[str, Any]], after: Iterable[Mapping[str, Any]]
+    before: Iterable[Mapping[str, object]], after: Iterable[Mapping[str, object]]
 ) -> list[EnvChange]:
     """The keys whose values differ between two sets of environments (each a ``versions``
     dict), as ``EnvChange``s in ``KEYS`` order. Only keys both sides recorded are compared:
@@ -256,7 +256,7 @@ def changes(
 
 
 def unrecorded_keys(
-    before: Iterable[Mapping[str, Any]], after: Iterable[Mapping[str, Any]]
+    before: Iterable[Mapping[str, object]], after: Iterable[Mapping[str, object]]
 ) -> list[str]:
     """The keys only one side recorded (runs of an older hfadapt record fewer), when both
     recorded an environment at all."""
@@ -273,7 +273,7 @@ def describe_changes(found: Iterable[EnvChange]) -> str:
     return ", ".join(str(c) for c in found)
 
 
-def summary(versions: Mapping[str, Any]) -> str:
+def summary(versions: Mapping[str, object]) -> str:
     """One line for a person: the profile, the packages most likely to move a verdict, the
     numeric path (``hfadapt diagnose``, ``hfadapt show``); the rest is in --json."""
     parts = []

@@ -14,8 +14,6 @@ No torch here: reports and ``hfadapt show`` read these labels without importing 
 
 from __future__ import annotations
 
-from typing import Any
-
 from hfadapt.options import EvidenceLevel
 
 __all__ = [
@@ -99,7 +97,7 @@ def pass_note(level: str | None) -> str:
     return "passes; what it rests on was not recorded"
 
 
-def _reference_use(use: Any) -> str:
+def _reference_use(use: object) -> str:
     kind, _, key = str(use).partition(":")
     return {
         "hit": f"reference read from entry {key}",
@@ -108,7 +106,7 @@ def _reference_use(use: Any) -> str:
     }.get(kind, "reference off")
 
 
-def _compile_use(use: Any) -> str:
+def _compile_use(use: object) -> str:
     if not isinstance(use, dict):
         return "compile off"
     counts = {k: len(v) if isinstance(v, list) else v for k, v in use.items()}
@@ -120,7 +118,7 @@ def _compile_use(use: Any) -> str:
     return "compile " + (", ".join(parts) if parts else "unused")
 
 
-def describe_caches(caches: Any) -> str | None:
+def describe_caches(caches: object) -> str | None:
     """One line: what the reference and compile caches gave a run (its ``evidence["caches"]``);
     None when the run did not record it."""
     if not isinstance(caches, dict):

@@ -107,7 +107,7 @@ class Divergence:
 # ---- recording -----------------------------------------------------------------------------
 
 
-def _floats(value: Any) -> Iterator[torch.Tensor]:
+def _floats(value: object) -> Iterator[torch.Tensor]:
     if isinstance(value, torch.Tensor):
         if value.is_floating_point():
             yield value
@@ -126,7 +126,7 @@ def _host(t: torch.Tensor) -> torch.Tensor:
     return t.detach().to("cpu").to(torch.float32, copy=True)
 
 
-def _take(value: Any) -> list[torch.Tensor]:
+def _take(value: object) -> list[torch.Tensor]:
     out = []
     for t in _floats(value):
         out.append(_host(t))
@@ -152,14 +152,17 @@ class _Recorder:
             )
 
     def _pre(self, module: torch.nn.Module) -> Callable[..., None]:
-        def hook(mod: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        def hook(mod: torch.nn.Module, args: tuple[object, ...], kwargs: dict[str, object]) -> None:
             self._pending.setdefault(id(module), []).append(_take((args, kwargs)))
 
         return hook
 
     def _post(self, name: str, module: torch.nn.Module) -> Callable[..., None]:
         def hook(
-            mod: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
+            mod: torch.nn.Module,
+            args: tuple[object, ...],
+            kwargs: dict[str, object],
+            output: object,
         ) -> None:
             stack = self._pending.get(id(module)) or [[]]
             inputs = stack.pop()
@@ -177,7 +180,7 @@ class _Recorder:
 
 
 def record_modules(
-    model: torch.nn.Module, run: Callable[[torch.nn.Module], Any]
+    model: torch.nn.Module, run: Callable[[torch.nn.Module], object]
 ) -> list[ModuleRecord]:
     """Run ``run(model)`` with every module hooked; the calls in completion order."""
     recorder = _Recorder(model)
@@ -326,7 +329,7 @@ def localize(
     profile: str | None = None,
     rows: list[int] | None = None,
     threshold: float = MODULE_COSINE_MIN,
-    prepare: Callable[[torch.nn.Module], Any] | None = None,
+    prepare: Callable[[torch.nn.Module], object] | None = None,
     execution: str = "eager",
 ) -> Divergence | None:
     """Replay ``rows`` of the probe batch (all rows when None, or when those rows do not show the

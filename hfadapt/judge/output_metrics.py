@@ -264,7 +264,7 @@ def lexical_weights(
 
 def judge_outputs(
     reference: dict[str, torch.Tensor],
-    device: Any,
+    device: object,
     inputs: dict[str, torch.Tensor],
     mask: torch.Tensor,
     special: list[int],

@@ -12,7 +12,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -123,7 +123,7 @@ def _one_line(exc: BaseException, limit: int = 300) -> str:
 def judge(
     j: Judging,
     model_ref: str | os.PathLike[str] | LoadedModel,
-    config: dict[str, Any] | None = None,
+    config: dict[str, object] | None = None,
     config_source: str | None = None,
 ) -> Outcome:
     """The phases in order; the first that decides the verdict returns it. The caches each
@@ -146,7 +146,7 @@ def judge(
 def _phases(
     j: Judging,
     model_ref: str | os.PathLike[str] | LoadedModel,
-    config: dict[str, Any] | None,
+    config: dict[str, object] | None,
     config_source: str | None,
 ) -> Outcome:
     """The phases themselves (see ``judge``)."""
@@ -179,7 +179,7 @@ def _judged(j: Judging, loaded: LoadedModel) -> Outcome:
 def load(
     j: Judging,
     model_ref: str | os.PathLike[str] | LoadedModel,
-    config: dict[str, Any] | None,
+    config: dict[str, object] | None,
     config_source: str | None,
 ) -> Outcome | None:
     """Load the model (or build its structural stand-in) and record where it came from."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 
@@ -122,7 +121,7 @@ def judge_heads(
     loaded: LoadedModel,
     reference: torch.Tensor,
     inputs: dict[str, torch.Tensor],
-    device_outputs: Any,
+    device_outputs: object,
 ) -> list[OutputMetrics]:
     """The heads run on the CPU in fp32 from the reference token states, against the device's."""
     if built is None or built.heads is None or reference.dim() != 3:

@@ -101,7 +101,7 @@ def _has_hooks(model: torch.nn.Module) -> bool:
     return any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
 
 
-def reference_key(model: torch.nn.Module, inputs: Mapping[str, Any]) -> str | None:
+def reference_key(model: torch.nn.Module, inputs: Mapping[str, object]) -> str | None:
     """The key of ``model``'s reference on ``inputs`` (see the module doc); None when it cannot
     be keyed (hooks, a model without a config, float32 not computed exactly now)."""
     import transformers
@@ -194,7 +194,7 @@ class ReferenceCache:
         """Remove every entry and temporary file: (entries, temporary files) removed."""
         return self.folder.clear()
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> dict[str, object]:
         return {**self.folder.info(), "enabled": settings.reference_cache_enabled()}
 
 
@@ -209,7 +209,7 @@ def default_cache() -> ReferenceCache | None:
     return ReferenceCache(directory(), max_bytes())
 
 
-def cache_info() -> dict[str, Any]:
+def cache_info() -> dict[str, object]:
     return ReferenceCache(directory(), max_bytes()).info()
 
 

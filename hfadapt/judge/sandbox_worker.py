@@ -16,7 +16,7 @@ from typing import Any
 from hfadapt.hub.resolve import HubOptions
 
 
-def _work(job: dict[str, Any]) -> dict[str, Any]:
+def _work(job: dict[str, Any]) -> dict[str, object]:
     from hfadapt.judge import diagnose as judging
     from hfadapt.judge.options import JudgeOptions
 

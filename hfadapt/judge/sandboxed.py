@@ -22,7 +22,7 @@ import tempfile
 import time
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hfadapt import isolation, settings, verdicts
 from hfadapt.db.tables import utcnow
@@ -37,6 +37,9 @@ from hfadapt.judge.options import JudgeOptions
 from hfadapt.judge.output_metrics import OutputMetrics
 from hfadapt.spyre.rules.lowering_report import LoweringReport
 from hfadapt.untrusted import bounded, clean_text, known_secrets, parse_json, redact
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
 
 DEFAULT_TIMEOUT_S = 900.0
 DEFAULT_MEMORY_MB = 8192  # what the worker may map after its imports (the model, activations)
@@ -120,10 +123,10 @@ def _readable(env: dict[str, str], model: str, cache_dir: str | None) -> list[Pa
 
 def judge_and_record(
     model_ref: str | os.PathLike[str],
-    engine: Any,
+    engine: Engine | None,
     options: JudgeOptions,
     *,
-    runner: Any,
+    runner: object,
     hub: HubOptions,
 ) -> Diagnosis:
     """What ``diagnose(..., trust_remote_code=True)`` does: judge in the sandbox (:func:`judge`),
@@ -228,7 +231,7 @@ def _result(
     return diag
 
 
-def _raise_input_error(data: Any) -> None:
+def _raise_input_error(data: object) -> None:
     """The worker found bad input (no such model, a bad option): raised here as the same
     kind of error an unsandboxed diagnose raises, with the worker's (scrubbed) message."""
     from hfadapt import errors
@@ -283,7 +286,7 @@ def _no_result(
     return diag
 
 
-def _str(data: dict[str, Any], key: str, *, optional: bool = False) -> str | None:
+def _str(data: dict[str, object], key: str, *, optional: bool = False) -> str | None:
     value = data.get(key)
     if value is None and optional:
         return None
@@ -308,7 +311,7 @@ def _known(cls: Any, data: Any) -> Any:
     return cls(**kept)
 
 
-def from_data(data: Any) -> Diagnosis:
+def from_data(data: object) -> Diagnosis:
     """The Diagnosis the sandboxed worker wrote, checked field by field (ValueError/TypeError on
     anything out of shape: an unknown verdict, a wrong type, a missing field)."""
     if not isinstance(data, dict):
@@ -373,7 +376,7 @@ def from_data(data: Any) -> Diagnosis:
     return diag
 
 
-def _obj(value: Any, name: str) -> dict[str, Any]:
+def _obj(value: object, name: str) -> dict[str, object]:
     if value is None:
         return {}
     if not isinstance(value, dict):
@@ -381,7 +384,7 @@ def _obj(value: Any, name: str) -> dict[str, Any]:
     return value
 
 
-def _strings(value: Any, name: str) -> list[str]:
+def _strings(value: object, name: str) -> list[str]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise TypeError(f"{name} is not a list of strings")
     return [clean_text(v, 200) for v in value[:200]]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -19,6 +19,9 @@ from transformers.utils import ModelOutput
 from hfadapt.loading.pipeline import ACTIVATIONS, Pipeline, PipelineModule
 from hfadapt.loading.pooling import PoolingSpec, pool, pooling_mode
 from hfadapt.loading.trained_scale import MINILM, draw_trained_scale
+
+if TYPE_CHECKING:
+    from hfadapt.loading.load import LoadedModel
 
 __all__ = [
     "HEADS_MASK",
@@ -55,7 +58,7 @@ class PipelineOutput(ModelOutput):
 class _GivenStates(nn.Module):
     """Stands in for an MLM model's encoder: hands back the token states it is given."""
 
-    def forward(self, *args: Any, inputs_embeds: Any = None, **kwargs: Any) -> Any:
+    def forward(self, *args: Any, inputs_embeds: Any = None, **kwargs: Any) -> BaseModelOutput:
         return BaseModelOutput(last_hidden_state=inputs_embeds)
 
 
@@ -113,7 +116,7 @@ def splade_pooling(cfg: dict[str, Any]) -> nn.Module:
 class Heads(nn.Module):
     """The built modules, run in the module list's order on the transformer's token states."""
 
-    def __init__(self, steps: list[tuple[str, str, dict[str, Any]]], multi_vector: bool) -> None:
+    def __init__(self, steps: list[tuple[str, str, dict[str, object]]], multi_vector: bool) -> None:
         super().__init__()
         self.steps = tuple((kind, key, dict(cfg)) for kind, key, cfg in steps)
         self.multi_vector = multi_vector
@@ -221,7 +224,7 @@ def _linear(in_features: int, out_features: int) -> nn.Linear:
     return nn.Linear(in_features, out_features, bias=True)
 
 
-def _mlm_head(loaded: Any, structural: bool, seed: int) -> MLMHead:
+def _mlm_head(loaded: LoadedModel, structural: bool, seed: int) -> MLMHead:
     from transformers import AutoModelForMaskedLM
 
     from hfadapt.loading.load import quiet_transformers
@@ -250,7 +253,7 @@ def _mlm_head(loaded: Any, structural: bool, seed: int) -> MLMHead:
 
 
 def _build_one(
-    module: PipelineModule, loaded: Any, hidden: int, structural: bool, seed: int
+    module: PipelineModule, loaded: LoadedModel, hidden: int, structural: bool, seed: int
 ) -> nn.Module | None:
     """The torch module of one pipeline entry (None: it has no weights, e.g. Pooling)."""
     folder = Path(loaded.path) if loaded.path else None
@@ -290,7 +293,7 @@ def _build_one(
     return None
 
 
-def _hidden_size(loaded: Any) -> int:
+def _hidden_size(loaded: LoadedModel) -> int:
     table = (
         loaded.model.get_input_embeddings()
         if hasattr(loaded.model, "get_input_embeddings")
@@ -302,7 +305,7 @@ def _hidden_size(loaded: Any) -> int:
     return int(table.weight.shape[1]) if table is not None else 0
 
 
-def build_heads(loaded: Any, pipeline: Pipeline, seed: int = 0) -> BuiltHeads:
+def build_heads(loaded: LoadedModel, pipeline: Pipeline, seed: int = 0) -> BuiltHeads:
     """The heads of ``loaded`` (a ``LoadedModel``) as its ``pipeline`` declares them: real
     weights from its folder, or seeded stand-ins in a structural run. A module that cannot be
     built is left out with its reason, and so is everything after it on its path."""
@@ -356,8 +359,8 @@ def _token_states(out: Any) -> torch.Tensor:
 
 
 def _take_heads_mask(
-    model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    model: nn.Module, args: tuple[object, ...], kwargs: dict[str, object]
+) -> tuple[tuple[object, ...], dict[str, object]]:
     """Forward pre-hook: the HEADS_MASK input taken out of the model's inputs (its forward
     never sees it) and handed to the heads for this call (None: the attention mask is used)."""
     getattr(model, HEADS_NAME).given["mask"] = kwargs.get(HEADS_MASK)  # every call: never stale
@@ -367,7 +370,7 @@ def _take_heads_mask(
 
 
 def _run_heads(
-    model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
+    model: nn.Module, args: tuple[object, ...], kwargs: dict[str, object], output: object
 ) -> PipelineOutput:
     """Forward hook: the heads run on the model's token states, in the model's call (and so in
     its compiled graph); the output is what users get."""

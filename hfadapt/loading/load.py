@@ -113,7 +113,7 @@ class LoadedModel:
 # ---- what is it ----------------------------------------------------------------------------
 
 
-def check_model_type(config: dict[str, Any], where: str, *, custom: bool = False) -> str:
+def check_model_type(config: dict[str, object], where: str, *, custom: bool = False) -> str:
     """The config's model_type, which transformers must know (unless the repo brings its code)."""
     model_type = config.get("model_type")
     if not isinstance(model_type, str) or not model_type:
@@ -178,7 +178,7 @@ def quiet_transformers() -> Iterator[None]:
             tlog.enable_progress_bar()
 
 
-def model_class(config: Any, trust_remote_code: bool = False) -> Any:
+def model_class(config: object, trust_remote_code: bool = False) -> Any:
     """The class an embedding run instantiates: AutoModel, or the encoder of a T5 family."""
     import transformers
 
@@ -293,7 +293,7 @@ def load(
     )
 
 
-def _tokenizer(name: str, kwargs: dict[str, Any], where: str, trust_remote_code: bool) -> Any:
+def _tokenizer(name: str, kwargs: dict[str, object], where: str, trust_remote_code: bool) -> Any:
     """The model's tokenizer (TokenizerError, or CustomCodeError when it needs its own code)."""
     from transformers import AutoTokenizer
 
@@ -314,7 +314,7 @@ def _tokenizer(name: str, kwargs: dict[str, Any], where: str, trust_remote_code:
 
 
 def _load_stock(
-    name: str, kwargs: dict[str, Any], where: str, trust_remote_code: bool
+    name: str, kwargs: dict[str, object], where: str, trust_remote_code: bool
 ) -> tuple[Any, Any, list[str]]:
     """(model, config, notes) with transformers' from_pretrained: the stock (or trusted) class."""
     import torch

@@ -6,7 +6,6 @@ agent) that wants the model and its probes without a verdict."""
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from hfadapt.errors import UsageError
 from hfadapt.hub.resolve import HubOptions
@@ -22,7 +21,7 @@ def load_model(
     *,
     trust_remote_code: bool = False,
     hub: HubOptions | None = None,
-    config: dict[str, Any] | None = None,
+    config: dict[str, object] | None = None,
     config_source: str | None = None,
 ) -> LoadedModel:
     """``model_ref`` loaded for judging (a ``LoadedModel`` comes back as it is).

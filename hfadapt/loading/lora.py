@@ -119,7 +119,7 @@ class TaskLoRA:
                 )
         return out
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         """What a run records of the adapters (``evidence["task_lora"]``)."""
         return {
             "tasks": list(self.spec.tasks),

@@ -106,7 +106,7 @@ def _read_json(path: Path) -> Any:
         return None
 
 
-def _module(root: Path, entry: dict[str, Any]) -> PipelineModule:
+def _module(root: Path, entry: dict[str, object]) -> PipelineModule:
     kind_name = str(entry.get("type", ""))
     path = str(entry.get("path") or "")
     name = path or ("" if str(entry.get("idx", "")) == "0" else str(entry.get("name", "")))

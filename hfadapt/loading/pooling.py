@@ -35,7 +35,7 @@ def _read_json(path: Path) -> Any:
         return None
 
 
-def pooling_mode(cfg: dict[str, Any]) -> str | None:
+def pooling_mode(cfg: dict[str, object]) -> str | None:
     """The pooling mode a Pooling module's config.json names (None: none hfadapt knows)."""
     # sentence-transformers >= 5 writes "pooling_mode": "cls"; older files one flag per mode.
     mode = cfg.get("pooling_mode")

@@ -72,7 +72,7 @@ def refuse_untranslatable(ref: str | os.PathLike[str], trust_remote_code: bool) 
 
 
 def translation_of(
-    where: str, raw: dict[str, Any], reason: str, row: Any = None
+    where: str, raw: dict[str, object], reason: str, row: object = None
 ) -> translate.Translation:
     """The native translation of a remote-code config (of a snapshot ``row`` when there is no
     config.json); CustomCodeError naming the field that keeps it custom_code otherwise."""
@@ -85,14 +85,14 @@ def translation_of(
     return got
 
 
-def text_tower_of(raw: dict[str, Any], reason: str | None) -> translate.Translation | None:
+def text_tower_of(raw: dict[str, object], reason: str | None) -> translate.Translation | None:
     """The text tower judged for a composite (vision + text) config that needs no code of its
     own (hfadapt.loading.translate.text_tower); None for any other config."""
     return None if reason else translate.text_tower(raw)
 
 
 def text_tower_model(
-    model: Any, translation: translate.Translation, where: str
+    model: object, translation: translate.Translation, where: str
 ) -> tuple[Any, Any, list[str]]:
     """(text model, its config, notes) out of a loaded composite model: the module the
     composite's own forward runs for text, with the composite's weights."""
@@ -137,7 +137,7 @@ def declared_pooling(translation: translate.Translation | None) -> PoolingSpec |
     )
 
 
-def _read_checkpoint(files: list[Path]) -> dict[str, Any]:
+def _read_checkpoint(files: list[Path]) -> dict[str, object]:
     import torch
 
     state: dict[str, Any] = {}

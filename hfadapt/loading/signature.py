@@ -50,7 +50,7 @@ __all__ = [
 ]
 
 
-def config_from_dict(raw: dict[str, Any]) -> Any:
+def config_from_dict(raw: dict[str, object]) -> Any:
     """A transformers config from a config.json dict (missing fields take the type's defaults)."""
     from transformers import AutoConfig
 
@@ -97,11 +97,11 @@ _ACT_FIELDS = (
 _INTERMEDIATE_FIELDS = ("intermediate_size", "hidden_dim", "ffn_dim", "d_ff", "n_inner", "mlp_dim")
 
 
-def _get(config: Any, name: str) -> Any:
+def _get(config: object, name: str) -> Any:
     return config.get(name) if isinstance(config, dict) else getattr(config, name, None)
 
 
-def _first(config: Any, names: tuple[str, ...]) -> Any:
+def _first(config: object, names: tuple[str, ...]) -> Any:
     for name in names:
         value = _get(config, name)
         if value is not None:
@@ -109,7 +109,7 @@ def _first(config: Any, names: tuple[str, ...]) -> Any:
     return None
 
 
-def _jsonable(value: Any) -> Any:
+def _jsonable(value: object) -> Any:
     if isinstance(value, (str, int, float, bool)) or value is None:
         return value
     if isinstance(value, dict):
@@ -119,7 +119,7 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
-def _rope(config: Any) -> Any:
+def _rope(config: object) -> Any:
     params = _get(config, "rope_parameters") or _get(config, "rope_scaling")
     if isinstance(params, dict):
         # Per-layer-type dicts (gemma3, modernbert) or one dict: the rope *types* decide code.
@@ -135,7 +135,7 @@ def _rope(config: Any) -> Any:
     return None
 
 
-def signature_fields(config: Any) -> dict[str, Any]:
+def signature_fields(config: object) -> dict[str, object]:
     """What decides lowering, as a flat dict: modeling class, activation, positions, attention
     implementation, head_dim, alignment of hidden and intermediate sizes, rope, norm type..."""
     if isinstance(config, dict) and config.get("model_type"):
@@ -210,7 +210,7 @@ def _class_fields(config_class: Any) -> frozenset[str]:
         return frozenset()
 
 
-def _declared_fields(config: Any) -> frozenset[str] | None:
+def _declared_fields(config: object) -> frozenset[str] | None:
     """The fields the config's class knows (None for a raw dict of an unknown type)."""
     if isinstance(config, dict):
         return None
@@ -218,7 +218,7 @@ def _declared_fields(config: Any) -> frozenset[str] | None:
     return fields or None
 
 
-def _attn_implementation(config: Any, model_type: Any) -> str:
+def _attn_implementation(config: object, model_type: object) -> str:
     """The attention code the model runs: the one asked for, else the class's default
     (sdpa where the class supports it, else eager); the same for a dict and a bound config."""
     asked = _get(config, "_attn_implementation") or _get(config, "attn_implementation")
@@ -236,7 +236,7 @@ def _attn_implementation(config: Any, model_type: Any) -> str:
     return "sdpa" if getattr(cls, "_supports_sdpa", False) else "eager"
 
 
-def _auto_model_name(model_type: Any) -> str | None:
+def _auto_model_name(model_type: object) -> str | None:
     if not isinstance(model_type, str):
         return None
     if model_type in ENCODER_ONLY:
@@ -247,17 +247,17 @@ def _auto_model_name(model_type: Any) -> str | None:
     return name if isinstance(name, str) else None
 
 
-def _hash(fields: dict[str, Any]) -> str:
+def _hash(fields: dict[str, object]) -> str:
     blob = json.dumps(fields, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def structural_signature(config: Any) -> str:
+def structural_signature(config: object) -> str:
     """A stable 16-hex hash of ``signature_fields``: models sharing it share a verdict."""
     return _hash(signature_fields(config))
 
 
-def lowering_signature(config: Any) -> str:
+def lowering_signature(config: object) -> str:
     """A stable 16-hex hash of the signature without its sizes (their alignment is kept): two
     configs of one lowering class lower alike, so either may stand in for the other."""
     fields = {k: v for k, v in signature_fields(config).items() if k not in SHAPE_FIELDS}

@@ -193,7 +193,7 @@ def not_mapped() -> dict[str, str]:
     return dict(_table().get("not_mapped", {}))
 
 
-def _auto_config_class(raw: dict[str, Any]) -> str | None:
+def _auto_config_class(raw: dict[str, object]) -> str | None:
     auto_map = raw.get("auto_map")
     if not isinstance(auto_map, dict):
         return None
@@ -203,7 +203,7 @@ def _auto_config_class(raw: dict[str, Any]) -> str | None:
     return str(target).split("--")[-1].split(".")[-1] if target else None
 
 
-def family_for(raw: dict[str, Any]) -> Family | None:
+def family_for(raw: dict[str, object]) -> Family | None:
     """The family a remote config belongs to: by its auto_map AutoConfig class, else its
     model_type; None when no family claims it."""
     cls = _auto_config_class(raw)
@@ -246,7 +246,7 @@ _ROPE_FIELDS = frozenset({"rope_theta", "rope_scaling", "rotary_emb_base"})
 _NATIVE_ROPE_FIELDS = frozenset({"rope_theta", "rope_scaling", "rope_parameters"})
 
 
-def _auto_target(raw: dict[str, Any], auto: str) -> str | None:
+def _auto_target(raw: dict[str, object], auto: str) -> str | None:
     """``module.Class`` of an auto_map entry, without a ``repo--`` prefix."""
     auto_map = raw.get("auto_map")
     target = auto_map.get(auto) if isinstance(auto_map, dict) else None
@@ -255,7 +255,7 @@ def _auto_target(raw: dict[str, Any], auto: str) -> str | None:
     return str(target).split("--")[-1] if target else None
 
 
-def _auto_code(raw: dict[str, Any], auto: str) -> str | None:
+def _auto_code(raw: dict[str, object], auto: str) -> str | None:
     """The repository an auto_map entry's ``repo--module.Class`` names (None: no repository,
     the model's own files)."""
     auto_map = raw.get("auto_map")
@@ -265,7 +265,7 @@ def _auto_code(raw: dict[str, Any], auto: str) -> str | None:
     return str(target).split("--")[0] if target and "--" in str(target) else None
 
 
-def _same(value: Any, allowed: Any) -> bool:
+def _same(value: object, allowed: object) -> bool:
     """``value`` is ``allowed``: bools and None only match themselves, numbers by value."""
     if isinstance(allowed, bool) or allowed is None or isinstance(value, bool) or value is None:
         return value is allowed
@@ -274,7 +274,7 @@ def _same(value: Any, allowed: Any) -> bool:
     return bool(value == allowed)
 
 
-def _rope(fam: Family, raw: dict[str, Any], head_dim: int) -> dict[str, Any] | Refusal:
+def _rope(fam: Family, raw: dict[str, Any], head_dim: int) -> dict[str, object] | Refusal:
     """The native ``rope_parameters`` for the family's remote rope fields."""
     if fam.rope in ("nomic", "jina"):
         base = raw.get("rotary_emb_base")
@@ -308,7 +308,7 @@ def _rope(fam: Family, raw: dict[str, Any], head_dim: int) -> dict[str, Any] | R
     return Refusal("rope", f"family {fam.name} has an unknown rope rewrite {fam.rope!r}")
 
 
-def _other_base(fam: Family, raw: dict[str, Any]) -> Refusal | None:
+def _other_base(fam: Family, raw: dict[str, object]) -> Refusal | None:
     """A config of another base sharing the family's remote class (jina v5: EuroBERT nano, Qwen3
     small): a field only the other base's config has, or one of the family's own not stated."""
     for key, why in fam.foreign_fields.items():
@@ -411,13 +411,13 @@ def _lora_fields(fam: Family) -> set[str]:
     return {str(table[r]) for r in roles if table.get(r)}
 
 
-def _lora_notes(fam: Family, lora: dict[str, Any] | None) -> list[str]:
+def _lora_notes(fam: Family, lora: dict[str, object] | None) -> list[str]:
     if fam.task_lora is not None and lora is None:
         return [f"no task adapters declared ({fam.task_lora['tasks']}): the task-free path"]
     return [fam.note] if fam.note else []
 
 
-def task_lora_spec(fam: Family, raw: dict[str, Any]) -> dict[str, Any] | Refusal | None:
+def task_lora_spec(fam: Family, raw: dict[str, object]) -> dict[str, object] | Refusal | None:
     """The task adapters a remote config declares (tasks, rank, alpha, scaling = alpha / rank,
     the instruction prefixed to each task's text, whether the checkpoint holds trained ones), or
     the Refusal naming a malformed field; None when the family or the config declares none."""
@@ -521,7 +521,7 @@ def _classification_head(variant: dict[str, Any], extra: int, archs: tuple[str, 
     return f"{extra} more parameters than {variant['name']}: a {labels}-label classification head, not used for embeddings"
 
 
-def translated(model_id: str, raw: dict[str, Any] | None) -> Translation | Refusal:
+def translated(model_id: str, raw: dict[str, object] | None) -> Translation | Refusal:
     """A remote-code model's translation: of its config.json when it has one (``auto_map``),
     else of its bundled snapshot row (a published shape matched by parameter count)."""
     if raw and raw.get("auto_map"):
@@ -634,7 +634,7 @@ def tower_of(translation: Translation) -> TextTower | None:
     return _TEXT_TOWERS.get(name[len(_TOWER_FAMILY) :]) if name.startswith(_TOWER_FAMILY) else None
 
 
-def text_tower(raw: dict[str, Any]) -> Translation | None:
+def text_tower(raw: dict[str, object]) -> Translation | None:
     """The text model of a composite (vision + text) config as a native config of its own, or
     None when ``raw`` is not a composite hfadapt knows the text model of. Fields the composite
     leaves out take its ``text_config`` defaults, as transformers builds them."""
@@ -669,7 +669,7 @@ def text_model_class(model_type: str) -> str | None:
 # ---- checkpoint keys -----------------------------------------------------------------------
 
 
-def rename_checkpoint(family: str, state: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+def rename_checkpoint(family: str, state: dict[str, Any]) -> tuple[dict[str, object], list[str]]:
     """A remote-named state dict as the native model names it: (renamed tensors, dropped keys).
     Renames apply in table order; a fused tensor (qkv, up+gate) is chunked along dim 0."""
     fam = next((f for f in families() if f.name == family), None)

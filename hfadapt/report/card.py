@@ -24,27 +24,27 @@ _METRICS = ("min_token_cosine", "mean_token_cosine", "pooled_cosine", "max_abs_d
 
 # Stored rows are read as they are: a value of the wrong type (an old row, a hand-edited or
 # hostile database) is shown as absent, never raised on.
-def _dict(value: Any) -> dict[str, Any]:
+def _dict(value: object) -> dict[str, object]:
     return value if isinstance(value, dict) else {}
 
 
-def _text(value: Any) -> str | None:
+def _text(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _texts(value: Any) -> list[str]:
+def _texts(value: object) -> list[str]:
     return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
 
 
-def _int(value: Any) -> int | None:
+def _int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _dicts(value: Any) -> list[dict[str, Any]]:
+def _dicts(value: object) -> list[dict[str, object]]:
     return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
 
 
-def _violation(v: dict[str, Any]) -> dict[str, Any]:
+def _violation(v: dict[str, object]) -> dict[str, Any]:
     loc = _dict(v.get("location"))
     site = ""
     if _text(loc.get("file")):

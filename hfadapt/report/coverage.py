@@ -395,7 +395,7 @@ def build_report(
     )
 
 
-def _sweep_info(sweep: Sweep | None) -> dict[str, Any] | None:
+def _sweep_info(sweep: Sweep | None) -> dict[str, object] | None:
     if sweep is None:
         return None
     keys = (

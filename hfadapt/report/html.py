@@ -83,7 +83,7 @@ def _pct(part: float, whole: float) -> str:
     return f"{part / whole:.1%}" if whole else "n/a"
 
 
-def _table(head: list[str], rows: list[list[Any]], numeric: set[int]) -> dict[str, Any]:
+def _table(head: list[str], rows: list[list[object]], numeric: set[int]) -> dict[str, Any]:
     return {"head": head, "rows": rows, "numeric": numeric}
 
 
@@ -137,7 +137,7 @@ def _verdicts(r: Report) -> BarChart:
     )
 
 
-def _types(r: Report, top: int = 20) -> dict[str, Any]:
+def _types(r: Report, top: int = 20) -> dict[str, object]:
     shown = r.by_model_type[:top]
     chart = bars(
         [
@@ -181,7 +181,7 @@ def _types(r: Report, top: int = 20) -> dict[str, Any]:
     return {"chart": chart, **_table(list(TYPE_COLUMNS), rows, {1, 2, 3, 4, 5, 6})}
 
 
-def _fingerprints(r: Report) -> dict[str, Any] | None:
+def _fingerprints(r: Report) -> dict[str, object] | None:
     if not r.fingerprints:
         return None
     chart = bars(
@@ -213,7 +213,7 @@ def _fingerprints(r: Report) -> dict[str, Any] | None:
     return {"chart": chart, **_table(head, rows, {4, 5})}
 
 
-def _adapters(r: Report) -> dict[str, Any] | None:
+def _adapters(r: Report) -> dict[str, object] | None:
     if not r.adapters:
         return None
     rows: list[list[Any]] = [
@@ -238,7 +238,7 @@ def _adapters(r: Report) -> dict[str, Any] | None:
     return _table(head, rows, {1, 2, 3, 4, 5})
 
 
-def _agreement(r: Report) -> dict[str, Any]:
+def _agreement(r: Report) -> dict[str, object]:
     a = r.agreement
     text = (
         f"Agreement on {plural(a.compared, 'model')}: {a.rate:.1%} "
@@ -261,7 +261,7 @@ def _agreement(r: Report) -> dict[str, Any]:
     return {"text": text, "lists": lists, **_table(head, rows, {1, 2})}
 
 
-def _diff(r: Report) -> dict[str, Any] | None:
+def _diff(r: Report) -> dict[str, object] | None:
     d = r.diff
     if d is None:
         return None
@@ -291,14 +291,14 @@ def _diff(r: Report) -> dict[str, Any] | None:
     }
 
 
-def _other(r: Report) -> dict[str, Any] | None:
+def _other(r: Report) -> dict[str, object] | None:
     if not r.other_failures:
         return None
     rows: list[list[Any]] = [[v, reason, n, fmt_count(d)] for v, reason, n, d in r.other_failures]
     return _table(["verdict", "reason", "models", "downloads"], rows, {2, 3})
 
 
-def _translated(r: Report) -> dict[str, Any] | None:
+def _translated(r: Report) -> dict[str, object] | None:
     if not r.translated:
         return None
     rows: list[list[Any]] = [[fam, n, fmt_count(d), p] for fam, n, d, p in r.translated]

@@ -8,7 +8,6 @@ of script draw the matching ones (10,000 rows as markup would make the page slow
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Any
 
 from hfadapt.report.charts import fmt_count, plural
 from hfadapt.report.coverage import Report
@@ -31,7 +30,7 @@ COLUMNS = (
 COLS = ("rank", "id", "type", "verdict", "level", "dl", "bound", "note")
 
 
-def evidence_context(r: Report) -> list[dict[str, Any]]:
+def evidence_context(r: Report) -> list[dict[str, object]]:
     """Pass counts per evidence level, downloads written short."""
     return [
         {
@@ -45,7 +44,7 @@ def evidence_context(r: Report) -> list[dict[str, Any]]:
     ]
 
 
-def blockers_context(r: Report) -> list[dict[str, Any]]:
+def blockers_context(r: Report) -> list[dict[str, object]]:
     """custom_code and load_failed, by downloads: blockers no fingerprint names."""
     return [
         {
@@ -59,7 +58,7 @@ def blockers_context(r: Report) -> list[dict[str, Any]]:
     ]
 
 
-def models_context(r: Report) -> dict[str, Any]:
+def models_context(r: Report) -> dict[str, object]:
     """Every model: rank, id (a Hub link), type, verdict, evidence, downloads, the share of its
     verdict's bounds used (hfadapt.judge.margin), what it means."""
     rows = [asdict(m) for m in r.model_rows]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Engine
 
@@ -22,6 +22,9 @@ from hfadapt.service.drafting import CycleDrafting, DraftingResult, draft_new_fi
 from hfadapt.service.store import claim_cycle, finish_cycle, heartbeat, last_done_cycle
 from hfadapt.sweep.options import SweepOptions
 from hfadapt.sweep.run import SweepProgress, SweepResult, run_sweep
+
+if TYPE_CHECKING:
+    from hfadapt.db.tables import Cycle
 
 __all__ = ["CycleOptions", "CycleResult", "run_cycle"]
 
@@ -42,7 +45,7 @@ class CycleOptions:
     limit: int = 10_000
     drafting: CycleDrafting | None = None
 
-    def identity(self) -> dict[str, Any]:
+    def identity(self) -> dict[str, object]:
         """What a cycle is, as stored: an unfinished cycle with the same identity resumes."""
         s, judge = self.sweep, self.sweep.judge
         return {
@@ -82,7 +85,7 @@ class CycleResult:
         return len(self.comparison.regressions) if self.comparison else 0
 
 
-def _crawl(engine: Engine, cycle: Any, options: CycleOptions, resumed: bool) -> tuple[int, bool]:
+def _crawl(engine: Engine, cycle: Cycle, options: CycleOptions, resumed: bool) -> tuple[int, bool]:
     """(the cycle's crawl id, whether it crawled now)."""
     from hfadapt.hub.catalog import latest_crawl
     from hfadapt.hub.crawl import crawl
@@ -121,7 +124,7 @@ def run_cycle(
     progress: Callable[[SweepProgress], None] | None = None,
     started_cycle: Callable[[int, bool], None] | None = None,
     note: Callable[[str], None] = lambda _: None,
-    **sweep_kwargs: Any,
+    **sweep_kwargs: object,
 ) -> CycleResult:
     """Run (or resume) one cycle as ``options`` say and return what it found (module doc).
     UsageError when another cycle runs on this database. ``started_cycle(id, resumed)`` is

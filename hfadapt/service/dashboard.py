@@ -41,7 +41,7 @@ def _env() -> Environment:
     return env
 
 
-def render(template: str, http_status: int = 200, **values: Any) -> HTMLResponse:
+def render(template: str, http_status: int = 200, **values: object) -> HTMLResponse:
     html = _env().get_template(template).render(**values)
     return HTMLResponse(html, status_code=http_status, headers={"Content-Security-Policy": CSP})
 

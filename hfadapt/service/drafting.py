@@ -36,7 +36,8 @@ from hfadapt.service.compare import CycleComparison
 from hfadapt.untrusted import hide_url_credentials, one_line, redact
 
 if TYPE_CHECKING:  # the agent (openai, its HTTP client) is imported when a cycle drafts
-    from hfadapt.agent.client import AgentSettings
+    from hfadapt.agent.client import AgentClient, AgentSettings
+    from hfadapt.judge.options import JudgeOptions
 
 __all__ = [
     "ACCEPTED",
@@ -196,7 +197,11 @@ class _Drafter:
     """One cycle's drafting, fingerprint by fingerprint, against what is left of the budget."""
 
     def __init__(
-        self, engine: Engine, drafting: CycleDrafting, judge: Any, note: Callable[[str], None]
+        self,
+        engine: Engine,
+        drafting: CycleDrafting,
+        judge: JudgeOptions,
+        note: Callable[[str], None],
     ) -> None:
         self.engine, self.drafting, self.judge, self.note = engine, drafting, judge, note
         self.attempts = self.tokens = 0
@@ -212,7 +217,7 @@ class _Drafter:
             return f"token budget spent ({self.tokens:,} of {budget.tokens:,})"
         return None
 
-    def _check_endpoint(self, client: Any) -> None:
+    def _check_endpoint(self, client: AgentClient) -> None:
         from hfadapt.errors import AgentError
 
         if self.checked:
@@ -300,7 +305,7 @@ def draft_new_fingerprints(
     cycle_id: int,
     comparison: CycleComparison | None,
     drafting: CycleDrafting,
-    judge: Any,
+    judge: JudgeOptions,
     *,
     note: Callable[[str], None] = lambda _: None,
     beat: Callable[[], None] = lambda: None,

@@ -39,13 +39,13 @@ def _when(moment: datetime | None) -> str | None:
     return moment.isoformat() if moment is not None else None
 
 
-def _counts(value: Any) -> dict[str, int]:
+def _counts(value: object) -> dict[str, int]:
     if not isinstance(value, dict):
         return {}
     return {str(k): v for k, v in value.items() if isinstance(v, int) and not isinstance(v, bool)}
 
 
-def _changes(value: Any) -> list[dict[str, Any]]:
+def _changes(value: object) -> list[dict[str, Any]]:
     """The stored regressions of a cycle's summary (hfadapt.service.compare.Change dicts)."""
     rows = value if isinstance(value, list) else []
     out = []
@@ -132,7 +132,7 @@ class Results:
 
     # ---- sweeps ----
 
-    def sweeps(self, limit: int = 50, offset: int = 0) -> dict[str, Any]:
+    def sweeps(self, limit: int = 50, offset: int = 0) -> dict[str, object]:
         """One page of the recorded sweeps, newest first, each with the cycle that ran it."""
         check_page(limit, offset)
         page = select(Sweep).order_by(col(Sweep.id).desc()).limit(limit).offset(offset)
@@ -163,7 +163,7 @@ class Results:
         ]
         return {"total": total, "limit": limit, "offset": offset, "items": items}
 
-    def diff(self, sweep_id: int, other: int) -> dict[str, Any]:
+    def diff(self, sweep_id: int, other: int) -> dict[str, object]:
         """Sweep ``sweep_id`` against the baseline ``other``, as a cycle compares them;
         NotFoundError naming a sweep that is not recorded."""
         for wanted in (sweep_id, other):
@@ -173,7 +173,7 @@ class Results:
 
     # ---- cycles ----
 
-    def cycle_drafts(self, cycle_id: int, limit: int = 50, offset: int = 0) -> dict[str, Any]:
+    def cycle_drafts(self, cycle_id: int, limit: int = 50, offset: int = 0) -> dict[str, object]:
         """What ``hfadapt cycle --draft`` recorded for cycle ``cycle_id`` (``cycle_draft``):
         the totals over all its rows (fingerprints tried, each outcome, attempts, tokens, the
         accepted adapters) and one page of the rows, most downloads blocked first.
@@ -329,7 +329,7 @@ class Results:
             self._census[sweep_id] = found
         return self._census[sweep_id]
 
-    def counts(self) -> dict[str, Any]:
+    def counts(self) -> dict[str, object]:
         """What the health check reports: cycles completed, the newest one, sweeps, runs."""
         with session(self.engine, write=False) as sess:
             cycles = sess.execute(

@@ -10,7 +10,6 @@ import json
 import os
 import platform
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.engine import Connection, Engine
@@ -37,7 +36,7 @@ LEASE = timedelta(minutes=30)
 _held: dict[str, Connection] = {}
 
 
-def cycle_key(options: dict[str, Any]) -> str:
+def cycle_key(options: dict[str, object]) -> str:
     """The identity of a cycle's options: same key, same cycle to resume."""
     return json.dumps(options, sort_keys=True, default=str)
 
@@ -76,7 +75,7 @@ def _refuse(row: Cycle) -> UsageError:
     )
 
 
-def claim_cycle(engine: Engine, options: dict[str, Any], *, resume: bool) -> tuple[Cycle, bool]:
+def claim_cycle(engine: Engine, options: dict[str, object], *, resume: bool) -> tuple[Cycle, bool]:
     """(the cycle this process now drives, whether it resumes an unfinished one). A cycle
     another live process runs is refused (UsageError); ``resume``: continue the newest
     unfinished cycle with the same options, else start a new one."""
@@ -109,7 +108,7 @@ def _newest_running(sess: Session) -> Cycle | None:
     return sess.execute(stmt.limit(1)).scalars().first()
 
 
-def _claim(sess: Session, key: str, options: dict[str, Any], resume: bool) -> tuple[Cycle, bool]:
+def _claim(sess: Session, key: str, options: dict[str, object], resume: bool) -> tuple[Cycle, bool]:
     now = utcnow()
     running = sess.execute(select(Cycle).where(col(Cycle.status) == RUNNING)).scalars().all()
     for row in running:
@@ -139,7 +138,7 @@ def _claim(sess: Session, key: str, options: dict[str, Any], resume: bool) -> tu
     return row, found is not None
 
 
-def heartbeat(engine: Engine, cycle_id: int, **columns: Any) -> None:
+def heartbeat(engine: Engine, cycle_id: int, **columns: object) -> None:
     """Renew the cycle's lease, and record ``columns`` (its crawl, its sweep) as they come."""
     with session(engine) as sess:
         row = sess.get(Cycle, cycle_id)
@@ -157,7 +156,7 @@ def finish_cycle(
     seconds: float,
     status: str = DONE,
     error: str | None = None,
-    **columns: Any,
+    **columns: object,
 ) -> Cycle:
     """Record how the cycle ended, then let the next one start."""
     try:

@@ -10,13 +10,17 @@ import json
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from hfadapt.errors import UsageError
 from hfadapt.service.drafting import ACCEPTED
 from hfadapt.untrusted import hide_url_credentials
 from hfadapt.version import __version__
+
+if TYPE_CHECKING:
+    from hfadapt.service.cycle import CycleResult
+    from hfadapt.service.drafting import DraftingResult
 
 __all__ = [
     "TIMEOUT_S",
@@ -58,7 +62,7 @@ def check_webhook(url: str) -> str:
     return url
 
 
-def drafting_summary(drafted: Any) -> dict[str, Any] | None:
+def drafting_summary(drafted: DraftingResult | None) -> dict[str, object] | None:
     """What a webhook hears of the cycle's drafting (hfadapt.service.drafting.DraftingResult):
     its totals (new fingerprints, drafted, accepted, refused, ..., attempts and tokens spent)
     against the budget, and each accepted adapter by fingerprint, model and folder name (never
@@ -83,8 +87,8 @@ def drafting_summary(drafted: Any) -> dict[str, Any] | None:
 
 
 def regression_summary(
-    result: Any, database: str, *, limit: int = REGRESSIONS_SENT
-) -> dict[str, Any]:
+    result: CycleResult, database: str, *, limit: int = REGRESSIONS_SENT
+) -> dict[str, object]:
     """The JSON a webhook receives for a cycle (hfadapt.service.cycle.CycleResult) that
     regressed: ``text`` (one line, what chat webhooks display), the cycle, its sweep and
     baseline, and the regressions, most downloaded first."""
@@ -125,7 +129,7 @@ def regression_summary(
     }
 
 
-def post_summary(url: str, summary: dict[str, Any], *, timeout: float = TIMEOUT_S) -> str | None:
+def post_summary(url: str, summary: dict[str, object], *, timeout: float = TIMEOUT_S) -> str | None:
     """POST ``summary`` as JSON to ``url``; None when it answered 2xx, else the one-line
     warning to print (the URL shown as scheme and host only)."""
     body = json.dumps(summary, default=str).encode()

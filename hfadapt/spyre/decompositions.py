@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
@@ -99,7 +98,7 @@ def _sdpa_math_op(
     return out, torch.empty(0, dtype=out.dtype, device=out.device)
 
 
-def decomposition_table() -> dict[Any, Callable[..., Any]]:
+def decomposition_table() -> dict[object, Callable[..., object]]:
     """The table handed to aot_autograd: ATen overload -> Python decomposition."""
     return {
         aten.scaled_dot_product_attention.default: sdpa_math,

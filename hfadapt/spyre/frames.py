@@ -30,7 +30,7 @@ __all__ = ["compile_running", "inline_only"]
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _code_of(fn: Any) -> types.CodeType | None:
+def _code_of(fn: object) -> types.CodeType | None:
     fn = getattr(fn, "__func__", fn)
     code = getattr(fn, "__code__", None)
     return code if isinstance(code, types.CodeType) else None

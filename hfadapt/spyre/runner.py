@@ -25,7 +25,7 @@ class DeviceRun:
     seconds: float  # device forward time (compile time excluded; see report.compile_seconds)
 
 
-def _host_float(value: Any) -> Any:
+def _host_float(value: object) -> Any:
     """Every tensor in a (nested) model output, moved to the host; floats as float32."""
     if isinstance(value, torch.Tensor):
         host = value.cpu() if value.device.type != "cpu" else value
@@ -48,7 +48,7 @@ def _profile(profile: Profile | str | None) -> Profile:
 
 
 def _eager(
-    model: torch.nn.Module, inputs: Mapping[str, Any], p: Profile, collect: bool
+    model: torch.nn.Module, inputs: Mapping[str, object], p: Profile, collect: bool
 ) -> DeviceRun:
     from hfadapt.spyre.eager import device as spyre_device
     from hfadapt.spyre.rules.tracking import tracking
@@ -65,7 +65,7 @@ def _eager(
     return DeviceRun(outputs=outputs, report=report, seconds=seconds)
 
 
-def _compiled(model: torch.nn.Module, inputs: Mapping[str, Any], p: Profile) -> DeviceRun:
+def _compiled(model: torch.nn.Module, inputs: Mapping[str, object], p: Profile) -> DeviceRun:
     from hfadapt.spyre.compile.backend import error_message, lower
 
     lowered, report = lower(model, dict(inputs), p)

@@ -17,14 +17,14 @@ from hfadapt.judge.evidence_types import read_evidence
 from hfadapt.judge.options import JudgeOptions
 
 
-def row_of(diag: Diagnosis, model_id: str) -> dict[str, Any]:
+def row_of(diag: Diagnosis, model_id: str) -> dict[str, object]:
     """The Run columns of a sandboxed diagnosis, as a sweep's direct row."""
     row = diag.to_run_row().model_dump(exclude={"id", "sweep_id"})
     row["model_id"] = model_id
     return _judged_in_sandbox(row)
 
 
-def _judged_in_sandbox(row: dict[str, Any]) -> dict[str, Any]:
+def _judged_in_sandbox(row: dict[str, object]) -> dict[str, object]:
     """``row`` (changed in place) with its evidence saying it was judged in the sandbox."""
     evidence = read_evidence(row.get("evidence"))
     evidence["sweep"] = {"role": "direct", "judged_in": "sandbox"}
@@ -32,7 +32,7 @@ def _judged_in_sandbox(row: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def _not_in_cache(row: dict[str, Any], exc: InputError, structural: bool) -> dict[str, Any]:
+def _not_in_cache(row: dict[str, object], exc: InputError, structural: bool) -> dict[str, object]:
     """The row of a model whose code is not in the HF cache: no network in the sandbox, so it
     does not load."""
     judged = f"{'[structural] ' if structural else ''}judged with its own code in the sandbox"

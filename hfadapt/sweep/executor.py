@@ -5,7 +5,7 @@ only compute: the driver alone writes runs.db."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Protocol
+from typing import Protocol
 
 from hfadapt.errors import UsageError
 from hfadapt.options import Executor as ExecutorName
@@ -37,7 +37,7 @@ def make_executor(
     workers: int | None,
     timeout: float | None,
     memory_limit_mb: int | None,
-    worker: str | Callable[..., Any] = DEFAULT_WORKER,
+    worker: str | Callable[..., object] = DEFAULT_WORKER,
     address: str | None = None,
     env: dict[str, str] | None = None,
     max_workers: int | None = None,

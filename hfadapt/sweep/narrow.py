@@ -42,7 +42,7 @@ class Narrowed:
         return f"judged on a narrowed instance of the signature ({parts})"
 
 
-def _find(data: dict[str, Any], names: tuple[str, ...]) -> tuple[str, int] | None:
+def _find(data: dict[str, object], names: tuple[str, ...]) -> tuple[str, int] | None:
     for name in names:
         value = data.get(name)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
@@ -60,7 +60,7 @@ def _aligned(residue: int, at_least: int, divisor: int = 1) -> int:
 
 
 def narrowed(
-    raw: dict[str, Any], *, layers: int = 2, above: float = NARROW_ABOVE
+    raw: dict[str, object], *, layers: int = 2, above: float = NARROW_ABOVE
 ) -> Narrowed | None:
     """A narrower config dict with the same structural signature as ``raw``, or None when
     ``raw`` is cheap already, is composite (``text_config``), or cannot be narrowed safely."""

@@ -74,7 +74,7 @@ class SweepOptions:
         """Whether models share one run per structural signature."""
         return self.judge.structural if self.dedupe is None else self.dedupe
 
-    def identity(self, profile: str, crawl_id: int | None) -> dict[str, Any]:
+    def identity(self, profile: str, crawl_id: int | None) -> dict[str, object]:
         """What a sweep is, as stored: an unfinished sweep with the same identity resumes."""
         judge = self.judge
         out: dict[str, Any] = {

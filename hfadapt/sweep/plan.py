@@ -75,7 +75,7 @@ def _direct(
     mode: str,
     source: str | None,
     prefilter: str | None = None,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     level = level_of_source(source)
     evidence: Evidence = {"sweep": {"role": "direct"}, "config_source": source}
     if prefilter is not None:
@@ -91,7 +91,7 @@ def _direct(
     }
 
 
-def _crawled_config(model: HubModel) -> dict[str, Any] | None:
+def _crawled_config(model: HubModel) -> dict[str, object] | None:
     """The model's own config.json as the crawl stored it; None for the listing's summary
     (model_type and architectures only: no shapes, so not this model's config) or a config
     that could not be had."""
@@ -108,7 +108,7 @@ class _Signer:
         self.narrow = narrow
         self._memo: dict[str, tuple[str, float, Narrowed | None]] = {}
 
-    def __call__(self, raw: dict[str, Any]) -> tuple[str, float, Narrowed | None]:
+    def __call__(self, raw: dict[str, object]) -> tuple[str, float, Narrowed | None]:
         blob = json.dumps(raw, sort_keys=True, default=str)
         if blob not in self._memo:
             from hfadapt.loading.structural import structural_signature
@@ -119,7 +119,7 @@ class _Signer:
         return self._memo[blob]
 
 
-def _cost(raw: dict[str, Any], layers: int | None) -> float:
+def _cost(raw: dict[str, object], layers: int | None) -> float:
     """Multiply-adds per token of the model as judged (truncated to ``layers`` in structural)."""
     from hfadapt.loading.structural import config_from_dict
 
@@ -128,7 +128,7 @@ def _cost(raw: dict[str, Any], layers: int | None) -> float:
     except HfadaptError:
         config = raw
 
-    def get(*names: str) -> Any:
+    def get(*names: str) -> int | None:
         for name in names:
             value = config.get(name) if isinstance(config, dict) else getattr(config, name, None)
             if isinstance(value, int) and value > 0:
@@ -207,7 +207,7 @@ class _Planner:
             raw, error, judged_as = native.config, None, judged_as + _judged_as(native)
         self._unit(model, raw, crawled, error, judged_as)
 
-    def _native(self, model: HubModel, raw: dict[str, Any] | None, source: str | None) -> Any:
+    def _native(self, model: HubModel, raw: dict[str, object] | None, source: str | None) -> Any:
         """For a model that needs its own code: its native translation (``Translation``), or False
         (recorded ``custom_code`` here); None for a model that needs no code of its own."""
         from hfadapt.loading.load import remote_code_reason
@@ -233,8 +233,8 @@ class _Planner:
     def _unit(
         self,
         model: HubModel,
-        raw: dict[str, Any] | None,
-        crawled: dict[str, Any] | None,
+        raw: dict[str, object] | None,
+        crawled: dict[str, object] | None,
         error: str | None,
         judged_as: str = "",
     ) -> None:
@@ -289,15 +289,15 @@ def _heads_judged(folder: Path | None, model_id: str) -> str:
     return _key_part("+heads:", [heads, pipeline.multi_vector])
 
 
-def _key_part(prefix: str, payload: Any) -> str:
+def _key_part(prefix: str, payload: object) -> str:
     """``prefix`` and 8 hex of a stable hash of ``payload``: a suffix of a unit's key."""
     blob = json.dumps(payload, sort_keys=True, default=str)
     return prefix + hashlib.sha256(blob.encode()).hexdigest()[:8]
 
 
 def _config_of(
-    model: HubModel, crawled: dict[str, Any] | None
-) -> tuple[dict[str, Any] | None, str | None, str | None, Path | None]:
+    model: HubModel, crawled: dict[str, object] | None
+) -> tuple[dict[str, object] | None, str | None, str | None, Path | None]:
     """(the config to plan with, where it came from, why there is none, the folder holding
     the model's files when the plan found one)."""
     from hfadapt.loading.structural import find_config

@@ -108,7 +108,7 @@ class RayExecutor:
         *,
         timeout: float | None = 600.0,
         memory_limit_mb: int | None = None,
-        worker: str | Callable[..., Any] = DEFAULT_WORKER,
+        worker: str | Callable[..., object] = DEFAULT_WORKER,
         address: str | None = None,
         env: dict[str, str] | None = None,
         init_kwargs: dict[str, Any] | None = None,
@@ -207,7 +207,7 @@ class RayExecutor:
                         out.seconds = round(now - start, 3)
                         yield out
 
-    def _wait_for(self, running: dict[Any, tuple[Task, int, float | None]]) -> float | None:
+    def _wait_for(self, running: dict[object, tuple[Task, int, float | None]]) -> float | None:
         """How long to wait for a result: until the earliest started task's time is up, and no
         longer than START_POLL_S while a task has not been seen to start."""
         waits: list[float] = []

@@ -39,7 +39,7 @@ SHARED = (
 )
 
 
-def _member_level(template: dict[str, Any], source: str | None) -> str | None:
+def _member_level(template: dict[str, object], source: str | None) -> str | None:
     """A member's evidence level: its *own* config's (never ``weights``: its weights did not
     run), once the representative's run got as far as loading (else unknown)."""
     if template.get("evidence_level") is None:
@@ -96,7 +96,7 @@ def unit_rows(
     out: Outcome,
     types: dict[str, Any],
     sources: dict[str, str | None] | None = None,
-) -> list[dict[str, Any]]:
+) -> list[dict[str, object]]:
     """The rows of a freshly judged unit: the representative first (full evidence), then
     every other member pointing at it."""
     rep = unit.representative

@@ -14,7 +14,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Engine
 
@@ -47,6 +47,9 @@ from hfadapt.sweep.store import (
     write_rows,
 )
 from hfadapt.sweep.worker import DEFAULT_WORKER, Task
+
+if TYPE_CHECKING:
+    from hfadapt.spyre.rules.profile import Profile
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -234,7 +237,7 @@ def _refuse_early(judge: JudgeOptions) -> None:
 
 def _opened(
     engine: Engine,
-    identity: dict[str, Any],
+    identity: dict[str, object],
     options: SweepOptions,
     plan: Plan,
     pool: Executor,
@@ -269,7 +272,7 @@ def _opened(
 
 
 def _environment_checked(
-    engine: Engine, options: SweepOptions, prof: Any, crawl_id: int | None
+    engine: Engine, options: SweepOptions, prof: Profile, crawl_id: int | None
 ) -> tuple[dict[str, Any], list[EnvChange]]:
     """(the sweep's identity, how this process's environment differs from the one the latest
     run of the sweep to resume recorded): nothing for a new sweep, or one whose runs recorded
@@ -301,7 +304,7 @@ def _start_pool(
     workers: int,
     units: int,
     memory_limit: int,
-    worker: str | Callable[..., Any],
+    worker: str | Callable[..., object],
     env: dict[str, str],
 ) -> Executor:
     """The started executor, never with more workers than units of work. On Ray without a
@@ -424,7 +427,7 @@ class _Driver:
             )
         return tasks, units
 
-    def run(self, executor: Any, tasks: list[Task], units: dict[str, Unit]) -> None:
+    def run(self, executor: Executor, tasks: list[Task], units: dict[str, Unit]) -> None:
         plan = self.plan
         with contextlib.closing(executor):
             for out in executor.run(tasks):
@@ -435,7 +438,7 @@ class _Driver:
                 self.unit_seconds[unit.representative] = out.seconds
                 self.report(unit.representative, rows, unit)
 
-    def result(self, resumed: bool, judged: int, executor: Any) -> SweepResult:
+    def result(self, resumed: bool, judged: int, executor: Executor) -> SweepResult:
         plan = self.plan
         seconds = time.perf_counter() - self.started
         sweep = finish_sweep(self.engine, self.sweep_id, seconds=seconds)
@@ -469,7 +472,7 @@ def _drive(
     plan: Plan,
     started: float,
     progress: Callable[[SweepProgress], None] | None,
-    executor: Any,
+    executor: Executor,
     template: Task,
     changed: list[EnvChange],
 ) -> SweepResult:

@@ -41,13 +41,13 @@ __all__ = [
 ]
 
 
-def sweep_key(options: dict[str, Any]) -> str:
+def sweep_key(options: dict[str, object]) -> str:
     """The identity of a sweep's options: same key, same sweep to resume."""
     return json.dumps(options, sort_keys=True, default=str)
 
 
 def open_sweep(
-    engine: Engine, options: dict[str, Any], *, resume: bool | int, **columns: Any
+    engine: Engine, options: dict[str, object], *, resume: bool | int, **columns: object
 ) -> tuple[Sweep, bool]:
     """(the sweep to write into, whether it was resumed).
 
@@ -120,7 +120,9 @@ def _resumable(sess: Session, key: str, resume: bool | int) -> Sweep | None:
     return sess.execute(stmt).scalars().first()
 
 
-def resumable_sweep(engine: Engine, options: dict[str, Any], *, resume: bool | int) -> Sweep | None:
+def resumable_sweep(
+    engine: Engine, options: dict[str, object], *, resume: bool | int
+) -> Sweep | None:
     """The sweep ``open_sweep`` with these arguments would resume (None: it would start a new
     one), read without claiming or changing anything; UsageError as ``open_sweep``'s."""
     with session(engine, write=False) as sess:
@@ -203,7 +205,7 @@ def done_rows(engine: Engine, sweep_id: int) -> dict[str, dict[str, Any]]:
 
 
 def write_rows(
-    engine: Engine, sweep_id: int, rows: list[dict[str, Any]], *, judged: int = 0
+    engine: Engine, sweep_id: int, rows: list[dict[str, object]], *, judged: int = 0
 ) -> list[int]:
     """Insert ``rows`` (Run columns) in one transaction; returns the representative's id
     (empty when no row is marked ``"representative": True``). The other rows then point at
@@ -220,7 +222,7 @@ def write_rows(
             defaults[column.name] = arg
     now = utcnow()
 
-    def values(row: dict[str, Any]) -> dict[str, Any]:
+    def values(row: dict[str, object]) -> dict[str, Any]:
         out = {name: row.get(name) for name in names}
         for name, default in defaults.items():
             if out[name] is None:

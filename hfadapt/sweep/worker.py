@@ -83,7 +83,7 @@ class Outcome:
     node: str | None = None  # the Ray node id (two nodes may share one machine)
 
 
-def resolve(ref: str | Callable[..., Any]) -> Callable[..., Any]:
+def resolve(ref: str | Callable[..., object]) -> Callable[..., Any]:
     """A callable from ``"package.module:attr"`` (or the callable itself)."""
     if callable(ref):
         return ref
@@ -183,7 +183,7 @@ NARROW_DECIDES = frozenset({verdicts.PASS, verdicts.LOWERING_FAILED, verdicts.UN
 
 
 def _diagnose(
-    task: Task, config: dict[str, Any] | None, runner: Runner | None
+    task: Task, config: dict[str, object] | None, runner: Runner | None
 ) -> tuple[str, str, dict[str, Any]]:
     """(verdict, reason, Run columns) of one diagnosis of the task's model; in structural mode
     with ``config`` (the crawled one, or a narrowed instance) instead of the one hfadapt would

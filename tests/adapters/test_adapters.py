@@ -10,8 +10,9 @@ import warnings
 from pathlib import Path
 
 import pytest
+from support.bundled_proofs import bundled_proof
 
-from hfadapt.adapters.proofs import prove_float64, verify_adapter
+from hfadapt.adapters.proofs import prove_float64
 from hfadapt.adapters.registry import discover
 
 REGISTRY = discover(paths=[], entry_points=False)
@@ -155,8 +156,8 @@ def test_adapter_file_fast_float64_proof(file: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [a.name for a in REGISTRY.adapters])
-def test_adapter_is_proven(name: str) -> None:
-    result = verify_adapter(REGISTRY.get(name), seeds=3)
+def test_adapter_is_proven(name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    result = bundled_proof(name, tmp_path_factory)  # verify_adapter, three seeds, once a run
     eq = result.equivalence
     assert result.ok, (
         f"{name}: {result.failure}; equivalence {eq.summary() if eq else None}; device {result.device_text}"

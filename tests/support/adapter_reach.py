@@ -6,8 +6,11 @@ function and on every name a ``rebind`` swaps (the rewritten code, not just the 
 
 Run in a fresh process by tests/adapters/test_adapter_reach.py, with the ``kernels`` package
 present or hidden (transformers then decorates its helpers differently):
-``python -c "from support.adapter_reach import main; main()" eager|compile [hide-kernels]``;
-prints one JSON object per adapter."""
+``python -c "from support.adapter_reach import main; main()" compile|eager|compile,eager
+[hide-kernels]``; prints one JSON object per adapter and execution. One process walks the
+executions in the order given: the compile walk first (as cold as in a process of its own),
+then the eager walk on fresh examples, with Dynamo reset and rebind's cache emptied between
+them. The fresh process is for the ``kernels`` state, which transformers fixes at import."""
 
 from __future__ import annotations
 
@@ -89,7 +92,7 @@ def reach(a: Any, execution: str) -> dict[str, Any]:
     from hfadapt.adapters.registry import Registry
     from hfadapt.spyre.frames import inline_only
 
-    out: dict[str, Any] = {"adapter": a.name}
+    out: dict[str, Any] = {"adapter": a.name, "execution": execution}
     label = f"adapter {a.name}"
     counted = dataclasses.replace(a, fn=inline_only(_counter(label, a.fn)))
     module, args, kwargs, method = _example(a)
@@ -108,7 +111,10 @@ def reach(a: Any, execution: str) -> dict[str, Any]:
 
 
 def main() -> None:
-    execution = sys.argv[1]
+    executions = sys.argv[1].split(",")
+    unknown = [e for e in executions if e not in ("eager", "compile")]
+    if unknown:
+        raise SystemExit(f"unknown execution {unknown}: compile, eager or compile,eager")
     if "hide-kernels" in sys.argv[2:]:
         sys.modules["kernels"] = None  # type: ignore[assignment]  # find_spec: not installed
     warnings.simplefilter("ignore")
@@ -124,9 +130,14 @@ def main() -> None:
 
     kernels = is_kernels_available()
     print(json.dumps({"transformers": transformers.__version__, "kernels": kernels}))
-    for a in default_registry().adapters:
-        if a.source == "bundled" and a.example is not None:
-            print(json.dumps(reach(a, execution)), flush=True)
+    from hfadapt.adapters import rebind as rb
+
+    for execution in executions:
+        torch._dynamo.reset()  # nothing of one walk's compiles left for the next
+        rb._CACHE.clear()  # each walk builds its own swaps
+        for a in default_registry().adapters:
+            if a.source == "bundled" and a.example is not None:
+                print(json.dumps(reach(a, execution)), flush=True)
 
 
 if __name__ == "__main__":

@@ -146,7 +146,7 @@ def eager_attention(
     attention_mask: Tensor | None,
     scaling: float,
     dropout: float = 0.0,
-    **kwargs: Any,
+    **kwargs: object,
 ) -> tuple[Tensor, Tensor]:
     """softmax(Q K^T * scaling + bias) V, [B, H, L, D] in, [B, L, H, D] out (transformers'
     attention-function convention)."""
@@ -171,7 +171,7 @@ class JinaBertV2SelfAttention(nn.Module):
         self.value = nn.Linear(config.hidden_size, config.hidden_size)
         self.dropout = nn.Dropout(config.attention_probs_dropout_prob)
 
-    def forward(self, hidden_states: Tensor, attention_bias: Tensor, **kwargs: Any) -> Tensor:
+    def forward(self, hidden_states: Tensor, attention_bias: Tensor, **kwargs: object) -> Tensor:
         shape = (*hidden_states.shape[:-1], -1, self.attention_head_size)
         query = self.query(hidden_states).view(shape).transpose(1, 2)
         key = self.key(hidden_states).view(shape).transpose(1, 2)
@@ -209,7 +209,7 @@ class JinaBertV2Attention(nn.Module):
         self.self = JinaBertV2SelfAttention(config)
         self.output = JinaBertV2SelfOutput(config)
 
-    def forward(self, hidden_states: Tensor, attention_bias: Tensor, **kwargs: Any) -> Tensor:
+    def forward(self, hidden_states: Tensor, attention_bias: Tensor, **kwargs: object) -> Tensor:
         return self.output(self.self(hidden_states, attention_bias, **kwargs), hidden_states)  # type: ignore[no-any-return]
 
 
@@ -239,7 +239,7 @@ class JinaBertV2Layer(nn.Module):
         self.attention = JinaBertV2Attention(config)
         self.mlp = JinaBertV2GLUMLP(config)
 
-    def forward(self, hidden_states: Tensor, attention_bias: Tensor, **kwargs: Any) -> Tensor:
+    def forward(self, hidden_states: Tensor, attention_bias: Tensor, **kwargs: object) -> Tensor:
         return self.mlp(self.attention(hidden_states, attention_bias, **kwargs))  # type: ignore[no-any-return]
 
 
@@ -259,7 +259,7 @@ class JinaBertV2Encoder(nn.Module):
             length, self.num_attention_heads, hidden_states.dtype, hidden_states.device
         )
 
-    def forward(self, hidden_states: Tensor, attention_bias: Tensor, **kwargs: Any) -> Tensor:
+    def forward(self, hidden_states: Tensor, attention_bias: Tensor, **kwargs: object) -> Tensor:
         """The layers, each adding ``attention_bias`` (ALiBi plus the padding mask) to its
         attention scores."""
         for layer in self.layer:
@@ -330,7 +330,7 @@ class JinaBertV2Model(JinaBertV2PreTrainedModel):
         attention_mask: Tensor | None = None,
         token_type_ids: Tensor | None = None,
         position_ids: Tensor | None = None,  # ALiBi: positions are relative, none to pass
-        **kwargs: Any,
+        **kwargs: object,
     ) -> BaseModelOutputWithPooling:
         if input_ids is None:
             raise ValueError("jina-bert v2 needs input_ids")

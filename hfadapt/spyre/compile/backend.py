@@ -71,7 +71,7 @@ class SpyreCompileError(SpyreLoweringError, ti.inductor_error()):  # type: ignor
         self.backend_name = BACKEND_NAME
         self.first_useful_frame = None
 
-    def __reduce__(self) -> tuple[Any, ...]:
+    def __reduce__(self) -> tuple[object, ...]:
         # sweeps send errors across processes: keep the report (default pickling drops it)
         return (type(self), (str(self.args[0]) if self.args else "", self.report))
 
@@ -113,7 +113,7 @@ class DeviceGraph:
 
     def __init__(
         self,
-        program: Callable[..., Any],
+        program: Callable[..., object],
         entry: GraphEntry,
         handoff: HandoffPlan | None = None,
         fired: list[Any] | None = None,
@@ -124,7 +124,7 @@ class DeviceGraph:
         self.handoff = handoff
         self.fired = fired if fired is not None else []
 
-    def __call__(self, *args: Any) -> Any:
+    def __call__(self, *args: Any) -> object:
         note(self.entry)
         start = time.perf_counter()
         try:
@@ -182,7 +182,7 @@ class SpyreBackend:
     __name__ = BACKEND_NAME  # Dynamo names backends in its logs by __name__
 
     def __call__(
-        self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any
+        self, gm: torch.fx.GraphModule, example_inputs: Sequence[object], **kwargs: object
     ) -> Any:
         if _automatic_dynamic(example_inputs):
             # Dynamo made a recompiled frame's sizes symbolic on its own (a second shape):
@@ -190,7 +190,7 @@ class SpyreBackend:
             return _PerShape(self, gm)
         top = _is_top_frame()
 
-        def compile_graph(aten_gm: torch.fx.GraphModule, _inputs: Sequence[Any]) -> Any:
+        def compile_graph(aten_gm: torch.fx.GraphModule, _inputs: Sequence[object]) -> Any:
             return self.compile_graph(aten_gm, top)
 
         # rms_norm, softmax(dtype=): judged whole, as the card lowers them (with grad enabled
@@ -205,7 +205,7 @@ class SpyreBackend:
             if hit is not None:
                 return self.compile_graph(hit.gm, top, hit.static)
 
-        def inference(aten_gm: torch.fx.GraphModule, _inputs: Sequence[Any]) -> Any:
+        def inference(aten_gm: torch.fx.GraphModule, _inputs: Sequence[object]) -> Any:
             static = _static_inputs()
             if cache is not None and key is not None and _plain_inference(len(example_inputs)):
                 cache.store(key, aten_gm, example_inputs, static)
@@ -220,7 +220,7 @@ class SpyreBackend:
 
     def compile_graph(
         self, gm: torch.fx.GraphModule, top: bool, static: list[int] | None = None
-    ) -> Callable[..., Any]:
+    ) -> Callable[..., object]:
         """Judge one ATen graph; refuse it or build its DL16 program."""
         start = time.perf_counter()
         report = LoweringReport(
@@ -254,14 +254,14 @@ class SpyreBackend:
         return DeviceGraph(program, entry, handoff, fired)
 
 
-def _symbolic(value: Any) -> bool:
+def _symbolic(value: object) -> bool:
     if isinstance(value, torch.SymInt | torch.SymFloat):
         return True
     shape = getattr(value, "shape", None)
     return shape is not None and any(not isinstance(s, int) for s in shape)
 
 
-def _automatic_dynamic(example_inputs: Sequence[Any]) -> bool:
+def _automatic_dynamic(example_inputs: Sequence[object]) -> bool:
     """Symbolic sizes Dynamo chose itself (automatic dynamic shapes after a recompile), not
     asked for with ``dynamic=True`` (which keeps the layout.dynamic_shape refusal)."""
     if not any(_symbolic(v) for v in example_inputs):
@@ -280,7 +280,7 @@ class _PerShape:
         self.compiled: dict[tuple[Any, ...], Callable[..., Any]] = {}
 
     @staticmethod
-    def _key(args: Sequence[Any]) -> tuple[Any, ...]:
+    def _key(args: Sequence[object]) -> tuple[object, ...]:
         return tuple(
             (tuple(a.shape), tuple(a.stride()), a.dtype, a.device.type)
             if isinstance(a, torch.Tensor)
@@ -288,7 +288,7 @@ class _PerShape:
             for a in args
         )
 
-    def __call__(self, *args: Any) -> Any:
+    def __call__(self, *args: object) -> Any:
         key = self._key(args)
         fn = self.compiled.get(key)
         if fn is None:
@@ -315,7 +315,7 @@ class _HostGraph(DeviceGraph):
     product: 0.5 s in fp32, 180 s in fp16)."""
 
     def __init__(self, gm: torch.fx.GraphModule, entry: GraphEntry) -> None:
-        def run(*args: Any) -> Any:
+        def run(*args: object) -> Any:
             with _Fp32Matmuls():
                 return gm(*args)
 
@@ -378,10 +378,10 @@ class LoweredModel:
 
     def __init__(
         self,
-        compiled: Callable[..., Any],
+        compiled: Callable[..., object],
         report: LoweringReport,
         profile: Profile,
-        extra_kwargs: Mapping[str, Any] | None = None,
+        extra_kwargs: Mapping[str, object] | None = None,
     ) -> None:
         self.compiled = compiled
         self.report = report
@@ -394,7 +394,7 @@ class LoweredModel:
         # keeps Dynamo's guards passing, so the audited graphs are the ones that run
         self.extra_kwargs = dict(extra_kwargs or {})
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: object, **kwargs: object) -> object:
         if not self.report.ok:
             raise SpyreCompileError(error_message(self.report, self.profile), self.report)
         with torch.no_grad():
@@ -405,7 +405,7 @@ def _graph_breaks() -> int:
     return sum(ti.dynamo_counters()["graph_break"].values())
 
 
-def _takes_use_cache(model: Callable[..., Any], config: Any) -> bool:
+def _takes_use_cache(model: Callable[..., object], config: object) -> bool:
     """A decoder whose forward takes ``use_cache`` (a KV cache would add outputs and state)."""
     if not getattr(config, "use_cache", False):
         return False
@@ -416,7 +416,7 @@ def _takes_use_cache(model: Callable[..., Any], config: Any) -> bool:
     return "use_cache" in params
 
 
-def _log_enabled(module: Any, logger: str) -> bool:
+def _log_enabled(module: object, logger: str) -> bool:
     log = getattr(module, logger, None)
     return log is None or log.isEnabledFor(logging.DEBUG)
 
@@ -450,15 +450,15 @@ def _no_log_only_work() -> Iterator[None]:
         yield
 
 
-def _call(fn: Callable[..., Any], inputs: Mapping[str, Any] | Sequence[Any]) -> Any:
+def _call(fn: Callable[..., object], inputs: Mapping[str, object] | Sequence[object]) -> object:
     if isinstance(inputs, Mapping):
         return fn(**inputs)
     return fn(*inputs)
 
 
 def lower(
-    model: Callable[..., Any],
-    example_inputs: Mapping[str, Any] | Sequence[Any],
+    model: Callable[..., object],
+    example_inputs: Mapping[str, object] | Sequence[object],
     profile: Profile | str | None = None,
     *,
     check_config: bool = True,

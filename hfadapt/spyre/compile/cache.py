@@ -198,7 +198,7 @@ class CompileCache:
         return self.folder.max_bytes
 
     # -- keys -----------------------------------------------------------------------------------
-    def key(self, gm: fx.GraphModule, inputs: Sequence[Any], profile: Profile) -> str | None:
+    def key(self, gm: fx.GraphModule, inputs: Sequence[object], profile: Profile) -> str | None:
         """The key of a Dynamo graph with these inputs; None when it cannot be keyed (symbolic
         sizes, an input of a kind the cache does not describe)."""
         if any(isinstance(x, torch.Tensor) and type(x) not in _PLAIN for x in inputs):
@@ -234,7 +234,7 @@ class CompileCache:
         return hashlib.sha256(text.encode()).hexdigest()
 
     # -- reading ----------------------------------------------------------------------------------
-    def load(self, key: str, inputs: Sequence[Any]) -> Entry | None:
+    def load(self, key: str, inputs: Sequence[object]) -> Entry | None:
         """The entry for ``key``, checked against ``inputs``; None on a miss or a bad entry
         (which the next store replaces)."""
         raw = self.folder.read(key)
@@ -252,7 +252,7 @@ class CompileCache:
         _count("hits", key=key)
         return entry
 
-    def _parse(self, raw: bytes, key: str, inputs: Sequence[Any]) -> Entry:
+    def _parse(self, raw: bytes, key: str, inputs: Sequence[object]) -> Entry:
         data = parse_json(raw, max_bytes=MAX_ENTRY_BYTES, max_depth=32)
         if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("key") != key:
             raise ValueError("another format or key")
@@ -276,7 +276,7 @@ class CompileCache:
 
     # -- writing ----------------------------------------------------------------------------------
     def store(
-        self, key: str, gm: fx.GraphModule, inputs: Sequence[Any], static: Sequence[int]
+        self, key: str, gm: fx.GraphModule, inputs: Sequence[object], static: Sequence[int]
     ) -> bool:
         """Write the entry (atomically); False when the graph cannot be stored. The compiler
         calls this under aot_autograd's fake tensor mode: the graph's constants are real
@@ -320,7 +320,7 @@ class CompileCache:
         """Remove every entry and temporary file: (entries, temporary files) removed."""
         return self.folder.clear()
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> dict[str, object]:
         return {**self.folder.info(), "enabled": enabled()}
 
 
@@ -352,7 +352,7 @@ def default_cache() -> CompileCache | None:
     return CompileCache(directory(), max_bytes())
 
 
-def cache_info() -> dict[str, Any]:
+def cache_info() -> dict[str, object]:
     return CompileCache(directory(), max_bytes()).info()
 
 

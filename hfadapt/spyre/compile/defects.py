@@ -316,7 +316,7 @@ def _op_replacement(name: str, op: str) -> Callable[..., torch.Tensor]:
     compute = OP_TRIGGERS[name].compute
     assert compute is not None
 
-    def replaced(*args: Any, **kwargs: Any) -> torch.Tensor:
+    def replaced(*args: object, **kwargs: object) -> torch.Tensor:
         return compute(op, args, kwargs)
 
     replaced.__name__ = f"spyre_defect_{name}"

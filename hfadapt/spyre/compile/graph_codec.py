@@ -43,7 +43,7 @@ _FORMATS = {
 # -- values --------------------------------------------------------------------------------------
 
 
-def _value(v: Any) -> Any:
+def _value(v: object) -> Any:
     if v is None or isinstance(v, bool | str):
         return v
     if isinstance(v, int):
@@ -65,7 +65,7 @@ def _value(v: Any) -> Any:
     raise GraphCodecError(f"a graph argument of type {type(v).__name__} is not stored")
 
 
-def _unvalue(v: Any, nodes: Mapping[str, fx.Node]) -> Any:
+def _unvalue(v: object, nodes: Mapping[str, fx.Node]) -> Any:
     if v is None or isinstance(v, bool | int | float | str):
         return v
     if not isinstance(v, dict) or len(v) != 1:
@@ -92,11 +92,11 @@ def _unvalue(v: Any, nodes: Mapping[str, fx.Node]) -> Any:
     raise GraphCodecError(f"unknown value kind {kind!r}")
 
 
-def _bad(x: Any) -> Any:
+def _bad(x: object) -> Any:
     raise GraphCodecError(f"malformed value {str(x)[:80]}")
 
 
-def _target_name(target: Any) -> str:
+def _target_name(target: object) -> str:
     if target is operator.getitem:
         return "getitem"
     if isinstance(target, ti.OpOverload):
@@ -108,7 +108,7 @@ def _target_name(target: Any) -> str:
     raise GraphCodecError(f"a graph calling {target!r} is not stored")
 
 
-def _target(name: Any) -> Any:
+def _target(name: object) -> Any:
     if name == "getitem":
         return operator.getitem
     if not isinstance(name, str) or "::" not in name:
@@ -127,7 +127,7 @@ def _target(name: Any) -> Any:
 # -- node metadata -------------------------------------------------------------------------------
 
 
-def _tensor_meta(t: Any) -> Any:
+def _tensor_meta(t: object) -> Any:
     if isinstance(t, torch.Tensor):
         if any(not isinstance(s, int) for s in (*t.shape, *t.stride())):
             raise GraphCodecError("a graph with symbolic sizes is not stored")
@@ -145,7 +145,7 @@ def _tensor_meta(t: Any) -> Any:
     raise GraphCodecError(f"a node value of type {type(t).__name__} is not stored")
 
 
-def _untensor_meta(m: Any, mode: Any) -> Any:
+def _untensor_meta(m: torch.nn.Module, mode: Any) -> Any:
     if not isinstance(m, dict):
         raise GraphCodecError("malformed node value")
     if "items" in m:
@@ -165,13 +165,13 @@ def _untensor_meta(m: Any, mode: Any) -> Any:
         return base.as_strided(shape, stride, offset) if offset else base
 
 
-def _class_name(cls: Any) -> list[str]:
+def _class_name(cls: object) -> list[str]:
     if isinstance(cls, type):
         return [cls.__module__, cls.__qualname__]
     return ["", str(cls)]
 
 
-def _class(module: str, qualname: str) -> Any:
+def _class(module: str, qualname: str) -> type | str:
     """The class, from a module already imported (the cache never imports anything)."""
     if not module:
         return qualname
@@ -193,7 +193,7 @@ class _Fn:
         return self.__name__
 
 
-def _meta(node: fx.Node) -> dict[str, Any]:
+def _meta(node: fx.Node) -> dict[str, object]:
     meta: dict[str, Any] = {}
     if "val" in node.meta:
         meta["val"] = _tensor_meta(node.meta["val"])
@@ -212,7 +212,7 @@ def _meta(node: fx.Node) -> dict[str, Any]:
     return meta
 
 
-def _unmeta(m: Mapping[str, Any], mode: Any) -> dict[str, Any]:
+def _unmeta(m: Mapping[str, Any], mode: Any) -> dict[str, object]:
     meta: dict[str, Any] = {}
     if "val" in m:
         meta["val"] = _untensor_meta(m["val"], mode)
@@ -234,7 +234,7 @@ def _unmeta(m: Mapping[str, Any], mode: Any) -> dict[str, Any]:
 # -- graphs --------------------------------------------------------------------------------------
 
 
-def encode(gm: fx.GraphModule) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+def encode(gm: fx.GraphModule) -> tuple[dict[str, object], dict[str, torch.Tensor]]:
     """(the graph as JSON-able data, its tensor constants by name)."""
     nodes: list[dict[str, Any]] = []
     constants: dict[str, torch.Tensor] = {}
@@ -255,7 +255,7 @@ def encode(gm: fx.GraphModule) -> tuple[dict[str, Any], dict[str, torch.Tensor]]
     return {"nodes": nodes}, constants
 
 
-def decode(data: Mapping[str, Any], constants: Mapping[str, torch.Tensor]) -> fx.GraphModule:
+def decode(data: Mapping[str, object], constants: Mapping[str, torch.Tensor]) -> fx.GraphModule:
     """The graph ``encode`` described, checked (``GraphCodecError`` on anything malformed)."""
 
     mode = ti.fake_tensor_mode()
@@ -302,7 +302,7 @@ def decode(data: Mapping[str, Any], constants: Mapping[str, torch.Tensor]) -> fx
     return fx.GraphModule(root, graph, class_name="CachedAtenGraph")
 
 
-def input_meta(inputs: Sequence[Any]) -> list[Any]:
+def input_meta(inputs: Sequence[object]) -> list[object]:
     """The inputs' metadata as stored (shape, stride, dtype, device, offset, or the scalar)."""
     return [
         _tensor_meta(x) if isinstance(x, torch.Tensor) else {"scalar": _value(x)} for x in inputs

@@ -52,12 +52,12 @@ def _packet(op: str) -> str:
     return op.split(".", 1)[0]
 
 
-def _dl16_dtype(value: Any) -> torch.dtype | None:
+def _dl16_dtype(value: object) -> torch.dtype | None:
     dtype = getattr(value, "dtype", None)
     return dtype if dtype in DL16_DTYPES and not isinstance(value, torch.dtype) else None
 
 
-def _retype(value: Any) -> Any:
+def _retype(value: object) -> Any:
     """fp16/bf16 dtype arguments -> float32 (the held representation)."""
     if isinstance(value, torch.dtype):
         return torch.float32 if value in DL16_DTYPES else value
@@ -133,11 +133,11 @@ def _native_kernel(op: str, profile: Profile) -> Callable[..., Any] | None:
     return native_kernel(op, profile.numeric_params)
 
 
-def _kernel_target(kernel: Callable[..., Any], fmt: DL16Format) -> Callable[..., Any]:
+def _kernel_target(kernel: Callable[..., object], fmt: DL16Format) -> Callable[..., Any]:
     """An FX call target for a device-numerics kernel (hfadapt.spyre.numerics.kernels): the kernels
     take (args, kwargs, fmt) and return outputs already rounded to DL16."""
 
-    def spyre_kernel(*args: Any, **kwargs: Any) -> Any:
+    def spyre_kernel(*args: object, **kwargs: object) -> object:
         return kernel(args, kwargs, fmt)
 
     spyre_kernel.__name__ = f"spyre_{getattr(kernel, '__name__', 'kernel')}"
@@ -184,7 +184,7 @@ class _Builder:
         return self.graph.call_function(fn, args, kwargs)
 
     def _round_scalars(
-        self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self, target: object, args: tuple[object, ...], kwargs: dict[str, object]
     ) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """Numbers passed where the schema takes a Scalar or a Tensor (a wrapped number) are
         device values: the device holds them as DL16 constants (a host -inf lands on 0xEFFF). ints,
@@ -295,7 +295,7 @@ class _Builder:
             )
         return False
 
-    def _round_output(self, node: fx.Node, op: str, out: fx.Node, value: Any) -> fx.Node:
+    def _round_output(self, node: fx.Node, op: str, out: fx.Node, value: object) -> fx.Node:
         if self._preserves(node, op):
             return out
         if isinstance(value, (list, tuple)):
@@ -303,7 +303,7 @@ class _Builder:
             return self.call(self.rt.round_items, out, flags) if any(flags) else out
         return self.call(self.rt.round, out) if _dl16_dtype(value) else out
 
-    def _host(self, node: fx.Node, op: str, value: Any) -> fx.Node:
+    def _host(self, node: fx.Node, op: str, value: object) -> fx.Node:
         """A CPU fallback: the op runs on the host in its logical dtypes."""
         if _packet(op) in HOST_EXACT:
             out = self.graph.call_function(
@@ -402,12 +402,12 @@ def _made_here(node: fx.Node) -> bool:
     return False
 
 
-def _first(value: Any) -> Any:
+def _first(value: object) -> Any:
     """A node's value, or the first of its values (max, topk: the values, then the indices)."""
     return value[0] if isinstance(value, (list, tuple)) and value else value
 
 
-def _as_tuple(flags: Any) -> tuple[bool, ...]:
+def _as_tuple(flags: object) -> tuple[bool, ...]:
     return flags if isinstance(flags, tuple) else (bool(flags),)
 
 

@@ -28,7 +28,7 @@ _SKIP_PARTS = ("/torch/", "/functorch/", "/hfadapt/spyre/", "/contextlib.py", "/
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.+)$')
 
 
-def op_name(target: Any) -> str:
+def op_name(target: object) -> str:
     """The profile's name for an FX call target: ``aten::addmm``, ``aten::pow.Tensor_Scalar``."""
     if isinstance(target, ti.OpOverload):
         name: str = target.name()
@@ -86,7 +86,7 @@ def _meta(value: Any) -> Any:
     return fx.node.map_arg(value, lambda n: n.meta.get("val"))
 
 
-def _is_symbolic(value: Any) -> bool:
+def _is_symbolic(value: object) -> bool:
     if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
         return True
     shape = getattr(value, "shape", None)

@@ -42,7 +42,6 @@ import threading
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 from torch import fx
@@ -85,7 +84,7 @@ def _passes(node: fx.Node) -> bool:
     )
 
 
-def _val(node: Any) -> torch.Tensor | None:
+def _val(node: object) -> torch.Tensor | None:
     value = node.meta.get("val") if isinstance(node, fx.Node) else None
     return value if isinstance(value, torch.Tensor) else None
 
@@ -124,7 +123,7 @@ def _ln_result(node: fx.Node) -> fx.Node | None:
     return None
 
 
-def _outputs(gm: fx.GraphModule) -> list[Any]:
+def _outputs(gm: fx.GraphModule) -> list[object]:
     out = next(n for n in gm.graph.nodes if n.op == "output")
     values = out.args[0]
     return list(values) if isinstance(values, (list, tuple)) else [values]

@@ -78,7 +78,7 @@ def _rms_norm_setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
     ctx.eps = torch.finfo(x.dtype).eps if eps is None else eps
 
 
-def _rms_norm_backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+def _rms_norm_backward(ctx: Any, grad: torch.Tensor) -> tuple[object, ...]:
     # y = w * x * r, r = rsqrt(mean(x^2) + eps):
     # dx = w g r - x r^3 mean(w g x); dw = sum over the batch of g x r
     x, weight = ctx.saved_tensors
@@ -101,7 +101,7 @@ def _softmax_setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
     ctx.input_dtype = inputs[0].dtype
 
 
-def _softmax_backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+def _softmax_backward(ctx: Any, grad: torch.Tensor) -> tuple[object, ...]:
     (y,) = ctx.saved_tensors
     dx = y * (grad - (grad * y).sum(ctx.dim, keepdim=True))
     return dx.to(ctx.input_dtype), None, None
@@ -134,7 +134,7 @@ _RMS_NORM = (torch.nn.functional.rms_norm, torch.rms_norm)
 _SOFTMAX = (torch.softmax, torch.nn.functional.softmax)
 
 
-def _softmax_call(node: torch.fx.Node) -> tuple[Any, Any, Any] | None:
+def _softmax_call(node: torch.fx.Node) -> tuple[object, object, object] | None:
     """(input, dim, dtype) of a softmax call that names a dtype, else None."""
     if node.op == "call_function" and node.target in _SOFTMAX:
         args = list(node.args)

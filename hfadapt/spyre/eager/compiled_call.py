@@ -12,7 +12,6 @@ is not what this expects, the answer is False (the ops keep the eager rules), ne
 from __future__ import annotations
 
 import sys
-from typing import Any
 
 _EVAL_FRAME = "/_dynamo/eval_frame.py"
 _MAX_DEPTH = 400
@@ -23,7 +22,7 @@ _MAX_DEPTH = 400
 COMPILING_BACKENDS = frozenset({"inductor", "spyre"})
 
 
-def _backend_name(callback: Any) -> str | None:
+def _backend_name(callback: object) -> str | None:
     seen = 0
     while callback is not None and seen < 8:
         name = getattr(callback, "__name__", None)

@@ -52,7 +52,7 @@ _MARK = "_hfadapt_spyre_route"  # set on the wrapper: the module holds it alread
 _lock = threading.Lock()
 
 
-def _on_device(value: Any) -> bool:
+def _on_device(value: object) -> bool:
     if isinstance(value, torch.Tensor):
         return value.device.type == DEVICE_TYPE
     if isinstance(value, list | tuple):
@@ -62,13 +62,13 @@ def _on_device(value: Any) -> bool:
     return False
 
 
-def _is_device(value: Any) -> bool:
+def _is_device(value: object) -> bool:
     if isinstance(value, torch.device):
         return value.type == DEVICE_TYPE
     return isinstance(value, str) and value.split(":", 1)[0] == DEVICE_TYPE
 
 
-def uses_device(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
+def uses_device(gm: torch.fx.GraphModule, example_inputs: Sequence[object]) -> bool:
     """Whether a graph Dynamo captured computes on the spyre device: an example input on it,
     a node whose value is on it (``x.to("spyre")``), or a factory given ``device="spyre"``."""
     if _on_device(list(example_inputs)):
@@ -81,7 +81,7 @@ def uses_device(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> bool
     return False
 
 
-def device_compiler() -> Callable[..., Any]:
+def device_compiler() -> Callable[..., object]:
     """The backend registered as "spyre" (hfadapt.spyre.compile.backend.spyre_backend)."""
 
     try:
@@ -94,7 +94,7 @@ def device_compiler() -> Callable[..., Any]:
         ) from e
 
 
-def _route(original: Callable[..., Any]) -> Callable[..., Any]:
+def _route(original: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(original)
     def compile_fx(model_: Any, example_inputs_: Sequence[Any], *args: Any, **kwargs: Any) -> Any:
         if isinstance(model_, torch.fx.GraphModule) and uses_device(model_, example_inputs_):

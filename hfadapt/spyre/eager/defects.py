@@ -53,18 +53,18 @@ def fired(
 
 
 def any_fires(
-    defects: Sequence[Defect], op: str, args: Sequence[Any], kwargs: dict[str, Any]
+    defects: Sequence[Defect], op: str, args: Sequence[object], kwargs: dict[str, object]
 ) -> bool:
     """Whether one of ``defects`` fires for this call (nothing recorded: ``fired`` does that)."""
     return any(TRIGGERS[d.trigger].matches(op, list(args), kwargs) for d in defects)
 
 
 def _misreading(
-    kernel: Callable[..., Any], order: tuple[int, ...], shape: tuple[int, ...]
+    kernel: Callable[..., object], order: tuple[int, ...], shape: tuple[int, ...]
 ) -> Compute:
     """``kernel`` reading its first input with the wrong layout."""
 
-    def misread(uargs: list[Any], ukwargs: dict[str, Any]) -> Any:
+    def misread(uargs: list[Any], ukwargs: dict[str, Any]) -> object:
         return kernel([misread_layout(uargs[0], order, shape), *uargs[1:]], ukwargs)
 
     return misread
@@ -97,8 +97,11 @@ def _active(collector: Collector, trigger: str) -> Defect | None:
 
 
 def eager_sdpa(
-    collector: Collector, sdpa: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]
-) -> Any:
+    collector: Collector,
+    sdpa: Callable[..., object],
+    args: Sequence[object],
+    kwargs: dict[str, object],
+) -> object:
     """An SDPA the eager device runs as the card's one kernel (torch-spyre registers it as a
     PrivateUse1 eager kernel): a transposed, non-contiguous Q, K or V is read as if contiguous
     (defect.transpose_sdpa_noncontiguous), and a row of -inf codes reaching its softmax is

@@ -138,7 +138,7 @@ _CASTS = frozenset({"aten::_to_copy", "aten::to", "aten::copy_", "aten::_copy_fr
 # -- the entry point -------------------------------------------------------------------------
 
 
-def dispatch(func: ti.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def dispatch(func: ti.OpOverload, args: tuple[object, ...], kwargs: dict[str, object]) -> Any:
     if not heap.kept:
         heap.keep_freed_memory()
     collector = current()
@@ -203,7 +203,7 @@ class _Seen:
         self.rounded = False
 
 
-def _unwrap(x: Any, seen: _Seen, host_ok: bool) -> Any:
+def _unwrap(x: object, seen: _Seen, host_ok: bool) -> Any:
     if isinstance(x, SpyreTensor):
         if seen.device is None:
             seen.device = x.device
@@ -226,8 +226,8 @@ def _unwrap(x: Any, seen: _Seen, host_ok: bool) -> Any:
 
 
 def _unwrap_all(
-    entry: OpEntry, args: Sequence[Any], kwargs: dict[str, Any]
-) -> tuple[list[Any], dict[str, Any], _Seen]:
+    entry: OpEntry, args: Sequence[object], kwargs: dict[str, object]
+) -> tuple[list[object], dict[str, object], _Seen]:
     seen = _Seen()
     host_ok = entry.name.split(".", 1)[0] in _HOST_INDEX_OK
     uargs = [_unwrap(a, seen, host_ok) for a in args]
@@ -242,8 +242,8 @@ def _native(
     collector: Collector,
     entry: OpEntry,
     func: ti.OpOverload,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
+    args: tuple[object, ...],
+    kwargs: dict[str, object],
     judged: bool = False,
 ) -> Any:
     """Run the op on the held data in fp32 and round its DL16 outputs. An op refused in audit
@@ -315,7 +315,11 @@ _CLEAN_SIGNATURES = 512
 
 
 def _judge_clean(
-    collector: Collector, entry: OpEntry, args: Sequence[Any], kwargs: dict[str, Any], out: Any
+    collector: Collector,
+    entry: OpEntry,
+    args: Sequence[object],
+    kwargs: dict[str, object],
+    out: object,
 ) -> None:
     """Judge a native call (``out``: its results, or None before it runs) and refuse what it
     violates. A call whose signature was judged clean before is not judged again: the rules
@@ -342,7 +346,7 @@ def _judge_clean(
         entry.clean.add(key)
 
 
-def _signature(values: Sequence[Any]) -> tuple[Any, ...]:
+def _signature(values: Sequence[Any]) -> tuple[object, ...]:
     """What the op rules read of a sequence of arguments: a tensor's dtype, sizes and device
     type (a device tensor's class stands for its device); the value of anything else, nested
     sequences as tuples."""
@@ -360,18 +364,18 @@ def _signature(values: Sequence[Any]) -> tuple[Any, ...]:
     return tuple(out)
 
 
-def _own_kernel(entry: OpEntry, func: Any, collector: Collector) -> Callable[..., Any]:
+def _own_kernel(entry: OpEntry, func: object, collector: Collector) -> Callable[..., object]:
     kernel = entry.kernel
     assert kernel is not None
     fmt = collector.profile.dl16
     return lambda uargs, ukwargs: kernel(uargs, ukwargs, fmt)
 
 
-def _plain(func: Any) -> Callable[..., Any]:
+def _plain(func: Any) -> Callable[..., object]:
     return lambda uargs, ukwargs: func(*uargs, **ukwargs)
 
 
-def _written_back(entry: OpEntry, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+def _written_back(entry: OpEntry, args: Sequence[object], kwargs: dict[str, object]) -> object:
     """After an in-place or out= op ran on held tensors: round what was written, return the
     device tensors the schema returns."""
     targets = [args[i] for i in entry.mutated] + [kwargs[n] for n in entry.out_names if n in kwargs]
@@ -437,7 +441,7 @@ def _wrap_view(x: torch.Tensor, base: torch.Tensor, device: torch.device) -> Spy
 
 def _wrap_fresh(
     entry: OpEntry,
-    args: Sequence[Any],
+    args: Sequence[object],
     x: torch.Tensor,
     dtype: torch.dtype,
     device: torch.device,
@@ -448,7 +452,7 @@ def _wrap_fresh(
 
 def _stored(
     entry: OpEntry,
-    args: Sequence[Any],
+    args: Sequence[object],
     result: torch.Tensor,
     dtype: torch.dtype,
     rounded: bool = False,
@@ -464,7 +468,7 @@ def _stored(
     return store(result, dtype, fresh=True, transfer=False)
 
 
-def _tensors(args: Sequence[Any]) -> list[torch.Tensor]:
+def _tensors(args: Sequence[object]) -> list[torch.Tensor]:
     return [t for t in ti.pytree.tree_leaves(list(args)) if isinstance(t, torch.Tensor)]
 
 
@@ -475,7 +479,7 @@ def _default_device() -> torch.device:
 # -- the host: fallbacks --------------------------------------------------------------------
 
 
-def _to_host_arg(x: Any) -> Any:
+def _to_host_arg(x: object) -> Any:
     if isinstance(x, SpyreTensor):
         return to_host(x)
     if isinstance(x, (list, tuple)):
@@ -511,7 +515,7 @@ def _on_host(
 
 
 def _moved_on_held(
-    entry: OpEntry, func: ti.OpOverload, args: Sequence[Any], kwargs: dict[str, Any]
+    entry: OpEntry, func: ti.OpOverload, args: Sequence[object], kwargs: dict[str, object]
 ) -> Any:
     uargs, ukwargs, seen = _unwrap_all(entry, args, kwargs)
     result = func(*uargs, **ukwargs)
@@ -527,14 +531,14 @@ def _moved_on_held(
     return ti.pytree.tree_map_only(torch.Tensor, back, result)
 
 
-def _first_device(args: Sequence[Any], kwargs: dict[str, Any]) -> torch.device:
+def _first_device(args: Sequence[object], kwargs: dict[str, object]) -> torch.device:
     for t in _tensors(list(args) + list(kwargs.values())):
         if isinstance(t, SpyreTensor):
             return t.device
     return _default_device()
 
 
-def _sdpa_math() -> Callable[..., Any]:
+def _sdpa_math() -> Callable[..., object]:
     # The compile backend's SDPA decomposition: every piece (bmm, scale, mask, softmax) then
     # reaches the device on its own, is judged and rounded, as in a compiled graph.
     from hfadapt.spyre.decompositions import sdpa_math

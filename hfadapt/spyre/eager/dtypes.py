@@ -15,7 +15,7 @@ _cache: dict[Any, tuple[torch.dtype, ...]] = {}
 _DL16 = (torch.float16, torch.bfloat16)
 
 
-def _sig(x: Any) -> Any:
+def _sig(x: object) -> Any:
     # What decides type promotion: dtypes, 0-dim-ness, Python scalar types, dtype arguments.
     if isinstance(x, torch.Tensor):
         return (x.dtype, x.dim() == 0)
@@ -27,7 +27,7 @@ def _sig(x: Any) -> Any:
 
 
 def logical_dtypes(
-    func: ti.OpOverload, args: Sequence[Any], kwargs: dict[str, Any], held_result: Any
+    func: ti.OpOverload, args: Sequence[object], kwargs: dict[str, object], held_result: object
 ) -> tuple[torch.dtype, ...]:
     """Dtypes of the op's tensor outputs, in pytree order. `args` carry the device tensors
     (logical dtypes); `held_result` is what the op returned on held data."""
@@ -38,7 +38,7 @@ def logical_dtypes(
     return dtypes
 
 
-def _to_meta(x: Any) -> Any:
+def _to_meta(x: object) -> object:
     if isinstance(x, torch.Tensor):
         return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
     if isinstance(x, torch.device):
@@ -47,7 +47,7 @@ def _to_meta(x: Any) -> Any:
 
 
 def _meta_dtypes(
-    func: ti.OpOverload, args: Sequence[Any], kwargs: dict[str, Any], held_result: Any
+    func: ti.OpOverload, args: Sequence[object], kwargs: dict[str, object], held_result: object
 ) -> tuple[torch.dtype, ...]:
     margs, mkwargs = ti.pytree.tree_map(_to_meta, (list(args), kwargs))
     try:
@@ -58,7 +58,7 @@ def _meta_dtypes(
 
 
 def _promoted(
-    args: Sequence[Any], kwargs: dict[str, Any], held_result: Any
+    args: Sequence[object], kwargs: dict[str, object], held_result: object
 ) -> tuple[torch.dtype, ...]:
     """Map the held result's dtypes back by hand: float32 computed from DL16-held inputs alone
     is the DL16 dtype, int32 from int64-held inputs is int64."""

@@ -53,10 +53,10 @@ def _allocate(
 def empty_memory_format(
     size: Sequence[int],
     dtype: torch.dtype | None = None,
-    layout: Any = None,
-    device: Any = None,
+    layout: object = None,
+    device: object = None,
     pin_memory: bool | None = None,
-    memory_format: Any = None,
+    memory_format: object = None,
 ) -> torch.Tensor:
     return _allocate(aten.empty.memory_format, size, None, dtype, device)
 
@@ -65,8 +65,8 @@ def empty_strided(
     size: Sequence[int],
     stride: Sequence[int],
     dtype: torch.dtype | None = None,
-    layout: Any = None,
-    device: Any = None,
+    layout: object = None,
+    device: object = None,
     pin_memory: bool | None = None,
 ) -> torch.Tensor:
     return _allocate(aten.empty_strided.default, size, stride, dtype, device)
@@ -101,31 +101,33 @@ def _host_factory(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> t
     return wrap(store(host, host.dtype, fresh=True, transfer=True), host.dtype, device)
 
 
-def arange(end: Any, **kwargs: Any) -> torch.Tensor:
+def arange(end: object, **kwargs: object) -> torch.Tensor:
     return _host_factory(aten.arange.default, (end,), kwargs)
 
 
-def arange_start(start: Any, end: Any, **kwargs: Any) -> torch.Tensor:
+def arange_start(start: object, end: object, **kwargs: object) -> torch.Tensor:
     return _host_factory(aten.arange.start, (start, end), kwargs)
 
 
-def arange_start_step(start: Any, end: Any, step: Any = 1, **kwargs: Any) -> torch.Tensor:
+def arange_start_step(
+    start: object, end: object, step: object = 1, **kwargs: object
+) -> torch.Tensor:
     return _host_factory(aten.arange.start_step, (start, end, step), kwargs)
 
 
-def sdpa(*args: Any, **kwargs: Any) -> torch.Tensor:
+def sdpa(*args: object, **kwargs: object) -> torch.Tensor:
     # Registered so that autograd does not decompose SDPA before the device sees it (a
     # PrivateUse1 kernel hides the CompositeImplicit one); device tensors go to dispatch.
     return dispatch(aten.scaled_dot_product_attention.default, args, kwargs)  # type: ignore[no-any-return]
 
 
-def rms_norm(*args: Any, **kwargs: Any) -> torch.Tensor:
+def rms_norm(*args: object, **kwargs: object) -> torch.Tensor:
     # The card's rms_norm is native in the input's dtype: registered so that PyTorch does not
     # decompose it into an fp32 upcast and pow first (hfadapt.spyre.compile.native_ops).
     return dispatch(aten.rms_norm.default, args, kwargs)  # type: ignore[no-any-return]
 
 
-def softmax_int(*args: Any, **kwargs: Any) -> torch.Tensor:
+def softmax_int(*args: object, **kwargs: object) -> torch.Tensor:
     # softmax(x, dim, dtype=...) is one native softmax on the card, not a cast then _softmax.
     return dispatch(aten.softmax.int, args, kwargs)  # type: ignore[no-any-return]
 

@@ -156,7 +156,9 @@ def _sum_lanes(aten_sum: Any) -> int | None:
 # -- deferring a call -----------------------------------------------------------------------
 
 
-def defer(name: str, args: tuple[Any, ...], kwargs: dict[str, Any], fmt: DL16Format) -> Any:
+def defer(
+    name: str, args: tuple[object, ...], kwargs: dict[str, object], fmt: DL16Format
+) -> SpyreTensor | None:
     """A pending device tensor for this call of a FUSED_OPS op, or None when the call is of
     another kind (then the caller runs it now)."""
     if _load() is None:
@@ -183,7 +185,7 @@ def _program_for(shape: tuple[int, ...], fmt: DL16Format) -> tuple[_Program, int
     return program, FULL
 
 
-def _operand(program: _Program, value: Any, fmt: DL16Format) -> Operand | None:
+def _operand(program: _Program, value: object, fmt: DL16Format) -> Operand | None:
     if not isinstance(value, SpyreTensor):  # a number: a device constant, as the op path has it
         number = float(device_number(value, fmt))
         if ctypes.c_float(number).value != number:
@@ -222,7 +224,7 @@ def _rows_at(operand: tuple[int, ...], shape: tuple[int, ...]) -> torch.Tensor |
         return rows.expand(shape[:-1]).contiguous().view(-1)
 
 
-def _dl16_operands(args: Sequence[Any]) -> torch.dtype | None:
+def _dl16_operands(args: Sequence[object]) -> torch.dtype | None:
     """The one DL16 dtype of the device tensors among ``args`` (numbers beside them), or None."""
     dtype = None
     for a in args:
@@ -237,7 +239,7 @@ def _dl16_operands(args: Sequence[Any]) -> torch.dtype | None:
 
 
 def _defer_binary(
-    op: int, args: tuple[Any, ...], kwargs: dict[str, Any], fmt: DL16Format
+    op: int, args: tuple[object, ...], kwargs: dict[str, object], fmt: DL16Format
 ) -> SpyreTensor | None:
     if kwargs or len(args) != 2:
         return None
@@ -261,7 +263,7 @@ def _defer_binary(
 
 
 def _defer_sum(
-    args: tuple[Any, ...], kwargs: dict[str, Any], fmt: DL16Format
+    args: tuple[object, ...], kwargs: dict[str, object], fmt: DL16Format
 ) -> SpyreTensor | None:
     if _lanes is None or not args:
         return None

@@ -105,7 +105,7 @@ class SpyreTensor(torch.Tensor):
         # torch refuses tolist() on subclasses; a device tensor lists its host copy, as CUDA does.
         return to_host(self).tolist()
 
-    def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
+    def __repr__(self, *, tensor_contents: object = None) -> str:  # type: ignore[override]
         # Printing through ATen would dispatch (and report) a dozen ops; print the host copy.
         text = repr(to_host(self))
         return f"{text[:-1]}, device='{self.device}')" if text.endswith(")") else text
@@ -133,7 +133,7 @@ class _WhenImported(importlib.abc.MetaPathFinder):
     def __init__(self, name: str, then: Callable[[], None]) -> None:
         self.name, self.then = name, then
 
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+    def find_spec(self, fullname: str, path: object, target: object = None) -> Any:
         if fullname != self.name:
             return None
         for finder in sys.meta_path:
@@ -184,7 +184,7 @@ def wrap(held: torch.Tensor, dtype: torch.dtype, device: torch.device) -> SpyreT
 
 
 def pending(
-    shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, node: Any
+    shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, node: object
 ) -> SpyreTensor:
     """A contiguous device tensor that ``node`` of a row program will make: its data comes
     when something reads it (``_held``)."""

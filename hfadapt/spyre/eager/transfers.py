@@ -30,9 +30,9 @@ aten = torch.ops.aten
 def _judged(
     collector: Collector,
     name: str,
-    args: Sequence[Any],
-    kwargs: dict[str, Any],
-    outputs: Any = None,
+    args: Sequence[object],
+    kwargs: dict[str, object],
+    outputs: object = None,
 ) -> None:
     _, _, found = judge(collector.profile, name, args, kwargs, collector.mode, outputs=outputs)
     refuse(collector, found)
@@ -40,7 +40,7 @@ def _judged(
 
 def to_copy(
     collector: Collector, name: str, func: Any, args: Sequence[Any], kwargs: dict[str, Any]
-) -> Any:
+) -> SpyreTensor | torch.Tensor:
     src = args[0]
     dtype = kwargs.get("dtype") or src.dtype
     device = kwargs.get("device")
@@ -94,7 +94,7 @@ def copy(
 
 def scalar(
     collector: Collector, name: str, func: Any, args: Sequence[Any], kwargs: dict[str, Any]
-) -> Any:
+) -> int | float:
     _judged(collector, name, args, kwargs)
     return to_host(args[0]).item()
 

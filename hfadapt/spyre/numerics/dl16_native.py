@@ -190,7 +190,7 @@ def _optional(kernel: str, name: str, t: object, numel: int) -> int | None:
     return int(t.data_ptr())  # type: ignore[attr-defined]
 
 
-def _epilogue(kernel: str, bias: object, columns: int, rounding: object) -> tuple[Any, ...]:
+def _epilogue(kernel: str, bias: object, columns: int, rounding: object) -> tuple[object, ...]:
     """The kernel arguments ``bias, cols, maxf, lam, rdrop, over`` of a product's epilogue: an
     optional bias over the last dimension's ``columns``, then an optional DL16 rounding
     (dl16.optional_rounding_args), each checked."""
@@ -340,7 +340,7 @@ def _kernel(name: str) -> Callable[..., int] | None:
     return fn  # type: ignore[no-any-return]
 
 
-def _checked(name: str, fn: Callable[..., int], *args: Any) -> None:
+def _checked(name: str, fn: Callable[..., int], *args: object) -> None:
     status = fn(*args)
     if status:
         raise refused(name, status)
@@ -663,7 +663,7 @@ def load_aten_sum() -> Callable[[int, int, int, int, int], None] | None:
     return aten_sum
 
 
-def _flat(structure: Any, field: str) -> int:
+def _flat(structure: object, field: str) -> int:
     """The int64 position of ``field`` in ``structure`` (a ProgramNode/ProgramOperand)."""
     return int(getattr(structure, field).offset) // ctypes.sizeof(ctypes.c_int64)
 
@@ -923,7 +923,7 @@ class NativeStatus:
     folder: Path
     failure_records: int
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return {
             "kernels": self.kernels,
             "library": str(self.library) if self.library else None,

@@ -70,7 +70,7 @@ def autocast_state() -> dict[str, str]:
     return on
 
 
-def graph_state() -> dict[str, Any]:
+def graph_state() -> dict[str, object]:
     """What the ATen graph aot_autograd traces depends on besides the code and the inputs:
     autocast (it inserts casts), the default dtype (a factory call without a dtype), and
     deterministic algorithms (decompositions may choose by it). torch's AOTAutogradCache and

@@ -31,7 +31,9 @@ from hfadapt.spyre.numerics.dl16 import (
 Kernel = Callable[[Sequence[Any], dict[str, Any], DL16Format], Any]
 
 
-def _arg(args: Sequence[Any], kwargs: dict[str, Any], i: int, name: str, default: Any) -> Any:
+def _arg(
+    args: Sequence[object], kwargs: dict[str, object], i: int, name: str, default: object
+) -> Any:
     if name in kwargs:
         return kwargs[name]
     return args[i] if len(args) > i else default
@@ -140,7 +142,7 @@ def native_layer_norm(
     )
 
 
-def layer_norm(args: Sequence[Any], kwargs: dict[str, Any], fmt: DL16Format) -> torch.Tensor:
+def layer_norm(args: Sequence[object], kwargs: dict[str, object], fmt: DL16Format) -> torch.Tensor:
     """aten::layer_norm(input, normalized_shape, weight, bias, eps, cudnn_enable) -> out."""
     return native_layer_norm(args, kwargs, fmt)[0]
 
@@ -410,7 +412,7 @@ def sdpa_softmax(
     return out.masked_fill(coded, math.nan), True
 
 
-def _dl16_result(dtype: Any) -> bool:
+def _dl16_result(dtype: object) -> bool:
     return dtype is None or dtype in (torch.float16, torch.bfloat16)
 
 
@@ -809,7 +811,7 @@ def matmul_kernels(chunk: int, mantissa_bits: int) -> dict[str, Kernel]:
     """Kernels for aten::mm, bmm, addmm and baddbmm with chunked, truncated accumulation; the
     bias term of addmm/baddbmm joins in fp32 and the result is rounded to DL16."""
 
-    def mm(args: Sequence[Any], kwargs: dict[str, Any], fmt: DL16Format) -> Any:
+    def mm(args: Sequence[Any], kwargs: dict[str, Any], fmt: DL16Format) -> torch.Tensor:
         return chunked_matmul(args[0], args[1], chunk, mantissa_bits, fmt=fmt)
 
     def addmm(args: Sequence[Any], kwargs: dict[str, Any], fmt: DL16Format) -> Any:

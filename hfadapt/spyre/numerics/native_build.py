@@ -98,7 +98,7 @@ class Signature:
     returns: str
 
     @property
-    def argtypes(self) -> list[Any]:
+    def argtypes(self) -> list[object]:
         return [ctype(t) for _, t in self.params]
 
     @property
@@ -262,7 +262,7 @@ def _write_record(plan: _Plan, exc: _BuildFailed) -> bool:
         return False
 
 
-def read_record(path: Path) -> dict[str, Any] | None:
+def read_record(path: Path) -> dict[str, object] | None:
     """A failure record's fields, None when it is absent or unreadable (then it is ignored)."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))

@@ -15,7 +15,7 @@ from hfadapt.spyre.numerics.dl16 import DL16Format, round_dl16
 
 
 @lru_cache(maxsize=1024)
-def value_arguments(target: Any) -> tuple[frozenset[int], frozenset[str]]:
+def value_arguments(target: object) -> tuple[frozenset[int], frozenset[str]]:
     """Positions and names of an op's Scalar- and Tensor-typed arguments."""
     schema = getattr(target, "_schema", None)
     if schema is None:
@@ -33,7 +33,7 @@ def _device_number(value: float, fmt: DL16Format) -> float:
     return float(round_dl16(torch.tensor([value]), fmt, transfer=True)[0])
 
 
-def device_number(value: Any, fmt: DL16Format) -> Any:
+def device_number(value: object, fmt: DL16Format) -> Any:
     """A number as the device holds it (ints, floats; bools and other values unchanged)."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return _device_number(float(value), fmt)
@@ -44,8 +44,8 @@ _NUMBERS = (int, float)  # bools pass too (device_number leaves them unchanged)
 
 
 def device_numbers(
-    target: Any, args: Sequence[Any], kwargs: dict[str, Any], fmt: DL16Format
-) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    target: object, args: Sequence[object], kwargs: dict[str, object], fmt: DL16Format
+) -> tuple[tuple[object, ...], dict[str, object]]:
     """``args`` and ``kwargs`` with every number the op takes as a value converted to DL16;
     sizes, dims, eps and probabilities (other schema types) are left alone."""
     if not any(isinstance(a, _NUMBERS) for a in args) and not any(

@@ -58,7 +58,7 @@ ROPE_MODEL_TYPES = frozenset(
 )
 
 
-def _as_dict(config: Any) -> dict[str, Any]:
+def _as_dict(config: object) -> dict[str, Any]:
     if isinstance(config, Mapping):
         return dict(config)
     if hasattr(config, "to_dict"):
@@ -66,7 +66,7 @@ def _as_dict(config: Any) -> dict[str, Any]:
     return dict(vars(config))
 
 
-def _field(config: Any, data: dict[str, Any], role: str) -> tuple[str, Any] | None:
+def _field(config: object, data: Mapping[str, object], role: str) -> tuple[str, Any] | None:
     """(field name, value) of the first field of this role the config holds."""
     for name in FIELDS[role]:
         if data.get(name) is not None:
@@ -79,7 +79,7 @@ def _field(config: Any, data: dict[str, Any], role: str) -> tuple[str, Any] | No
     return None
 
 
-def uses_rope(config: Any) -> bool:
+def uses_rope(config: object) -> bool:
     """Whether the model applies rotary position embeddings (head_dim then pads to 128)."""
     data = _as_dict(config)
     if str(data.get("position_embedding_type", "")).lower() in ("rotary", "rope"):
@@ -91,7 +91,7 @@ def uses_rope(config: Any) -> bool:
     return str(data.get("model_type", "")) in ROPE_MODEL_TYPES
 
 
-def head_dim(config: Any) -> int | None:
+def head_dim(config: object) -> int | None:
     """The attention head size: config.head_dim (or T5's d_kv) when given, else
     hidden_size / num_attention_heads."""
     data = _as_dict(config)
@@ -105,7 +105,7 @@ def head_dim(config: Any) -> int | None:
     return int(hidden[1]) // int(heads[1])
 
 
-def _location(config: Any, field: str, value: Any) -> SourceLocation | None:
+def _location(config: object, field: str, value: object) -> SourceLocation | None:
     """The config class's source file: the call site of a model-level fingerprint, so each
     architecture gets its own fingerprint."""
     if isinstance(config, Mapping):
@@ -120,7 +120,7 @@ def _location(config: Any, field: str, value: Any) -> SourceLocation | None:
 
 
 def _model_violation(
-    rule_id: str, message: str, config: Any, field: str, value: Any, inferred: bool = False
+    rule_id: str, message: str, config: object, field: str, value: object, inferred: bool = False
 ) -> Violation:
     return Violation(
         rule_id=rule_id,
@@ -132,7 +132,7 @@ def _model_violation(
     )
 
 
-def alignment_violations(config: Any, profile: Profile | None = None) -> list[Violation]:
+def alignment_violations(config: object, profile: Profile | None = None) -> list[Violation]:
     """hidden_size / intermediate_size off the stick boundary: the model cannot run at all."""
     p = profile or load_profile()
     spec = p.layout["model_alignment"]
@@ -150,7 +150,7 @@ def alignment_violations(config: Any, profile: Profile | None = None) -> list[Vi
     return found
 
 
-def head_dim_violation(config: Any, profile: Profile | None = None) -> Violation | None:
+def head_dim_violation(config: object, profile: Profile | None = None) -> Violation | None:
     """head_dim below or off a stick boundary (128 with RoPE): an adapter zero-pads Q, K, V."""
     p = profile or load_profile()
     spec = p.layout["head_dim"]
@@ -169,7 +169,7 @@ def head_dim_violation(config: Any, profile: Profile | None = None) -> Violation
 
 
 def attention_head_dim_violation(
-    config: Any, violations: list[Violation], profile: Profile | None = None
+    config: object, violations: list[Violation], profile: Profile | None = None
 ) -> Violation | None:
     """The config-level head_dim diagnosis (with its adapter fix) when a graph shows the
     symptom: a matmul whose reduction dimension is the head_dim (Q @ K^T) off the stick
@@ -186,7 +186,7 @@ def attention_head_dim_violation(
     return None
 
 
-def check_model(config: Any, profile: Profile | None = None) -> list[Violation]:
+def check_model(config: object, profile: Profile | None = None) -> list[Violation]:
     """Every config-level violation of the model: alignment first, then head_dim."""
     found = alignment_violations(config, profile)
     hd = head_dim_violation(config, profile)
@@ -195,7 +195,7 @@ def check_model(config: Any, profile: Profile | None = None) -> list[Violation]:
     return found
 
 
-def ensure_supported(config: Any, profile: Profile | None = None) -> None:
+def ensure_supported(config: object, profile: Profile | None = None) -> None:
     """Raise SpyreUnsupportedModelError when the model cannot be lowered at all (before any
     compile): its hidden or intermediate size is not a multiple of the stick size."""
     p = profile or load_profile()

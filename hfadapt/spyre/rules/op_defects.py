@@ -49,7 +49,7 @@ def _packet(op: str) -> str:
     return op.split(".", 1)[0]
 
 
-def _arg(args: Values, kwargs: dict[str, Any], i: int, name: str, default: Any = None) -> Any:
+def _arg(args: Values, kwargs: dict[str, object], i: int, name: str, default: object = None) -> Any:
     if name in kwargs:
         return kwargs[name]
     return args[i] if len(args) > i else default
@@ -62,7 +62,7 @@ def _shape(t: Any) -> tuple[int, ...] | None:
         return None
 
 
-def reduced_dims(args: Values, kwargs: dict[str, Any], ndim: int) -> tuple[int, ...]:
+def reduced_dims(args: Values, kwargs: dict[str, object], ndim: int) -> tuple[int, ...]:
     """The dims a sum/mean reduces (all of them when no dim is given)."""
     dim = _arg(args, kwargs, 1, "dim", None)
     if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
@@ -71,7 +71,7 @@ def reduced_dims(args: Values, kwargs: dict[str, Any], ndim: int) -> tuple[int, 
     return tuple(sorted({int(d) % ndim for d in dims})) if ndim else ()
 
 
-def _reduction_dtype(args: Values, kwargs: dict[str, Any]) -> torch.dtype | None:
+def _reduction_dtype(args: Values, kwargs: dict[str, object]) -> torch.dtype | None:
     dtype = _arg(args, kwargs, 3, "dtype", None)
     return dtype if isinstance(dtype, torch.dtype) else None
 
@@ -80,14 +80,14 @@ def _is_mean(op: str) -> bool:
     return _packet(op) == "aten::mean"
 
 
-def _keepdim(args: Values, kwargs: dict[str, Any]) -> bool:
+def _keepdim(args: Values, kwargs: dict[str, object]) -> bool:
     return bool(_arg(args, kwargs, 2, "keepdim", False))
 
 
 # -- fp32 last-dim reductions past 32 rows (#3804) ---------------------------------------------
 
 
-def _fp32_rows_matches(op: str, args: Values, kwargs: dict[str, Any]) -> bool:
+def _fp32_rows_matches(op: str, args: Values, kwargs: dict[str, object]) -> bool:
     if _packet(op) not in ("aten::sum", "aten::mean") or not args:
         return False
     x, shape = args[0], _shape(args[0])
@@ -99,7 +99,7 @@ def _fp32_rows_matches(op: str, args: Values, kwargs: dict[str, Any]) -> bool:
     return rows > SENCORES and shape[-1] >= 2
 
 
-def fp32_rows_compute(op: str, args: Values, kwargs: dict[str, Any]) -> torch.Tensor:
+def fp32_rows_compute(op: str, args: Values, kwargs: dict[str, object]) -> torch.Tensor:
     x = args[0]
     n = x.shape[-1]
     flat = x.reshape(-1, n)
@@ -118,7 +118,7 @@ def fp32_rows_compute(op: str, args: Values, kwargs: dict[str, Any]) -> torch.Te
 # -- rank-5 all-dims sum/mean (#1707) ----------------------------------------------------------
 
 
-def _rank5_matches(op: str, args: Values, kwargs: dict[str, Any]) -> bool:
+def _rank5_matches(op: str, args: Values, kwargs: dict[str, object]) -> bool:
     if _packet(op) not in ("aten::sum", "aten::mean") or not args:
         return False
     x, shape = args[0], _shape(args[0])
@@ -129,7 +129,7 @@ def _rank5_matches(op: str, args: Values, kwargs: dict[str, Any]) -> bool:
     return reduced_dims(args, kwargs, 5) == (0, 1, 2, 3, 4) and shape[0] > 1
 
 
-def rank5_compute(op: str, args: Values, kwargs: dict[str, Any]) -> torch.Tensor:
+def rank5_compute(op: str, args: Values, kwargs: dict[str, object]) -> torch.Tensor:
     x = args[0]
     out: torch.Tensor = x[0].sum()
     if _is_mean(op):
@@ -140,7 +140,7 @@ def rank5_compute(op: str, args: Values, kwargs: dict[str, Any]) -> torch.Tensor
 # -- exp past the first stick (#3799) ----------------------------------------------------------
 
 
-def _exp_matches(op: str, args: Values, kwargs: dict[str, Any]) -> bool:
+def _exp_matches(op: str, args: Values, kwargs: dict[str, object]) -> bool:
     if _packet(op) != "aten::exp" or not args:
         return False
     shape = _shape(args[0])
@@ -156,7 +156,7 @@ def exp_first_stick_reread(x: torch.Tensor) -> torch.Tensor:
     return torch.exp(x.index_select(-1, index))
 
 
-def _exp_compute(op: str, args: Values, kwargs: dict[str, Any]) -> torch.Tensor:
+def _exp_compute(op: str, args: Values, kwargs: dict[str, object]) -> torch.Tensor:
     return exp_first_stick_reread(args[0])
 
 
@@ -188,7 +188,7 @@ def misread_layout(x: torch.Tensor, order: tuple[int, ...], shape: tuple[int, ..
     return x.permute(order).reshape(shape).contiguous()
 
 
-def _rms_noncontiguous_matches(op: str, args: Values, kwargs: dict[str, Any]) -> bool:
+def _rms_noncontiguous_matches(op: str, args: Values, kwargs: dict[str, object]) -> bool:
     if _packet(op) not in ("aten::rms_norm", "aten::_fused_rms_norm") or not args:
         return False
     x = args[0]
@@ -234,7 +234,7 @@ def staggered(x: torch.Tensor) -> torch.Tensor:
     return x.index_select(-1, index)
 
 
-def _cast_compute(op: str, args: Values, kwargs: dict[str, Any]) -> torch.Tensor:
+def _cast_compute(op: str, args: Values, kwargs: dict[str, object]) -> torch.Tensor:
     return staggered(args[0])
 
 

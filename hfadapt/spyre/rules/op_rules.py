@@ -17,7 +17,7 @@ CheckFn = Callable[..., "Violation | None"]  # (profile, op, args, kwargs[, mode
 _FLOATS_DL16 = (torch.float16, torch.bfloat16)
 
 
-def iter_tensors(values: Any) -> Iterator[Any]:
+def iter_tensors(values: object) -> Iterator[Any]:
     """Tensor-like leaves (anything with shape and dtype) of nested args."""
     if isinstance(values, (list, tuple)):
         for v in values:
@@ -62,7 +62,7 @@ def _violation(
 
 
 def _arg(
-    args: Sequence[Any], kwargs: dict[str, Any], index: int, name: str, default: Any = None
+    args: Sequence[object], kwargs: dict[str, object], index: int, name: str, default: object = None
 ) -> Any:
     if name in kwargs:
         return kwargs[name]
@@ -73,7 +73,7 @@ def _arg(
 
 
 def _matmul_k_stick(
-    p: Profile, op: str, args: Sequence[Any], kwargs: dict[str, Any]
+    p: Profile, op: str, args: Sequence[object], kwargs: dict[str, object]
 ) -> Violation | None:
     packet = op.split(".", 1)[0]
     a = args[1] if packet in ("aten::addmm", "aten::baddbmm") else args[0]
@@ -117,7 +117,7 @@ def _sdpa_head_dim_stick(
 
 
 def _pow_square_only(
-    p: Profile, op: str, args: Sequence[Any], kwargs: dict[str, Any]
+    p: Profile, op: str, args: Sequence[object], kwargs: dict[str, object]
 ) -> Violation | None:
     exponent = _arg(args, kwargs, 1, "exponent")
     if isinstance(exponent, (int, float)) and float(exponent) == 2.0:
@@ -134,7 +134,7 @@ def _pow_square_only(
 
 
 def _basic_slicing(
-    p: Profile, op: str, args: Sequence[Any], kwargs: dict[str, Any]
+    p: Profile, op: str, args: Sequence[object], kwargs: dict[str, object]
 ) -> Violation | None:
     if not op.startswith("aten::slice"):
         return None
@@ -212,7 +212,9 @@ def stick_elements(p: Profile, dtype: torch.dtype) -> int:
     return max(1, p.layout_value("stick_bytes", 128) // size)
 
 
-def _reduces_last_dim(op: str, args: Sequence[Any], kwargs: dict[str, Any], ndim: int) -> bool:
+def _reduces_last_dim(
+    op: str, args: Sequence[object], kwargs: dict[str, object], ndim: int
+) -> bool:
     packet = op.split(".", 1)[0]
     if packet in ("aten::_softmax", "aten::softmax", "aten::_log_softmax"):
         dim = _arg(args, kwargs, 1, "dim", -1)
@@ -304,10 +306,10 @@ CHECKS: dict[str, CheckFn] = {
 def judge(
     p: Profile,
     op: str,
-    args: Sequence[Any],
-    kwargs: dict[str, Any],
+    args: Sequence[object],
+    kwargs: dict[str, object],
     mode: str,
-    outputs: Any = None,
+    outputs: object = None,
     location: SourceLocation | None = None,
 ) -> tuple[str, Rule, list[Violation]]:
     """Outcome of one ATen call (native, fallback or unsupported) and every violation it

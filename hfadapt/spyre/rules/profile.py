@@ -180,7 +180,7 @@ class Profile:
         }
         return dtype, why
 
-    def message(self, key: str, **values: Any) -> str:
+    def message(self, key: str, **values: object) -> str:
         return self.errors[key].format(**values)
 
     def layout_value(self, key: str, default: int = 64) -> int:
@@ -446,12 +446,18 @@ class _Fields:
     def __init__(self, where: str) -> None:
         self.where = where
 
-    def refuse(self, field: str, value: Any, allowed: str) -> NoReturn:
+    def refuse(self, field: str, value: object, allowed: str) -> NoReturn:
         shown = json.dumps(value) if isinstance(value, (bool, int, float, str)) else repr(value)
         raise ProfileError(f"{self.where}: {field} is {shown}; allowed: {allowed}")
 
     def integer(
-        self, spec: dict[str, Any], field: str, key: str, low: int, high: int | None, why: str = ""
+        self,
+        spec: dict[str, object],
+        field: str,
+        key: str,
+        low: int,
+        high: int | None,
+        why: str = "",
     ) -> int:
         value = spec[key]
         if (
@@ -465,7 +471,7 @@ class _Fields:
         return value
 
     def number(
-        self, spec: dict[str, Any], field: str, key: str, low: float, high: float, why: str = ""
+        self, spec: dict[str, object], field: str, key: str, low: float, high: float, why: str = ""
     ) -> float:
         value = spec[key]
         if not (
@@ -477,20 +483,20 @@ class _Fields:
             self.refuse(f"{field}.{key}", value, f"a number in [{low:g}, {high:g}]{why}")
         return float(value)
 
-    def boolean(self, spec: dict[str, Any], field: str, key: str) -> bool:
+    def boolean(self, spec: dict[str, object], field: str, key: str) -> bool:
         value = spec[key]
         if not isinstance(value, bool):
             self.refuse(f"{field}.{key}", value, "true or false (a JSON boolean)")
         return value
 
     def one_of(
-        self, spec: dict[str, Any], field: str, key: str, allowed: tuple[Any, ...], why: str
+        self, spec: dict[str, object], field: str, key: str, allowed: tuple[object, ...], why: str
     ) -> None:
         value = spec[key]
         if value not in allowed or isinstance(value, bool) != isinstance(allowed[0], bool):
             self.refuse(f"{field}.{key}", value, " or ".join(map(json.dumps, allowed)) + why)
 
-    def shares(self, spec: dict[str, Any], field: str, key: str) -> None:
+    def shares(self, spec: dict[str, object], field: str, key: str) -> None:
         """A table of published relative errors or probabilities: numbers in [0, 1]."""
         table = spec[key]
         if not isinstance(table, dict):
@@ -498,7 +504,7 @@ class _Fields:
         for name in table:
             self.number(table, f"{field}.{key}", name, 0.0, 1.0)
 
-    def section(self, numerics: dict[str, Any], name: str) -> dict[str, Any] | None:
+    def section(self, numerics: dict[str, object], name: str) -> dict[str, Any] | None:
         spec = numerics.get(name)
         if spec is None:
             return None
@@ -516,7 +522,7 @@ class _Fields:
             self.boolean(spec, field, "enabled")
         return spec
 
-    def required(self, spec: dict[str, Any], field: str, *keys: str) -> None:
+    def required(self, spec: dict[str, object], field: str, *keys: str) -> None:
         for key in keys:
             if key not in spec:
                 raise ProfileError(f"{self.where}: {field} lacks the field {key!r}")
@@ -620,7 +626,7 @@ def _validate_layout(check: _Fields, layout: dict[str, Any]) -> int:
     return stick
 
 
-def _validate_dl16(check: _Fields, numerics: dict[str, Any]) -> None:
+def _validate_dl16(check: _Fields, numerics: dict[str, object]) -> None:
     spec = check.section(numerics, "dl16")
     if spec is None:
         return
