@@ -89,6 +89,7 @@ def test_draft_top_lists_fingerprints_by_downloads_they_block(
     assert code == 0 and "aaaaaaaaaaaa" in out, (printed, code, err)
 
 
+@pytest.mark.usefixtures("proofs_in_process")
 def test_attempts_lists_and_shows_recorded_attempts(
     openai_server: ScriptedOpenAI,
     monkeypatch: pytest.MonkeyPatch,

@@ -400,6 +400,7 @@ def test_payloads_the_allowlist_never_saw_run_only_inside_the_sandbox(
 
 @pytest.mark.slow
 @needs_bwrap
+@pytest.mark.usefixtures("proofs_in_process")
 def test_cheats_fail_with_numbers_or_are_frozen_out_of_the_graph(
     openai_server: ScriptedOpenAI, tmp_path: Path, spyre: object
 ) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from support.cli_runner import run_cli
-from support.drafting import client_for
+from support.drafting import ReferenceEval, client_for
 from support.openai_server import (
     ScriptedOpenAI,
     openai_server_fixture,  # noqa: F401
@@ -37,6 +37,7 @@ def fenced(code: str) -> str:
     return f"Here is the adapter.\n\n```python\n{code}```\n"
 
 
+@pytest.mark.usefixtures("proofs_in_process")
 def test_gelu_new_draft_is_accepted_and_the_model_then_passes(
     openai_server: ScriptedOpenAI, tmp_path: Path
 ) -> None:
@@ -83,6 +84,7 @@ def test_gelu_new_draft_is_accepted_and_the_model_then_passes(
     assert float(cos.min()) >= 0.99, float(cos.min())
 
 
+@pytest.mark.usefixtures("proofs_in_process")
 def test_a_draft_that_breaks_the_model_fails_end_to_end_or_device(
     openai_server: ScriptedOpenAI, tmp_path: Path
 ) -> None:
@@ -108,6 +110,7 @@ def test_a_draft_that_breaks_the_model_fails_end_to_end_or_device(
     )
 
 
+@pytest.mark.usefixtures("proofs_in_process")
 def test_agent_eval_against_the_scripted_endpoint(
     openai_server: ScriptedOpenAI,
     monkeypatch: pytest.MonkeyPatch,
@@ -163,25 +166,11 @@ def test_agent_eval_against_the_scripted_endpoint(
 
 
 @pytest.mark.slow
-def test_every_known_good_solution_is_accepted(tmp_path: Path) -> None:
+def test_every_known_good_solution_is_accepted(reference_eval: ReferenceEval) -> None:
     """The command as users run it: a fresh process (nothing earlier tests left in this one:
-    registries, caches, torch state), its own HFADAPT_HOME."""
-    import os
-    import subprocess
-    import sys
-
-    env = {**os.environ, "HFADAPT_HOME": str(tmp_path / "home")}
-    args = ["agent-eval", "--reference", "--json", "--db", str(tmp_path / "r.db")]
-    done = subprocess.run(
-        [sys.executable, "-m", "hfadapt", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=1500,
-    )
-    code, out, err = done.returncode, done.stdout, done.stderr[-4000:]
-    assert out.strip(), (code, err)
-    data = json.loads(out)
+    registries, caches, torch state), its own HFADAPT_HOME (the session's one run,
+    tests/agent/conftest.py)."""
+    code, data, err = reference_eval.code, reference_eval.data, reference_eval.err
     failed = {
         r["case"]: (r["outcome"], r["reason"], r.get("steps"))
         for r in data["cases"]

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from support.cli_runner import run_cli
+from support.drafting import ReferenceEval
 from support.openai_server import (
     ScriptedOpenAI,
     openai_server_fixture,  # noqa: F401
@@ -54,6 +55,7 @@ def test_every_kind_of_case_is_in_the_scored_suite(
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("proofs_in_process")
 def test_an_agent_run_is_scored_per_case(
     openai_server: ScriptedOpenAI,
     monkeypatch: pytest.MonkeyPatch,
@@ -77,17 +79,13 @@ def test_an_agent_run_is_scored_per_case(
 
 
 @pytest.mark.slow
-def test_reference_answers_of_the_held_out_cases(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
-) -> None:
+def test_reference_answers_of_the_held_out_cases(reference_eval: ReferenceEval) -> None:
     """The correct draft on a model the device already gets wrong, and the exact rewrite through
-    a compile-only op (judged compiled): accepted, with their numbers."""
+    a compile-only op (judged compiled): accepted, with their numbers (in the session's one
+    reference run, tests/agent/conftest.py)."""
     names = ["softsign-corrupted-baseline", "erf-gelu-compiled"]
-    args = ["agent-eval", "--reference", "--json", "--db", str(tmp_path / "r.db")]
-    code, out, _ = run_cli([*args, *(a for n in names for a in ("--case", n))], monkeypatch, capsys)
-    data = json.loads(out)
-    rows = {r["case"]: r for r in data["cases"]}
-    assert code == 0 and data["accepted"] == data["total"] == 2, {
+    rows = {n: reference_eval.row(n) for n in names}
+    assert all(r["outcome"] == "accepted" for r in rows.values()), {
         n: (r["outcome"], r["refused_at"], r["reason"]) for n, r in rows.items()
     }
     broken = rows["softsign-corrupted-baseline"]["numbers"]

@@ -39,8 +39,15 @@ from hfadapt.agent.sandbox import SandboxLimits
 from hfadapt.db.engine import get_engine
 
 ALL_STEPS = ["policy", "load", "capture", "graph", "equivalence", "device", "end_to_end"]
+# Drafts the policy refuses before any process starts: where a test is about the loop (retries,
+# repeats, budgets, malformed answers), not about a draft's proof, its drafts are these. A
+# refused draft is an attempt like any other; accepting and refusing after a sandbox and a
+# proof are the tests above and below that use GOOD and WRONG.
+REFUSED = GOOD.replace("import torch\n", "import os\nimport torch\n")
+WRONG_REFUSED = WRONG.replace("import torch\n", "import os\nimport torch\n")
 
 
+@pytest.mark.usefixtures("proofs_in_process")
 def test_correct_draft_is_accepted_as_a_graph_with_provenance_and_recorded(
     openai_server: ScriptedOpenAI, tmp_path: Path
 ) -> None:
@@ -86,6 +93,7 @@ def test_a_case_without_a_method_is_not_drafted_at_all(
     assert [s.outcome for s in sessions] == [NO_TARGET] and attempts == []
 
 
+@pytest.mark.usefixtures("proofs_in_process")
 def test_wrong_draft_is_rejected_at_equivalence_and_the_feedback_reaches_the_next_request(
     openai_server: ScriptedOpenAI, tmp_path: Path
 ) -> None:
@@ -104,6 +112,7 @@ def test_wrong_draft_is_rejected_at_equivalence_and_the_feedback_reaches_the_nex
     assert [a.failed_step for a in attempts] == ["equivalence", None]
 
 
+@pytest.mark.usefixtures("proofs_in_process")
 def test_a_baseline_already_wrong_on_the_device_judges_the_draft_against_it(
     openai_server: ScriptedOpenAI, tmp_path: Path
 ) -> None:
@@ -140,10 +149,13 @@ def test_a_baseline_already_wrong_on_the_device_judges_the_draft_against_it(
 def test_repeated_identical_draft_stops_the_loop(
     openai_server: ScriptedOpenAI, tmp_path: Path
 ) -> None:
-    openai_server.script = [WRONG, WRONG.replace("def forward", "# same code\ndef forward"), GOOD]
+    script = [WRONG_REFUSED, WRONG_REFUSED.replace("def forward", "# same code\ndef forward")]
+    openai_server.script = [*script, GOOD]
     outcome, _ = run(openai_server.url, tmp_path, attempts=4)
     assert outcome.outcome == REPEATED, outcome.reason
     assert len(openai_server.requests) == 2, "the loop went on after an identical draft"
+    assert [a.failed_step for a in outcome.attempts] == ["policy", "repeat"], outcome.attempts
+    assert outcome.attempts[1].feedback == "identical to the draft of attempt 1"
 
 
 SENTINEL_DRAFTS = {
@@ -177,28 +189,31 @@ def test_policy_rejects_os_subprocess_and_open_without_running_them(
     assert "import of 'os' is not allowed" in openai_server.user_messages(1)[-1]
 
 
-def test_no_code_then_conflicting_blocks_then_a_good_draft(
+def test_no_code_then_conflicting_blocks_then_a_draft_is_judged(
     openai_server: ScriptedOpenAI, tmp_path: Path
 ) -> None:
     openai_server.script = [
         "I would rewrite pow(x, -1) as a reciprocal.",
         WRONG + "\nor\n" + GOOD,
-        GOOD,
+        REFUSED,
     ]
     outcome, _ = run(openai_server.url, tmp_path)
-    assert outcome.outcome == ACCEPTED, outcome.reason
-    assert [a.failed_step for a in outcome.attempts] == ["extract", "extract", None]
+    assert outcome.outcome == REJECTED, outcome.reason
+    assert [a.failed_step for a in outcome.attempts] == ["extract", "extract", "policy"]
+    assert "import os" in (outcome.attempts[2].code or ""), outcome.attempts[2].code
     assert "no ```python code block" in openai_server.user_messages(1)[-1]
     assert "2 different code blocks" in openai_server.user_messages(2)[-1]
 
 
 def test_429_then_success(openai_server: ScriptedOpenAI, tmp_path: Path) -> None:
-    openai_server.script = [busy(429, "slow down"), GOOD]
-    outcome, engine = run(openai_server.url, tmp_path)
-    assert outcome.outcome == ACCEPTED, outcome.reason
+    """The request is retried after a 429 and its answer is the attempt's draft, judged."""
+    openai_server.script = [busy(429, "slow down"), REFUSED]
+    outcome, engine = run(openai_server.url, tmp_path, attempts=1)
+    assert outcome.outcome == REJECTED, outcome.reason
     assert len(openai_server.requests) == 2
     _, attempts = rows(engine)
     assert [a.retries for a in attempts] == [1]
+    assert [a.failed_step for a in attempts] == ["policy"] and "import os" in attempts[0].code
 
 
 def test_endpoint_down_is_a_clear_outcome_and_nothing_is_lost(tmp_path: Path) -> None:
@@ -219,7 +234,7 @@ def test_endpoint_down_is_a_clear_outcome_and_nothing_is_lost(tmp_path: Path) ->
 def test_server_errors_after_a_rejected_draft_keep_the_first_attempt(
     openai_server: ScriptedOpenAI, tmp_path: Path
 ) -> None:
-    openai_server.script = [WRONG] + [busy(503, "overloaded")] * 4
+    openai_server.script = [WRONG_REFUSED] + [busy(503, "overloaded")] * 4
     outcome, engine = run(openai_server.url, tmp_path)
     assert outcome.outcome == ENDPOINT_ERROR, outcome.reason
     assert "server error (503); gave up after 3 tries" in outcome.reason, outcome.reason
@@ -227,13 +242,14 @@ def test_server_errors_after_a_rejected_draft_keep_the_first_attempt(
         openai_server.requests
     )  # the draft, then 1 try + 2 retries
     _, attempts = rows(engine)
-    assert [(a.number, a.failed_step) for a in attempts] == [(1, "equivalence"), (2, None)]
+    assert [(a.number, a.failed_step) for a in attempts] == [(1, "policy"), (2, None)]
     # The failed request's retries (max_retries=2, all spent) are on its attempt row.
     assert [a.retries for a in attempts] == [0, 2], [a.retries for a in attempts]
     assert attempts[0].code and "x * x" in attempts[0].code
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("proofs_in_process")
 def test_runaway_drafts_are_killed_and_the_loop_goes_on(
     openai_server: ScriptedOpenAI, tmp_path: Path
 ) -> None:
@@ -243,12 +259,12 @@ def test_runaway_drafts_are_killed_and_the_loop_goes_on(
         "    junk = []\n    while True:\n        junk.append([0.0] * (1 << 22))", name="hog"
     )
     openai_server.script = [forever, hog, GOOD]
-    outcome, _ = run(openai_server.url, tmp_path, limits=SandboxLimits(timeout_s=30, memory_mb=400))
+    outcome, _ = run(openai_server.url, tmp_path, limits=SandboxLimits(timeout_s=20, memory_mb=400))
     assert outcome.outcome == ACCEPTED, outcome.reason
     first, second, third = outcome.attempts
     killed = first.validation.steps[-1]  # type: ignore[union-attr]
     assert (killed.step, killed.status) == ("capture", "killed"), killed
-    assert "time limit of 30 s" in killed.summary, killed.summary
+    assert "time limit of 20 s" in killed.summary, killed.summary
     hogged = second.validation.steps[-1]  # type: ignore[union-attr]
     assert hogged.step == "capture" and hogged.status in ("fail", "killed"), hogged
     assert "memory" in hogged.summary.lower() or "MemoryError" in hogged.summary, hogged.summary
@@ -260,7 +276,7 @@ def test_token_and_wall_time_limits_end_the_session(
 ) -> None:
     from hfadapt.agent.loop import TIME_BUDGET, TOKEN_BUDGET
 
-    openai_server.script = [WRONG, GOOD]
+    openai_server.script = [WRONG_REFUSED, GOOD]
     engine = get_engine(str(tmp_path / "runs.db"))
     client = client_for(openai_server.url, attempts=3, max_tokens=1000)  # one answer costs 1500
     outcome = draft_adapter(softsign_case(), client, recorder=Recorder(engine), taken_names={})

@@ -94,7 +94,7 @@ def test_the_memory_limit_fails_the_step_with_the_limit() -> None:
     ("limits", "said", "within"),
     [
         (ProofLimits(cpu_seconds=1, wall_seconds=120), "the proof exceeded 1 s of CPU time", 40),
-        (ProofLimits(wall_seconds=8), "the proof exceeded 8 s (wall clock)", 20),
+        (ProofLimits(wall_seconds=5), "the proof exceeded 5 s (wall clock)", 20),
     ],
     ids=["cpu", "wall"],
 )
@@ -123,7 +123,7 @@ def test_the_draft_loop_goes_on_after_a_proof_hits_its_limit(
         return SandboxRun(steps, 0, files=handed.pop(0))
 
     monkeypatch.setattr("hfadapt.agent.validate.run_sandbox", sandbox)
-    monkeypatch.setattr(graph_proof, "DEFAULT_LIMITS", ProofLimits(wall_seconds=10))
+    monkeypatch.setattr(graph_proof, "DEFAULT_LIMITS", ProofLimits(wall_seconds=5))
     openai_server.script = [WRONG, GOOD]
     start = time.monotonic()
     outcome, _ = run(openai_server.url, tmp_path, attempts=3)
@@ -131,7 +131,7 @@ def test_the_draft_loop_goes_on_after_a_proof_hits_its_limit(
     assert outcome.outcome == ACCEPTED, outcome.reason
     first = outcome.attempts[0]
     assert first.failed_step in PARENT_STEPS, first.failed_step
-    assert "the proof exceeded 10 s (wall clock)" in first.feedback, first.feedback
+    assert "the proof exceeded 5 s (wall clock)" in first.feedback, first.feedback
     assert len(outcome.attempts) == 2
     assert seconds < 60, f"the loop took {seconds:.1f} s"
 

@@ -69,6 +69,7 @@ def _softsign_applies(name: str) -> bool:
         return name in handle.applied
 
 
+@pytest.mark.usefixtures("proofs_in_process")
 def test_an_accepted_graph_is_recorded_with_a_private_key_and_applies(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -123,6 +124,7 @@ def test_a_hand_edited_folder_is_refused_even_with_its_old_record(
     assert name in _names()
 
 
+@pytest.mark.usefixtures("proofs_in_process")
 def test_a_record_made_with_another_key_does_not_count(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -146,6 +148,7 @@ def _big_graph_folder(monkeypatch: pytest.MonkeyPatch) -> Path:
     return path
 
 
+@pytest.mark.usefixtures("proofs_in_process")
 def test_adapters_list_with_a_20000_node_graph_is_fast(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -176,6 +179,7 @@ def test_adapters_list_with_a_20000_node_graph_is_fast(
     assert whole < 30, f"{whole:.1f} s"
 
 
+@pytest.mark.usefixtures("proofs_in_process")
 def test_the_graph_is_parsed_on_first_apply_not_at_discovery(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -146,6 +146,7 @@ def test_results_past_the_byte_cap_kill_the_sandbox(
     assert run.steps[-1].status == "killed" and run.files == {}, run.steps
 
 
+@pytest.mark.usefixtures("proofs_in_process")
 def test_api_key_never_reaches_runs_db_or_logs(
     openai_server: ScriptedOpenAI, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

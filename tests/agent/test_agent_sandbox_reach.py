@@ -210,12 +210,13 @@ def test_a_drafted_annotation_probing_from_a_home_folder_finds_nothing_to_send(
     (folder / "config.json").write_text(json.dumps(TINY_GELU_BERT))
     probe = _probe(exposed) + "raise RuntimeError('FOUND ' + __import__('json').dumps(found))\n"
     hostile = gelu_draft(args=f"self, input: exec({probe!r}) = None")
-    # three cases now (gelu, and two in the mask helpers, module-level functions): each gets the hostile
-    # draft first, then the honest gelu rewrite (accepted for the gelu case only)
-    openai_server.script = [hostile, {"body": reply(gelu_draft())}] * 3
+    # one case (the registry's other adapters apply, gelu_new's is left out): the hostile draft
+    # first, then the honest gelu rewrite, accepted
+    openai_server.script = [hostile, {"body": reply(gelu_draft())}]
     home = Path(os.environ["HOME"])
     before = SYSCTL.read_text()
-    args = ["draft", str(folder), "--mode", "structural", "--no-adapters"]
+    args = ["draft", str(folder), "--mode", "structural", "--eager"]
+    args += ["--without-adapter", "gelu-new-cube"]
     args += ["--base-url", openai_server.url, "--model", "scripted-model"]
     args += ["--api-key", "sk-test-reach", "--max-attempts", "2", "--json"]
     args += ["--db", str(tmp_path / "runs.db")]
@@ -232,10 +233,12 @@ def test_a_drafted_annotation_probing_from_a_home_folder_finds_nothing_to_send(
         check=False,
     )
     outcomes = json.loads(done.stdout)
-    fixed = all(o["outcome"] == "accepted" for o in outcomes)
-    # exit 0 only when every failure was fixed (the mask helper's case gets no right answer)
-    assert done.returncode == (0 if fixed else 1), (done.stdout[-2000:], done.stderr[-3000:])
-    assert any(o["outcome"] == "accepted" for o in outcomes), json.dumps(outcomes)[:4000]
+    # the one failure fixed at the second attempt: exit 0
+    assert [(o["outcome"], o["attempts"]) for o in outcomes] == [("accepted", 2)], (
+        json.dumps(outcomes)[:4000],
+        done.stderr[-3000:],
+    )
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
     assert SYSCTL.read_text() == before, "a host sysctl changed"
     sent = json.dumps([r["json"] for r in openai_server.requests])
     assert SECRET not in sent and SECRET.encode().hex() not in sent

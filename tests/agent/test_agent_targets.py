@@ -14,8 +14,7 @@ from typing import Any
 
 import pytest
 import torch
-from support.cli_runner import run_cli
-from support.drafting import rows, run
+from support.drafting import draft_cli, rows, run
 from support.openai_server import (
     ScriptedOpenAI,
     openai_server_fixture,  # noqa: F401
@@ -152,6 +151,7 @@ def test_each_kind_is_located_and_captured_with_its_own_arguments(
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("proofs_in_process")
 def test_rotary_staticmethod_as_constant_matmuls_is_accepted_a_wrong_sign_refused(
     roformer: tuple[Path, dict[str, FailureCase]], openai_server: ScriptedOpenAI, tmp_path: Path
 ) -> None:
@@ -185,6 +185,7 @@ def _answer_by_target(answers: dict[str, list[str]]) -> Any:
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("proofs_in_process")
 def test_masking_utility_rewrite_through_draft_cli_is_accepted_and_applied_where_called(
     roformer: tuple[Path, dict[str, FailureCase]],
     openai_server: ScriptedOpenAI,
@@ -197,7 +198,6 @@ def test_masking_utility_rewrite_through_draft_cli_is_accepted_and_applied_where
     device, with the violation counts); the next gets the right one (accepted: every mask
     failure gone). The rotary and gelu failures get no code: exit 1."""
     folder, _ = roformer
-    monkeypatch.setenv("HFADAPT_HOME", str(tmp_path / "home"))
     answers = {"create_bidirectional_mask": [MASK_NONE, MASK_CAST, MASK_RIGHT]}
     openai_server.script = [_answer_by_target(answers)] * 12
     args = [
@@ -205,13 +205,7 @@ def test_masking_utility_rewrite_through_draft_cli_is_accepted_and_applied_where
         *("--base-url", openai_server.url, "--model", "scripted-model", "--api-key", "sk-cli"),
         *("--max-attempts", "2", "--db", str(tmp_path / "runs.db"), "--json"),
     ]
-    try:
-        code, out, err = run_cli(args, monkeypatch, capsys)
-    finally:
-        from hfadapt.adapters.registry import default_registry
-
-        monkeypatch.delenv("HFADAPT_HOME")
-        default_registry(reload=True)
+    code, out, err = draft_cli(args, monkeypatch, capsys, tmp_path / "home")
     assert code == 1, (code, out[-2000:], err[-2000:])
     outcomes = json.loads(out)
     masks = [o for o in outcomes if o["case"] in {"5ddb7f757681", "57102918bd27", "0a41f132a64b"}]

@@ -1,6 +1,7 @@
 """Drafts that are right only where the proofs used to look: a size-, a dtype- and a
-value-triggered trojan of ``NewGELUActivation.forward`` and the eps misplacement in an RMSNorm,
-each drafted through the loop ``hfadapt draft`` runs against a scripted loopback endpoint and
+value-triggered trojan of ``NewGELUActivation.forward``, drafted through ``hfadapt draft``
+against a scripted loopback endpoint and refused at the graph step by the static rules, with
+the counts; the eps misplacement in an RMSNorm, drafted through the loop that command runs and
 refused at ``equivalence`` with the numbers; the honest rewrite is still accepted. And a graph
 applies only where the module attributes it was proven for hold."""
 
@@ -11,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.drafting import TINY_GELU_BERT, gelu_draft, rows, run
+from support.drafting import TINY_GELU_BERT, draft_cli, gelu_draft, rows, run
 from support.openai_server import (
     ScriptedOpenAI,
     openai_server_fixture,  # noqa: F401
@@ -87,10 +88,9 @@ def _refused_at_equivalence(outcome: Any, steps: list[dict[str, Any]], *needles:
     return why
 
 
-def _refused_by_the_static_rule(outcome: Any, steps: list[dict[str, Any]], needle: str) -> str:
+def _refused_by_the_static_rule(steps: list[dict[str, Any]], needle: str) -> str:
     """The graph step's static rules (tests/agent/test_agent_static_rules.py) refuse it
     before any proof runs; the counts of both graphs are in the step's output."""
-    assert outcome.outcome == REJECTED, (outcome.outcome, outcome.reason)
     last = steps[-1]
     assert last["step"] == "graph" and last["status"] == "fail", steps
     why = str(last.get("summary", ""))
@@ -110,33 +110,7 @@ def _err(why: str) -> float:
 
 
 @pytest.mark.slow
-def test_size_triggered_trojan_is_refused_for_its_size_arithmetic(
-    openai_server: ScriptedOpenAI, tmp_path: Path
-) -> None:
-    outcome, steps = _draft(openai_server, tmp_path, SIZE_TROJAN, "gelu-new-cube")
-    why = _refused_by_the_static_rule(outcome, steps, "size arithmetic feeding values")
-    assert "computed from sizes by sym::sub" in why, why
-
-
-@pytest.mark.slow
-def test_dtype_triggered_trojan_is_refused_for_its_dtype_constant(
-    openai_server: ScriptedOpenAI, tmp_path: Path
-) -> None:
-    outcome, steps = _draft(openai_server, tmp_path, DTYPE_TROJAN, "gelu-new-cube")
-    why = _refused_by_the_static_rule(outcome, steps, "dtype constant")
-    assert "finfo(dtype).eps" in why, why
-
-
-@pytest.mark.slow
-def test_value_triggered_trojan_is_refused_for_its_data_dependent_selection(
-    openai_server: ScriptedOpenAI, tmp_path: Path
-) -> None:
-    outcome, steps = _draft(openai_server, tmp_path, VALUE_TROJAN, "gelu-new-cube")
-    why = _refused_by_the_static_rule(outcome, steps, "data-dependent selection")
-    assert "the draft's graph has 3, the stock code's 0" in why, why
-
-
-@pytest.mark.slow
+@pytest.mark.usefixtures("proofs_in_process")
 def test_eps_misplacement_is_refused_on_tiny_magnitudes(
     openai_server: ScriptedOpenAI, tmp_path: Path
 ) -> None:
@@ -146,6 +120,7 @@ def test_eps_misplacement_is_refused_on_tiny_magnitudes(
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("proofs_in_process")
 def test_the_honest_rewrite_is_still_accepted(
     openai_server: ScriptedOpenAI, tmp_path: Path
 ) -> None:
@@ -185,33 +160,26 @@ def test_trojans_through_the_draft_command_are_refused_with_the_rule_and_its_cou
     tmp_path: Path,
 ) -> None:
     """`hfadapt draft MODEL` against a loopback endpoint answering the size, dtype and value
-    trojans in turn: each refused at the graph step by the static rules (the counts printed),
-    and the command exits 1, nothing accepted."""
+    trojans in turn: each refused at the graph step by the static rules, for what makes it a
+    trojan (size arithmetic, a dtype constant, a data-dependent selection) with the counts, and
+    the command exits 1, nothing accepted."""
     import json
-
-    from support.cli_runner import run_cli
 
     folder = tmp_path / "gelu-bert"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(TINY_GELU_BERT))
-    monkeypatch.setenv("HFADAPT_HOME", str(tmp_path / "home"))
     db = str(tmp_path / "runs.db")
     openai_server.script = [SIZE_TROJAN, DTYPE_TROJAN, VALUE_TROJAN]
     args = [
-        *("draft", str(folder), "--mode", "structural", "--without-adapter", "gelu-new-cube"),
+        *("draft", str(folder), "--mode", "structural", "--eager"),
+        *("--without-adapter", "gelu-new-cube"),
         *("--base-url", openai_server.url, "--model", "scripted-model", "--api-key", "sk-t"),
         *("--max-attempts", "3", "--db", db, "--json"),
     ]
-    try:
-        code, out, err = run_cli(args, monkeypatch, capsys)
-    finally:
-        from hfadapt.adapters.registry import default_registry
-
-        monkeypatch.delenv("HFADAPT_HOME")
-        default_registry(reload=True)
+    code, out, err = draft_cli(args, monkeypatch, capsys, tmp_path / "home")
     assert code == 1, (code, out[-2000:], err[-2000:])
     (outcome,) = json.loads(out)
-    assert outcome["outcome"] != "accepted", outcome
+    assert outcome["outcome"] == REJECTED and outcome["attempts"] == 3, outcome
     assert "static rule: data-dependent selection" in outcome["reason"], outcome["reason"]
     assert "the draft's graph has 3, the stock code's 0" in outcome["reason"], outcome["reason"]
     from hfadapt.db.engine import get_engine
@@ -221,3 +189,10 @@ def test_trojans_through_the_draft_command_are_refused_with_the_rule_and_its_cou
     assert "size arithmetic feeding values" in feedback[1], feedback
     assert "finfo(dtype).eps" in feedback[2], feedback
     assert "data-dependent selection" in feedback[3], feedback
+    steps = {a.number: a.steps or [] for a in attempts}
+    size = _refused_by_the_static_rule(steps[1], "size arithmetic feeding values")
+    assert "computed from sizes by sym::sub" in size, size
+    dtype = _refused_by_the_static_rule(steps[2], "dtype constant")
+    assert "finfo(dtype).eps" in dtype, dtype
+    value = _refused_by_the_static_rule(steps[3], "data-dependent selection")
+    assert "the draft's graph has 3, the stock code's 0" in value, value

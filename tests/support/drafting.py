@@ -1,11 +1,20 @@
 """Helpers for the drafting-agent tests (not a test file): scripted drafts for the softsign
 case, the case itself (with its model builder, so every proof runs), a client pointed at the
-loopback endpoint, one drafting session, and the rows it recorded."""
+loopback endpoint, one drafting session, and the rows it recorded; ``hfadapt draft`` run with a
+home folder of the test's (``draft_cli``); the reference self-check run in a fresh process and
+read back (``run_reference_eval``: tests/agent/conftest.py runs it once per session)."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from hfadapt.agent.cases import FailureCase
 from hfadapt.agent.client import AgentClient, AgentSettings
@@ -156,3 +165,98 @@ def corrupted_softsign_case() -> FailureCase:
     case.name = "softsign-on-a-corrupted-baseline"
     case.model = {"builder": "hfadapt.agent.evalcases:corrupted_softsign_model"}
     return case
+
+
+def draft_cli(
+    args: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    home: Path,
+) -> tuple[int, str, str]:
+    """``hfadapt *args`` (a ``draft`` run, usually) through the real entry point with
+    HFADAPT_HOME set to ``home``: (exit code, stdout, stderr). Afterwards the variable is unset
+    and the process-wide registry reloaded, so no later test sees ``home``'s accepted drafts."""
+    from hfadapt.adapters.registry import default_registry
+    from support.cli_runner import run_cli
+
+    monkeypatch.setenv("HFADAPT_HOME", str(home))
+    try:
+        return run_cli(args, monkeypatch, capsys)
+    finally:
+        monkeypatch.delenv("HFADAPT_HOME")
+        default_registry(reload=True)
+
+
+@dataclass(frozen=True)
+class ReferenceEval:
+    """``hfadapt agent-eval --reference --json`` as users run it, once: its exit code, the
+    report it printed, the tail of its stderr, and the runs database it recorded into (the
+    attempts, with every step's summary and numbers)."""
+
+    code: int
+    data: dict[str, Any]
+    err: str
+    db: Path
+
+    def row(self, case: str) -> dict[str, Any]:
+        rows = {r["case"]: r for r in self.data["cases"]}
+        assert case in rows, (case, sorted(rows))
+        return rows[case]
+
+    def steps(self, case: str) -> dict[str, dict[str, Any]]:
+        """The recorded steps (summary, output) of ``case``'s one attempt, by step."""
+        from sqlmodel import select
+
+        from hfadapt.db.tables import AgentAttempt
+
+        session_id = self.row(case)["session_id"]
+        with session(get_engine(str(self.db)), write=False) as s:
+            (attempt,) = s.exec(select(AgentAttempt).where(AgentAttempt.session_id == session_id))
+            return {st["step"]: st for st in attempt.steps or []}
+
+
+_NOT_PASSED = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HFADAPT_ADAPTERS_PATH")
+_HF_PATHS = {
+    "HF_HOME": "",
+    "HF_HUB_CACHE": "hub",
+    "HF_ASSETS_CACHE": "assets",
+    "HF_XET_CACHE": "xet",
+    "HF_TOKEN_PATH": "token",
+    "HF_STORED_TOKENS_PATH": "stored_tokens",
+}
+
+
+def run_reference_eval(folder: Path) -> ReferenceEval:
+    """Every reference answer through the whole pipeline in a fresh process (nothing earlier
+    tests left in this one: registries, caches, torch state) with its own HFADAPT_HOME and
+    database under ``folder``; its HF home there too and no HF token, as every test has
+    (tests/conftest.py's isolated_state, which a session's fixture runs before)."""
+    hf = folder / "hf_home"
+    env = {
+        **{k: v for k, v in os.environ.items() if k not in _NOT_PASSED},
+        "HFADAPT_HOME": str(folder / "home"),
+        "HFADAPT_DB": str(folder / "reference.db"),
+        **{name: str(hf / sub) if sub else str(hf) for name, sub in _HF_PATHS.items()},
+    }
+    db = folder / "reference.db"
+    done = subprocess.run(
+        [sys.executable, "-m", "hfadapt", "agent-eval", "--reference", "--json", "--db", str(db)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1500,
+        check=False,
+    )
+    assert done.stdout.strip(), (done.returncode, done.stderr[-4000:])
+    return ReferenceEval(done.returncode, json.loads(done.stdout), done.stderr[-4000:], db)
+
+
+def record_reference_eval(folder: Path, result: ReferenceEval) -> None:
+    (folder / "reference.json").write_text(
+        json.dumps({"code": result.code, "data": result.data, "err": result.err})
+    )
+
+
+def read_reference_eval(folder: Path) -> ReferenceEval:
+    saved = json.loads((folder / "reference.json").read_text())
+    return ReferenceEval(saved["code"], saved["data"], saved["err"], folder / "reference.db")
