@@ -192,13 +192,17 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 # The longest items first: two pytest-xdist workers under ``--dist worksteal`` each take half the
 # list and steal from the end of the other's queue, so a long test left near the end makes the
 # tail where one core waits. The real-cycle tests (their session fixture runs two cycles, about
-# three minutes) go first, then the ``slow`` ones; the order within each group is kept.
-LONGEST_FIXTURE = "two_real_cycles"
+# three minutes) and the tests that read the agent's reference self-check (one fresh
+# ``agent-eval --reference`` process, about two and a half) go first, then the ``slow`` ones; the
+# order within each group is kept. Left in the middle, the self-check started last on a 3-worker
+# run and made a four-minute tail.
+LONGEST_FIXTURES = ("two_real_cycles", "reference_eval")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     def weight(item: pytest.Item) -> int:
-        if LONGEST_FIXTURE in getattr(item, "fixturenames", ()):
+        fixtures = getattr(item, "fixturenames", ())
+        if any(name in fixtures for name in LONGEST_FIXTURES):
             return 0
         return 1 if item.get_closest_marker("slow") else 2
 
