@@ -22,7 +22,7 @@ from hfadapt.errors import (
     option,
 )
 from hfadapt.hub.client import default_endpoint as hub_endpoint
-from hfadapt.hub.client import env_offline, probe
+from hfadapt.hub.client import env_offline, hub_error, probe
 
 # The Hub is probed once, briefly, before anything downloads: huggingface_hub otherwise retries
 # a dead connection for ~20 s before saying so.
@@ -33,6 +33,7 @@ __all__ = [
     "ModelSource",
     "cached_file",
     "download",
+    "download_if_present",
     "env_offline",
     "has_file",
     "hf_cache_dir",
@@ -197,9 +198,25 @@ def has_file(source: ModelSource, filename: str, hub: HubOptions | None = None) 
     return True
 
 
+def _hf_download(repo_id: str, filename: str, hub: HubOptions) -> Path:
+    """hf_hub_download of one file with ``hub``'s revision, cache and token, at hfadapt's
+    endpoint: what ``download`` and ``download_if_present`` share; huggingface_hub's errors."""
+    from huggingface_hub import hf_hub_download
+
+    return Path(
+        hf_hub_download(
+            repo_id,
+            filename,
+            revision=hub.revision,
+            cache_dir=hub.cache(),
+            endpoint=hub_endpoint(),
+            token=hub.token,
+        )
+    )
+
+
 def download(repo_id: str, filename: str, hub: HubOptions | None = None) -> Path:
     """One file of a Hub repo into the HF cache; ModelNotFoundError / ConfigError when it cannot."""
-    from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import (
         EntryNotFoundError,
         GatedRepoError,
@@ -210,16 +227,7 @@ def download(repo_id: str, filename: str, hub: HubOptions | None = None) -> Path
 
     hub = hub or _NO_OPTIONS
     try:
-        return Path(
-            hf_hub_download(
-                repo_id,
-                filename,
-                revision=hub.revision,
-                cache_dir=hub.cache(),
-                endpoint=hub_endpoint(),
-                token=hub.token,
-            )
-        )
+        return _hf_download(repo_id, filename, hub)
     except GatedRepoError as exc:
         raise ModelNotFoundError(
             f"{repo_id} is gated: accept its terms on the Hub and pass a token (HF_TOKEN)"
@@ -243,6 +251,22 @@ def download(repo_id: str, filename: str, hub: HubOptions | None = None) -> Path
         raise ModelNotFoundError(
             f"cannot download {filename} of {repo_id}: {' '.join(str(exc).split())[:200]}"
         ) from exc
+
+
+def download_if_present(repo_id: str, filename: str, hub: HubOptions) -> Path | None:
+    """``download`` for a file a repository may lack: None when the Hub answers that it has no
+    such file. Any other failure is a HubUnreachableError (no answer) or HubResponseError (an
+    HTTP error), never a "no such file"."""
+    from huggingface_hub.errors import LocalEntryNotFoundError, RemoteEntryNotFoundError
+
+    try:
+        return _hf_download(repo_id, filename, hub)
+    except RemoteEntryNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        # no answer: huggingface_hub reports it as "not in the local cache", the cause inside
+        cause = exc.__cause__ if isinstance(exc, LocalEntryNotFoundError) else None
+        raise hub_error(cause or exc, hub_endpoint(), f"{filename} of {repo_id}") from exc
 
 
 def read_config(folder: Path, where: str | None = None) -> dict[str, Any]:

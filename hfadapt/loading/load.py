@@ -21,10 +21,10 @@ from hfadapt.errors import (
     WeightsError,
     option,
 )
-from hfadapt.hub.client import hub_error
 from hfadapt.hub.resolve import (
     HubOptions,
     ModelSource,
+    download_if_present,
     env_offline,
     hf_cache_dir,
     hub_endpoint,
@@ -370,35 +370,11 @@ def _fetch_translated(
         _download(source.model_id, "model.safetensors", pinned)
     absent: dict[str, str] = {}
     for filename in peft_adapter_files(translation.evidence()):
-        if not (source.folder / filename).is_file() and not _hub_file(source, filename, pinned):
+        if (source.folder / filename).is_file():
+            continue
+        if download_if_present(source.model_id, filename, pinned) is None:
             absent[filename] = f"404 at {hub_endpoint()}, revision {pinned.revision}"
     return absent
-
-
-def _hub_file(source: ModelSource, filename: str, hub: HubOptions) -> bool:
-    """Download one file of ``source``'s repository (hf_hub_download, the weights' endpoint,
-    token and cache); False when the Hub answers that the repository has no such file. Any
-    other failure is a HubUnreachableError (no answer) or HubResponseError (an HTTP error)."""
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import LocalEntryNotFoundError, RemoteEntryNotFoundError
-
-    endpoint = hub_endpoint()
-    try:
-        hf_hub_download(
-            source.model_id,
-            filename,
-            revision=hub.revision,
-            cache_dir=hub.cache(),
-            endpoint=endpoint,
-            token=hub.token,
-        )
-    except RemoteEntryNotFoundError:
-        return False
-    except (OSError, ValueError) as exc:
-        # no answer: huggingface_hub reports it as "not in the local cache", the cause inside
-        cause = exc.__cause__ if isinstance(exc, LocalEntryNotFoundError) else None
-        raise hub_error(cause or exc, endpoint, f"{filename} of {source.model_id}") from exc
-    return True
 
 
 def _fetch_pooling_files(source: ModelSource, hub: HubOptions) -> None:
