@@ -71,7 +71,7 @@ class LoRASpec:
         if not spec:
             return None
         family = str(translated_from.get("family")) if translated_from else ""
-        fam = next((f for f in translate.families() if f.name == family), None)
+        fam = translate.family_named(family)
         if fam is None or fam.task_lora is None:
             return None
         return cls(

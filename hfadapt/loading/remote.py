@@ -200,7 +200,7 @@ def load_translated(
 
 def _adapter_folder(translation: translate.Translation, files: list[Path]) -> Path | None:
     """The PEFT adapter folder of a family keeping its task adapters beside the weights."""
-    fam = next((f for f in translate.families() if f.name == translation.family), None)
+    fam = translate.family_named(translation.family)
     table = fam.task_lora if fam is not None else None
     if not table or table.get("format") != "peft" or not files:
         return None

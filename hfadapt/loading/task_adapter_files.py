@@ -34,7 +34,7 @@ def peft_adapter_files(translated_from: dict[str, Any] | None) -> list[str]:
     if not spec or not spec.get("trained", True):
         return []
     family = str((translated_from or {}).get("family"))
-    fam = next((f for f in translate.families() if f.name == family), None)
+    fam = translate.family_named(family)
     table = fam.task_lora if fam is not None else None
     if not table or table.get("format") != "peft":
         return []

@@ -32,6 +32,7 @@ __all__ = [
     "families",
     "family_for",
     "family_for_row",
+    "family_named",
     "native_keys",
     "not_mapped",
     "rename_checkpoint",
@@ -186,6 +187,11 @@ def families() -> tuple[Family, ...]:
             )
         )
     return tuple(out)
+
+
+def family_named(name: str) -> Family | None:
+    """The table's family called ``name``; None when there is none."""
+    return next((f for f in families() if f.name == name), None)
 
 
 def not_mapped() -> dict[str, str]:
@@ -672,7 +678,7 @@ def text_model_class(model_type: str) -> str | None:
 def rename_checkpoint(family: str, state: dict[str, Any]) -> tuple[dict[str, object], list[str]]:
     """A remote-named state dict as the native model names it: (renamed tensors, dropped keys).
     Renames apply in table order; a fused tensor (qkv, up+gate) is chunked along dim 0."""
-    fam = next((f for f in families() if f.name == family), None)
+    fam = family_named(family)
     if fam is None:
         raise ConfigError(f"family={family!r} is not in {FAMILIES_FILE.name}")
     out: dict[str, Any] = {}
