@@ -3,10 +3,7 @@ fixtures this part's tests use, from tests/support, and the reference self-check
 
 from __future__ import annotations
 
-import os
-
 import pytest
-from filelock import FileLock
 from support.device import spyre
 from support.drafting import (
     ReferenceEval,
@@ -14,6 +11,7 @@ from support.drafting import (
     record_reference_eval,
     run_reference_eval,
 )
+from support.once import once_per_run
 from support.timing import sleeps
 
 __all__ = ["proofs_in_process", "reference_eval", "sleeps", "spyre"]
@@ -42,13 +40,10 @@ def reference_eval(tmp_path_factory: pytest.TempPathFactory) -> ReferenceEval:
     (~2.5 minutes of a core). Under pytest-xdist each worker has its own session: the first
     worker to need it runs it in the workers' common temp folder under a lock and records what
     it printed; a worker that needs it later waits for the lock and reads the record."""
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
-        return run_reference_eval(tmp_path_factory.mktemp("reference-eval"))
-    shared = tmp_path_factory.getbasetemp().parent / "reference-eval"
-    with FileLock(f"{shared}.lock"):
-        if (shared / "reference.json").exists():
-            return read_reference_eval(shared)
-        shared.mkdir(exist_ok=True)
-        result = run_reference_eval(shared)
-        record_reference_eval(shared, result)
-        return result
+    return once_per_run(
+        tmp_path_factory,
+        "reference-eval",
+        run_reference_eval,
+        record_reference_eval,
+        read_reference_eval,
+    )

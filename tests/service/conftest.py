@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from filelock import FileLock
 from support.cycle_history import write_history
+from support.once import once_per_run
 from support.sweeps import fake_worker
 
 __all__ = ["fake_worker", "history_db", "two_real_cycles"]
@@ -90,8 +90,13 @@ def _two_cycles(root: Path) -> TwoCycles:
     return TwoCycles(db, html, LEFT_OUT, first, second)
 
 
-def _read(record: Path) -> TwoCycles:
-    data: dict[str, Any] = json.loads(record.read_text())
+def _record(folder: Path, cycles: TwoCycles) -> None:
+    data = {**asdict(cycles), "db": str(cycles.db), "html": str(cycles.html)}
+    (folder / "cycles.json").write_text(json.dumps(data))
+
+
+def _read(folder: Path) -> TwoCycles:
+    data: dict[str, Any] = json.loads((folder / "cycles.json").read_text())
     return TwoCycles(Path(data["db"]), Path(data["html"]), data["left_out"],
                      CycleRun(**data["first"]), CycleRun(**data["second"]))  # fmt: skip
 
@@ -104,15 +109,4 @@ def two_real_cycles(tmp_path_factory: pytest.TempPathFactory) -> TwoCycles:
     under a lock and writes what they returned beside them; a worker that needs them later
     waits for that lock and reads the record (pytest-xdist's recipe for a session fixture run
     once), instead of running two more cycles (~3 minutes of both cores)."""
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
-        return _two_cycles(tmp_path_factory.mktemp("two-cycles"))
-    shared = tmp_path_factory.getbasetemp().parent / "two-cycles"  # the workers' common folder
-    record = shared / "cycles.json"
-    with FileLock(f"{shared}.lock"):
-        if record.exists():
-            return _read(record)
-        shared.mkdir(exist_ok=True)
-        cycles = _two_cycles(shared)
-        data = {**asdict(cycles), "db": str(cycles.db), "html": str(cycles.html)}
-        record.write_text(json.dumps(data))
-        return cycles
+    return once_per_run(tmp_path_factory, "two-cycles", _two_cycles, _record, _read)
