@@ -210,8 +210,9 @@ def test_masking_utility_rewrite_through_draft_cli_is_accepted_and_applied_where
     outcomes = json.loads(out)
     masks = [o for o in outcomes if o["case"] in {"5ddb7f757681", "57102918bd27", "0a41f132a64b"}]
     assert [o["outcome"] for o in masks][:2] == ["rejected", "accepted"], masks
-    assert masks[0]["steps"][0]["equivalence"] == "fail", masks[0]["steps"]
-    assert masks[0]["steps"][1]["device"] == "fail", masks[0]["steps"]
+    # .get: an attempt that stopped at an earlier step has no later one (print the steps)
+    assert masks[0]["steps"][0].get("equivalence") == "fail", masks[0]["steps"]
+    assert masks[0]["steps"][1].get("device") == "fail", masks[0]["steps"]
     from sqlmodel import select
 
     from hfadapt.db.engine import get_engine, session
