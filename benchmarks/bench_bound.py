@@ -37,10 +37,16 @@ from typing import Any
 
 import torch
 
+from hfadapt.judge.metrics import NORM_ERROR_MAX, TOKEN_COSINE_MIN
+
 CORPUS = Path(__file__).resolve().parents[1] / "hfadapt" / "data" / "retrieval_corpus.json"
-NORM_ERRORS = (0.0, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1, 0.2)
+NORM_ERRORS = (0.0, 0.005, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.07, 0.1, 0.2)
 COSINES = (1.0, 0.9999, 0.999, 0.995, 0.99, 0.98, 0.95, 0.9, 0.8)
 TOP_K = 5
+# The norm bound's rule (docs/design.md, "What the per-token bounds buy users"): the norm check
+# stands beside the cosine check, so a norm error at its bound may cost users no more than a
+# tenth of the cosine bound's distance from 1 costs (cosine 0.999 for the bound 0.99).
+NORM_BOUND_SHARE = 0.1
 
 
 def read_corpus(path: Path = CORPUS) -> tuple[list[str], list[str], list[int]]:
@@ -139,6 +145,22 @@ def sweep(
     return rows
 
 
+def derived_norm_bound(rows: list[dict[str, float]], cosine_bound: float) -> tuple[float, float]:
+    """(the largest measured norm error whose top-5 overlap, worst and mean, is at least that of
+    a token cosine of 1 - NORM_BOUND_SHARE * (1 - cosine_bound); that cosine). Rows of norm
+    errors alone and of cosines alone only; the cosine's row must be among them."""
+    cosine = round(1 - NORM_BOUND_SHARE * (1 - cosine_bound), 6)
+    ref = next(r for r in rows if r["norm_error"] == 0 and r["token_cosine"] == cosine)
+    within = [
+        r["norm_error"]
+        for r in rows
+        if r["token_cosine"] == 1.0
+        and r["top5_worst"] >= ref["top5_worst"]
+        and r["top5_mean"] >= ref["top5_mean"]
+    ]
+    return max(within), cosine
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=50)
@@ -157,7 +179,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     d, q = token_states(model, tokenizer, docs), token_states(model, tokenizer, queries)
     print(f"reference top-1 accuracy on the corpus: {accuracy(embed(*q), embed(*d), relevant):.2f}")
     sizes = [(e, 1.0) for e in NORM_ERRORS] + [(0.0, c) for c in COSINES[1:]]
-    sizes += [(0.015, 0.99)]  # both bounds at once
+    sizes += [(NORM_ERROR_MAX, TOKEN_COSINE_MIN)]  # both bounds at once
     rows = sweep(q, d, relevant, sizes, args.seeds)
     header = (
         "norm err  token cos | top-1 worst/mean | top-5 worst/mean | sent. cos worst | acc worst"
@@ -169,7 +191,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"{r['top1_mean']:.3f}     | {r['top5_worst']:.2f} / {r['top5_mean']:.3f}     | "
             f"{r['sentence_cosine_worst']:.6f}        | {r['accuracy_worst']:.2f}"
         )
-    result: dict[str, Any] = {"corpus": str(CORPUS.name), "seeds": args.seeds, "rows": rows}
+    bound, cosine = derived_norm_bound(rows, TOKEN_COSINE_MIN)
+    print(
+        f"norm bound by its rule: {bound:.3f} (the largest norm error costing no more top-5 "
+        f"overlap, worst and mean, than cosine {cosine}); hfadapt's NORM_ERROR_MAX: "
+        f"{NORM_ERROR_MAX:.3f}"
+    )
+    result: dict[str, Any] = {
+        "corpus": str(CORPUS.name),
+        "seeds": args.seeds,
+        "rows": rows,
+        "derived_norm_bound": bound,
+    }
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     return result

@@ -22,12 +22,15 @@ TOKEN_COSINE_MIN = 0.99
 COSINE_EPS = 1e-12
 # ... and every real token's row must keep its length along the reference within this relative
 # error (| <dev, ref> / <ref, ref> - 1 |: a row scaled by s shows s; an error across the row,
-# which cosine measures, hardly shows). Set between what the real all-MiniLM-L6-v2 with the
-# bundled adapters shows on the simulated card and a row scaled by 2% (0.02), which cosine
-# alone passes (docs/design.md, "Verdicts"). Measured (probes of hfadapt.loading.probes, the
-# profile spyre-2026.07): all-MiniLM-L6-v2 at most 0.0117 compiled, 0.0115 eager (median 0.0016;
-# its worst tokens are short rows, norm 2.0 against a median 3.7); a 2% scale: 0.0200.
-NORM_ERROR_MAX = 0.015
+# which cosine measures, hardly shows). Set by what it costs embedding users, not by one model's
+# margin (docs/design.md, "What the per-token bounds buy users"): the largest norm error that,
+# on every token of a fixed retrieval corpus, costs no more top-5 overlap than a tenth of the
+# cosine bound's distance (cosine 0.999) does. Measured (benchmarks/bench_bound.py, the real
+# all-MiniLM-L6-v2, 50 draws): 5% keeps 0.97 worst / 0.986 mean against cosine 0.999's 0.96 /
+# 0.984; 7% falls to 0.96 / 0.978. The real all-MiniLM-L6-v2 on the simulated card uses a
+# quarter of it (1.28% compiled); a reduced-precision statistic that scales a row, which cosine
+# cannot see, shows here.
+NORM_ERROR_MAX = 0.05
 # A reference row whose norm is below this fraction of the median real row's norm counts as
 # zero (a fully masked probe row, a padding position the model zeroes): it has no direction.
 ZERO_ROW_FRACTION = 1e-4

@@ -34,14 +34,14 @@ def test_the_share_is_the_largest_over_cosine_and_norm_error() -> None:
     margin = margin_of(_metrics(0.99994, 0.0128))
     shares = {u.metric: u.share for u in margin.uses}
     print(f"\n{margin.text()}\nshares {shares}")
-    # cosine: (1 - 0.99994) / (1 - 0.99) = 0.006; norm error: 0.0128 / 0.015 = 0.8533
+    # cosine: (1 - 0.99994) / (1 - 0.99) = 0.006; norm error: 0.0128 / 0.05 = 0.256
     assert shares["min token cosine"] == pytest.approx(0.006, abs=1e-9), shares
-    assert shares["max token norm error"] == pytest.approx(0.0128 / 0.015, abs=1e-12), shares
-    assert margin.share == pytest.approx(0.853333, abs=1e-6), margin.share
+    assert shares["max token norm error"] == pytest.approx(0.0128 / 0.05, abs=1e-12), shares
+    assert margin.share == pytest.approx(0.256, abs=1e-6), margin.share
     assert margin.worst is not None and margin.worst.metric == "max token norm error"
     text = margin.text()
-    assert text.startswith("85% of the bound used at worst (max token norm error)"), text
-    assert "max token norm error 1.28% of 1.50% (85% of the bound used)" in text, text
+    assert text.startswith("26% of the bound used at worst (max token norm error)"), text
+    assert "max token norm error 1.28% of 5.00% (26% of the bound used)" in text, text
     assert "min token cosine 0.999940, 0.0099 above its bound 0.99 (0.6% of" in text, text
 
 
@@ -67,7 +67,7 @@ def test_nan_or_inf_gives_no_share_and_missing_values_are_named() -> None:
 def test_zero_rows_and_each_pipeline_output_count_with_their_own_bounds() -> None:
     g = torch.Generator().manual_seed(0)
     ref = torch.randn(4, 32, generator=g)
-    dense = dense_metrics(ref, ref * 1.01)  # every sentence 1% long: 0.01 / 0.015 of the bound
+    dense = dense_metrics(ref, ref * 1.01)  # every sentence 1% long: 0.01 / 0.05 of the bound
     sparse_ref = torch.zeros(2, 100)
     sparse_ref[:, :32] = torch.linspace(2.0, 1.0, 32)
     sparse_dev = sparse_ref.clone()
@@ -142,7 +142,7 @@ def test_a_judged_run_records_its_margin(tiny_model_dirs: dict[str, Path]) -> No
     margin = read_margin(stored)
     print(f"\n{diag.verdict}: {diag.metrics.summary()}\n{margin.text() if margin else None}")
     assert diag.verdict == "pass" and margin is not None, (diag.reason, stored)
-    # every row 1.2% long: the norm error uses 0.012 / 0.015 = 80% of its bound
+    # every row 1.2% long: the norm error uses 0.012 / 0.05 = 24% of its bound
     assert margin.worst is not None and margin.worst.metric.endswith("norm error"), margin.text()
-    assert margin.share == pytest.approx(0.8, abs=1e-4), margin.share
+    assert margin.share == pytest.approx(0.24, abs=1e-4), margin.share
     assert stored["share"] == pytest.approx(margin.share, abs=1e-12), stored

@@ -160,24 +160,25 @@ def test_shape_mismatch_is_an_error() -> None:
 # ---- what cosine cannot see: a row scaled as a whole; a reference row that is zero ----------
 
 
-def test_a_two_percent_scale_fails_though_its_cosine_is_one() -> None:
+def test_a_six_percent_scale_fails_though_its_cosine_is_one() -> None:
     """Per-token cosine ignores a row scaled as a whole (what a reduced-precision norm does):
-    the norm error judges it. 2% fails; all-MiniLM-L6-v2 with the bundled adapters on the
-    simulated card shows at most 0.0117 compiled, 0.0115 eager (tests/judge/test_structural_verdicts.py
-    measures it), under NORM_ERROR_MAX."""
+    the norm error judges it. 6% fails, past NORM_ERROR_MAX (5%: what a norm error may cost
+    retrieval, tests/judge/test_bound_rule.py); the real all-MiniLM-L6-v2 with the bundled
+    adapters on the simulated card shows at most 1.28% compiled
+    (tests/judge/test_structural_verdicts.py measures it), well under it."""
     from hfadapt.judge.metrics import NORM_ERROR_MAX
 
     ref, mask = _batch()
     dev = ref.clone()
-    dev[1, 2] *= 1.02
+    dev[1, 2] *= 1.06
     m = compare(ref, dev, mask)
-    print(f"2% scale: min cosine {m.min_token_cosine:.6f}, norm error {m.max_norm_error:.4f}; "
+    print(f"6% scale: min cosine {m.min_token_cosine:.6f}, norm error {m.max_norm_error:.4f}; "
           f"{m.failure()}")  # fmt: skip
     assert m.min_token_cosine == pytest.approx(1.0, abs=1e-12)
-    assert m.max_norm_error == pytest.approx(0.02, rel=1e-5) and m.worst_norm_token == (1, 2)
-    assert not m.passed and "norm error 0.0200 > 0.015 at sentence 1, token 2" in m.failure()
-    assert 0.0117 < NORM_ERROR_MAX < 0.02
-    dev[1, 2] = ref[1, 2] * 1.01  # within the bound
+    assert m.max_norm_error == pytest.approx(0.06, rel=1e-5) and m.worst_norm_token == (1, 2)
+    assert not m.passed and "norm error 0.0600 > 0.05 at sentence 1, token 2" in m.failure()
+    assert 0.0128 < NORM_ERROR_MAX < 0.06
+    dev[1, 2] = ref[1, 2] * 1.04  # within the bound
     assert compare(ref, dev, mask).passed
 
 

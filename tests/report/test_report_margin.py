@@ -24,16 +24,16 @@ from hfadapt.report.coverage import build_report
 from hfadapt.report.html import render_html
 from hfadapt.report.models import rows_csv
 
-# m/one's newest run: min token cosine 0.99994 and norm error 1.28% (0.0128 / 0.015 = 85.33%
+# m/one's newest run: min token cosine 0.99994 and norm error 4.27% (0.04266 / 0.05 = 85.3%
 # of its bound, the worst); m/two passed before margins were recorded
-SHARE = 0.0128 / 0.015
+SHARE = 0.04266 / 0.05
 
 
 def _with_margin(engine: Any, model_id: str = "m/one") -> None:
     metrics = Metrics(
         min_token_cosine=0.99994, mean_token_cosine=0.99999, pooled_cosine=0.99999,
         max_abs_diff=0.01, has_nan=False, has_inf=False, tokens=40, nonfinite_tokens=0,
-        worst_token=(0, 1), max_norm_error=0.0128,
+        worst_token=(0, 1), max_norm_error=0.04266,
     )  # fmt: skip
     with session(engine) as sess:
         stmt = select(Run).where(col(Run.model_id) == model_id).order_by(col(Run.id).desc())
@@ -55,7 +55,7 @@ def test_the_card_and_show_give_the_share_and_a_dash_for_old_runs(
     code, out, err = run_cli(["show", "m/one", "--db", db], monkeypatch, capsys)
     assert code == 0, err
     assert "margin: 85% of the bound used at worst (max token norm error)" in out, out
-    assert "max token norm error 1.28% of 1.50% (85% of the bound used)" in out, out
+    assert "max token norm error 4.27% of 5.00% (85% of the bound used)" in out, out
     assert "min token cosine 0.999940, 0.0099 above its bound 0.99" in out, out
     code, out, err = run_cli(["show", "m/two", "--db", db], monkeypatch, capsys)
     assert code == 0 and "  margin: -\n" in out, (code, out, err)
@@ -76,7 +76,7 @@ def test_the_report_rows_csv_and_html_carry_the_share(report_engine: Any) -> Non
     assert table["m/two"]["bound_used"] == "", table["m/two"]
     html = render_html(report)
     assert "<th data-key='bound_used' class='n'>bound used</th>" in html, "no column heading"
-    assert '"bound_used": 0.85333' in html, "the share is not in the rows' data"
+    assert '"bound_used": 0.853' in html, "the share is not in the rows' data"
     assert 'typeof r.bound_used === "number"' in html, "the table's script draws no share"
 
 
@@ -104,5 +104,5 @@ def test_the_service_model_answer_has_the_share(report_engine: Any) -> None:
     assert answer["margin"]["text"].startswith("85% of the bound used"), answer["margin"]
     assert two.json()["bound_used"] is None and two.json()["margin"] is None, two.json()
     # the dashboard's model page says it in words, a dash for the old run
-    assert page.status_code == 200 and "max token norm error 1.28% of 1.50%" in page.text, page.text
+    assert page.status_code == 200 and "max token norm error 4.27% of 5.00%" in page.text, page.text
     assert "<b>How close to the bounds:</b> &mdash;</p>" in old.text, old.text
