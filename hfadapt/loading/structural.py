@@ -16,6 +16,7 @@ from hfadapt.errors import ConfigError, ModelNotFoundError
 from hfadapt.hub import resolve as locate
 from hfadapt.loading import load as loading
 from hfadapt.loading import remote, sizing
+from hfadapt.loading.attention_logits import seeded_row
 from hfadapt.loading.load import LoadedModel
 from hfadapt.loading.pooling import PoolingSpec, pooling_from_folder
 from hfadapt.loading.probes import SPECIAL_ID_FIELDS, random_probe_vocab
@@ -32,10 +33,12 @@ from hfadapt.loading.signature import (
     signature_fields,
     structural_signature,
 )
-from hfadapt.loading.trained_scale import MINILM, draw_trained_scale
+from hfadapt.loading.trained_scale import STAND_IN, draw_trained_scale
 
 STRUCTURAL_LAYERS = 2
 STRUCTURAL_SEED = 0
+# What a stand-in's weights are drawn at: all-MiniLM-L6-v2's statistics without its last layer's
+# outliers (hfadapt.loading.trained_scale.STAND_IN; docs/design.md, structural stand-ins)
 
 __all__ = [
     "ALIGNMENT",
@@ -336,13 +339,15 @@ def _at_trained_scale(model: Any, built: Any, seed: int, tokenizer: Any) -> str:
     """Draw the stand-in's weights at trained scale (the initializer's weights hide device
     faults a trained model shows); the note that says so."""
     table = getattr(built, "vocab_size", None)
-    draw_trained_scale(
-        model, seed, MINILM, table if isinstance(table, int) else None, start_ids(built, tokenizer)
-    )
+    vocab = table if isinstance(table, int) else None
+    starts = start_ids(built, tokenizer)
+    row = seeded_row(vocab or STRUCTURAL_VOCAB, starts, seed)
+    drawn = draw_trained_scale(model, seed, STAND_IN, vocab, starts, sharpen_on=row)
+    sharpened = "attention not sharpened" if drawn.sharpened is None else drawn.sharpened.describe()
     return (
         "weights drawn at trained scale (statistics of all-MiniLM-L6-v2: "
-        f"linear gain {MINILM.linear_gain:.2f}/sqrt(fan_in), norm scale "
-        f"{MINILM.norm_gain_mean:.2f})"
+        f"linear gain {STAND_IN.linear_gain:.2f}/sqrt(fan_in), norm scale "
+        f"{STAND_IN.norm_gain_mean:.2f}); {sharpened}"
     )
 
 

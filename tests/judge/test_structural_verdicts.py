@@ -19,7 +19,7 @@ import torch
 from hfadapt import verdicts
 from hfadapt.errors import UsageError
 from hfadapt.judge.diagnose import diagnose
-from hfadapt.loading.trained_scale import MINILM, MINILM_LAST_LAYER, minilm_statistics
+from hfadapt.loading.trained_scale import MINILM, STAND_IN, minilm_statistics
 
 HANDOFF = "post-ln-handoff-clone"
 
@@ -33,19 +33,12 @@ def test_trained_scale_is_measured_on_the_real_minilm(minilm_path: Path) -> None
     probes = build_probes(load(minilm_path)).inputs  # the last layer's statistics: on sentences
     inputs = {k: probes[k] for k in ("input_ids", "attention_mask")}
     real = minilm_statistics(AutoModel.from_pretrained(minilm_path), inputs)
-    print(f"measured: {real.describe()}\nbundled:  {MINILM_LAST_LAYER.describe()}")
+    print(f"measured: {real.describe()}\nbundled:  {MINILM.describe()}")
     for field, value in vars(real).items():
-        assert getattr(MINILM_LAST_LAYER, field) == pytest.approx(value, rel=0.01, abs=1e-6), field
-    # what structural runs draw: the same, without the last layer's (see the test below)
-    assert (
-        replace(
-            MINILM_LAST_LAYER,
-            final_outlier_share=0.0,
-            final_outlier_gain=1.0,
-            final_norm_outlier_ratio=1.0,
-        )
-        == MINILM
-    )
+        assert getattr(MINILM, field) == pytest.approx(value, rel=0.01, abs=1e-6), field
+    # what structural runs draw: the same, without the last layer's (see the tests below)
+    last = {"final_outlier_share": 0.0, "final_outlier_gain": 1.0, "final_norm_outlier_ratio": 1.0}
+    assert replace(MINILM, **last) == STAND_IN
 
 
 def test_a_structural_model_is_drawn_at_that_scale(minilm_path: Path) -> None:
@@ -112,22 +105,22 @@ def test_minilm_without_the_handoff_clone_fails_structurally_too(minilm_path: Pa
 
 
 # A structural run should be at least as hard for the device as the trained model it stands for.
-# Measured 2026-12-05 (compiled): structural 0.25% / 2.6e-5 (0.29% / 2.8e-5 before the attention
-# sink was drawn), real 1.28% / 5.4e-5. The real model's norm error is its last layer's: its FFN
-# writes 3 channels at 57x its other channels' rms, its last LayerNorm scales them by 0, and
-# the device's error on them (91% of a token's variance there) moves every token's length
-# (restored to the median scale, the real weights give 0.24%). Drawn into the stand-in
-# (MINILM_LAST_LAYER), that gives 1.25% / 2.5e-5 (the test below), but flips 11 passes of a
-# top-300 sweep, so structural runs do not draw it. The cosine gap is the real attention's: its
-# per-head device error reaches 2.9-4.5% in every layer (a previous-token head in layer 0 with
-# logits 50 above the row's mean; query rows at 10-15 in layers 1-4) against 0.4-0.8% in the
-# stand-in's. Layers 3-6 with the last layer drawn: 1.8-3.3% (the stand-in fails).
+# Measured 2026-12-05 (compiled; max per-token norm error / 1 - min per-token cosine): real
+# 1.28% / 5.4e-5; the stand-in 0.84% / 5.8e-4 (0.25% / 2.6e-5 before its attention was
+# sharpened to the real model's spread). The cosine gap is closed, ten times over: the real
+# attention's content logits spread 4.7 in layer 0 (a previous-token head's rows 50 above their
+# mean) and 1.4-2.8 later, the seeded stand-in's 0.7 and 1.3. The norm gap is the real model's
+# last layer (its FFN writes 3 channels at 57x its other channels' rms, its last LayerNorm scales
+# them by 0, and the device's error on them moves every token's length). Drawn (MINILM) it
+# brings the stand-in to 3.17% (the test below), but narrower stand-ins of the same draw to
+# 5-20% (64- and 128-wide BERT, XLM-R and jina v3 test models), so structural runs draw
+# STAND_IN, without it.
 @pytest.mark.slow
 @pytest.mark.xfail(
     strict=True,
     reason="the stand-in structural runs draw misses the real model's last-layer norm error "
-    "(0.25% against 1.28%) and its attention's cosine error (2.6e-5 against 5.4e-5): "
-    "docs/design.md, structural stand-ins",
+    "(0.84% against 1.28%; its cosine error is past the real one's): docs/design.md, "
+    "structural stand-ins",
 )
 def test_structural_errors_are_at_least_the_real_weights(minilm_path: Path) -> None:
     real = _judge(minilm_path, "full")
@@ -136,31 +129,37 @@ def test_structural_errors_are_at_least_the_real_weights(minilm_path: Path) -> N
     (real_norm, real_cos), (st_norm, st_cos) = _errors(real), _errors(structural)
     print(f"max per-token norm error: structural {st_norm:.4%}, real {real_norm:.4%}")
     print(f"1 - min per-token cosine: structural {st_cos:.2e}, real {real_cos:.2e}")
-    assert st_norm >= real_norm and st_cos >= real_cos, (st_norm, real_norm, st_cos, real_cos)
+    assert st_cos >= real_cos, (st_cos, real_cos)  # holds (the test below checks it alone)
+    assert st_norm >= real_norm, (st_norm, real_norm)
 
 
 @pytest.mark.slow
-def test_the_last_layer_drawn_brings_the_norm_error_to_the_real_weights(minilm_path: Path) -> None:
-    """With all-MiniLM-L6-v2's last layer drawn (its FFN's outlier channels, removed by the last
-    LayerNorm), the 2-layer stand-in's norm error is within 10% of the real weights' (1.25%
-    against 1.28%), five times the stand-in's without it; its cosine error does not move."""
+def test_the_sharpened_attention_is_past_the_real_cosine_and_the_last_layer_its_norm(
+    minilm_path: Path,
+) -> None:
+    """The stand-in structural runs draw has a cosine error past the real weights' (its
+    attention sharpened to the real spread; without that, 2.6e-5 against 5.4e-5); with
+    all-MiniLM-L6-v2's last layer drawn as well, its norm error is past theirs too."""
     from hfadapt.loading import structural
+    from hfadapt.loading.attention_logits import seeded_row, sharpen
     from hfadapt.loading.trained_scale import draw_trained_scale
 
-    real, plain = _judge(minilm_path, "full"), _judge(minilm_path, "structural")
+    real, drawn = _judge(minilm_path, "full"), _judge(minilm_path, "structural")
     loaded = structural.build(minilm_path)
     ids = structural.start_ids(loaded.config, loaded.tokenizer)
-    draw_trained_scale(loaded.model, 0, MINILM_LAST_LAYER, loaded.config.vocab_size, ids)
+    draw_trained_scale(loaded.model, 0, MINILM, loaded.config.vocab_size, ids)
+    row = seeded_row(loaded.config.vocab_size, ids)
+    sharpened = sharpen(loaded.model, MINILM.attention_spread_first, MINILM.attention_spread, row)
     deep = diagnose(loaded, mode="structural", record=False, localize_failures=False, caches=False)
-    for name, d in (("real", real), ("stand-in", plain), ("with the last layer", deep)):
+    for name, d in (("real", real), ("stand-in", drawn), ("with the last layer", deep)):
         norm, cos = _errors(d)
         print(f"{name}: {d.verdict}, max norm error {norm:.4%}, 1 - min cosine {cos:.2e}")
-    (real_norm, real_cos), (plain_norm, _), (deep_norm, deep_cos) = map(
-        _errors, (real, plain, deep)
-    )
-    assert deep.verdict == verdicts.PASS, deep.reason
-    assert deep_norm >= 0.9 * real_norm and deep_norm > 3 * plain_norm, (deep_norm, real_norm)
-    assert deep_cos < real_cos, (deep_cos, real_cos)  # the gap the strict test above still shows
+    (real_norm, real_cos), (_, drawn_cos), (deep_norm, deep_cos) = map(_errors, (real, drawn, deep))
+    notes = drawn.evidence["notes"]
+    assert any("attention logits sharpened" in n for n in notes), notes
+    assert sharpened.skipped is None and drawn.verdict == deep.verdict == verdicts.PASS
+    assert drawn_cos >= real_cos and deep_cos >= real_cos, (drawn_cos, deep_cos, real_cos)
+    assert deep_norm >= real_norm, (deep_norm, real_norm)
 
 
 # The adapters whose removal moves MiniLM's verdict with its real weights (measured 2026-12-05,
