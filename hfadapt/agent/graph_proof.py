@@ -384,6 +384,13 @@ def _f64(value: object) -> Any:
 
 
 def _resize(t: torch.Tensor, dim: int, size: int, g: torch.Generator) -> torch.Tensor:
+    if not t.is_floating_point() and 2 <= size < t.shape[dim]:
+        # Shortened, an integer tensor keeps its last position: cut at the front, a padded
+        # attention mask's row would lose its padding, and transformers' mask utilities answer
+        # a row without padding with no mask at all (None), a data-dependent shortcut that no
+        # captured graph can take; fresh sizes test shapes, not another kind of input.
+        last = t.narrow(dim, t.shape[dim] - 1, 1)
+        return torch.cat([t.narrow(dim, 0, size - 1), last], dim=dim).contiguous()
     reps = -(-size // t.shape[dim])
     tiled = torch.cat([t] * reps, dim=dim).narrow(dim, 0, size)
     if t.is_floating_point() and t.numel() > 16 and t.unique().numel() > 16:

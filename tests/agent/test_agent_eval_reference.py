@@ -168,3 +168,22 @@ def test_the_size_bound_counts_whole_sticks() -> None:
     assert laid_out(torch.empty(5)) == 64 and laid_out(torch.empty(())) == 1
     huge = torch.empty(2, 3, 64 * SIZE_FACTOR + 64, 64)
     assert laid_out(huge) > SIZE_FACTOR * laid_out(q), (laid_out(huge), laid_out(q))
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("proofs_in_process")
+def test_the_mask_reference_holds_at_short_drawn_lengths(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The proof draws fresh lengths at random; drawn short (2, 5), a padded attention mask cut
+    at its front lost its padding, the original mask utility answered None (no mask needed)
+    and the right draft, a graph, could not: the reference was refused about one run in a few.
+    A shortened integer tensor now keeps its last position, so the row keeps its padding."""
+    from hfadapt.agent import graph_proof
+    from hfadapt.agent.client import AgentSettings
+    from hfadapt.agent.evaluate import run_eval
+
+    monkeypatch.setattr(graph_proof, "drawn_lengths", lambda _top, _taken: [2, 5, 40])
+    settings = AgentSettings(model="reference", max_attempts=1)
+    report = run_eval(settings, names=["masking-utility-function"], reference=True).to_dict()
+    (row,) = report["cases"]
+    print(row["outcome"], row["reason"][:300])
+    assert row["outcome"] == "accepted", row["reason"]

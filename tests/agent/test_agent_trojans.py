@@ -116,7 +116,10 @@ def test_eps_misplacement_is_refused_on_tiny_magnitudes(
 ) -> None:
     outcome, steps = _draft(openai_server, tmp_path, EPS_MISPLACED, "rms-norm-fp32-pow")
     why = _refused_at_equivalence(outcome, steps, "tiny", "spike")
-    assert _err(why) > 1e-5, why
+    # which check refuses first depends on the lengths the proof draws at random: past 1e-5
+    # when an earlier check refuses, 6.4e-6 when the spike inputs at seed 0 do (seen once under
+    # pytest-xdist); either is several times the 1e-6 tolerance
+    assert _err(why) > 5e-6, why
 
 
 @pytest.mark.slow
