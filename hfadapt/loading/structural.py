@@ -33,12 +33,13 @@ from hfadapt.loading.signature import (
     signature_fields,
     structural_signature,
 )
+
+# What a stand-in's weights are drawn at (STAND_IN): all-MiniLM-L6-v2's statistics without its
+# last layer's outliers (docs/design.md, structural stand-ins)
 from hfadapt.loading.trained_scale import STAND_IN, draw_trained_scale
 
 STRUCTURAL_LAYERS = 2
 STRUCTURAL_SEED = 0
-# What a stand-in's weights are drawn at: all-MiniLM-L6-v2's statistics without its last layer's
-# outliers (hfadapt.loading.trained_scale.STAND_IN; docs/design.md, structural stand-ins)
 
 __all__ = [
     "ALIGNMENT",
