@@ -18,10 +18,11 @@ import torch
 from torch import nn
 
 __all__ = [
+    "Attention",
     "Sharpened",
+    "attentions",
     "head_dim",
     "logit_spread",
-    "query_key_values",
     "seeded_row",
     "sharpen",
     "spread_of_layers",
@@ -34,9 +35,11 @@ _QKV_NAMES = (
     ("q_lin", "k_lin", "v_lin"),
     ("q", "k", "v"),
 )
-# A per-head norm a family applies to the queries after their projection (Qwen3, Gemma3,
-# OLMo2): the query's scale is then that norm's, not the projection's.
+# A per-head norm a family applies to the queries (and the keys) after their projection (Qwen3,
+# Gemma3, OLMo2): the query's scale is then that norm's, not the projection's, and the logits
+# are taken between the normed queries and keys.
 _QUERY_NORM_NAMES = ("q_norm", "query_norm", "q_layernorm")
+_KEY_NORM_NAMES = ("k_norm", "key_norm", "k_layernorm")
 # The ids of ``seeded_row``: from this one on (past WordPiece's specials and unused rows) when
 # the vocabulary is larger, else from 0; this many tokens.
 ORDINARY_FROM = 1000
@@ -47,15 +50,53 @@ SPREAD_TOLERANCE = 0.05
 SHARPEN_ROUNDS = 3
 
 
-def query_key_values(model: nn.Module) -> list[tuple[nn.Linear, nn.Linear, nn.Linear]]:
-    """Each attention's (query, key, value) projections, in layer order."""
+@dataclass(frozen=True, eq=False)
+class Attention:
+    """One attention's parts: its projections, the per-head norms it applies after the query's
+    and the key's (None: none), and the factor it multiplies query . key by when the module
+    keeps its own (``scaling``: 1.0 in T5, whose initialization folds it into the query; None:
+    the usual 1 / sqrt(head_dim))."""
+
+    query: nn.Linear
+    key: nn.Linear
+    value: nn.Linear
+    query_norm: nn.Module | None = None
+    key_norm: nn.Module | None = None
+    scaling: float | None = None
+
+    @property
+    def query_out(self) -> nn.Module:
+        """The module whose output is the query the logits are taken with."""
+        return self.query if self.query_norm is None else self.query_norm
+
+    @property
+    def key_out(self) -> nn.Module:
+        """The module whose output is the key the logits are taken with."""
+        return self.key if self.key_norm is None else self.key_norm
+
+
+def _named(children: Mapping[str, nn.Module], names: Sequence[str]) -> nn.Module | None:
+    return next((children[n] for n in names if n in children), None)
+
+
+def _own_scaling(module: nn.Module) -> float | None:
+    scaling = getattr(module, "scaling", None)
+    if isinstance(scaling, (int, float)) and not isinstance(scaling, bool):
+        return float(scaling)
+    return None
+
+
+def attentions(model: nn.Module) -> list[Attention]:
+    """Each attention of ``model``, in layer order (one walk over its modules)."""
     found = []
     for module in model.modules():
         children = dict(module.named_children())
         for names in _QKV_NAMES:
             q, k, v = (children.get(n) for n in names)
             if isinstance(q, nn.Linear) and isinstance(k, nn.Linear) and isinstance(v, nn.Linear):
-                found.append((q, k, v))
+                query_norm = _named(children, _QUERY_NORM_NAMES)
+                key_norm = _named(children, _KEY_NORM_NAMES)
+                found.append(Attention(q, k, v, query_norm, key_norm, _own_scaling(module)))
                 break
     return found
 
@@ -73,38 +114,6 @@ def head_dim(model: nn.Module) -> int | None:
     return None
 
 
-def _scalings(model: nn.Module, dim: int) -> dict[int, float]:
-    """id(query projection) -> the factor its attention multiplies query . key by: the module's
-    own ``scaling`` where it keeps one (1.0 in T5, whose initialization folds it into the
-    query), else 1 / sqrt(head_dim)."""
-    found: dict[int, float] = {}
-    for module in model.modules():
-        children = dict(module.named_children())
-        scaling = getattr(module, "scaling", None)
-        own = isinstance(scaling, (int, float)) and not isinstance(scaling, bool)
-        factor = float(scaling) if isinstance(scaling, (int, float)) and own else 1 / math.sqrt(dim)
-        for names in _QKV_NAMES:
-            q = children.get(names[0])
-            if isinstance(q, nn.Linear):
-                found[id(q)] = factor
-    return found
-
-
-def _query_norms(model: nn.Module) -> dict[int, nn.Module]:
-    """id(query projection) -> the per-head norm its attention applies to its output."""
-    found: dict[int, nn.Module] = {}
-    for module in model.modules():
-        children = dict(module.named_children())
-        norm = next((children[n] for n in _QUERY_NORM_NAMES if n in children), None)
-        if norm is None:
-            continue
-        for names in _QKV_NAMES:
-            q = children.get(names[0])
-            if isinstance(q, nn.Linear):
-                found[id(q)] = norm
-    return found
-
-
 def seeded_row(
     vocab_size: int, start_ids: Sequence[int] = (), seed: int = 0
 ) -> dict[str, torch.Tensor]:
@@ -120,19 +129,18 @@ def seeded_row(
 
 def logit_spread(model: nn.Module, inputs: Mapping[str, torch.Tensor]) -> list[float]:
     """Per attention, in layer order: the standard deviation of its content logits (query . key
-    times the attention's scaling, before any rotary turn or position bias, each minus its row's mean over the real keys) over
-    every real query, real key other than the first (the start token: its sink logit is drawn
-    apart) and head, on ``inputs``. Empty when the attentions cannot be found."""
-    triples, dim = query_key_values(model), head_dim(model)
-    if not triples or dim is None:
+    times the attention's scaling, after its per-head norms, before any rotary turn or
+    position bias, each minus its row's mean over the real keys) over every real query, real
+    key other than the first (the start token: its sink logit is drawn apart) and head, on
+    ``inputs``. Empty when the attentions cannot be found."""
+    found, dim = attentions(model), head_dim(model)
+    if not found or dim is None:
         return []
-    norms, scalings = _query_norms(model), _scalings(model, dim)
     seen: dict[int, torch.Tensor] = {}
-    watched: list[nn.Module] = []
-    for q, k, _ in triples:
-        watched += [norms.get(id(q), q), k]
+    watched = {id(m): m for a in found for m in (a.query_out, a.key_out)}
     handles = [
-        m.register_forward_hook(lambda m, _a, out: seen.__setitem__(id(m), out)) for m in watched
+        m.register_forward_hook(lambda m, _a, out: seen.__setitem__(id(m), out))
+        for m in watched.values()
     ]
     training = model.training  # a model built from its config is in training mode: dropout
     model.eval()
@@ -147,14 +155,16 @@ def logit_spread(model: nn.Module, inputs: Mapping[str, torch.Tensor]) -> list[f
     keys = real.clone()
     keys[:, 0] = False
     spreads = []
-    for q, k, _ in triples:
-        qo, ko = seen.get(id(norms.get(id(q), q))), seen.get(id(k))
+    for attention in found:
+        qo, ko = seen.get(id(attention.query_out)), seen.get(id(attention.key_out))
         if qo is None or ko is None:
             continue
-        # [batch, heads, seq, dim]; grouped keys repeated over their queries' heads
+        scaling = attention.scaling if attention.scaling is not None else 1 / math.sqrt(dim)
+        # [batch, heads, seq, dim]; grouped keys repeated over their queries' heads (a per-head
+        # norm's output may already be [batch, seq, heads, dim]: the reshape takes either)
         qs, ks = (t.reshape(t.shape[0], t.shape[1], -1, dim).transpose(1, 2) for t in (qo, ko))
         ks = ks.repeat_interleave(qs.shape[1] // ks.shape[1], dim=1)
-        scores = (qs @ ks.transpose(-1, -2)).double() * scalings.get(id(q), 1 / math.sqrt(dim))
+        scores = (qs @ ks.transpose(-1, -2)).double() * scaling
         kk = keys[:, None, None, :]
         mean = scores.masked_fill(~kk, 0).sum(-1, keepdim=True) / kk.sum(-1, keepdim=True)
         pairs = (real[:, None, :, None] & kk).expand_as(scores)
@@ -186,16 +196,17 @@ class Sharpened:
         return f"attention logits sharpened to a trained spread (std {after} by layer)"
 
 
-def _scale_query(q: nn.Linear, norm: nn.Module | None, factor: float) -> None:
-    """Multiply a query by ``factor``: its per-head norm's scale when it has one (a norm after
-    the projection would undo scaling the projection), else the projection's weight (its bias,
-    which carries the drawn attention sink, stays)."""
+def _scale_query(attention: Attention, factor: float) -> None:
+    """Multiply an attention's query by ``factor``: its per-head norm's scale when it has one (a
+    norm after the projection would undo scaling the projection), else the projection's weight
+    (its bias, which carries the drawn attention sink, stays)."""
+    norm = attention.query_norm
     weight = getattr(norm, "weight", None) if norm is not None else None
     with torch.no_grad():
         if isinstance(weight, nn.Parameter):
             weight.mul_(factor)
         else:
-            q.weight.mul_(factor)
+            attention.query.weight.mul_(factor)
 
 
 def sharpen(
@@ -209,19 +220,19 @@ def sharpen(
         return Sharpened((), (), "no spread to draw")
     if any(p.is_meta for p in model.parameters()):
         return Sharpened((), (), "a model without weights")
-    triples, norms = query_key_values(model), _query_norms(model)
+    found = attentions(model)
     try:
         before = spreads = logit_spread(model, inputs)
     except (RuntimeError, ValueError, TypeError, IndexError, KeyError) as exc:
         return Sharpened((), (), f"its forward did not run on the seeded row: {type(exc).__name__}")
-    if not spreads or len(spreads) != len(triples):
+    if not spreads or len(spreads) != len(found):
         return Sharpened((), (), "no attention projections found")
-    targets = [first] + [later] * (len(triples) - 1)
+    targets = [first] + [later] * (len(found) - 1)
     for _ in range(SHARPEN_ROUNDS):
         if all(abs(s / t - 1) <= SPREAD_TOLERANCE for s, t in zip(spreads, targets, strict=True)):
             break
-        for (q, _, _), spread, target in zip(triples, spreads, targets, strict=True):
+        for attention, spread, target in zip(found, spreads, targets, strict=True):
             if spread > 0:
-                _scale_query(q, norms.get(id(q)), target / spread)
+                _scale_query(attention, target / spread)
         spreads = logit_spread(model, inputs)
     return Sharpened(tuple(before), tuple(spreads))

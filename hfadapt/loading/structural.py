@@ -34,9 +34,13 @@ from hfadapt.loading.signature import (
     structural_signature,
 )
 
-# What a stand-in's weights are drawn at (STAND_IN): all-MiniLM-L6-v2's statistics without its
-# last layer's outliers (docs/design.md, structural stand-ins)
-from hfadapt.loading.trained_scale import STAND_IN, draw_trained_scale
+# What a stand-in's weights are drawn at: all-MiniLM-L6-v2's statistics, its last layer's
+# outliers only from its own width on (docs/design.md, structural stand-ins)
+from hfadapt.loading.trained_scale import (
+    FINAL_OUTLIERS_FROM_WIDTH,
+    draw_trained_scale,
+    stand_in_scale,
+)
 
 STRUCTURAL_LAYERS = 2
 STRUCTURAL_SEED = 0
@@ -343,12 +347,21 @@ def _at_trained_scale(model: Any, built: Any, seed: int, tokenizer: Any) -> str:
     vocab = table if isinstance(table, int) else None
     starts = start_ids(built, tokenizer)
     row = seeded_row(vocab or STRUCTURAL_VOCAB, starts, seed)
-    drawn = draw_trained_scale(model, seed, STAND_IN, vocab, starts, sharpen_on=row)
+    hidden = getattr(built, "hidden_size", None)
+    width = hidden if isinstance(hidden, int) else None
+    scale = stand_in_scale(width)
+    drawn = draw_trained_scale(model, seed, scale, vocab, starts, sharpen_on=row)
     sharpened = "attention not sharpened" if drawn.sharpened is None else drawn.sharpened.describe()
+    last = (
+        "its last layer's outlier channels drawn"
+        if scale.final_outlier_share > 0
+        else f"its last layer's outliers not drawn (width {width}, under the "
+        f"{FINAL_OUTLIERS_FROM_WIDTH} they were measured at)"
+    )
     return (
         "weights drawn at trained scale (statistics of all-MiniLM-L6-v2: "
-        f"linear gain {STAND_IN.linear_gain:.2f}/sqrt(fan_in), norm scale "
-        f"{STAND_IN.norm_gain_mean:.2f}); {sharpened}"
+        f"linear gain {scale.linear_gain:.2f}/sqrt(fan_in), norm scale "
+        f"{scale.norm_gain_mean:.2f}; {last}); {sharpened}"
     )
 
 

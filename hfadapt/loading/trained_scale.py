@@ -18,9 +18,9 @@ from torch import nn
 
 from hfadapt.loading.attention_logits import (
     Sharpened,
+    attentions,
     head_dim,
     logit_spread,
-    query_key_values,
     seeded_row,
     sharpen,
     spread_of_layers,
@@ -181,7 +181,7 @@ ATTENTION_SPREAD_MINILM = 2.021
 # defines them. tests/judge/test_structural_verdicts.py measures again. Drawn whole (the
 # attention's spread with hfadapt.loading.attention_logits.sharpen), all-MiniLM-L6-v2's own
 # stand-in (compiled) shows a max per-token norm error of 3.17%, past the real weights' 1.28%;
-# structural runs draw STAND_IN (below; docs/design.md, stand-ins).
+# structural runs draw it from 384 channels on (``stand_in_scale``; docs/design.md, stand-ins).
 MINILM = TrainedScale(
     linear_gain=1.431,
     bias_std=0.0534,
@@ -205,14 +205,24 @@ MINILM = TrainedScale(
     attention_spread=ATTENTION_SPREAD_MINILM,
 )
 
-# What structural stand-ins draw (hfadapt.loading.structural): all of MINILM but its last layer's
-# outliers. Drawn too, they give all-MiniLM-L6-v2's own stand-in 3.17% per-token norm error
-# (the real weights: 1.28%) but 64- and 128-wide stand-ins 5-20% (8.9% on a 64-wide BERT, 9.9%
-# on a 128-wide XLM-R, 19% on a tiny jina v3): one checkpoint's last LayerNorm drawn into every
-# width is not a measurement of theirs.
+# all-MiniLM-L6-v2's last-layer outliers were measured at its 384 channels. Drawn into narrower
+# stand-ins they give 5-20% per-token norm error (8.9% on a 64-wide BERT, 9.9% on a 128-wide
+# XLM-R, 19% on a tiny jina v3): a narrow LayerNorm's mean carries more of its few outlier
+# channels, and one checkpoint's last layer is not a measurement of narrower ones. So they are
+# drawn from this width on (all-MiniLM-L6-v2's own stand-in: 3.17%, past its real weights'
+# 1.28%), and a narrower stand-in draws STAND_IN, MINILM without them, and says so.
+FINAL_OUTLIERS_FROM_WIDTH = 384
 STAND_IN = replace(
     MINILM, final_outlier_share=0.0, final_outlier_gain=1.0, final_norm_outlier_ratio=1.0
 )
+
+
+def stand_in_scale(width: int | None) -> TrainedScale:
+    """What a structural stand-in ``width`` channels wide draws: MINILM from
+    FINAL_OUTLIERS_FROM_WIDTH on, else (or when the width is unknown) STAND_IN."""
+    if width is not None and width >= FINAL_OUTLIERS_FROM_WIDTH:
+        return MINILM
+    return STAND_IN
 
 
 def minilm_statistics(
@@ -244,10 +254,9 @@ def minilm_statistics(
     sink_gap, sink_value = sink_statistics(model)
     final_share, final_gain, final_norm = final_layer_statistics(model, inputs)
     words = getattr(getattr(model, "embeddings", None), "word_embeddings", None)
-    row = (
-        seeded_row(words.num_embeddings, [BERT_CLS_ID]) if isinstance(words, nn.Embedding) else None
-    )
-    feed = inputs or row
+    feed = inputs
+    if feed is None and isinstance(words, nn.Embedding):
+        feed = seeded_row(words.num_embeddings, [BERT_CLS_ID])
     spread_first, spread = spread_of_layers(logit_spread(model, feed)) if feed else (0.0, 0.0)
     return TrainedScale(
         attention_spread_first=spread_first,
@@ -323,7 +332,8 @@ def sink_statistics(
     be found."""
     embeddings = getattr(model, "embeddings", None)
     words = getattr(embeddings, "word_embeddings", None)
-    triples, dim = query_key_values(model), head_dim(model)
+    triples = [(a.query, a.key, a.value) for a in attentions(model)]
+    dim = head_dim(model)
     if not isinstance(words, nn.Embedding) or not triples or dim is None:
         return 0.0, 1.0
     seen: dict[int, torch.Tensor] = {}
@@ -714,7 +724,8 @@ def _draw_sink(model: nn.Module, scale: TrainedScale, channel: int) -> None:
     hidden = _hidden_width(model)
     if scale.attention_sink_gap <= 0 or dim is None or hidden is None:
         return
-    for q, k, v in query_key_values(model)[1:]:
+    for attention in attentions(model)[1:]:
+        q, k, v = attention.query, attention.key, attention.value
         if q.bias is None or q.in_features != hidden or k.in_features != hidden:
             continue
         if v.in_features == hidden:

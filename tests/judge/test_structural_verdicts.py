@@ -105,23 +105,15 @@ def test_minilm_without_the_handoff_clone_fails_structurally_too(minilm_path: Pa
 
 
 # A structural run should be at least as hard for the device as the trained model it stands for.
-# Measured 2026-12-05 (compiled; max per-token norm error / 1 - min per-token cosine): real
-# 1.28% / 5.4e-5; the stand-in 0.84% / 2.2e-4 (0.25% / 2.6e-5 before its attention was
-# sharpened to the real model's spread). The cosine gap is closed, ten times over: the real
-# attention's content logits spread 4.7 in layer 0 (a previous-token head's rows 50 above their
-# mean) and 1.4-2.8 later, the seeded stand-in's 0.7 and 1.3. The norm gap is the real model's
-# last layer (its FFN writes 3 channels at 57x its other channels' rms, its last LayerNorm scales
-# them by 0, and the device's error on them moves every token's length). Drawn (MINILM) it
-# brings the stand-in to 3.17% (the test below), but narrower stand-ins of the same draw to
-# 5-20% (64- and 128-wide BERT, XLM-R and jina v3 test models), so structural runs draw
-# STAND_IN, without it.
+# Measured 2026-12-06 (compiled; max per-token norm error / 1 - min per-token cosine): real
+# 1.28% / 5.4e-5; the stand-in 2.17% / 2.1e-4. Two draws carry it past the real errors. The
+# attention's sharpness: the real content logits spread 4.7 in layer 0 (a previous-token head's
+# rows 50 above their mean) and 1.4-2.8 later, the seeded stand-in's 0.7 and 1.3 (unsharpened,
+# 2.6e-5). The last layer: the real FFN writes 3 channels at 57x its other channels' rms, its last
+# LayerNorm scales them by 0, and the device's error on them moves every token's length (not
+# drawn, 0.84%). Stand-ins narrower than MiniLM's 384 channels leave the last layer out
+# (``stand_in_scale``: drawn, 64- and 128-wide test models reach 5-20%).
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="the stand-in structural runs draw misses the real model's last-layer norm error "
-    "(0.84% against 1.28%; its cosine error is past the real one's): docs/design.md, "
-    "structural stand-ins",
-)
 def test_structural_errors_are_at_least_the_real_weights(minilm_path: Path) -> None:
     real = _judge(minilm_path, "full")
     structural = _judge(minilm_path, "structural")
@@ -129,37 +121,37 @@ def test_structural_errors_are_at_least_the_real_weights(minilm_path: Path) -> N
     (real_norm, real_cos), (st_norm, st_cos) = _errors(real), _errors(structural)
     print(f"max per-token norm error: structural {st_norm:.4%}, real {real_norm:.4%}")
     print(f"1 - min per-token cosine: structural {st_cos:.2e}, real {real_cos:.2e}")
-    assert st_cos >= real_cos, (st_cos, real_cos)  # holds (the test below checks it alone)
+    assert st_cos >= real_cos, (st_cos, real_cos)
     assert st_norm >= real_norm, (st_norm, real_norm)
 
 
 @pytest.mark.slow
-def test_the_sharpened_attention_is_past_the_real_cosine_and_the_last_layer_its_norm(
-    minilm_path: Path,
+def test_the_last_layer_is_what_carries_the_stand_in_past_the_real_norm_error(
+    minilm_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The stand-in structural runs draw has a cosine error past the real weights' (its
-    attention sharpened to the real spread; without that, 2.6e-5 against 5.4e-5); with
-    all-MiniLM-L6-v2's last layer drawn as well, its norm error is past theirs too."""
+    """The structural run's notes say what was drawn; drawn without all-MiniLM-L6-v2's last
+    layer (as a stand-in narrower than 384 channels is), the same stand-in's norm error falls
+    under the real weights' while its cosine error stays past theirs."""
     from hfadapt.loading import structural
-    from hfadapt.loading.attention_logits import seeded_row, sharpen
-    from hfadapt.loading.trained_scale import draw_trained_scale
 
     real, drawn = _judge(minilm_path, "full"), _judge(minilm_path, "structural")
-    loaded = structural.build(minilm_path)
-    ids = structural.start_ids(loaded.config, loaded.tokenizer)
-    draw_trained_scale(loaded.model, 0, MINILM, loaded.config.vocab_size, ids)
-    row = seeded_row(loaded.config.vocab_size, ids)
-    sharpened = sharpen(loaded.model, MINILM.attention_spread_first, MINILM.attention_spread, row)
-    deep = diagnose(loaded, mode="structural", record=False, localize_failures=False, caches=False)
-    for name, d in (("real", real), ("stand-in", drawn), ("with the last layer", deep)):
+    monkeypatch.setattr(structural, "stand_in_scale", lambda width: STAND_IN)
+    flat = diagnose(
+        minilm_path, mode="structural", record=False, localize_failures=False, caches=False
+    )
+    for name, d in (("real", real), ("stand-in", drawn), ("without the last layer", flat)):
         norm, cos = _errors(d)
         print(f"{name}: {d.verdict}, max norm error {norm:.4%}, 1 - min cosine {cos:.2e}")
-    (real_norm, real_cos), (_, drawn_cos), (deep_norm, deep_cos) = map(_errors, (real, drawn, deep))
-    notes = drawn.evidence["notes"]
-    assert any("attention logits sharpened" in n for n in notes), notes
-    assert sharpened.skipped is None and drawn.verdict == deep.verdict == verdicts.PASS
-    assert drawn_cos >= real_cos and deep_cos >= real_cos, (drawn_cos, deep_cos, real_cos)
-    assert deep_norm >= real_norm, (deep_norm, real_norm)
+    (real_norm, real_cos), (drawn_norm, _), (flat_norm, flat_cos) = map(
+        _errors, (real, drawn, flat)
+    )
+    notes = " ".join(drawn.evidence["notes"])
+    assert "attention logits sharpened" in notes, notes
+    assert "its last layer's outlier channels drawn" in notes, notes
+    assert "its last layer's outliers not drawn" in " ".join(flat.evidence["notes"])
+    assert drawn.verdict == flat.verdict == verdicts.PASS, (drawn.reason, flat.reason)
+    assert flat_norm < real_norm <= drawn_norm, (flat_norm, real_norm, drawn_norm)
+    assert flat_cos >= real_cos, (flat_cos, real_cos)
 
 
 # The adapters whose removal moves MiniLM's verdict with its real weights (measured 2026-12-05,

@@ -60,6 +60,26 @@ def test_the_spread_scales_with_the_query_and_follows_the_familys_own_scaling() 
     assert spread == pytest.approx(by_hand, rel=1e-3), (spread, by_hand)
 
 
+def test_the_spread_is_taken_between_the_normed_queries_and_keys() -> None:
+    """Qwen3 applies a per-head RMSNorm to its keys as to its queries: the logits the attention
+    computes are between the normed ones, so scaling the key norm scales the spread, while
+    scaling the key projection (undone by that norm) leaves it."""
+    model, row = _qwen3().eval(), seeded_row(3000, [101])
+    attention = model.layers[0].self_attn
+    before = logit_spread(model, row)
+    with torch.no_grad():
+        attention.k_proj.weight.mul_(3.0)
+    projection_scaled = logit_spread(model, row)
+    with torch.no_grad():
+        attention.k_norm.weight.mul_(2.0)
+    norm_scaled = logit_spread(model, row)
+    print(
+        f"qwen3 spreads {before}; key projection x3 {projection_scaled}; key norm x2 {norm_scaled}"
+    )
+    assert projection_scaled[0] == pytest.approx(before[0], rel=1e-3), (before, projection_scaled)
+    assert norm_scaled[0] == pytest.approx(2 * before[0], rel=1e-3), (before, norm_scaled)
+
+
 @pytest.mark.parametrize("family", ["bert", "qwen3"])
 def test_sharpen_reaches_the_measured_spread_and_leaves_the_model_as_it_was(family: str) -> None:
     model = _bert() if family == "bert" else _qwen3()

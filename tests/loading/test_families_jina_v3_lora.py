@@ -203,9 +203,11 @@ def unsharpened() -> Any:
     this test asks."""
     from dataclasses import replace
 
-    flat = replace(structural.STAND_IN, attention_spread_first=0.0, attention_spread=0.0)
+    from hfadapt.loading.trained_scale import STAND_IN
+
+    flat = replace(STAND_IN, attention_spread_first=0.0, attention_spread=0.0)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(structural, "STAND_IN", flat)
+        patch.setattr(structural, "stand_in_scale", lambda width: flat)
         yield
 
 
