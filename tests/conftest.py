@@ -189,21 +189,31 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         report.longrepr = f"skipped under CI=true, but this machine {has}: {reason}"
 
 
-# The longest items first: two pytest-xdist workers under ``--dist worksteal`` each take half the
-# list and steal from the end of the other's queue, so a long test left near the end makes the
-# tail where one core waits. The real-cycle tests (their session fixture runs two cycles, about
-# three minutes) and the tests that read the agent's reference self-check (one fresh
-# ``agent-eval --reference`` process, about two and a half) go first, then the ``slow`` ones; the
-# order within each group is kept. Left in the middle, the self-check started last on a 3-worker
-# run and made a four-minute tail.
-LONGEST_FIXTURES = ("two_real_cycles", "reference_eval")
+# The order the suite runs in (tests/support/ordering.py): each xdist worker's chunk starts with
+# its share of the long tests, dealt out by their measured durations (tests/durations.json),
+# longest first, and the light tests fill the rest, so no long test is left to start near the
+# end. The tests that read a once-per-run session fixture (the two real cycles, about three
+# minutes; the agent's reference self-check, about two and a half) form one unit, so no worker
+# waits on another's lock. Left in the middle, the self-check started last on a 3-worker run and
+# made a four-minute tail; with every slow test first (all in the first worker's chunk, stolen
+# late by the others) the tail was five minutes.
+ONCE_PER_RUN_FIXTURES = ("two_real_cycles", "reference_eval")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    def weight(item: pytest.Item) -> int:
-        fixtures = getattr(item, "fixturenames", ())
-        if any(name in fixtures for name in LONGEST_FIXTURES):
-            return 0
-        return 1 if item.get_closest_marker("slow") else 2
+    from support.ordering import load_durations, plan
 
-    items.sort(key=weight)  # stable
+    measured = load_durations()
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+
+    def shared(item: pytest.Item) -> str | None:
+        fixtures = getattr(item, "fixturenames", ())
+        return next((name for name in ONCE_PER_RUN_FIXTURES if name in fixtures), None)
+
+    items[:] = plan(
+        items,
+        seconds=lambda item: measured.get(item.nodeid),
+        slow=lambda item: item.get_closest_marker("slow") is not None,
+        shared=shared,
+        workers=workers,
+    )
