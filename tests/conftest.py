@@ -20,12 +20,17 @@ import pytest
 def no_state_between_tests() -> Iterator[None]:
     """After each test: Dynamo's compiled frames dropped (a registry loads adapter files as new
     module objects, and a frame compiled against another test's module globals must not be
-    reused), and transformers' dynamic ``transformers_modules`` packages forgotten (each test
-    has its own HF modules cache, which transformers appends to ``sys.path``: a stale entry
-    earlier on the path would shadow the next test's ``transformers_modules`` package)."""
+    reused); the default adapter registry forgotten (built from the test's own $HFADAPT_HOME,
+    it would show a later test another test's drafts); and transformers' dynamic
+    ``transformers_modules`` packages forgotten (each test has its own HF modules cache, which
+    transformers appends to ``sys.path``: a stale entry earlier on the path would shadow the
+    next test's ``transformers_modules`` package)."""
     saved_path = list(sys.path)
     yield
     sys.path[:] = saved_path
+    registry = sys.modules.get("hfadapt.adapters.registry")
+    if registry is not None:  # the process's default registry read this test's adapter folders
+        registry._DEFAULT = None
     if "torch" in sys.modules:
         import torch
 
@@ -189,22 +194,22 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         report.longrepr = f"skipped under CI=true, but this machine {has}: {reason}"
 
 
-# The order the suite runs in (tests/support/ordering.py): each xdist worker's chunk starts with
-# its share of the long tests, dealt out by their measured durations (tests/durations.json),
-# longest first, and the light tests fill the rest, so no long test is left to start near the
-# end. The tests that read a once-per-run session fixture (the two real cycles, about three
-# minutes; the agent's reference self-check, about two and a half) form one unit, so no worker
-# waits on another's lock. Left in the middle, the self-check started last on a 3-worker run and
-# made a four-minute tail; with every slow test first (all in the first worker's chunk, stolen
-# late by the others) the tail was five minutes.
+# The order the suite runs in (tests/support/ordering.py): the long tests first, longest first
+# by their measured durations (tests/durations.json), then the quick ones, so the first
+# xdist worker starts on the longest while the others run the quick tests, and no long test is
+# left to start near the end. The tests that read a once-per-run session fixture (the two real
+# cycles, about three minutes; the agent's reference self-check, about two and a half) form one
+# unit, so no worker waits on another's lock. A conftest copied into another folder (a test of
+# this file's CI rules) has no tests/support beside it and keeps the collection order.
 ONCE_PER_RUN_FIXTURES = ("two_real_cycles", "reference_eval")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    from support.ordering import load_durations, plan
-
+    try:
+        from support.ordering import load_durations, plan
+    except ImportError:
+        return
     measured = load_durations()
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
 
     def shared(item: pytest.Item) -> str | None:
         fixtures = getattr(item, "fixturenames", ())
@@ -215,5 +220,4 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         seconds=lambda item: measured.get(item.nodeid),
         slow=lambda item: item.get_closest_marker("slow") is not None,
         shared=shared,
-        workers=workers,
     )

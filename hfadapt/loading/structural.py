@@ -352,12 +352,15 @@ def _at_trained_scale(model: Any, built: Any, seed: int, tokenizer: Any) -> str:
     scale = stand_in_scale(width)
     drawn = draw_trained_scale(model, seed, scale, vocab, starts, sharpen_on=row)
     sharpened = "attention not sharpened" if drawn.sharpened is None else drawn.sharpened.describe()
-    last = (
-        "its last layer's outlier channels drawn"
-        if scale.final_outlier_share > 0
-        else f"its last layer's outliers not drawn (width {width}, under the "
-        f"{FINAL_OUTLIERS_FROM_WIDTH} they were measured at)"
-    )
+    if scale.final_outlier_share > 0:
+        last = "its last layer's outlier channels drawn"
+    elif width is None:
+        last = "its last layer's outliers not drawn (no hidden_size in its config)"
+    else:
+        last = (
+            f"its last layer's outliers not drawn (width {width}, under the "
+            f"{FINAL_OUTLIERS_FROM_WIDTH} they were measured at)"
+        )
     return (
         "weights drawn at trained scale (statistics of all-MiniLM-L6-v2: "
         f"linear gain {scale.linear_gain:.2f}/sqrt(fan_in), norm scale "
