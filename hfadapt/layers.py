@@ -34,8 +34,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # its rules as data and their judges: the profile, op and layout rules, the card's per-op
     # defects, the lowering report, tracking
     ("hfadapt.spyre.rules",),
-    # what both halves share: the decomposition table, the card's memory, Dynamo's frames; the
-    # package front (``hfadapt.spyre``: register, the profile, the lowering report)
+    # what both halves share: the decomposition table, the card's memory, Dynamo's frames, the
+    # host-built constants; the package front (``hfadapt.spyre``: register, the profile, the
+    # lowering report)
     ("hfadapt.spyre",),
     # its two halves: the eager PrivateUse1 device and the torch.compile backend
     ("hfadapt.spyre.eager", "hfadapt.spyre.compile"),

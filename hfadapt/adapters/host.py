@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from hfadapt.errors import AdapterError
+from hfadapt.spyre import host_constants
 
 __all__ = ["host_constant", "host_copy", "on_host", "to_device", "to_host"]
 
@@ -57,20 +58,14 @@ def on_host(
     return to_device(fn(*to_host(args), **to_host(kwargs)), back_to)
 
 
-# Host-built constants, by (key, args, device). The cache lives here, in a module imported once,
-# and not in the adapter files: a registry executes its files as new module objects, and a
-# compiled frame guards on the cache it read (a frame compiled against one file's dict and
-# checked against another's raised KeyError inside Dynamo).
-_CONSTANTS: dict[tuple[Any, ...], torch.Tensor] = {}
-
-
 def host_constant(
     key: str, fn: Callable[..., torch.Tensor], /, *args: object, back_to: torch.device | str
 ) -> torch.Tensor:
     """``fn(*args)`` built on the host once per ``(key, args, back_to)`` and moved to
-    ``back_to``; later calls return the cached tensor (a compiled graph sees it as a constant).
-    ``args`` must be hashable and decide the result together with ``key``."""
-    found = _CONSTANTS.get((key, *args, str(back_to)))
+    ``back_to``; later calls return the cached tensor (a compiled graph sees it as a constant;
+    the cache: ``hfadapt.spyre.host_constants``). ``args`` must be hashable and decide the
+    result together with ``key``."""
+    found = host_constants.cached((key, *args, str(back_to)))
     return found if found is not None else _build_constant(key, fn, args, back_to)
 
 
@@ -79,7 +74,7 @@ def _build_constant(
     key: str, fn: Callable[..., torch.Tensor], args: tuple[Any, ...], back_to: torch.device | str
 ) -> torch.Tensor:
     built: torch.Tensor = on_host(fn, *args, back_to=back_to)
-    _CONSTANTS[(key, *args, str(back_to))] = built
+    host_constants.store((key, *args, str(back_to)), built)
     return built
 
 

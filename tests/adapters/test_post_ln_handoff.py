@@ -5,6 +5,7 @@ reference and printed."""
 
 from __future__ import annotations
 
+import functools
 import re
 import warnings
 from pathlib import Path
@@ -285,33 +286,57 @@ def test_post_ln_layers_split_by_the_host_rope_are_cloned(model_type: str, tmp_p
     assert ADAPTER in adapted.adapters and "defects" not in adapted.evidence, adapted.evidence
 
 
-@pytest.mark.slow
-def test_graph_boundaries_do_not_depend_on_what_the_process_built_before() -> None:
-    """The RoPE attention adapter runs stock code with a rebound rotate_half. Looked up while
-    Dynamo traced the forward, a copy not built yet (or one the trace did not find) called the
-    cache's disabled builder: a graph break between ModernBERT's attention norm and its Wqkv,
-    and defect.post_ln_handoff fired, depending on which tests had run before. The copy is now
-    built when the adapter is applied: a fresh registry (nothing built for its adapter
-    functions) compiles to the same graphs as a warm one, and nothing fires."""
+@functools.lru_cache(maxsize=1)
+def _compiled_cold_then_warm() -> tuple[list[int], list[list[str]]]:
+    """A 2-layer ModernBERT compiled three times with the RoPE attention adapter: with nothing
+    built for it in this process (its rotate_half copies, and the host-built rotation constant
+    the rewrite multiplies by), with the same registry warm, and once more; each compile's
+    graph count and the defects fired."""
     from support.tiny_models import TINY, tiny_inputs
     from transformers import AutoConfig, AutoModel
 
-    from hfadapt.adapters.registry import default_registry
+    from hfadapt.adapters.registry import discover
+    from hfadapt.spyre import host_constants
 
     torch.manual_seed(0)
     fields = {"num_hidden_layers": 2, "vocab_size": 1000, "use_cache": False, **TINY["modernbert"]}
     config = AutoConfig.for_model("modernbert", **fields)
     model = AutoModel.from_config(config).eval().half()
     inputs = tiny_inputs(config.vocab_size)
+    host_constants.forget()  # cold, whatever ran before in this process
+    registry = discover()
     graphs, fired = [], []
-    first, second = default_registry(), default_registry()
-    for registry in (first, second, second):  # cold, cold, then the same registry warm
+    for _ in range(3):
         torch._dynamo.reset()
         with warnings.catch_warnings(), registry.apply(model):
             warnings.simplefilter("ignore")
             _, report = lower(model, inputs)
         graphs.append(report.graph_count)
         fired.append(sorted({f"{f.defect_id} in {f.module}" for f in report.defects}))
-    print(f"graphs per compile: {graphs}; defects: {fired}")
-    assert len(set(graphs)) == 1, graphs
+    print(f"graphs per compile (cold, warm, warm): {graphs}; defects: {fired}")
+    return graphs, fired
+
+
+@pytest.mark.slow
+def test_graph_boundaries_do_not_depend_on_which_copies_were_built_before() -> None:
+    """The RoPE attention adapter runs stock code with a rebound rotate_half. Looked up while
+    Dynamo traced the forward, a copy not built yet (or one the trace did not find) called the
+    cache's disabled builder: a graph break between ModernBERT's attention norm and its Wqkv,
+    and defect.post_ln_handoff fired, depending on which tests had run before. The copy is now
+    built when the adapter is applied: a fresh registry fires nothing, cold or warm, and warm
+    compiles give the same graphs."""
+    graphs, fired = _compiled_cold_then_warm()
+    assert graphs[1] == graphs[2], graphs
     assert fired == [[], [], []], fired
+
+
+# Found by the canary on 2026-12-06, once the suite's order put this check in a process where
+# nothing had built the rotation constant yet (the same on torch 2.13 and 2.14.1): the first
+# compile built it inside the trace, through host_constant's disabled builder, so the graph
+# broke at each build (10 graphs cold, 5 warm; no defect fired for ModernBERT), and a verdict's
+# graphs depended on what the worker had judged before. lower() now traces again when a host
+# constant was built during its trace (hfadapt.spyre.host_constants).
+@pytest.mark.slow
+def test_a_cold_host_constant_cache_compiles_to_the_warm_graphs() -> None:
+    graphs, _ = _compiled_cold_then_warm()
+    assert graphs[0] == graphs[1], graphs

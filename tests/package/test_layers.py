@@ -263,6 +263,7 @@ DEVICE_SHARED = frozenset(
         "hfadapt.spyre.decompositions",
         "hfadapt.spyre.frames",
         "hfadapt.spyre.heap",
+        "hfadapt.spyre.host_constants",
         "hfadapt.spyre.runner",
     }
 )

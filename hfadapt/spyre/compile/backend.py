@@ -36,6 +36,7 @@ import torch
 
 from hfadapt import torch_internals as ti
 from hfadapt.errors import DeviceError, SpyreLoweringError
+from hfadapt.spyre import host_constants
 from hfadapt.spyre.compile.cache import default_cache
 from hfadapt.spyre.compile.defects import find_defects
 from hfadapt.spyre.compile.graph_exec import build_executable
@@ -456,6 +457,35 @@ def _call(fn: Callable[..., object], inputs: Mapping[str, object] | Sequence[obj
     return fn(*inputs)
 
 
+def _trace(
+    model: Callable[..., object],
+    example_inputs: Mapping[str, object] | Sequence[object],
+    p: Profile,
+) -> tuple[SpyreBackend, Callable[..., object], Any, object, float, int]:
+    """Compile ``model`` with a fresh spyre backend and call it on ``example_inputs``: (the
+    backend, the compiled model, the graphs' collector, the output, the call's seconds, the
+    graph-break events it caused)."""
+    backend = SpyreBackend(profile=p, strict=False)
+    compiled = torch.compile(model, backend=backend, dynamic=False)
+    # A fresh backend object makes Dynamo recompile instead of reusing another audit's graphs;
+    # a raised limit keeps it from silently falling back to eager after many audits. Dynamo's
+    # gc.collect(1) after every frame frees accelerator memory early; here it only walks the
+    # young objects again (0.3 s of MiniLM's 9 frames under the command's collector settings,
+    # hfadapt.cli._process): cycles are left to the collector's own schedule.
+    patch = ti.dynamo_config().patch(
+        recompile_limit=1_000_000,
+        accumulated_recompile_limit=1_000_000,
+        automatic_dynamic_shapes=False,
+        run_gc_after_compile=False,
+    )
+    breaks_before = _graph_breaks()
+    start = time.perf_counter()
+    with collect(p) as collector, patch, _no_log_only_work(), torch.no_grad():
+        output = _call(compiled, example_inputs)
+    elapsed = time.perf_counter() - start
+    return backend, compiled, collector, output, elapsed, _graph_breaks() - breaks_before
+
+
 def lower(
     model: Callable[..., object],
     example_inputs: Mapping[str, object] | Sequence[object],
@@ -481,29 +511,22 @@ def lower(
     if isinstance(example_inputs, Mapping) and _takes_use_cache(model, config):
         extra = {"use_cache": False}
         example_inputs = {**extra, **example_inputs}
-    backend = SpyreBackend(profile=p, strict=False)
-    compiled = torch.compile(model, backend=backend, dynamic=False)
-    # A fresh backend object makes Dynamo recompile instead of reusing another audit's graphs;
-    # a raised limit keeps it from silently falling back to eager after many audits. Dynamo's
-    # gc.collect(1) after every frame frees accelerator memory early; here it only walks the
-    # young objects again (0.3 s of MiniLM's 9 frames under the command's collector settings,
-    # hfadapt.cli._process): cycles are left to the collector's own schedule.
-    patch = ti.dynamo_config().patch(
-        recompile_limit=1_000_000,
-        accumulated_recompile_limit=1_000_000,
-        automatic_dynamic_shapes=False,
-        run_gc_after_compile=False,
-    )
-    breaks_before = _graph_breaks()
-    start = time.perf_counter()
-    with collect(p) as collector, patch, _no_log_only_work(), torch.no_grad():
-        output = _call(compiled, example_inputs)
-    elapsed = time.perf_counter() - start
+    built = host_constants.builds()
+    traced = _trace(model, example_inputs, p)
+    if host_constants.builds() != built:
+        # The host built a constant inside this trace (hfadapt.spyre.host_constants): the graph
+        # broke there, where any later trace finds the constant. Trace again, so the graphs
+        # judged are the same whatever the process built before (10 graphs cold, 5 warm on a
+        # ModernBERT with the RoPE adapter). Dynamo forgets its frames first: a fresh backend
+        # alone recompiles the frames as they were split (measured: 10 graphs again). This
+        # happens once per constant in a process; other compiled models then compile afresh.
+        ti.dynamo_reset()
+        traced = _trace(model, example_inputs, p)
+    backend, compiled, collector, output, elapsed, breaks = traced
     if not collector.entries:
         raise DeviceError(
             "lower(): Dynamo captured no graph (a frame it skips, or no tensor operations)"
         )
-    breaks = _graph_breaks() - breaks_before
     if breaks:
         # Code between graphs runs eagerly; on the CPU-held model here nothing judges it.
         warnings.warn(
