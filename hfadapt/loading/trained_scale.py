@@ -207,10 +207,11 @@ MINILM = TrainedScale(
 
 # all-MiniLM-L6-v2's last-layer outliers were measured at its 384 channels. Drawn into narrower
 # stand-ins they give 5-20% per-token norm error (8.9% on a 64-wide BERT, 9.9% on a 128-wide
-# XLM-R, 19% on a tiny jina v3): a narrow LayerNorm's mean carries more of its few outlier
-# channels, and one checkpoint's last layer is not a measurement of narrower ones. So they are
-# drawn from this width on (all-MiniLM-L6-v2's own stand-in: 3.17%, past its real weights'
-# 1.28%), and a narrower stand-in draws STAND_IN, MINILM without them, and says so.
+# XLM-R, 19% on a tiny jina v3; not explained yet, a narrow LayerNorm's mean carrying more of
+# its few outlier channels is a likely part), and one checkpoint's last layer is not a
+# measurement of narrower ones. So they are drawn from this width on (all-MiniLM-L6-v2's own
+# structural run: 2.17%, past its real weights' 1.28%), and a narrower stand-in draws STAND_IN,
+# MINILM without them, and says so.
 FINAL_OUTLIERS_FROM_WIDTH = 384
 STAND_IN = replace(
     MINILM, final_outlier_share=0.0, final_outlier_gain=1.0, final_norm_outlier_ratio=1.0
