@@ -178,10 +178,9 @@ ATTENTION_SPREAD_MINILM = 2.021
 
 # Measured on all-MiniLM-L6-v2 (6 layers; the pooler left out: it is not on the judged path):
 # medians over its 36 Linear layers and 13 LayerNorms; the outliers as ``minilm_statistics``
-# defines them. tests/judge/test_structural_verdicts.py measures again. Drawn whole (the
-# attention's spread with hfadapt.loading.attention_logits.sharpen), all-MiniLM-L6-v2's own
-# stand-in (compiled) shows a max per-token norm error of 3.17%, past the real weights' 1.28%;
-# structural runs draw it from 384 channels on (``stand_in_scale``; docs/design.md, stand-ins).
+# defines them. tests/judge/test_structural_verdicts.py measures again. Structural runs draw
+# all of it from 384 channels on (``stand_in_scale``, below; the attention's spread with
+# hfadapt.loading.attention_logits.sharpen; docs/design.md, stand-ins).
 MINILM = TrainedScale(
     linear_gain=1.431,
     bias_std=0.0534,

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["builds", "cached", "store"]
+__all__ = ["builds", "cached", "forget", "store"]
 
 _CONSTANTS: dict[tuple[Any, ...], torch.Tensor] = {}
 _BUILDS = [0]  # how many constants were stored in this process (a list: no ``global``)

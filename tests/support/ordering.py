@@ -48,24 +48,23 @@ def plan(
     tests in their order. ``seconds`` gives a test's measured duration (None: not measured),
     ``slow`` whether it is marked slow, ``shared`` the name of the once-per-run fixture it
     reads (None: none)."""
+
+    def cost(item: T) -> float:
+        measured = seconds(item)
+        return measured if measured is not None else (UNMEASURED_SLOW if slow(item) else 0.0)
+
     groups: dict[str, list[T]] = {}
     units: list[tuple[float, list[T]]] = []
-    costs: dict[str, float] = {}
     quick: list[T] = []
     for item in items:
-        measured = seconds(item)
-        cost = measured if measured is not None else (UNMEASURED_SLOW if slow(item) else 0.0)
         name = shared(item)
         if name is not None:
-            if name not in groups:
-                groups[name] = []
-            groups[name].append(item)
-            costs[name] = costs.get(name, 0.0) + cost
-        elif cost >= HEAVY_SECONDS:
-            units.append((cost, [item]))
+            groups.setdefault(name, []).append(item)
+        elif (own := cost(item)) >= HEAVY_SECONDS:
+            units.append((own, [item]))
         else:
             quick.append(item)
-    units += [(costs[name], members) for name, members in groups.items()]
+    units += [(sum(map(cost, members)), members) for members in groups.values()]
     units.sort(key=lambda unit: -unit[0])  # stable: ties keep their order
     return [item for _, members in units for item in members] + quick
 
