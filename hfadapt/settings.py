@@ -41,6 +41,7 @@ __all__ = [
     "python_path",
     "reference_cache_enabled",
     "reference_cache_mb",
+    "replace_environment",
     "scratch_dir",
     "spyre_autoload",
     "spyre_devices",
@@ -488,6 +489,13 @@ def environment() -> Mapping[str, str]:
     """The whole environment, read-only: for the sandboxes' allowlist (which passes only named
     variables on) and the scan that redacts secret-looking values."""
     return dict(os.environ)
+
+
+def replace_environment(values: Mapping[str, str]) -> None:
+    """Make ``values`` this process's whole environment (a forked child taking the environment
+    its parent has now, not the one its fork server started with)."""
+    os.environ.clear()
+    os.environ.update(values)
 
 
 def export(values: Mapping[str, str]) -> None:

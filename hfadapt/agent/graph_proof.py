@@ -23,14 +23,18 @@ calls and the fresh sizes need, and before the graph runs on a call it is run on
 (shapes only, no memory): a tensor more than ``SIZE_FACTOR`` times the largest the stock code
 makes on that call (or than its largest input), counted in whole sticks, is refused before
 anything is allocated. Then
-the steps after ``graph`` run in a child process (spawned: hfadapt's own code on the graph as
-data) under an address-space limit, a CPU-time limit and a wall-clock timeout with a kill
+the steps after ``graph`` run in a child process (hfadapt's own code on the graph as data) under
+an address-space limit, a CPU-time limit and a wall-clock timeout with a kill
 (:class:`ProofLimits`); a graph that reaches one fails the step with the limit it hit, and the
-draft loop goes on to its next attempt."""
+draft loop goes on to its next attempt. The child is forked from a server process that
+multiprocessing's forkserver starts once per parent, a fresh interpreter that has only imported
+this module (torch, Dynamo, the device), never run a tensor operation and never seen the
+parent's state: each child starts where a fresh process would be after its imports (about 3 s
+of a core on the project's machine, which every proof used to pay), and is given the parent's
+environment as it is at the proof."""
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
 import os
@@ -41,11 +45,13 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from hfadapt import settings
 from hfadapt import torch_internals as ti
 from hfadapt.adapters.api import STICK, Adapter
 from hfadapt.adapters.equivalence import ATOL, RTOL, compare_outputs, prove_equivalent
@@ -72,6 +78,8 @@ from hfadapt.graphs.reads import read_value, record_reads
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
+    from multiprocessing.context import ForkServerContext
+    from multiprocessing.process import BaseProcess
 
     from hfadapt.adapters.registry import Registry
     from hfadapt.spyre.rules.lowering_report import DefectFiring
@@ -1209,16 +1217,35 @@ def _limit_self(limits: ProofLimits) -> None:
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))
 
 
-def child_main(fd: int) -> None:
-    """The child process (``python -c``, not a fork: nothing of the parent's state but its
-    environment): receives the job on the socket ``fd``, proves, sends each report."""
+def child_main(conn: Connection, env: dict[str, str]) -> None:
+    """The child process, forked from the forkserver (:func:`_context`): nothing of the parent's
+    state but ``env``, the parent's environment at the proof. It takes a session of its own
+    (the parent's kill takes it and anything it ran), receives the job on ``conn``, proves, and
+    sends each report."""
     import sys
-    from multiprocessing.connection import Connection
 
-    conn = Connection(fd)
+    enter_child(env)
     job = conn.recv()
     sys.path[:] = [p for p in job["sys_path"] if isinstance(p, str)]
     _child(conn, job)
+
+
+def enter_child(env: dict[str, str]) -> None:
+    """What a forked proof child does first: a session of its own, and ``env`` as its
+    environment (the server's is the parent's when the server started)."""
+    os.setsid()
+    settings.replace_environment(env)
+
+
+@cache
+def _context() -> ForkServerContext:
+    """multiprocessing's forkserver, its server preloading this module: started by the first
+    proof of the process, each later proof a fork of it."""
+    import multiprocessing
+
+    ctx: ForkServerContext = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__])
+    return ctx
 
 
 def _child(conn: Connection, job: dict[str, Any]) -> None:
@@ -1259,6 +1286,16 @@ def _child(conn: Connection, job: dict[str, Any]) -> None:
         conn.close()
 
 
+def _kill_group(child: BaseProcess) -> None:
+    """SIGKILL to the child's session (the child and anything it ran); to the child alone when
+    it has not taken its session yet."""
+    assert child.pid is not None
+    try:
+        os.killpg(child.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        child.kill()
+
+
 def _death(code: int | None, limits: ProofLimits) -> str:
     if code in (-signal.SIGXCPU, -signal.SIGKILL):
         return f"the proof exceeded {limits.cpu_seconds} s of CPU time"
@@ -1282,28 +1319,23 @@ def prove_bounded(
     ``case``, ``name``, ``rule`` and ``reads`` (a draft's graph: the graph step runs again in
     the child), or ``folder`` and ``case`` (a graph adapter folder). A child that hits a limit,
     is killed at the wall-clock timeout or dies fails the step it was in, with the reason."""
-    import socket
-    import subprocess
     import sys
-    from multiprocessing.connection import Connection
 
     full = {**job, "steps": list(steps), "skip_ok": skip_ok, "limits": asdict(limits)}
     full["sys_path"] = list(sys.path)
-    ours, theirs = socket.socketpair()
+    ctx = _context()
+    receive, theirs = ctx.Pipe(duplex=True)
     start = time.monotonic()
-    code = (
-        "import sys\nfrom hfadapt.agent.graph_proof import child_main\nchild_main(int(sys.argv[1]))"
+    child = ctx.Process(
+        target=child_main,
+        args=(theirs, dict(settings.environment())),
+        name="hfadapt-proof",
+        daemon=False,
     )
     try:
-        child = subprocess.Popen(
-            [sys.executable, "-c", code, str(theirs.fileno())],
-            pass_fds=(theirs.fileno(),),
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        child.start()
     finally:
         theirs.close()
-    receive = Connection(ours.detach())
     receive.send(full)
     reports: list[StepReport] = []
     current = steps[0] if steps else "proof"
@@ -1316,17 +1348,16 @@ def prove_bounded(
                 why = f"the proof exceeded {limits.wall_seconds:g} s (wall clock); it was stopped"
                 break
             if not receive.poll(min(left, 0.5)):
-                if child.poll() is not None and not receive.poll(0):
-                    why = why or _death(child.returncode, limits)
+                if child.exitcode is not None and not receive.poll(0):
+                    why = why or _death(child.exitcode, limits)
                     break
                 continue
             try:
                 kind, body = receive.recv()
             except (EOFError, OSError):
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    child.wait(5)
-                if child.returncode != 0:
-                    why = why or _death(child.returncode, limits)
+                child.join(5)
+                if child.exitcode != 0:
+                    why = why or _death(child.exitcode, limits)
                 break
             if kind == "start":
                 current, current_start = body, time.monotonic()
@@ -1335,9 +1366,10 @@ def prove_bounded(
             elif kind == "error":
                 why = body
     finally:
-        if child.poll() is None:
-            os.killpg(child.pid, signal.SIGKILL)  # its own session: the child and anything it ran
-        child.wait()
+        if child.exitcode is None:
+            _kill_group(child)
+        child.join()
+        child.close()
         receive.close()
     if why and not (reports and reports[-1].step == current):
         reports.append(

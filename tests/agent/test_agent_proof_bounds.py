@@ -5,6 +5,7 @@ the limit, and the draft loop goes on to its next attempt. Good graphs prove exa
 
 from __future__ import annotations
 
+import os
 import re
 import resource
 import time
@@ -138,3 +139,39 @@ def test_the_draft_loop_goes_on_after_a_proof_hits_its_limit(
 
 def _undrawn(summary: str) -> str:
     return re.sub(r"lengths \[[^]]*\] \(drawn at random: \[[^]]*\]\)", "lengths (drawn)", summary)
+
+
+def _probe_child(variable: str) -> dict[str, object]:
+    from support.proof_child import probe
+
+    os.environ["HFADAPT_TEST_PROOF_CHILD"] = variable
+    try:
+        ctx = graph_proof._context()
+        ours, theirs = ctx.Pipe()
+        child = ctx.Process(target=probe, args=(theirs, dict(os.environ), time.time()))
+        child.start()
+        theirs.close()
+        assert ours.poll(120), "the probe sent nothing in 120 s"
+        seen: dict[str, object] = ours.recv()
+        child.join(30)
+        assert child.exitcode == 0, child.exitcode
+        return seen
+    finally:
+        del os.environ["HFADAPT_TEST_PROOF_CHILD"]
+
+
+def test_proof_children_fork_from_one_preloaded_server_with_the_callers_environment() -> None:
+    """Each proof child is a fork of one server per process that has imported the proofs'
+    code (torch, Dynamo, the device) before any proof: the child does not import them again.
+    It leads a session of its own (the parent's kill takes anything it ran) and has the
+    environment the caller had at that proof, not the one the server started with."""
+    first = _probe_child("first")
+    second = _probe_child("second")
+    print(f"first {first}\nsecond {second}")
+    for seen, variable in ((first, "first"), (second, "second")):
+        assert seen["preloaded"] == ["hfadapt.agent.graph_proof", "torch._dynamo"], seen
+        assert seen["variable"] == variable and seen["own_session"] is True, seen
+        assert seen["parent"] != os.getpid(), seen  # forked by the server, not by this process
+    assert first["parent"] == second["parent"], (first, second)  # one server for both
+    # a fresh interpreter importing the proofs' code takes about 3 s of a core on this machine
+    assert float(second["seconds"]) < 1.5, second  # type: ignore[arg-type]
