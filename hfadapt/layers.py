@@ -23,7 +23,14 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("hfadapt.seccomp",),
     # OS isolation for untrusted code (bubblewrap): usable by every layer above
     ("hfadapt.isolation",),
-    ("hfadapt.options", "hfadapt.verdicts", "hfadapt.version", "hfadapt.layers"),
+    # what a model's config is read as
+    (
+        "hfadapt.options",
+        "hfadapt.verdicts",
+        "hfadapt.version",
+        "hfadapt.layers",
+        "hfadapt.model_config",
+    ),
     # runs.db: engine, tables, migrations
     ("hfadapt.db",),
     # graphs of ATen ops as data: capture, validation, the allowlist, running one

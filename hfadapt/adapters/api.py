@@ -31,6 +31,7 @@ from hfadapt.adapters.rebind import globals_read, innermost, rebind, stock_bound
 from hfadapt.errors import AdapterError
 from hfadapt.spyre.frames import inline_only
 from hfadapt.spyre.numerics.dl16 import STICK_ELEMENTS
+from hfadapt.spyre.rules.layout_rules import head_dim
 
 __all__ = [
     "MASKED",
@@ -73,21 +74,6 @@ STICK = STICK_ELEMENTS
 # range; bf16's own finfo.min / 2 (-1.7e38) does not: moved onto the device it becomes -inf and a
 # bf16 model's attention turns to NaN (EmbeddingGemma did).
 MASKED = float(torch.finfo(torch.float16).min) / 2
-
-
-def head_dim(config: object) -> int | None:
-    """The attention head size: ``config.head_dim`` when set, else hidden_size over
-    num_attention_heads; None when the config says neither."""
-    hd = getattr(config, "head_dim", None)
-    if isinstance(hd, int) and hd > 0:
-        return hd
-    hidden, heads = (
-        getattr(config, "hidden_size", None),
-        getattr(config, "num_attention_heads", None),
-    )
-    if isinstance(hidden, int) and isinstance(heads, int) and heads > 0:
-        return hidden // heads
-    return None
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ from hfadapt.errors import AdapterError, GraphError, UntrustedDataError
 from hfadapt.graphs import GraphArtifact, GraphProgram
 from hfadapt.graphs.artifact import CONSTANTS_FILE, GRAPH_FILE, read_plain_file
 from hfadapt.graphs.reads import is_plain, plain, read_value
+from hfadapt.model_config import ModelConfig
 from hfadapt.untrusted import bounded, clean_text, parse_json
 
 log = logging.getLogger(__name__)
@@ -481,7 +482,7 @@ def _function_adapter(
     )
     said: set[str] = set()
 
-    def applies(module: torch.nn.Module, config: object) -> bool:
+    def applies(module: torch.nn.Module, config: ModelConfig) -> bool:
         cls = a.target_class()
         if cls is None or not isinstance(module, cls):
             return False

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,7 +57,7 @@ class ConfigFetch:
         )
 
 
-def config_error(config: object) -> str | None:
+def config_error(config: Mapping[str, Any] | None) -> str | None:
     """The reason recorded in place of a config that could not be had, else None."""
     return config.get(CONFIG_ERROR_KEY) if isinstance(config, dict) else None
 
@@ -161,7 +161,7 @@ def fetch_configs(
     return result
 
 
-def has_shapes(config: object) -> bool:
+def has_shapes(config: Mapping[str, Any] | None) -> bool:
     """Whether a crawled config is a model's own config.json (it names its sizes), not the
     listing's summary (model_type and architectures only)."""
     return (

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from hfadapt.spyre.rules import layout_rules
+
 __all__ = [
     "Attention",
     "Sharpened",
@@ -102,16 +104,10 @@ def attentions(model: nn.Module) -> list[Attention]:
 
 
 def head_dim(model: nn.Module) -> int | None:
-    """The attention head size: config.head_dim, else hidden_size / num_attention_heads."""
+    """The attention head size of ``model``'s config (:func:`layout_rules.head_dim`), None
+    without a config."""
     config = getattr(model, "config", None)
-    dim = getattr(config, "head_dim", None)
-    heads = getattr(config, "num_attention_heads", None)
-    hidden = getattr(config, "hidden_size", None)
-    if isinstance(dim, int) and dim > 0:
-        return dim
-    if isinstance(heads, int) and isinstance(hidden, int) and heads > 0 and hidden % heads == 0:
-        return hidden // heads
-    return None
+    return None if config is None else layout_rules.head_dim(config)
 
 
 def seeded_row(

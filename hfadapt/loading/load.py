@@ -11,7 +11,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hfadapt.errors import (
     ConfigError,
@@ -65,6 +65,9 @@ WEIGHT_GLOBS = ("*.safetensors", "pytorch_model*.bin")
 _OPTIONAL_KEYS = ("pooler.",)
 
 # Re-exported: loading is where most callers look for them.
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
 __all__ = [
     "HubOptions",
     "LoadedModel",
@@ -178,7 +181,7 @@ def quiet_transformers() -> Iterator[None]:
             tlog.enable_progress_bar()
 
 
-def model_class(config: object, trust_remote_code: bool = False) -> Any:
+def model_class(config: PretrainedConfig, trust_remote_code: bool = False) -> Any:
     """The class an embedding run instantiates: AutoModel, or the encoder of a T5 family."""
     import transformers
 

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
     from hfadapt.loading.load import LoadedModel
 
 # The device only takes sequence lengths that are whole sticks (docs/device-profile.md, the layout section).
@@ -96,7 +98,7 @@ class ProbeBatch:
         return f"{b} probes x {s} tokens ({self.real_tokens} real, ids from {self.source})"
 
 
-def max_probe_length(config: object, tokenizer: object = None) -> int:
+def max_probe_length(config: PretrainedConfig, tokenizer: object = None) -> int:
     """The longest padded length the model accepts, rounded down to a multiple of 64."""
     limit = MAX_PROBE_LENGTH
     positions = getattr(config, "max_position_embeddings", None)
@@ -136,7 +138,7 @@ def tokenize_probes(
 SPECIAL_ID_FIELDS = ("pad_token_id", "bos_token_id", "eos_token_id", "cls_token_id", "sep_token_id")
 
 
-def _special_ids(config: object) -> list[int]:
+def _special_ids(config: PretrainedConfig) -> list[int]:
     ids: list[int] = []
     for name in SPECIAL_ID_FIELDS:
         value = getattr(config, name, None)
@@ -145,7 +147,7 @@ def _special_ids(config: object) -> list[int]:
     return ids
 
 
-def reserved_ids(config: object) -> int:
+def reserved_ids(config: PretrainedConfig) -> int:
     """Ids below this are special tokens; random and folded ids stay at or above it."""
     specials = _special_ids(config)
     return max(specials) + 1 if specials else 0
@@ -154,14 +156,16 @@ def reserved_ids(config: object) -> int:
 NO_RANDOM_PROBES = "config has no usable vocab_size for random probe ids"
 
 
-def random_probe_vocab(config: object) -> int:
+def random_probe_vocab(config: PretrainedConfig) -> int:
     """How many ids random probes draw from: the config's own vocab_size (0: none usable, as in
     a composite vision + text config, whose vocabulary sits in its text_config)."""
     vocab = int(getattr(config, "vocab_size", 0) or 0)
     return vocab if vocab > 1 else 0
 
 
-def random_probes(config: object, *, seed: int = 0, max_length: int | None = None) -> ProbeBatch:
+def random_probes(
+    config: PretrainedConfig, *, seed: int = 0, max_length: int | None = None
+) -> ProbeBatch:
     """Deterministic random ids with the probe sentences' padding pattern, right-padded."""
     vocab = random_probe_vocab(config)
     if not vocab:

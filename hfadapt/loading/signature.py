@@ -20,6 +20,7 @@ from typing import Any
 
 from hfadapt.errors import ConfigError
 from hfadapt.loading.native import NATIVE_TYPES, register_native_classes
+from hfadapt.model_config import ModelConfig
 
 # Bump when signature_fields changes meaning, so old and new hashes never collide.
 # 2: the sizes themselves (hidden, heads, kv heads, intermediate, vocabulary as judged).
@@ -97,11 +98,11 @@ _ACT_FIELDS = (
 _INTERMEDIATE_FIELDS = ("intermediate_size", "hidden_dim", "ffn_dim", "d_ff", "n_inner", "mlp_dim")
 
 
-def _get(config: object, name: str) -> Any:
+def _get(config: ModelConfig, name: str) -> Any:
     return config.get(name) if isinstance(config, dict) else getattr(config, name, None)
 
 
-def _first(config: object, names: tuple[str, ...]) -> Any:
+def _first(config: ModelConfig, names: tuple[str, ...]) -> Any:
     for name in names:
         value = _get(config, name)
         if value is not None:
@@ -119,7 +120,7 @@ def _jsonable(value: object) -> Any:
     return str(value)
 
 
-def _rope(config: object) -> Any:
+def _rope(config: ModelConfig) -> Any:
     params = _get(config, "rope_parameters") or _get(config, "rope_scaling")
     if isinstance(params, dict):
         # Per-layer-type dicts (gemma3, modernbert) or one dict: the rope *types* decide code.
@@ -135,7 +136,7 @@ def _rope(config: object) -> Any:
     return None
 
 
-def signature_fields(config: object) -> dict[str, object]:
+def signature_fields(config: ModelConfig) -> dict[str, object]:
     """What decides lowering, as a flat dict: modeling class, activation, positions, attention
     implementation, head_dim, alignment of hidden and intermediate sizes, rope, norm type..."""
     if isinstance(config, dict) and config.get("model_type"):
@@ -210,7 +211,7 @@ def _class_fields(config_class: Any) -> frozenset[str]:
         return frozenset()
 
 
-def _declared_fields(config: object) -> frozenset[str] | None:
+def _declared_fields(config: ModelConfig) -> frozenset[str] | None:
     """The fields the config's class knows (None for a raw dict of an unknown type)."""
     if isinstance(config, dict):
         return None
@@ -218,7 +219,7 @@ def _declared_fields(config: object) -> frozenset[str] | None:
     return fields or None
 
 
-def _attn_implementation(config: object, model_type: object) -> str:
+def _attn_implementation(config: ModelConfig, model_type: object) -> str:
     """The attention code the model runs: the one asked for, else the class's default
     (sdpa where the class supports it, else eager); the same for a dict and a bound config."""
     asked = _get(config, "_attn_implementation") or _get(config, "attn_implementation")
@@ -252,12 +253,12 @@ def _hash(fields: dict[str, object]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def structural_signature(config: object) -> str:
+def structural_signature(config: ModelConfig) -> str:
     """A stable 16-hex hash of ``signature_fields``: models sharing it share a verdict."""
     return _hash(signature_fields(config))
 
 
-def lowering_signature(config: object) -> str:
+def lowering_signature(config: ModelConfig) -> str:
     """A stable 16-hex hash of the signature without its sizes (their alignment is kept): two
     configs of one lowering class lower alike, so either may stand in for the other."""
     fields = {k: v for k, v in signature_fields(config).items() if k not in SHAPE_FIELDS}

@@ -148,3 +148,22 @@ def test_transformers_native_nomic_bert_and_plain_dicts() -> None:
         "intermediate_size": 1536,
     }
     assert [v.rule_id for v in check_model(plain)] == ["layout.head_dim"]
+
+
+def test_the_adapters_api_and_the_attention_measure_read_this_head_dim() -> None:
+    """One definition: T5's d_kv (32 here, not d_model / heads = 64) and an explicit head_dim
+    of 0 (taken as unset) read alike by the layout rules, the adapters' API and the stand-ins'
+    attention measure."""
+    from types import SimpleNamespace
+
+    from transformers import T5Config
+
+    from hfadapt.adapters import api
+    from hfadapt.loading import attention_logits
+
+    t5 = T5Config(d_model=512, num_heads=8, d_kv=32)
+    zero = {"head_dim": 0, "hidden_size": 768, "num_attention_heads": 12}
+    for config, expected in ((t5, 32), (zero, 64)):
+        model = SimpleNamespace(config=config)
+        got = (head_dim(config), api.head_dim(config), attention_logits.head_dim(model))  # type: ignore[arg-type]
+        assert got == (expected,) * 3, (config, got)

@@ -36,6 +36,7 @@ import torch
 
 from hfadapt import torch_internals as ti
 from hfadapt.errors import DeviceError, SpyreLoweringError
+from hfadapt.model_config import ModelConfig
 from hfadapt.spyre import host_constants
 from hfadapt.spyre.compile.cache import default_cache
 from hfadapt.spyre.compile.defects import find_defects
@@ -406,7 +407,7 @@ def _graph_breaks() -> int:
     return sum(ti.dynamo_counters()["graph_break"].values())
 
 
-def _takes_use_cache(model: Callable[..., object], config: object) -> bool:
+def _takes_use_cache(model: Callable[..., object], config: ModelConfig | None) -> bool:
     """A decoder whose forward takes ``use_cache`` (a KV cache would add outputs and state)."""
     if not getattr(config, "use_cache", False):
         return False

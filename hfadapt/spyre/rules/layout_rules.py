@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hfadapt.errors import SpyreUnsupportedModelError
+from hfadapt.model_config import ModelConfig
 from hfadapt.spyre.rules.lowering_report import SourceLocation, Violation
 from hfadapt.spyre.rules.profile import Profile, load_profile
 
@@ -58,7 +59,7 @@ ROPE_MODEL_TYPES = frozenset(
 )
 
 
-def _as_dict(config: object) -> dict[str, Any]:
+def _as_dict(config: ModelConfig) -> dict[str, Any]:
     if isinstance(config, Mapping):
         return dict(config)
     if hasattr(config, "to_dict"):
@@ -66,7 +67,7 @@ def _as_dict(config: object) -> dict[str, Any]:
     return dict(vars(config))
 
 
-def _field(config: object, data: Mapping[str, object], role: str) -> tuple[str, Any] | None:
+def _field(config: ModelConfig, data: Mapping[str, object], role: str) -> tuple[str, Any] | None:
     """(field name, value) of the first field of this role the config holds."""
     for name in FIELDS[role]:
         if data.get(name) is not None:
@@ -79,7 +80,7 @@ def _field(config: object, data: Mapping[str, object], role: str) -> tuple[str, 
     return None
 
 
-def uses_rope(config: object) -> bool:
+def uses_rope(config: ModelConfig) -> bool:
     """Whether the model applies rotary position embeddings (head_dim then pads to 128)."""
     data = _as_dict(config)
     if str(data.get("position_embedding_type", "")).lower() in ("rotary", "rope"):
@@ -91,21 +92,23 @@ def uses_rope(config: object) -> bool:
     return str(data.get("model_type", "")) in ROPE_MODEL_TYPES
 
 
-def head_dim(config: object) -> int | None:
-    """The attention head size: config.head_dim (or T5's d_kv) when given, else
-    hidden_size / num_attention_heads."""
+def head_dim(config: ModelConfig) -> int | None:
+    """The attention head size: config.head_dim (or T5's d_kv) when given and positive, else
+    hidden_size / num_attention_heads; None when the config says neither. The one definition:
+    the adapters' API (``hfadapt.adapters.api.head_dim``) and the stand-ins' attention measure
+    (``hfadapt.loading.attention_logits.head_dim``) read this."""
     data = _as_dict(config)
     explicit = _field(config, data, "head_dim")
-    if explicit is not None and isinstance(explicit[1], int):
+    if explicit is not None and isinstance(explicit[1], int) and explicit[1] > 0:
         return explicit[1]
     hidden = _field(config, data, "hidden_size")
     heads = _field(config, data, "num_attention_heads")
-    if hidden is None or heads is None or not heads[1]:
+    if hidden is None or heads is None or not isinstance(heads[1], int) or heads[1] <= 0:
         return None
-    return int(hidden[1]) // int(heads[1])
+    return int(hidden[1]) // heads[1]
 
 
-def _location(config: object, field: str, value: object) -> SourceLocation | None:
+def _location(config: ModelConfig, field: str, value: object) -> SourceLocation | None:
     """The config class's source file: the call site of a model-level fingerprint, so each
     architecture gets its own fingerprint."""
     if isinstance(config, Mapping):
@@ -120,7 +123,12 @@ def _location(config: object, field: str, value: object) -> SourceLocation | Non
 
 
 def _model_violation(
-    rule_id: str, message: str, config: object, field: str, value: object, inferred: bool = False
+    rule_id: str,
+    message: str,
+    config: ModelConfig,
+    field: str,
+    value: object,
+    inferred: bool = False,
 ) -> Violation:
     return Violation(
         rule_id=rule_id,
@@ -132,7 +140,7 @@ def _model_violation(
     )
 
 
-def alignment_violations(config: object, profile: Profile | None = None) -> list[Violation]:
+def alignment_violations(config: ModelConfig, profile: Profile | None = None) -> list[Violation]:
     """hidden_size / intermediate_size off the stick boundary: the model cannot run at all."""
     p = profile or load_profile()
     spec = p.layout["model_alignment"]
@@ -150,7 +158,7 @@ def alignment_violations(config: object, profile: Profile | None = None) -> list
     return found
 
 
-def head_dim_violation(config: object, profile: Profile | None = None) -> Violation | None:
+def head_dim_violation(config: ModelConfig, profile: Profile | None = None) -> Violation | None:
     """head_dim below or off a stick boundary (128 with RoPE): an adapter zero-pads Q, K, V."""
     p = profile or load_profile()
     spec = p.layout["head_dim"]
@@ -169,7 +177,7 @@ def head_dim_violation(config: object, profile: Profile | None = None) -> Violat
 
 
 def attention_head_dim_violation(
-    config: object, violations: list[Violation], profile: Profile | None = None
+    config: ModelConfig, violations: list[Violation], profile: Profile | None = None
 ) -> Violation | None:
     """The config-level head_dim diagnosis (with its adapter fix) when a graph shows the
     symptom: a matmul whose reduction dimension is the head_dim (Q @ K^T) off the stick
@@ -186,7 +194,7 @@ def attention_head_dim_violation(
     return None
 
 
-def check_model(config: object, profile: Profile | None = None) -> list[Violation]:
+def check_model(config: ModelConfig, profile: Profile | None = None) -> list[Violation]:
     """Every config-level violation of the model: alignment first, then head_dim."""
     found = alignment_violations(config, profile)
     hd = head_dim_violation(config, profile)
@@ -195,7 +203,7 @@ def check_model(config: object, profile: Profile | None = None) -> list[Violatio
     return found
 
 
-def ensure_supported(config: object, profile: Profile | None = None) -> None:
+def ensure_supported(config: ModelConfig, profile: Profile | None = None) -> None:
     """Raise SpyreUnsupportedModelError when the model cannot be lowered at all (before any
     compile): its hidden or intermediate size is not a multiple of the stick size."""
     p = profile or load_profile()
