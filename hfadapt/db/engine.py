@@ -14,6 +14,7 @@ database instead (hfadapt.db.postgres).
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -100,15 +101,27 @@ def get_engine(url: str | None = None, *, migrate: bool = True) -> Engine:
 def _enable_wal(engine: Engine) -> None:
     # After migrating, not on connect: switching to WAL rewrites the file header, and a database
     # we refuse (newer, unmigratable) must stay byte-identical. The mode is stored in the file.
-    raw = engine.raw_connection()
-    try:
-        cursor = raw.cursor()
-        cursor.execute("PRAGMA journal_mode = WAL")
-        cursor.close()
-    except Exception as exc:  # a raw sqlite3 error: SQLAlchemy does not wrap cursor calls here
-        raise (translate_db_error(exc, engine) or _generic(exc, engine)) from exc
-    finally:
-        raw.close()
+    # The switch takes an exclusive lock, and where two connections both hold the shared lock
+    # and ask for it, SQLite answers "database is locked" at once instead of calling its busy
+    # handler (it would deadlock: https://www.sqlite.org/c3ref/busy_handler.html). Processes
+    # opening one new database together meet exactly that, so the switch is tried again until
+    # the busy timeout has passed, as every other lock is waited for.
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    delay = 0.01
+    while True:
+        raw = engine.raw_connection()
+        try:
+            cursor = raw.cursor()
+            cursor.execute("PRAGMA journal_mode = WAL")
+            cursor.close()
+            return
+        except Exception as exc:  # a raw sqlite3 error: SQLAlchemy does not wrap cursor calls here
+            if "database is locked" not in str(exc) or time.monotonic() >= deadline:
+                raise (translate_db_error(exc, engine) or _generic(exc, engine)) from exc
+        finally:
+            raw.close()
+        time.sleep(delay)
+        delay = min(2 * delay, 0.5)
 
 
 def _sqlite_engine(url: URL) -> Engine:
