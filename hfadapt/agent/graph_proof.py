@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import copy
 import math
+import multiprocessing
 import os
 import pkgutil
 import resource
@@ -1241,11 +1242,24 @@ def enter_child(env: dict[str, str]) -> None:
 def _context() -> ForkServerContext:
     """multiprocessing's forkserver, its server preloading this module: started by the first
     proof of the process, each later proof a fork of it."""
-    import multiprocessing
-
     ctx: ForkServerContext = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload([__name__])
     return ctx
+
+
+def start_child(target: Callable[..., None], args: tuple[object, ...]) -> BaseProcess:
+    """A started proof child running ``target(*args)``: forked from the forkserver, or, in a
+    process forked from one that had started it (that server is the other process's child, out
+    of this one's reach: multiprocessing raises ChildProcessError), a fresh interpreter."""
+    child: BaseProcess = _context().Process(target=target, args=args, name="hfadapt-proof")
+    try:
+        child.start()
+    except ChildProcessError:
+        child = multiprocessing.get_context("spawn").Process(
+            target=target, args=args, name="hfadapt-proof"
+        )
+        child.start()
+    return child
 
 
 def _child(conn: Connection, job: dict[str, Any]) -> None:
@@ -1315,7 +1329,7 @@ def prove_bounded(
     *,
     skip_ok: bool = False,
 ) -> list[StepReport]:
-    """``steps`` for one graph in a spawned child under ``limits``. ``job``: ``files``,
+    """``steps`` for one graph in a child (:func:`start_child`) under ``limits``. ``job``: ``files``,
     ``case``, ``name``, ``rule`` and ``reads`` (a draft's graph: the graph step runs again in
     the child), or ``folder`` and ``case`` (a graph adapter folder). A child that hits a limit,
     is killed at the wall-clock timeout or dies fails the step it was in, with the reason."""
@@ -1323,17 +1337,10 @@ def prove_bounded(
 
     full = {**job, "steps": list(steps), "skip_ok": skip_ok, "limits": asdict(limits)}
     full["sys_path"] = list(sys.path)
-    ctx = _context()
-    receive, theirs = ctx.Pipe(duplex=True)
+    receive, theirs = multiprocessing.Pipe(duplex=True)
     start = time.monotonic()
-    child = ctx.Process(
-        target=child_main,
-        args=(theirs, dict(settings.environment())),
-        name="hfadapt-proof",
-        daemon=False,
-    )
     try:
-        child.start()
+        child = start_child(child_main, (theirs, dict(settings.environment())))
     finally:
         theirs.close()
     receive.send(full)

@@ -141,37 +141,42 @@ def _undrawn(summary: str) -> str:
     return re.sub(r"lengths \[[^]]*\] \(drawn at random: \[[^]]*\]\)", "lengths (drawn)", summary)
 
 
-def _probe_child(variable: str) -> dict[str, object]:
-    from support.proof_child import probe
-
-    os.environ["HFADAPT_TEST_PROOF_CHILD"] = variable
-    try:
-        ctx = graph_proof._context()
-        ours, theirs = ctx.Pipe()
-        child = ctx.Process(target=probe, args=(theirs, dict(os.environ), time.time()))
-        child.start()
-        theirs.close()
-        assert ours.poll(120), "the probe sent nothing in 120 s"
-        seen: dict[str, object] = ours.recv()
-        child.join(30)
-        assert child.exitcode == 0, child.exitcode
-        return seen
-    finally:
-        del os.environ["HFADAPT_TEST_PROOF_CHILD"]
-
-
 def test_proof_children_fork_from_one_preloaded_server_with_the_callers_environment() -> None:
     """Each proof child is a fork of one server per process that has imported the proofs'
     code (torch, Dynamo, the device) before any proof: the child does not import them again.
     It leads a session of its own (the parent's kill takes anything it ran) and has the
     environment the caller had at that proof, not the one the server started with."""
-    first = _probe_child("first")
-    second = _probe_child("second")
+    from support.proof_child import HEAVY, start_probe
+
+    first = start_probe("first")
+    second = start_probe("second")
     print(f"first {first}\nsecond {second}")
     for seen, variable in ((first, "first"), (second, "second")):
-        assert seen["preloaded"] == ["hfadapt.agent.graph_proof", "torch._dynamo"], seen
+        assert seen["preloaded"] == list(HEAVY), seen
         assert seen["variable"] == variable and seen["own_session"] is True, seen
         assert seen["parent"] != os.getpid(), seen  # forked by the server, not by this process
     assert first["parent"] == second["parent"], (first, second)  # one server for both
     # a fresh interpreter importing the proofs' code takes about 3 s of a core on this machine
     assert float(second["seconds"]) < 1.5, second  # type: ignore[arg-type]
+
+
+def test_a_fork_of_a_process_whose_server_runs_proves_in_a_fresh_interpreter() -> None:
+    """The forkserver is the child of the process that started it. A process forked from that
+    one cannot reach it (multiprocessing raises ChildProcessError there): its proofs start a
+    fresh interpreter instead, with the same session and environment."""
+    import multiprocessing
+
+    from support.proof_child import from_a_fork, start_probe
+
+    start_probe("the server runs")  # this process's forkserver, started if it was not
+    ours, theirs = multiprocessing.Pipe()
+    fork = multiprocessing.get_context("fork").Process(target=from_a_fork, args=(theirs,))
+    fork.start()
+    theirs.close()
+    assert ours.poll(180), "the fork sent nothing in 180 s"
+    seen = ours.recv()
+    fork.join(30)
+    print(seen)
+    assert "error" not in seen, seen
+    assert seen["preloaded"] == [] and seen["parent"] == seen["by"], seen  # its own child, fresh
+    assert seen["variable"] == "from a fork" and seen["own_session"] is True, seen
