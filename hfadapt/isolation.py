@@ -43,7 +43,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 from hfadapt import seccomp, settings
 from hfadapt.errors import IsolationUnavailableError, option
@@ -84,11 +84,13 @@ __all__ = [
     "SANDBOX_UID",
     "SECRET_NAME",
     "Collected",
+    "Killable",
     "Limits",
     "bwrap_argv",
     "collect",
     "guard",
     "interpreter_paths",
+    "kill_group",
     "limit_self",
     "mounts",
     "package_paths",
@@ -595,7 +597,19 @@ def spawn(
             os.close(fd)
 
 
-def _kill(proc: subprocess.Popen[bytes]) -> None:
+class Killable(Protocol):
+    """A started child process: ``subprocess.Popen`` or ``multiprocessing.Process``."""
+
+    @property
+    def pid(self) -> int | None: ...
+
+    def kill(self) -> None: ...
+
+
+def kill_group(proc: Killable) -> None:
+    """SIGKILL to the session ``proc`` leads (the process and anything it ran); to ``proc`` alone
+    when it leads none (yet)."""
+    assert proc.pid is not None
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -622,7 +636,7 @@ def collect(
         while chunk := proc.stdout.read(65536):
             if len(out) + len(chunk) > max_stdout:
                 overflow.append(f"wrote more than {max_stdout} bytes of results")
-                _kill(proc)
+                kill_group(proc)
                 break
             out.extend(chunk)
 
@@ -641,7 +655,7 @@ def collect(
         code: int | None = proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         timed_out = True
-        _kill(proc)
+        kill_group(proc)
         code = proc.wait()
     for t in readers:
         t.join(timeout=10)

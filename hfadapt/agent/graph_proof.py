@@ -44,7 +44,7 @@ import resource
 import secrets
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from functools import cache
 from pathlib import Path
@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from hfadapt import settings
+from hfadapt import isolation, settings
 from hfadapt import torch_internals as ti
 from hfadapt.adapters.api import STICK, Adapter
 from hfadapt.adapters.equivalence import ATOL, RTOL, compare_outputs, prove_equivalent
@@ -1218,8 +1218,8 @@ def _limit_self(limits: ProofLimits) -> None:
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))
 
 
-def child_main(conn: Connection, env: dict[str, str]) -> None:
-    """The child process, forked from the forkserver (:func:`_context`): nothing of the parent's
+def child_main(conn: Connection, env: Mapping[str, str]) -> None:
+    """The child process (:func:`start_child`: forked from the forkserver): nothing of the parent's
     state but ``env``, the parent's environment at the proof. It takes a session of its own
     (the parent's kill takes it and anything it ran), receives the job on ``conn``, proves, and
     sends each report."""
@@ -1231,7 +1231,7 @@ def child_main(conn: Connection, env: dict[str, str]) -> None:
     _child(conn, job)
 
 
-def enter_child(env: dict[str, str]) -> None:
+def enter_child(env: Mapping[str, str]) -> None:
     """What a forked proof child does first: a session of its own, and ``env`` as its
     environment (the server's is the parent's when the server started)."""
     os.setsid()
@@ -1300,16 +1300,6 @@ def _child(conn: Connection, job: dict[str, Any]) -> None:
         conn.close()
 
 
-def _kill_group(child: BaseProcess) -> None:
-    """SIGKILL to the child's session (the child and anything it ran); to the child alone when
-    it has not taken its session yet."""
-    assert child.pid is not None
-    try:
-        os.killpg(child.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        child.kill()
-
-
 def _death(code: int | None, limits: ProofLimits) -> str:
     if code in (-signal.SIGXCPU, -signal.SIGKILL):
         return f"the proof exceeded {limits.cpu_seconds} s of CPU time"
@@ -1340,7 +1330,7 @@ def prove_bounded(
     receive, theirs = multiprocessing.Pipe(duplex=True)
     start = time.monotonic()
     try:
-        child = start_child(child_main, (theirs, dict(settings.environment())))
+        child = start_child(child_main, (theirs, settings.environment()))
     finally:
         theirs.close()
     receive.send(full)
@@ -1374,7 +1364,7 @@ def prove_bounded(
                 why = body
     finally:
         if child.exitcode is None:
-            _kill_group(child)
+            isolation.kill_group(child)
         child.join()
         child.close()
         receive.close()

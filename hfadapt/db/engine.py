@@ -116,12 +116,18 @@ def _enable_wal(engine: Engine) -> None:
             cursor.close()
             return
         except Exception as exc:  # a raw sqlite3 error: SQLAlchemy does not wrap cursor calls here
-            if "database is locked" not in str(exc) or time.monotonic() >= deadline:
+            if not _locked(exc) or time.monotonic() >= deadline:
                 raise (translate_db_error(exc, engine) or _generic(exc, engine)) from exc
         finally:
             raw.close()
         time.sleep(delay)
         delay = min(2 * delay, 0.5)
+
+
+def _locked(exc: BaseException) -> bool:
+    """Whether SQLite said the database (or a table) is locked by another connection."""
+    text = str(getattr(exc, "orig", None) or exc).lower()
+    return "database is locked" in text or "database table is locked" in text
 
 
 def _sqlite_engine(url: URL) -> Engine:
@@ -235,7 +241,7 @@ def translate_db_error(exc: BaseException, engine: Engine | str) -> StoreError |
         return DatabaseUnavailableError(
             f"database {where} is read-only: make it writable or {hint}"
         )
-    if "database is locked" in text or "database table is locked" in text:
+    if _locked(exc):
         return DatabaseUnavailableError(
             f"database {where} stayed locked by another process for over {BUSY_TIMEOUT_S:.0f} s; try again"
         )
