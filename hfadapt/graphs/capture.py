@@ -193,21 +193,40 @@ def capture_method(
     kwargs: dict[str, object],
     *,
     dtypes: tuple[torch.dtype, torch.dtype] = EXPORT_DTYPES,
+    trusted: bool = False,
 ) -> GraphArtifact:
     """The graph artifact of ``fn(module, *args, **kwargs)``. Raises GraphError when the code
     cannot be one graph (it branches on the dtype, uses an op outside the allowlist, returns
     something other than tensors and plain values) and lets torch.export's own errors (data-
-    dependent control flow, say) through for the caller to report."""
+    dependent control flow, say) through for the caller to report. ``trusted`` (the library's
+    own code, captured in the parent to compare a draft with) skips the two checks aimed at a
+    draft: the export again in another process state, and the rebinding of globals."""
     args_t, kwargs_t, _ = call_template(args, kwargs)
     kinds = {name: kind for name, (kind, _) in module_tensors(module).items()}
-    before = global_bindings()
+    before = {} if trusted else global_bindings()
     exported = [export_once(module, fn, args, kwargs, d) for d in dtypes]
+    if not trusted:
+        _check_no_state(module, fn, args, kwargs, exported[1], dtypes[1], before)
+    return _merge(exported, dtypes, kinds, args_t, kwargs_t)
+
+
+def _check_no_state(
+    module: torch.nn.Module,
+    fn: Callable[..., object],
+    args: tuple[object, ...],
+    kwargs: dict[str, object],
+    exported: torch.export.ExportedProgram,
+    dtype: torch.dtype,
+    before: dict[str, object],
+) -> None:
+    """Raises GraphError when the code's graph in ``dtype`` changes with the process's state, or
+    when it rebound a global since ``before`` (what a draft could do; see capture_method)."""
     # Once more, with the process in another state: more threads, the code already called,
     # an environment variable changed, the clock later. A graph holds no Python state; code
     # whose graph changes with it would behave one way when proven and another when used.
     with _another_state(module, fn, args, kwargs):
-        again = export_once(module, fn, args, kwargs, dtypes[1])
-    where = _first_difference(exported[1], again)
+        again = export_once(module, fn, args, kwargs, dtype)
+    where = _first_difference(exported, again)
     if where:
         raise GraphError(
             f"the code computes differently when run again ({where}): it reads state a graph "
@@ -219,7 +238,6 @@ def capture_method(
             f"the code rebinds {', '.join(rebound[:5])}: a side effect on the process, which a "
             "graph cannot carry (and hfadapt would not ship)"
         )
-    return _merge(exported, dtypes, kinds, args_t, kwargs_t)
 
 
 _WATCHED = (
