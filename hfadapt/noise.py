@@ -20,13 +20,13 @@ import sys
 import threading
 import warnings
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from types import TracebackType
 from typing import Any, ParamSpec, TextIO, TypeVar
 
 from hfadapt import settings
 
-__all__ = ["LibraryNoise", "held", "held_message_counts"]
+__all__ = ["LibraryNoise", "count_held", "held", "held_message_counts", "holding_now"]
 
 _BARS_ENV = "HF_HUB_DISABLE_PROGRESS_BARS"
 
@@ -83,8 +83,12 @@ class LibraryNoise:
                 call(logger, record)
 
         logging.Logger.callHandlers = call_handlers  # type: ignore[method-assign,assignment]
-        self._stack.enter_context(settings.exported({_BARS_ENV: "1"}))
+        # before the variable is exported: huggingface_hub reads it once, when first imported,
+        # and imported under it its bars would stay off in this process after the hold
         self._bars(enable=False)
+        self._stack.enter_context(settings.exported({_BARS_ENV: "1"}))
+        with _held_lock:
+            _active.append(self)
         return self
 
     def __exit__(
@@ -92,27 +96,35 @@ class LibraryNoise:
     ) -> None:
         if self.verbose:
             return
+        with _held_lock:
+            _active.remove(self)
         warnings.showwarning = self._saved["showwarning"]
         logging.Logger.callHandlers = self._saved["callHandlers"]  # type: ignore[method-assign]
         self._stack.close()
         self._bars(enable=True)
 
     def _bars(self, *, enable: bool) -> None:
-        """Progress bars of the libraries already imported (the environment variable covers
-        those imported later); on the way out, only the ones this turned off come back."""
-        hub = sys.modules.get("huggingface_hub.utils")
-        if hub is not None:
-            if not enable:
-                self._saved["hub_bars"] = not hub.are_progress_bars_disabled()
-                hub.disable_progress_bars()
-            elif self._saved.get("hub_bars"):
-                hub.enable_progress_bars()
+        """The hub's bars through its switch (imported here, before the variable is exported,
+        so it reads the user's setting) and transformers' if imported; on the way out, only the
+        ones this turned off come back, and transformers' when it was imported meanwhile (it
+        copied the hub's switch, then off)."""
+        import huggingface_hub.utils as hub  # a few ms; transformers follows its switch
+
+        if not enable:
+            self._saved["hub_bars"] = not hub.are_progress_bars_disabled()
+            hub.disable_progress_bars()
+        elif self._saved.get("hub_bars"):
+            hub.enable_progress_bars()
         tlog = sys.modules.get("transformers.utils.logging")
         if tlog is not None:
             if not enable:
                 self._saved["transformers_bars"] = tlog.is_progress_bar_enabled()
                 tlog.disable_progress_bar()
             elif self._saved.get("transformers_bars"):
+                tlog.enable_progress_bar()
+            elif "transformers_bars" not in self._saved and not hub.are_progress_bars_disabled():
+                # imported during the hold, it copied the hub's switch as it was then (off):
+                # it follows the hub's, now restored
                 tlog.enable_progress_bar()
 
     def summary(self) -> str | None:
@@ -127,6 +139,8 @@ class LibraryNoise:
 # What library calls held back in this process, by source and kind (see held_message_counts).
 _held: Counter[str] = Counter()
 _held_lock = threading.Lock()
+# The holders inside whose ``with`` this process is, innermost last.
+_active: list[LibraryNoise] = []
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
@@ -137,6 +151,23 @@ def held_message_counts() -> dict[str, int]:
     every device warning, shown or not, is also in ``hfadapt.device_warning_counts()``."""
     with _held_lock:
         return dict(_held)
+
+
+def holding_now() -> bool:
+    """Whether this process is holding library messages back now (a command without
+    ``--verbose``, or inside ``hfadapt.load``): a child process it starts to do part of the work
+    should hold its own the same way and send their counts back (:func:`count_held`)."""
+    with _held_lock:
+        return bool(_active)
+
+
+def count_held(counts: Mapping[str, int]) -> None:
+    """Adds what a child process held back, by source and kind, to the innermost holder of this
+    process, so the command's one summary line (or ``held_message_counts()``) counts it too;
+    nothing when none is active (the child was told not to hold)."""
+    with _held_lock:
+        if _active:
+            _active[-1].counts.update({str(k): int(v) for k, v in counts.items()})
 
 
 @contextlib.contextmanager

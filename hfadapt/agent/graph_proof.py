@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from hfadapt import isolation, settings
+from hfadapt import isolation, noise, settings
 from hfadapt import torch_internals as ti
 from hfadapt.adapters.api import STICK, Adapter
 from hfadapt.adapters.equivalence import ATOL, RTOL, compare_outputs, prove_equivalent
@@ -1218,17 +1218,27 @@ def _limit_self(limits: ProofLimits) -> None:
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))
 
 
-def child_main(conn: Connection, env: Mapping[str, str]) -> None:
+def child_main(conn: Connection, env: Mapping[str, str], hold: bool) -> None:
     """The child process (:func:`start_child`: forked from the forkserver): nothing of the parent's
     state but ``env``, the parent's environment at the proof. It takes a session of its own
     (the parent's kill takes it and anything it ran), receives the job on ``conn``, proves, and
-    sends each report."""
+    sends each report. With ``hold`` (the parent holds library messages back: a command without
+    ``--verbose``, ``hfadapt.load``), it holds its own as well, from the job's unpickling on:
+    its standard error is the parent's, where the device's warnings would bypass the command's
+    one summary line; what it held goes back as counts (``noise.count_held``)."""
     import sys
 
     enter_child(env)
-    job = conn.recv()
-    sys.path[:] = [p for p in job["sys_path"] if isinstance(p, str)]
-    _child(conn, job)
+    held = noise.LibraryNoise(verbose=not hold)
+    try:
+        with held:
+            job = conn.recv()
+            sys.path[:] = [p for p in job["sys_path"] if isinstance(p, str)]
+            _child(conn, job)
+        if held.counts:
+            conn.send(("held", dict(held.counts)))
+    finally:
+        conn.close()
 
 
 def enter_child(env: Mapping[str, str]) -> None:
@@ -1296,8 +1306,6 @@ def _child(conn: Connection, job: dict[str, Any]) -> None:
     except BaseException as exc:  # said to the parent, then the child ends
         why = f"the proof exceeded {limits.memory_mb} MB" if _out_of_memory(exc) else _one_line(exc)
         conn.send(("error", why))
-    finally:
-        conn.close()
 
 
 def _death(code: int | None, limits: ProofLimits) -> str:
@@ -1330,7 +1338,7 @@ def prove_bounded(
     receive, theirs = multiprocessing.Pipe(duplex=True)
     start = time.monotonic()
     try:
-        child = start_child(child_main, (theirs, settings.environment()))
+        child = start_child(child_main, (theirs, settings.environment(), noise.holding_now()))
     finally:
         theirs.close()
     receive.send(full)
@@ -1362,6 +1370,8 @@ def prove_bounded(
                 reports.append(StepReport(**body))
             elif kind == "error":
                 why = body
+            elif kind == "held":
+                noise.count_held(body)
     finally:
         if child.exitcode is None:
             isolation.kill_group(child)

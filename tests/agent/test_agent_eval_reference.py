@@ -5,6 +5,7 @@ and the numbers; pending cases reported with their reason, never scored."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +117,22 @@ def _attention_error(fn: object, profile: object, seed: int = 0) -> tuple[float,
     cos = float(((a * b).sum(-1) / (a.norm(dim=-1) * b.norm(dim=-1))).min())
     rel = float((b - a).norm() / a.norm())
     return cos, rel, [f"{v.rule_id} {v.message}" for v in report.violations]
+
+
+@pytest.mark.slow
+def test_the_proof_childrens_library_messages_are_held_and_counted_like_the_parents(
+    reference_eval: ReferenceEval,
+) -> None:
+    """The proofs run in child processes that write to the command's standard error. The
+    device's warnings there (fallbacks, int64 downcasts, graph breaks of the end-to-end runs)
+    are held back as the command's own are: the quiet run's standard error is the one summary
+    line (before, 46 warning lines of the children reached it). That the line counts what a
+    child held: tests/package/test_library_quiet.py."""
+    lines = reference_eval.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("note: "), (len(lines), lines[:12])
+    print("held back:", lines[0])
+    counts = dict(re.findall(r"(the simulated device \w+Warning) (\d+)", lines[0]))
+    assert int(counts.get("the simulated device SpyreFallbackWarning", 0)) > 0, lines[0]
 
 
 def test_head_dim_padding_reference_pads_the_keys_too(spyre: object, tmp_path: Path) -> None:

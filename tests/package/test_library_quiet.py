@@ -4,6 +4,7 @@ and count it; ``verbose=True`` or ``HFADAPT_VERBOSE=1`` lets it through."""
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -133,3 +134,54 @@ def test_diagnose_holds_them_too(
             assert held == {"transformers log": 1, DOWNCAST: 1}, held
         else:
             assert "Some weights were not used" in err and held == {}, (err, held)
+
+
+def test_what_a_child_process_held_is_counted_by_the_innermost_holder() -> None:
+    """A proof's child holds library messages when its parent does (``holding_now()``) and sends
+    the counts back; ``count_held`` adds them to the parent's innermost holder, so they are in
+    its one summary line and in ``held_message_counts()``; outside any holder it adds nothing
+    (the child was told to let them through)."""
+    from hfadapt import noise
+
+    before = noise.held_message_counts().get(DOWNCAST, 0)
+    assert not noise.holding_now()
+    noise.count_held({DOWNCAST: 5})
+    with noise.holding(verbose=False) as outer, noise.holding(verbose=False) as inner:
+        assert noise.holding_now()
+        noise.count_held({DOWNCAST: 3})
+    assert not noise.holding_now()
+    assert (inner.counts[DOWNCAST], outer.counts[DOWNCAST]) == (3, 0), (inner.counts, outer.counts)
+    assert inner.summary() is not None and f"{DOWNCAST} 3" in inner.summary(), inner.summary()
+    after = noise.held_message_counts().get(DOWNCAST, 0)
+    assert after - before == 3, (before, after)
+
+
+def test_libraries_first_imported_during_a_hold_get_their_bars_back_after_it() -> None:
+    """huggingface_hub reads HF_HUB_DISABLE_PROGRESS_BARS once, when first imported, and
+    transformers copies the hub's switch when it is. A hold exports that variable (for the
+    processes started meanwhile): when a program's first ``hfadapt.load`` was where both were
+    first imported, their bars stayed off for the rest of the program. A fresh interpreter is
+    the point here: only a first import shows it. The user's own setting still wins."""
+    import subprocess
+
+    script = (
+        "from hfadapt import noise\n"
+        "with noise.holding(verbose=False):\n"
+        "    import transformers.utils.logging as tlog\n"
+        "    import huggingface_hub.utils as hub\n"
+        "    inside = (hub.are_progress_bars_disabled(), tlog.is_progress_bar_enabled())\n"
+        "print(*inside, hub.are_progress_bars_disabled(), tlog.is_progress_bar_enabled())\n"
+    )
+    seen = {}
+    for user in ("", "1"):
+        env = {k: v for k, v in os.environ.items() if k != "HF_HUB_DISABLE_PROGRESS_BARS"}
+        if user:
+            env["HF_HUB_DISABLE_PROGRESS_BARS"] = user
+        done = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        seen[user] = done.stdout.split()
+    # (hub off, transformers on) inside the hold, then after it
+    assert seen[""] == ["True", "False", "False", "True"], seen
+    assert seen["1"] == ["True", "False", "True", "False"], seen
