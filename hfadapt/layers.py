@@ -23,7 +23,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("hfadapt.seccomp",),
     # OS isolation for untrusted code (bubblewrap): usable by every layer above
     ("hfadapt.isolation",),
-    # what a model's config is read as
+    # option types, verdict strings, the version, this table, what a model's config is read as
     (
         "hfadapt.options",
         "hfadapt.verdicts",

@@ -49,6 +49,9 @@ from hfadapt.loading.signature import ENCODER_ONLY
 from hfadapt.loading.task_adapter_files import peft_adapter_files
 from hfadapt.loading.translate import Translation, text_model_class
 
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
 # Any one of these makes a folder's tokenizer loadable; tokenizer_config.json alone does not
 # (AutoTokenizer then builds an empty tokenizer instead of failing).
 TOKENIZER_FILES = (
@@ -65,9 +68,6 @@ WEIGHT_GLOBS = ("*.safetensors", "pytorch_model*.bin")
 _OPTIONAL_KEYS = ("pooler.",)
 
 # Re-exported: loading is where most callers look for them.
-if TYPE_CHECKING:
-    from transformers import PretrainedConfig
-
 __all__ = [
     "HubOptions",
     "LoadedModel",
