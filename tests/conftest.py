@@ -202,6 +202,11 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 # unit, so no worker waits on another's lock. A conftest copied into another folder (a test of
 # this file's CI rules) has no tests/support beside it and keeps the collection order.
 ONCE_PER_RUN_FIXTURES = ("two_real_cycles", "reference_eval")
+# The tests that start an in-process Ray (test_ray_executor.py, test_memory_oom.py: a module
+# fixture each, one Ray at a time on the machine, support/ray_lock.py) form one unit too: on two
+# workers the second to start its Ray waited for the first's lock, 20 s of a worker doing nothing
+# (measured 2026-12-06: the first out-of-memory test took 26.2 s, 2.2 s of it CPU; 6.2 s alone).
+ONE_WORKER_FIXTURES = ("local_ray",)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -213,7 +218,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     def shared(item: pytest.Item) -> str | None:
         fixtures = getattr(item, "fixturenames", ())
-        return next((name for name in ONCE_PER_RUN_FIXTURES if name in fixtures), None)
+        together = (*ONCE_PER_RUN_FIXTURES, *ONE_WORKER_FIXTURES)
+        return next((name for name in together if name in fixtures), None)
 
     items[:] = plan(
         items,
