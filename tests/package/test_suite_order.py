@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from support.ordering import DURATIONS, durations_from_junit, load_durations, plan
 
 # name -> (measured seconds or None, slow, once-per-run fixture)
@@ -62,3 +63,21 @@ def test_the_measurements_name_this_suites_tests(tmp_path: Path) -> None:
     broken.write_text("{not json")
     assert load_durations(tmp_path / "missing.json") == {} == load_durations(broken)
     assert DURATIONS.name == "durations.json"
+
+
+def test_this_runs_in_process_ray_tests_are_planned_one_after_the_other(
+    request: pytest.FixtureRequest,
+) -> None:
+    """tests/conftest.py keeps the tests of the ``local_ray`` fixture (one Ray at a time on the
+    machine) together in this run's order, so that no worker waits on another's Ray lock."""
+    items = request.session.items
+    at = [i for i, item in enumerate(items) if "local_ray" in getattr(item, "fixturenames", ())]
+    if not at:
+        pytest.skip("no test of the local_ray fixture collected in this run")
+    names = [items[i].nodeid for i in at]
+    print(f"positions {at} of {len(items)}: {names}")
+    assert at == list(range(at[0], at[0] + len(at))), (at, names)
+    assert len(at) >= 2 and {n.split("::")[0] for n in names} >= {
+        "tests/sweep/test_ray_executor.py",
+        "tests/sweep/test_memory_oom.py",
+    }, names
