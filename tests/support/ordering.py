@@ -11,8 +11,9 @@ sandboxed proof, a server): dealt out so that every worker starts on one (measur
 15.5 this way.
 
 The long units are a test measured at ``HEAVY_SECONDS`` or more (``tests/durations.json``), a
-``slow`` test not measured yet, and all the tests that read one once-per-run session fixture,
-kept together; the quick tests keep their collection order (a file's tests stay together, so
+``slow`` test not measured yet, and all the tests that read one fixture no two workers may
+run at once (a once-per-run session fixture, the in-process Ray: tests/conftest.py), kept
+together; the quick tests keep their collection order (a file's tests stay together, so
 its module fixtures are built once).
 
 Refresh the measurements after a suite run with ``--junitxml=FILE``:
@@ -46,8 +47,8 @@ def plan(
 ) -> list[T]:
     """``items`` reordered (module docstring): the long units longest first, then the quick
     tests in their order. ``seconds`` gives a test's measured duration (None: not measured),
-    ``slow`` whether it is marked slow, ``shared`` the name of the once-per-run fixture it
-    reads (None: none)."""
+    ``slow`` whether it is marked slow, ``shared`` the name of the fixture it reads that keeps
+    its tests together (None: none)."""
 
     def cost(item: T) -> float:
         measured = seconds(item)
