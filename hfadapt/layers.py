@@ -12,6 +12,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("hfadapt.errors",),
     # every environment variable hfadapt reads
     ("hfadapt.settings",),
+    # hfadapt's own processes: the collector's settings, ending without the teardown
+    ("hfadapt.own_process",),
     # every use of torch's private API, and patches to torch's modules with save and restore
     ("hfadapt.torch_internals",),
     # reading what untrusted code or servers produced: bounded JSON, clean text, redaction;

@@ -4,7 +4,9 @@ audit hook that refuses processes, sockets and writes outside its scratch space,
 loads the draft and runs the job's steps. It reports on its standard output, one JSON line per
 record (a step starting, a step's result, a result file as base64); anything else the draft or
 a library prints goes to standard error. The parent trusts none of it: it validates every
-record and proves the graph itself."""
+record and proves the graph itself. It collects garbage as the ``hfadapt`` command does and,
+once its records are written, ends without the interpreter's teardown or the exit handlers
+(hfadapt.own_process): nothing the draft registered runs after its results."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import sys
 import time
 import traceback
 
-from hfadapt import settings
+from hfadapt import own_process, settings
 from hfadapt.isolation import guard, limit_self, result_stream
 
 
@@ -30,6 +32,7 @@ def main(argv: list[str]) -> int:
 
     with open(argv[1], encoding="utf-8") as fh:
         job = json.load(fh)
+    own_process.tune()
     import torch  # heavy imports first: their address space is not the draft's budget
 
     torch.set_num_threads(int(job.get("threads", 1)))
@@ -37,6 +40,8 @@ def main(argv: list[str]) -> int:
         import transformers  # noqa: F401
 
     from hfadapt.agent import steps
+
+    own_process.settle()
 
     limit_self(job)
     guard(settings.scratch_dir())
@@ -71,4 +76,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    own_process.end(main(sys.argv))

@@ -32,9 +32,9 @@ from hfadapt.cli import sweep as _sweep  # noqa: F401
 from hfadapt.cli._app import app, close_engines, err_console
 from hfadapt.cli._console import exit_code_planned, interrupt_hint, on_interrupt, plan_exit
 from hfadapt.cli._noise import LibraryNoise
-from hfadapt.cli._process import leave
-from hfadapt.cli._process import tune as tune_gc
 from hfadapt.errors import HfadaptError
+from hfadapt.own_process import leave
+from hfadapt.own_process import tune as tune_gc
 from hfadapt.untrusted import hide_url_credentials
 
 INTERRUPTED = 130  # 128 + SIGINT, as shells report it
@@ -194,7 +194,7 @@ def main() -> None:
 
 def entry() -> None:
     """The ``hfadapt`` console script and ``python -m hfadapt``: ``main``, then leaving without
-    the interpreter's teardown (hfadapt.cli._process)."""
+    the interpreter's teardown (hfadapt.own_process)."""
     try:
         main()
     except SystemExit as exc:

@@ -25,11 +25,11 @@ from hfadapt.cli._app import (
     left_out,
 )
 from hfadapt.cli._console import plan_exit
-from hfadapt.cli._process import settle as settle_gc
 from hfadapt.errors import ModelNotFoundError, UsageError
 from hfadapt.judge.environment import summary
 from hfadapt.judge.evidence import describe_caches, describe_source
 from hfadapt.options import Mode
+from hfadapt.own_process import settle as settle_gc
 
 _COLOURS = {
     "pass": "green",

@@ -3,7 +3,8 @@ only by :mod:`hfadapt.judge.sandboxed` inside the OS sandbox. It judges one mode
 code (``trust_remote_code=True``), offline, unrecorded, and writes the Diagnosis as one JSON
 line on its standard output (the parent reads it with a byte cap and validates every field).
 After its heavy imports it limits its own address space to what they mapped plus the job's
-memory budget."""
+memory budget. It collects garbage as the ``hfadapt`` command does and, once its line is
+written, ends without the interpreter's teardown or the exit handlers (hfadapt.own_process)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from hfadapt import own_process
 from hfadapt.hub.resolve import HubOptions
 
 
@@ -38,8 +40,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     results = result_stream()
     args = list(sys.argv[1:] if argv is None else argv)
     job = json.loads(Path(args[0]).read_text(encoding="utf-8"))
+    own_process.tune()
     import torch  # noqa: F401  heavy imports first: their address space is not the budget
     import transformers  # noqa: F401
+
+    own_process.settle()
 
     from hfadapt.errors import InputError
     from hfadapt.isolation import limit_self
@@ -55,4 +60,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    own_process.end(main())

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Unpack
 
-from hfadapt import settings, verdicts
+from hfadapt import own_process, settings, verdicts
 from hfadapt.judge.device_runner import Runner
 from hfadapt.judge.evidence_types import NarrowedEvidence, WorkerFailureEvidence, read_evidence
 from hfadapt.judge.options import JudgeOptions
@@ -233,6 +233,13 @@ def judge_unit(task: Task) -> Outcome:
     alone (numerics, loading) is confirmed on the real config."""
     runner = resolve(task.runner) if task.runner else None
     _fresh_dynamo()
+    try:
+        return _judge_unit(task, runner)
+    finally:
+        _fresh_dynamo()  # nothing of this unit's models is held while the worker waits
+
+
+def _judge_unit(task: Task, runner: Runner | None) -> Outcome:
     tried: NarrowedEvidence | None = None
     if task.narrow is not None:
         verdict, reason, row = _diagnose(task, task.narrow, runner)
@@ -261,13 +268,16 @@ def run_task(
     limit_mb: int | None = None,
     set_limit: bool = True,
     extra_mb: int = 0,
+    collect: bool = False,
 ) -> Outcome:
     """Run one task in this process; an exception is a worker_crashed Outcome, not a raise.
     ``limit_mb``, the sweep's per-worker limit, caps the address space while the task runs
     (plus ``extra_mb`` the process maps already: a Ray worker's object store; unless the process
     is capped already: ``set_limit=False``), sizes the structural stand-ins it builds
     (hfadapt.loading.sizing.budget_for_limit), and says when the process is too full to take
-    another unit. Running out of memory is the same Outcome whatever the executor."""
+    another unit. Running out of memory is the same Outcome whatever the executor. ``collect``:
+    a full garbage collection once the unit is done, before its memory is measured (a process
+    whose collector runs less often than Python's default, hfadapt.own_process)."""
     start = time.perf_counter()
     cap = limit_mb + extra_mb if limit_mb and set_limit else None
     token = _limit.set(limit_mb)
@@ -288,6 +298,8 @@ def run_task(
             )
     finally:
         _limit.reset(token)
+    if collect:
+        own_process.collect()
     out.seconds = round(time.perf_counter() - start, 3)
     out.pid = os.getpid()
     out.peak_rss_mb = peak_rss_mb()
@@ -324,9 +336,13 @@ def serve(
     conn: Any, fn_ref: str, limit_mb: int | None, threads: int | None, env: dict[str, str] | None
 ) -> None:
     """A long-lived worker process: receive Tasks on ``conn``, send back Outcomes, until the
-    driver sends None or goes away. The memory limit holds for the whole process."""
+    driver sends None or goes away; then the process ends (without the interpreter's
+    teardown). The memory limit holds for the whole process. Its garbage collector is tuned as
+    the ``hfadapt`` command's is, with a full collection after every unit
+    (hfadapt.own_process)."""
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
+    own_process.tune()  # before the worker function's imports (torch, transformers)
     setup_process(threads, env)
     fn = resolve(fn_ref)
     if limit_mb:
@@ -336,6 +352,14 @@ def serve(
             resource.RLIMIT_AS, (want if hard == resource.RLIM_INFINITY else min(want, hard), hard)
         )
     conn.send(("ready", os.getpid()))
+    _serve_units(conn, fn, limit_mb)
+    own_process.leave(0)
+
+
+def _serve_units(conn: Any, fn: Callable[[Task], Outcome], limit_mb: int | None) -> None:
+    """The loop of ``serve``. Once the first unit is done and its garbage collected, what is
+    still alive (the modules it imported, their caches) is exempt from later collections."""
+    settled = False
     while True:
         try:
             task = conn.recv()
@@ -343,8 +367,10 @@ def serve(
             return
         if task is None:
             return
-        out = run_task(fn, task, limit_mb=limit_mb, set_limit=False)
-        out.peak_rss_mb = peak_rss_mb()
+        out = run_task(fn, task, limit_mb=limit_mb, set_limit=False, collect=True)
+        if not settled:
+            own_process.settle()
+            settled = True
         try:
             conn.send(("done", out))
         except (BrokenPipeError, OSError):

@@ -52,6 +52,24 @@ def flood_example(seed: int) -> Any:
     raise AssertionError("unreachable: the parent kills a sandbox past its result cap")
 
 
+def lingering_example(seed: int) -> Any:
+    """An example builder that shows the sandbox's garbage collector (on standard error), then
+    leaves something to run after its results: an exit handler and a thread that is not a
+    daemon, sleeping for a minute."""
+    import atexit
+    import gc
+    import sys
+    import threading
+    import time
+
+    from hfadapt.agent.evalcases import softsign_example
+
+    print("GC", *gc.get_threshold(), gc.get_freeze_count(), file=sys.stderr, flush=True)
+    atexit.register(lambda: print("EXIT HANDLER RAN", file=sys.stderr, flush=True))
+    threading.Thread(target=time.sleep, args=(60,), daemon=False).start()
+    return softsign_example(seed)
+
+
 ESCAPE_TARGET = Path("/var/tmp/hfadapt-test-escape.txt")
 
 
@@ -112,6 +130,30 @@ def test_the_sandbox_process_sees_no_secret(
     assert len(env) > 5, f"the probe saw only {len(env)} variables"
     assert not [k for k, v in env.items() if KEY in v], "the API key reached the sandbox"
     assert "OPENAI_API_KEY" not in env and "HF_TOKEN" not in env and "MY_SERVICE_SECRET" not in env
+
+
+def test_the_sandbox_ends_once_its_results_are_written(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker collects garbage as the command does (hfadapt.own_process) and, its records
+    written, ends at once: no exit handler of the draft's runs, and a thread the draft left
+    sleeping for a minute does not hold the sandbox."""
+    import time
+
+    monkeypatch.setenv("PYTHONPATH", TESTS)
+    case = softsign_case()
+    case.example = "test_agent_sandbox:lingering_example"
+    start = time.monotonic()
+    run = run_sandbox(SOLUTION, {"case": case.to_dict(), "steps": ["load", "capture"]})
+    seconds = time.monotonic() - start
+    assert [(s.step, s.status) for s in run.steps] == [("load", "pass"), ("capture", "pass")], (
+        run.stderr_tail
+    )
+    line = next(ln for ln in run.stderr_tail.splitlines() if ln.startswith("GC "))
+    threshold0, threshold1, threshold2, frozen = (int(x) for x in line.split()[1:])
+    print(f"{seconds:.1f} s; {line}")
+    assert (threshold0, threshold1, threshold2) == (200_000, 30, 30), line
+    assert frozen > 100_000, f"only {frozen} objects frozen after torch's import"
+    assert "EXIT HANDLER RAN" not in run.stderr_tail, run.stderr_tail[-2000:]
+    assert seconds < 45, f"the sandbox took {seconds:.1f} s: it waited for the draft's thread"
 
 
 def test_the_sandbox_refuses_writes_outside_its_folder_and_network(

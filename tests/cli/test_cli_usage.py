@@ -245,7 +245,7 @@ def test_agent_eval_reference_says_what_ran(
 
 def test_the_command_tunes_its_own_collector_and_the_library_never_does() -> None:
     """The ``hfadapt`` process collects cycles less often and, once diagnose has imported what
-    it runs on, exempts those objects from later collections (hfadapt.cli._process); a program that
+    it runs on, exempts those objects from later collections (hfadapt.own_process); a program that
     imports hfadapt keeps Python's collector as it was."""
     import gc
     import subprocess

@@ -34,7 +34,7 @@ def run_cli(
         main()
     except SystemExit as exc:
         code = int(exc.code or 0)
-    finally:  # the command tunes its own process's collector (hfadapt.cli._process): not ours
+    finally:  # the command tunes its own process's collector (hfadapt.own_process): not ours
         gc.set_threshold(*threshold)
         gc.unfreeze()
     out, err = capsys.readouterr()

@@ -92,3 +92,33 @@ def narrow_fails_runner(model: Any, inputs: dict[str, Any], **kwargs: Any) -> An
         hidden[..., ::2] = 0
         run.outputs.last_hidden_state = hidden
     return run
+
+
+class _Cycle:
+    """An object that refers to itself: only the cyclic collector frees it."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+
+# weak references to the cycles earlier units of this worker process left behind
+_LEFT: list[Any] = []
+
+
+def gc_probe_judge(task: Task) -> Outcome:
+    """``fake_judge``, and what the process's garbage collector looks like to the unit: its
+    thresholds, how many objects are frozen, and how many of the reference cycles that earlier
+    units left behind are still alive (each unit leaves one)."""
+    import gc
+    import weakref
+
+    alive = sum(ref() is not None for ref in _LEFT)
+    _LEFT.append(weakref.ref(_Cycle()))
+    out = fake_judge(task)
+    out.row["evidence"]["gc"] = {
+        "threshold": list(gc.get_threshold()),
+        "frozen": gc.get_freeze_count(),
+        "earlier_cycles_alive": alive,
+        "units_before": len(_LEFT) - 1,
+    }
+    return out

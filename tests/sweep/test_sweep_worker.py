@@ -13,6 +13,7 @@ from support.sweeps import small_bert
 
 from hfadapt import verdicts
 from hfadapt.judge.environment import KEYS as ENVIRONMENT_KEYS
+from hfadapt.sweep.local_pool import LocalExecutor
 from hfadapt.sweep.options import SweepOptions
 from hfadapt.sweep.run import run_sweep
 from hfadapt.sweep.store import done_rows
@@ -131,3 +132,22 @@ def test_cli_sweep_shows_progress_and_counts(
         ["sweep", "--top", "6", "--db", db, "--mode", "fast"], monkeypatch, capsys
     )
     assert code == 2 and err.count("\n") == 1 and "'--mode'" in err and "fast" in err, (code, err)
+
+
+def test_a_worker_collects_less_often_frees_each_units_cycles_and_freezes_after_the_first(
+    fake_worker: str,
+) -> None:
+    """A sweep worker's collector is the command's (hfadapt.own_process): young collections
+    every 200,000 allocations, a full collection after each unit (so a unit's reference cycles
+    never outlive it, however rarely the collector would run), and what is alive once the first
+    unit is done frozen. Each unit of the probe leaves one cycle behind."""
+    tasks = [Task(f"k{i}", f"org/m{i}") for i in range(3)]
+    with LocalExecutor(1, timeout=120, worker="support.sweep_fakes:gc_probe_judge") as pool:
+        seen = [out.row["evidence"]["gc"] for out in pool.run(tasks)]
+    print("per unit:", seen)
+    assert [s["units_before"] for s in seen] == [0, 1, 2], seen  # one process, in order
+    assert all(s["threshold"] == [200_000, 30, 30] for s in seen), seen
+    assert [s["earlier_cycles_alive"] for s in seen] == [0, 0, 0], seen
+    assert seen[0]["frozen"] == 0 and seen[1]["frozen"] > 1_000, seen
+    # frozen once: later units add nothing (a frozen object freed by its count leaves the count)
+    assert seen[2]["frozen"] <= seen[1]["frozen"], seen

@@ -472,7 +472,7 @@ def _trace(
     # a raised limit keeps it from silently falling back to eager after many audits. Dynamo's
     # gc.collect(1) after every frame frees accelerator memory early; here it only walks the
     # young objects again (0.3 s of MiniLM's 9 frames under the command's collector settings,
-    # hfadapt.cli._process): cycles are left to the collector's own schedule.
+    # hfadapt.own_process): cycles are left to the collector's own schedule.
     patch = ti.dynamo_config().patch(
         recompile_limit=1_000_000,
         accumulated_recompile_limit=1_000_000,
