@@ -111,6 +111,7 @@ class TaskEvidence(TypedDict):
     outputs: dict[str, bool]  # pipeline output -> passed in its own metric
     device_seconds: float | None
     bound_used: NotRequired[float | None]  # the task's margin share (MarginEvidence.share)
+    graphs_reused: NotRequired[bool]  # ran on the previous task's graphs (LoweringReport)
 
 
 class DtypePolicy(TypedDict, total=False):

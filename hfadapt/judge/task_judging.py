@@ -22,6 +22,7 @@ from hfadapt.judge.metrics import Metrics
 from hfadapt.judge.pipeline_judging import with_tasks
 from hfadapt.loading.load import LoadedModel
 from hfadapt.loading.lora import TaskLoRA, task_lora_of
+from hfadapt.spyre.runner import shared_graphs
 
 __all__ = ["Outcome", "judge_each_task", "task_adapters", "worst"]
 
@@ -78,6 +79,7 @@ class _TaskRun:
             "outputs": {o.output: o.passed for o in m.outputs} if m is not None else {},
             "device_seconds": self.evidence.get("device_seconds"),
             "bound_used": margin.share if margin is not None else None,
+            "graphs_reused": bool(getattr(self.report, "graphs_reused", False)),
         }
 
 
@@ -108,27 +110,7 @@ def judge_each_task(
     """Judge ``loaded`` once per task of ``lora`` (``judge_one``: the reference, adapters,
     device and numbers phases on a model), each task's adapters merged into a copy of its
     weights; ``diag`` ends holding the worst task's fields, and every task's in its evidence."""
-    base = copy.copy(diag.evidence)
-    runs: list[_TaskRun] = []
-    for task in lora.spec.tasks:
-        diag.evidence = copy.copy(base)
-        diag.metrics, diag.report, diag.divergence, diag.adapters = None, None, None, []
-        merged = dataclasses.replace(loaded, model=lora.merged(loaded.model, task))
-        outcome = judge_one(merged)
-        del merged  # one task's weights at a time
-        runs.append(
-            _TaskRun(
-                task,
-                outcome,
-                diag.metrics,
-                diag.report,
-                diag.divergence,
-                list(diag.adapters),
-                diag.evidence,
-            )
-        )
-        if outcome[0] in _SAME_GRAPH:
-            break
+    runs = _run_tasks(diag, loaded, lora, judge_one)
     chosen = worst(runs)
     diag.metrics, diag.report, diag.divergence = chosen.metrics, chosen.report, chosen.divergence
     diag.adapters, diag.evidence = chosen.adapters, chosen.evidence
@@ -144,6 +126,37 @@ def judge_each_task(
     if "pipeline" in diag.evidence:
         diag.evidence["pipeline"] = with_tasks(diag.evidence["pipeline"], lora.spec.tasks, judged)
     return _model_outcome(chosen, runs, len(lora.spec.tasks))
+
+
+def _run_tasks(
+    diag: Diagnosis,
+    loaded: LoadedModel,
+    lora: TaskLoRA,
+    judge_one: Callable[[LoadedModel], Outcome],
+) -> list[_TaskRun]:
+    """Each task judged in turn until one's graph is refused. The tasks differ only in their
+    weights: a compiled task after the first runs on the graphs compiled for the one before
+    where Dynamo's guards accept it (hfadapt.spyre.runner.shared_graphs; its report and the
+    task's evidence say ``graphs_reused``)."""
+    base = copy.copy(diag.evidence)
+    runs: list[_TaskRun] = []
+    with shared_graphs():
+        for task in lora.spec.tasks:
+            diag.evidence = copy.copy(base)
+            diag.metrics, diag.report, diag.divergence, diag.adapters = None, None, None, []
+            merged = dataclasses.replace(loaded, model=lora.merged(loaded.model, task))
+            outcome = judge_one(merged)
+            del merged  # one task's weights at a time
+            runs.append(_task_run(diag, task, outcome))
+            if outcome[0] in _SAME_GRAPH:
+                break
+    return runs
+
+
+def _task_run(diag: Diagnosis, task: str, outcome: Outcome) -> _TaskRun:
+    """The task's outcome with what its phases left in ``diag``."""
+    fields = (diag.metrics, diag.report, diag.divergence, list(diag.adapters), diag.evidence)
+    return _TaskRun(task, outcome, *fields)
 
 
 def _not_run(task: str, refused: str) -> TaskEvidence:

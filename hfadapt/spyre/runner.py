@@ -4,10 +4,12 @@ this one function, so every caller judges a model the same way."""
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -16,6 +18,9 @@ from hfadapt.options import Execution
 from hfadapt.spyre.numerics.host_state import pinned
 from hfadapt.spyre.rules.lowering_report import LoweringReport
 from hfadapt.spyre.rules.profile import Profile, load_profile
+
+if TYPE_CHECKING:
+    from hfadapt.spyre.compile.backend import LoweredModel
 
 
 @dataclass
@@ -65,10 +70,42 @@ def _eager(
     return DeviceRun(outputs=outputs, report=report, seconds=seconds)
 
 
-def _compiled(model: torch.nn.Module, inputs: Mapping[str, object], p: Profile) -> DeviceRun:
-    from hfadapt.spyre.compile.backend import error_message, lower
+class _Shared(threading.local):
+    """This thread's ``shared_graphs`` block: whether one is open, and its last clean lowering."""
 
-    lowered, report = lower(model, dict(inputs), p)
+    def __init__(self) -> None:
+        self.open = False
+        self.lowered: LoweredModel | None = None
+
+
+_shared = _Shared()
+
+
+@contextmanager
+def shared_graphs() -> Iterator[None]:
+    """Inside the block, a compiled run reuses the graphs of the block's previous clean
+    compiled run when Dynamo's guards accept the new model as the same program, instead of
+    tracing it again (hfadapt.spyre.compile.backend.relower: a model's task copies, which
+    differ only in their weights; jina-embeddings-v3's structural diagnose 5.6 s instead of
+    8.2 s, benchmarks/bench_tasks.py); its report says ``graphs_reused``. A model the guards
+    refuse is lowered afresh, as outside."""
+    outer = (_shared.open, _shared.lowered)
+    _shared.open, _shared.lowered = True, None
+    try:
+        yield
+    finally:
+        _shared.open, _shared.lowered = outer
+
+
+def _compiled(model: torch.nn.Module, inputs: Mapping[str, object], p: Profile) -> DeviceRun:
+    from hfadapt.spyre.compile.backend import error_message, lower, relower
+
+    previous = _shared.lowered if _shared.open else None
+    same_profile = previous is not None and (previous.profile is p or previous.profile == p)
+    again = relower(previous, model, dict(inputs)) if previous and same_profile else None
+    lowered, report = again if again is not None else lower(model, dict(inputs), p)
+    if _shared.open and report.ok:
+        _shared.lowered = lowered
     if not report.ok:
         raise SpyreLoweringError(error_message(report, p), report)
     # the audit ran the lowered program on these very inputs: its result is the device's

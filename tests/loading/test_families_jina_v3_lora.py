@@ -6,6 +6,7 @@ and the model. A tiny jina-v3-shaped model built here: no Hub, no remote code.""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 from pathlib import Path
@@ -250,14 +251,25 @@ def test_every_task_is_judged_and_a_fault_in_one_task_fails_it_and_the_model(
     monkeypatch.undo()
 
     # 2. the device runs one task without its adapters (the LoRA path lost on the device)
+    restored: list[str] = []
+    lost = _diagnose("tiny/jina-v3", runner=_losing_adapters("separation", restored))
+    _report("separation run without its adapters", lost)
+    assert restored, "no weight of the device copy was restored"
+    assert _failing(lost.evidence.get("tasks") or []) == ["separation"], lost.reason
+    assert lost.verdict == "verification_failed" and "'separation'" in lost.reason, lost.reason
+
+
+def _losing_adapters(task: str, restored: list[str]) -> Any:
+    """The default device runner, except that ``task``'s device copy gets the base weights
+    back where the adapters change them (the names put in ``restored``)."""
     from hfadapt.judge.device_runner import default_runner
 
-    device, calls, restored = default_runner(), [], []
+    device, calls = default_runner(), []
     base = structural.build("tiny/jina-v3", config=_raw()).model.state_dict()
 
-    def losing_separation(model: torch.nn.Module, inputs: Any, **kw: Any) -> Any:
+    def losing(model: torch.nn.Module, inputs: Any, **kw: Any) -> Any:
         calls.append(1)
-        if len(calls) == 1 + TASKS.index("separation"):
+        if len(calls) == 1 + TASKS.index(task):
             state = model.state_dict()
             with torch.no_grad():
                 for name in ("mlp.fc1.weight", "mlp.fc2.weight", "word_embeddings.weight"):
@@ -266,11 +278,40 @@ def test_every_task_is_judged_and_a_fault_in_one_task_fails_it_and_the_model(
                         restored.append(key)
         return device(model, inputs, **kw)
 
-    lost = _diagnose("tiny/jina-v3", runner=losing_separation)
-    _report("separation run without its adapters", lost)
-    assert restored, "no weight of the device copy was restored"
-    assert _failing(lost.evidence.get("tasks") or []) == ["separation"], lost.reason
-    assert lost.verdict == "verification_failed" and "'separation'" in lost.reason, lost.reason
+    return losing
+
+
+@pytest.mark.usefixtures("unsharpened")
+def test_compiled_tasks_run_on_the_first_tasks_graphs_with_their_own_weights(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Compiled, each task after the first runs on the graphs Dynamo compiled for the task
+    before it (hfadapt.spyre.runner.shared_graphs): the numbers of tracing every task afresh,
+    to the last bit, and a task whose device copy lost its adapters still fails alone."""
+    shared = _diagnose("tiny/jina-v3", execution="compile")
+    _report("compiled, graphs shared", shared)
+    tasks = shared.evidence["tasks"]
+    assert [t["graphs_reused"] for t in tasks] == [False] + [True] * 4, tasks
+    assert shared.verdict == "pass" and shared.report.graphs_reused, shared.reason
+    monkeypatch.setattr(task_judging, "shared_graphs", contextlib.nullcontext)
+    traced = _diagnose("tiny/jina-v3", execution="compile")
+    monkeypatch.undo()
+    again = traced.evidence["tasks"]
+    assert not any(t["graphs_reused"] for t in again), again
+    numbers = ("min_token_cosine", "max_norm_error", "pooled_cosine")
+    for one, other in zip(tasks, again, strict=True):
+        pairs = {k: (one[k], other[k]) for k in numbers}
+        print(f"  {one['task']:18s} shared vs traced {pairs}; device s "
+              f"{one['device_seconds']} vs {other['device_seconds']}")  # fmt: skip
+        assert all(a == b for a, b in pairs.values()), (one["task"], pairs)
+    restored: list[str] = []
+    lost = _diagnose(
+        "tiny/jina-v3", execution="compile", runner=_losing_adapters("separation", restored)
+    )
+    _report("compiled, separation without its adapters", lost)
+    lost_tasks = lost.evidence["tasks"]
+    assert restored and _failing(lost_tasks) == ["separation"], lost.reason
+    assert lost_tasks[TASKS.index("separation")]["graphs_reused"], lost_tasks
 
 
 def test_a_graph_the_device_refuses_is_not_run_again_for_each_task() -> None:

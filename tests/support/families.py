@@ -15,8 +15,9 @@ def bundled_family(name: str) -> translate.Family:
 
 
 def diagnose_tiny(ref: str | LoadedModel, raw: dict[str, Any], **kwargs: Any) -> Any:
-    """``ref`` diagnosed eagerly without recording: a loaded model in its own mode (full unless
-    it is a stand-in), else structurally from the remote config ``raw``."""
+    """``ref`` diagnosed without recording, eagerly unless ``execution`` says otherwise: a
+    loaded model in its own mode (full unless it is a stand-in), else structurally from the
+    remote config ``raw``."""
     from hfadapt.judge.diagnose import diagnose
 
     loaded = isinstance(ref, LoadedModel)
@@ -27,6 +28,5 @@ def diagnose_tiny(ref: str | LoadedModel, raw: dict[str, Any], **kwargs: Any) ->
         mode=mode,
         record=False,
         localize_failures=False,
-        execution="eager",
-        **kwargs,
+        **{"execution": "eager", **kwargs},
     )

@@ -174,18 +174,25 @@ def _plain_inference(inputs: int) -> bool:
         return False
 
 
-@dataclass
+@dataclass(eq=False)
 class SpyreBackend:
     """A Dynamo backend. ``strict``: raise on violations (torch.compile); otherwise record
-    them and run the refused graph on the host unchanged, so tracing reaches every graph."""
+    them and run the refused graph on the host unchanged, so tracing reaches every graph.
+
+    Compared by identity: Dynamo reuses a frame's cached graphs only for a backend equal to the
+    one that compiled them (``==``), and field equality made two audits' backends equal once
+    both were strict, so one audit could run another's graphs."""
 
     profile: Profile = field(default_factory=load_profile)
     strict: bool = True
+    # how many graphs Dynamo has handed this backend (relower: whether a call compiled anew)
+    graphs: int = 0
     __name__ = BACKEND_NAME  # Dynamo names backends in its logs by __name__
 
     def __call__(
         self, gm: torch.fx.GraphModule, example_inputs: Sequence[object], **kwargs: object
     ) -> Any:
+        self.graphs += 1
         if _automatic_dynamic(example_inputs):
             # Dynamo made a recompiled frame's sizes symbolic on its own (a second shape):
             # the card has static shapes and compiles each one, so this does too
@@ -384,10 +391,12 @@ class LoweredModel:
         report: LoweringReport,
         profile: Profile,
         extra_kwargs: Mapping[str, object] | None = None,
+        backend: SpyreBackend | None = None,
     ) -> None:
         self.compiled = compiled
         self.report = report
         self.profile = profile
+        self.backend = backend  # what compiled the graphs (relower runs another model on them)
         # the audit call's own result and its device time: when the report is clean, what the
         # model computes on the audit inputs (a second run would compute it again)
         self.audit_output: Any = None
@@ -458,6 +467,20 @@ def _call(fn: Callable[..., object], inputs: Mapping[str, object] | Sequence[obj
     return fn(*inputs)
 
 
+def _dynamo_settings() -> Any:
+    """Dynamo's settings for an audit: a raised recompile limit keeps it from silently falling
+    back to eager after many audits; static shapes. Dynamo's gc.collect(1) after every frame
+    frees accelerator memory early; here it only walks the young objects again (0.3 s of
+    MiniLM's 9 frames under the command's collector settings, hfadapt.own_process): cycles are
+    left to the collector's own schedule."""
+    return ti.dynamo_config().patch(
+        recompile_limit=1_000_000,
+        accumulated_recompile_limit=1_000_000,
+        automatic_dynamic_shapes=False,
+        run_gc_after_compile=False,
+    )
+
+
 def _trace(
     model: Callable[..., object],
     example_inputs: Mapping[str, object] | Sequence[object],
@@ -466,22 +489,12 @@ def _trace(
     """Compile ``model`` with a fresh spyre backend and call it on ``example_inputs``: (the
     backend, the compiled model, the graphs' collector, the output, the call's seconds, the
     graph-break events it caused)."""
+    # A fresh backend object makes Dynamo recompile instead of reusing another audit's graphs
     backend = SpyreBackend(profile=p, strict=False)
     compiled = torch.compile(model, backend=backend, dynamic=False)
-    # A fresh backend object makes Dynamo recompile instead of reusing another audit's graphs;
-    # a raised limit keeps it from silently falling back to eager after many audits. Dynamo's
-    # gc.collect(1) after every frame frees accelerator memory early; here it only walks the
-    # young objects again (0.3 s of MiniLM's 9 frames under the command's collector settings,
-    # hfadapt.own_process): cycles are left to the collector's own schedule.
-    patch = ti.dynamo_config().patch(
-        recompile_limit=1_000_000,
-        accumulated_recompile_limit=1_000_000,
-        automatic_dynamic_shapes=False,
-        run_gc_after_compile=False,
-    )
     breaks_before = _graph_breaks()
     start = time.perf_counter()
-    with collect(p) as collector, patch, _no_log_only_work(), torch.no_grad():
+    with collect(p) as collector, _dynamo_settings(), _no_log_only_work(), torch.no_grad():
         output = _call(compiled, example_inputs)
     elapsed = time.perf_counter() - start
     return backend, compiled, collector, output, elapsed, _graph_breaks() - breaks_before
@@ -544,9 +557,49 @@ def lower(
         if diagnosis is not None:
             report.add(diagnosis)
     backend.strict = True  # later shapes compile strictly: a new violation raises
-    lowered = LoweredModel(compiled, report, p, extra)
+    lowered = LoweredModel(compiled, report, p, extra, backend)
     if report.ok:
         lowered.audit_output, lowered.audit_run_seconds = output, collector.run_seconds
+    return lowered, report
+
+
+def relower(
+    previous: LoweredModel,
+    model: Callable[..., object],
+    example_inputs: Mapping[str, object] | Sequence[object],
+) -> tuple[LoweredModel, LoweringReport] | None:
+    """``model`` run on the graphs ``previous`` compiled, without tracing it again, when
+    Dynamo's guards accept it as the same program: another instance of the same classes and
+    config whose tensors differ only in their values (one task's adapters merged into a copy
+    of the weights, hfadapt.judge.task_judging). Every tensor is read from ``model`` at the
+    call, and whatever Dynamo specialized on is guarded, so the result is what a fresh
+    ``lower(model, example_inputs)`` computes; the report (the same graphs' judgments, and
+    what fired in this run) says ``graphs_reused``. None when ``previous`` did not lower
+    cleanly, or when the call made Dynamo compile anything (a guard failed: another program;
+    a host constant was built): the caller then lowers afresh, as ``lower`` judges a new
+    graph."""
+    backend = previous.backend
+    if backend is None or not previous.report.ok:
+        return None
+    p = previous.profile
+    if isinstance(example_inputs, Mapping):
+        example_inputs = {**previous.extra_kwargs, **example_inputs}
+    compiled = torch.compile(model, backend=backend, dynamic=False)
+    graphs, built = backend.graphs, host_constants.builds()
+    start = time.perf_counter()
+    try:
+        with collect(p) as collector, _dynamo_settings(), _no_log_only_work(), torch.no_grad():
+            output = _call(compiled, example_inputs)
+    except SpyreLoweringError:  # a new graph the strict backend refused: judged afresh
+        return None
+    elapsed = time.perf_counter() - start
+    if backend.graphs != graphs or host_constants.builds() != built or not collector.entries:
+        return None
+    report = collector.report()
+    report.compile_seconds = max(elapsed - collector.run_seconds, 0.0)  # the guards' checks
+    report.graphs_reused = True
+    lowered = LoweredModel(compiled, report, p, previous.extra_kwargs, backend)
+    lowered.audit_output, lowered.audit_run_seconds = output, collector.run_seconds
     return lowered, report
 
 
@@ -564,6 +617,7 @@ __all__ = [
     "lower",
     "merge_reports",
     "register",
+    "relower",
     "reset_reports",
     "spyre_backend",
 ]

@@ -191,6 +191,9 @@ class LoweringReport:
     graph_count: int = 0
     compile_seconds: float = 0.0
     defects: list[DefectFiring] = field(default_factory=list)  # silent device failures that fired
+    # the run's graphs were the ones compiled for an earlier model that Dynamo's guards accept
+    # as the same program (another task of a model with task adapters): not traced again
+    graphs_reused: bool = False
     _seen_keys: set[tuple[str, tuple[tuple[int, ...], ...]]] = field(
         default_factory=set, repr=False
     )
@@ -250,6 +253,7 @@ class LoweringReport:
             "graph_count": self.graph_count,
             "compile_seconds": self.compile_seconds,
             "defects": [f.to_dict() for f in self.defects],
+            "graphs_reused": self.graphs_reused,
         }
 
     def to_json(self, **kwargs: Any) -> str:
@@ -266,6 +270,7 @@ class LoweringReport:
             ops_seen=Counter(data.get("ops_seen", {})),
             graph_count=int(data.get("graph_count", 0)),
             compile_seconds=float(data.get("compile_seconds", 0.0)),
+            graphs_reused=bool(data.get("graphs_reused", False)),
         )
         for v in data.get("violations", []):
             report.add(Violation.from_dict(v))
