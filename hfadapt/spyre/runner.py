@@ -20,7 +20,7 @@ from hfadapt.spyre.rules.lowering_report import LoweringReport
 from hfadapt.spyre.rules.profile import Profile, load_profile
 
 if TYPE_CHECKING:
-    from hfadapt.spyre.compile.backend import LoweredModel
+    from hfadapt.spyre.compile.backend import CompiledGraphs
 
 
 @dataclass
@@ -71,11 +71,12 @@ def _eager(
 
 
 class _Shared(threading.local):
-    """This thread's ``shared_graphs`` block: whether one is open, and its last clean lowering."""
+    """This thread's ``shared_graphs`` block: whether one is open, and the graphs of its last
+    clean compiled run."""
 
     def __init__(self) -> None:
         self.open = False
-        self.lowered: LoweredModel | None = None
+        self.graphs: CompiledGraphs | None = None
 
 
 _shared = _Shared()
@@ -89,23 +90,23 @@ def shared_graphs() -> Iterator[None]:
     differ only in their weights; jina-embeddings-v3's structural diagnose 5.6 s instead of
     8.2 s, benchmarks/bench_tasks.py); its report says ``graphs_reused``. A model the guards
     refuse is lowered afresh, as outside."""
-    outer = (_shared.open, _shared.lowered)
-    _shared.open, _shared.lowered = True, None
+    outer = (_shared.open, _shared.graphs)
+    _shared.open, _shared.graphs = True, None
     try:
         yield
     finally:
-        _shared.open, _shared.lowered = outer
+        _shared.open, _shared.graphs = outer
 
 
 def _compiled(model: torch.nn.Module, inputs: Mapping[str, object], p: Profile) -> DeviceRun:
     from hfadapt.spyre.compile.backend import error_message, lower, relower
 
-    previous = _shared.lowered if _shared.open else None
+    previous = _shared.graphs if _shared.open else None
     same_profile = previous is not None and (previous.profile is p or previous.profile == p)
     again = relower(previous, model, dict(inputs)) if previous and same_profile else None
     lowered, report = again if again is not None else lower(model, dict(inputs), p)
-    if _shared.open and report.ok:
-        _shared.lowered = lowered
+    if _shared.open:
+        _shared.graphs = lowered.graphs() or previous
     if not report.ok:
         raise SpyreLoweringError(error_message(report, p), report)
     # the audit ran the lowered program on these very inputs: its result is the device's

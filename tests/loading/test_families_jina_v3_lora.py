@@ -281,6 +281,7 @@ def _losing_adapters(task: str, restored: list[str]) -> Any:
     return losing
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("unsharpened")
 def test_compiled_tasks_run_on_the_first_tasks_graphs_with_their_own_weights(
     monkeypatch: pytest.MonkeyPatch,

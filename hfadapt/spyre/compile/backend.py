@@ -381,6 +381,17 @@ def register() -> None:
 # -- auditing a model -----------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class CompiledGraphs:
+    """What ``relower`` needs of a clean audit: the backend whose graphs Dynamo cached, the
+    profile they were judged under, and what the audit added to the call. Not the model: an
+    earlier task's copy of the weights is not kept alive for the next."""
+
+    backend: SpyreBackend
+    profile: Profile
+    extra_kwargs: Mapping[str, object]
+
+
 class LoweredModel:
     """What ``lower()`` returns: calls the compiled model, or raises SpyreLoweringError with the
     audit's report when the model does not lower."""
@@ -410,6 +421,12 @@ class LoweredModel:
             raise SpyreCompileError(error_message(self.report, self.profile), self.report)
         with torch.no_grad():
             return self.compiled(*args, **{**self.extra_kwargs, **kwargs})
+
+    def graphs(self) -> CompiledGraphs | None:
+        """What another model may run on (``relower``); None unless the audit was clean."""
+        if self.backend is None or not self.report.ok:
+            return None
+        return CompiledGraphs(self.backend, self.profile, dict(self.extra_kwargs))
 
 
 def _graph_breaks() -> int:
@@ -564,24 +581,21 @@ def lower(
 
 
 def relower(
-    previous: LoweredModel,
+    previous: CompiledGraphs,
     model: Callable[..., object],
     example_inputs: Mapping[str, object] | Sequence[object],
 ) -> tuple[LoweredModel, LoweringReport] | None:
-    """``model`` run on the graphs ``previous`` compiled, without tracing it again, when
+    """``model`` run on the graphs of ``previous`` (``LoweredModel.graphs``), without tracing
+    it again, when
     Dynamo's guards accept it as the same program: another instance of the same classes and
     config whose tensors differ only in their values (one task's adapters merged into a copy
     of the weights, hfadapt.judge.task_judging). Every tensor is read from ``model`` at the
     call, and whatever Dynamo specialized on is guarded, so the result is what a fresh
     ``lower(model, example_inputs)`` computes; the report (the same graphs' judgments, and
-    what fired in this run) says ``graphs_reused``. None when ``previous`` did not lower
-    cleanly, or when the call made Dynamo compile anything (a guard failed: another program;
-    a host constant was built): the caller then lowers afresh, as ``lower`` judges a new
-    graph."""
-    backend = previous.backend
-    if backend is None or not previous.report.ok:
-        return None
-    p = previous.profile
+    what fired in this run) says ``graphs_reused``. None when the call made Dynamo compile
+    anything (a guard failed: another program; a host constant was built): the caller then
+    lowers afresh, as ``lower`` judges a new graph."""
+    backend, p = previous.backend, previous.profile
     if isinstance(example_inputs, Mapping):
         example_inputs = {**previous.extra_kwargs, **example_inputs}
     compiled = torch.compile(model, backend=backend, dynamic=False)
@@ -605,6 +619,7 @@ def relower(
 
 __all__ = [
     "BACKEND_NAME",
+    "CompiledGraphs",
     "DeviceGraph",
     "GraphEntry",
     "LoweredModel",
