@@ -102,8 +102,7 @@ def _compiled(model: torch.nn.Module, inputs: Mapping[str, object], p: Profile) 
     from hfadapt.spyre.compile.backend import error_message, lower, relower
 
     previous = _shared.graphs if _shared.open else None
-    same_profile = previous is not None and (previous.profile is p or previous.profile == p)
-    again = relower(previous, model, dict(inputs)) if previous and same_profile else None
+    again = relower(previous, model, dict(inputs), p) if previous is not None else None
     lowered, report = again if again is not None else lower(model, dict(inputs), p)
     if _shared.open:
         _shared.graphs = lowered.graphs() or previous

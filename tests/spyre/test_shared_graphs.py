@@ -10,6 +10,7 @@ import copy
 import torch
 from torch import nn
 
+from hfadapt.spyre.compile.backend import lower, relower
 from hfadapt.spyre.runner import DeviceRun, run_on_device, shared_graphs
 
 WIDTH, TOKENS = 128, 64
@@ -61,3 +62,16 @@ def test_a_model_differing_only_in_weights_runs_on_the_graphs_compiled_before() 
     assert runs["second"].report.ok and runs["second"].report.graph_count >= 1, runs[
         "second"
     ].report
+
+
+def test_graphs_judged_under_another_profile_are_not_reused() -> None:
+    """relower refuses a profile other than the one the graphs were judged under (the rules
+    and numerics differ): the caller lowers afresh."""
+    model = Stack(seed=0).half()
+    lowered, report = lower(model, _inputs(), "spyre-2026.07")
+    graphs = lowered.graphs()
+    assert report.ok and graphs is not None, report.summary()
+    other = copy.deepcopy(model)
+    assert relower(graphs, other, _inputs(), "spyre-2026.10") is None
+    same = relower(graphs, other, _inputs(), "spyre-2026.07")
+    assert same is not None and same[1].graphs_reused, same

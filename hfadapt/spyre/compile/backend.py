@@ -584,18 +584,21 @@ def relower(
     previous: CompiledGraphs,
     model: Callable[..., object],
     example_inputs: Mapping[str, object] | Sequence[object],
+    profile: Profile | str | None = None,
 ) -> tuple[LoweredModel, LoweringReport] | None:
     """``model`` run on the graphs of ``previous`` (``LoweredModel.graphs``), without tracing
-    it again, when
-    Dynamo's guards accept it as the same program: another instance of the same classes and
-    config whose tensors differ only in their values (one task's adapters merged into a copy
-    of the weights, hfadapt.judge.task_judging). Every tensor is read from ``model`` at the
-    call, and whatever Dynamo specialized on is guarded, so the result is what a fresh
-    ``lower(model, example_inputs)`` computes; the report (the same graphs' judgments, and
-    what fired in this run) says ``graphs_reused``. None when the call made Dynamo compile
-    anything (a guard failed: another program; a host constant was built): the caller then
-    lowers afresh, as ``lower`` judges a new graph."""
+    it again, when Dynamo's guards accept it as the same program: another instance of the same
+    classes and config whose tensors differ only in their values (one task's adapters merged
+    into a copy of the weights, hfadapt.judge.task_judging). Every tensor is read from
+    ``model`` at the call, and whatever Dynamo specialized on is guarded, so the result is what
+    a fresh ``lower(model, example_inputs, profile)`` computes; the report (the same graphs'
+    judgments, and what fired in this run) says ``graphs_reused``. None when ``profile`` is
+    not the one ``previous`` was judged under, or when the call made Dynamo compile anything
+    (a guard failed: another program; a host constant was built): the caller then lowers
+    afresh, as ``lower`` judges a new graph."""
     backend, p = previous.backend, previous.profile
+    if _profile(profile) != p:
+        return None
     if isinstance(example_inputs, Mapping):
         example_inputs = {**previous.extra_kwargs, **example_inputs}
     compiled = torch.compile(model, backend=backend, dynamic=False)
